@@ -1,0 +1,148 @@
+"""The session store's error family: one root, a few subclasses that carry fields.
+
+Every class passes all of its fields to ``super().__init__`` so that an error pickles
+across processes and ``args`` rebuilds it exactly.
+"""
+
+from __future__ import annotations
+
+import errno as errno_codes
+import os
+
+
+class SessionError(Exception):
+    """Root of every error the session store raises."""
+
+
+class InvalidSessionId(SessionError):
+    """The session id is not 1-64 characters of [A-Za-z0-9._-] starting with [A-Za-z0-9_]."""
+
+    def __init__(self, session_id: str, why: str) -> None:
+        super().__init__(session_id, why)
+        self.session_id = session_id
+        self.why = why
+
+    def __str__(self) -> str:
+        return f"invalid session id {self.session_id!r}: {self.why}"
+
+
+class SessionExists(SessionError):
+    """``create`` found the session directory already there."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"{self.path}: session already exists"
+
+
+class SessionNotFound(SessionError):
+    """``open`` found no ``0.jsonl`` in the session directory."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"{self.path}: no such session (no 0.jsonl)"
+
+
+class SessionLocked(SessionError):
+    """Another open file description holds the session's exclusive lock."""
+
+    def __init__(self, path: str, pid: int | None) -> None:
+        super().__init__(path, pid)
+        self.path = path
+        self.pid = pid
+
+    def __str__(self) -> str:
+        holder = f"process {self.pid}" if self.pid is not None else "another process"
+        return f"{self.path}: session is locked by {holder}"
+
+
+class SessionIOError(SessionError):
+    """An OS call of the store failed; carries the path it concerned and the errno."""
+
+    def __init__(self, path: str, errno: int, operation: str) -> None:
+        super().__init__(path, errno, operation)
+        self.path = path
+        self.errno = errno
+        self.operation = operation
+
+    def __str__(self) -> str:
+        name = errno_codes.errorcode.get(self.errno, str(self.errno))
+        return f"{self.path}: {self.operation} failed: [{name}] {os.strerror(self.errno)}"
+
+
+class SessionBroken(SessionError):
+    """The session refused an append because an earlier write or fsync failed."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(path, why)
+        self.path = path
+        self.why = why
+
+    def __str__(self) -> str:
+        return f"{self.path}: session is broken and refuses appends: {self.why}"
+
+
+class LogError(SessionError):
+    """A log was refused at a known place; ``str()`` is exactly ``<path>:<line>: <why>``."""
+
+    def __init__(self, path: str, line: int, why: str) -> None:
+        super().__init__(path, line, why)
+        self.path = path
+        self.line = line
+        self.why = why
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.why}"
+
+
+class TornLog(LogError):
+    """A line does not end in a newline or does not decode as a known record."""
+
+
+class InvalidLog(LogError):
+    """The records decode but break the log's structure (SessionStart, EpochEnd, epochs)."""
+
+
+class BaselineError(SessionError):
+    """The epoch's baseline is missing, unparsable, or does not hash to SessionStart.baseline."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(path, why)
+        self.path = path
+        self.why = why
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.why}"
+
+
+class EpochClosed(SessionError):
+    """An append came after the epoch's EpochEnd; only ``commit_epoch`` may follow."""
+
+    def __init__(self, path: str, epoch: int) -> None:
+        super().__init__(path, epoch)
+        self.path = path
+        self.epoch = epoch
+
+    def __str__(self) -> str:
+        return f"{self.path}: epoch {self.epoch} is closed by EpochEnd; commit_epoch first"
+
+
+class InvalidRecord(SessionError, ValueError):
+    """A record handed to ``append`` cannot be written as a valid log line."""
+
+    def __init__(self, record_type: str, why: str) -> None:
+        super().__init__(record_type, why)
+        self.record_type = record_type
+        self.why = why
+
+    def __str__(self) -> str:
+        return f"invalid {self.record_type} record: {self.why}"
+
+
+LOG_REFUSED: tuple[type[SessionError], ...] = (TornLog, InvalidLog, BaselineError)
+"""The errors that mean "the log on disk is refused" (the worker's distinct exit code)."""
