@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -179,8 +180,16 @@ def load_baseline(path: str, expected_hash: str) -> Baseline:
         raise BaselineError(path, f"baseline is unparsable: {exc}") from exc
 
 
-def load_session(session_dir: str, session_id: str) -> SessionState:
-    """Read and check every epoch of the session in ``session_dir``; change nothing."""
+def load_session(
+    session_dir: str,
+    session_id: str,
+    *,
+    on_epoch: Callable[[list[Record]], None] | None = None,
+) -> SessionState:
+    """Read and check every epoch of the session in ``session_dir``; change nothing.
+
+    ``on_epoch`` sees each epoch's checked records, oldest first (inspection counts them).
+    """
     epochs = list_epochs(session_dir)
     newest = epochs[-1]
     carry: str | None = None
@@ -194,6 +203,8 @@ def load_session(session_dir: str, session_id: str) -> SessionState:
         sizes.append(len(data))
         records = decode_log(path, data)
         check_epoch(path, session_id, epoch, records, newest=epoch == newest)
+        if on_epoch is not None:
+            on_epoch(records)
         for number, record in enumerate(records, start=1):
             if isinstance(record, ToolResult):
                 if record.call <= max_call:

@@ -1,0 +1,1 @@
+"""The loopd chaos rig: crash injection at every write boundary, and its oracle."""

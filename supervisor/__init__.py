@@ -1,0 +1,1 @@
+"""The loopd supervisor daemon and the operator CLI."""

@@ -1,0 +1,88 @@
+"""Offline, read-only commands: ``inspect`` and ``verify`` (no daemon needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Final
+
+import click
+
+from supervisor.options import home_option
+from worker.errors import InvalidSessionId, LogError, SessionError
+from worker.inspection import Inspection, inspect_session
+from worker.session import SESSIONS_DIR
+
+EXIT_REFUSED: Final = 1
+
+
+def _describe(found: Inspection) -> str:
+    lines = [
+        f"session    {found.session}",
+        f"directory  {found.directory}",
+        f"epoch      {found.epoch}"
+        + ("  (ends with EpochEnd: resume pending)" if found.epoch_closed else ""),
+        f"slot       {found.slot}",
+        f"records    {found.records} in the current epoch",
+        f"next_call  {found.next_call}",
+        f"carry      {found.carry!r}",
+        f"prior      {found.prior_users} user records ({found.prior_untrusted} untrusted)",
+    ]
+    if found.writer_live:
+        holder = f"pid {found.writer_pid}" if found.writer_pid is not None else "another process"
+        lines.append(f"writer     live ({holder}); figures may move while you read")
+    lines.append("epochs:")
+    for e in found.epochs:
+        counts = ", ".join(f"{name} {n}" for name, n in sorted(e.counts.items()))
+        lines.append(f"  {e.epoch:>4}  {e.size:>10} bytes  {counts}")
+    return "\n".join(lines)
+
+
+@click.command()
+@home_option
+@click.argument("session_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def inspect(home: str, session_id: str, as_json: bool) -> None:
+    """Show a session's epochs, record counts, carry and next_call (read-only).
+
+    A refused log prints ``path:line: why`` on stderr and exits 1.
+    """
+    try:
+        found = inspect_session(home, session_id)
+    except SessionError as exc:
+        click.echo(f"refused: {exc}" if not isinstance(exc, LogError) else str(exc), err=True)
+        sys.exit(EXIT_REFUSED)
+    click.echo(json.dumps(found.to_json(), indent=2) if as_json else _describe(found))
+
+
+@click.command()
+@home_option
+def verify(home: str) -> None:
+    """Check every session of the home; a line each; exit 1 if any is refused."""
+    sessions = os.path.join(home, SESSIONS_DIR)
+    try:
+        names = sorted(os.listdir(sessions))
+    except FileNotFoundError:
+        names = []
+    refused = 0
+    for name in names:
+        if name.endswith(".tmp"):
+            continue
+        try:
+            found = inspect_session(home, name)
+        except InvalidSessionId as exc:
+            refused += 1
+            click.echo(f"REFUSED  {os.path.join(sessions, name)}: {exc}")
+        except SessionError as exc:
+            refused += 1
+            click.echo(f"REFUSED  {name}  {exc}")
+        else:
+            live = "  (writer live)" if found.writer_live else ""
+            click.echo(f"ok       {name}  epoch {found.epoch}  records {found.records}{live}")
+    click.echo(f"{len(names)} sessions, {refused} refused")
+    if refused:
+        sys.exit(EXIT_REFUSED)
+
+
+COMMANDS: Final = (inspect, verify)

@@ -1,0 +1,17 @@
+"""Click options shared by the operator commands."""
+
+from __future__ import annotations
+
+from typing import Final
+
+import click
+
+HOME_ENV: Final = "LOOPD_HOME"
+
+home_option = click.option(
+    "--home",
+    envvar=HOME_ENV,
+    required=True,
+    type=click.Path(file_okay=False),
+    help=f"The loopd home directory (or ${HOME_ENV}).",
+)
