@@ -320,6 +320,7 @@ class Session:
     def _append_durably(self, batch: list[Record]) -> None:
         self._check_writable()
         state = self._state
+        data = encode_records(batch)  # validates every field first
         highest = state.max_call
         new_keys: set[str] = set()
         for record in batch:
@@ -333,7 +334,6 @@ class Session:
                 if record.key in state.keys or record.key in new_keys:
                     raise InvalidRecord("User", f"key {record.key!r} is already in the log")
                 new_keys.add(record.key)
-        data = encode_records(batch)
         fd = self._log_fd
         assert fd is not None  # _check_writable
         try:
