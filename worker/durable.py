@@ -95,14 +95,19 @@ def write_all(fd: int, data: bytes, path: str) -> None:
     try:
         if _hook is not None:
             _hook(Boundary(Step.WRITE, path, fd, data))
+        written = os.write(fd, data)
+        if written == len(data):
+            return
         view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
+        while True:
             if written == 0:
                 # A zero-byte write of a non-empty buffer makes no progress; looping
                 # would spin forever, so report it as the full disk it almost always is.
                 raise SessionIOError(path, errno.ENOSPC, "write (no progress)")
             view = view[written:]
+            if not view:
+                return
+            written = os.write(fd, view)
     except OSError as exc:
         raise SessionIOError(path, exc.errno or 0, "write") from exc
 

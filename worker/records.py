@@ -120,38 +120,80 @@ def _is_call(value: object) -> bool:
     return type(value) is int and value >= 1
 
 
-_CHECK_BY_ANNOTATION: Final[dict[str, _Check]] = {
-    "str": _is_str,
-    "str | None": _is_opt_str,
-    "bool": _is_bool,
-    "int": _is_count,
-}
-_WHAT: Final[dict[_Check, str]] = {
-    _is_str: "a string",
-    _is_opt_str: "a string or null",
-    _is_bool: "a boolean",
-    _is_count: "an integer >= 0",
-    _is_call: "an integer >= 1",
+# Each check with its description and the same test as a Python expression of ``v``,
+# from which the fast per-type codecs below are compiled.
+_CHECKS: Final[dict[str, tuple[_Check, str, str]]] = {
+    "str": (_is_str, "a string", "type(v) is str"),
+    "str | None": (_is_opt_str, "a string or null", "(v is None or type(v) is str)"),
+    "bool": (_is_bool, "a boolean", "type(v) is bool"),
+    "int": (_is_count, "an integer >= 0", "(type(v) is int and v >= 0)"),
+    "call": (_is_call, "an integer >= 1", "(type(v) is int and v >= 1)"),
 }
 
 
-def _schema(cls: type[Record]) -> tuple[tuple[str, _Check], ...]:
-    checks = []
-    for f in fields(cls):
-        check = _is_call if (cls is ToolResult and f.name == "call") else None
-        checks.append((f.name, check or _CHECK_BY_ANNOTATION[str(f.type)]))
-    return tuple(checks)
+def _kinds(cls: type[Record]) -> tuple[tuple[str, str], ...]:
+    """Return (field name, check kind) for each field of ``cls``, in order."""
+    return tuple(
+        (f.name, "call" if (cls is ToolResult and f.name == "call") else str(f.type))
+        for f in fields(cls)
+    )
 
 
-_SCHEMAS: Final[dict[str, tuple[type[Record], tuple[tuple[str, _Check], ...], frozenset[str]]]] = {
-    cls.TYPE: (cls, _schema(cls), frozenset(f.name for f in fields(cls))) for cls in RECORD_TYPES
-}
+_FIELD_KINDS: Final = {cls.TYPE: (cls, _kinds(cls)) for cls in RECORD_TYPES}
+
+_Decoder = Callable[[dict[str, object]], Record | None]
+_Encoder = Callable[[Record], dict[str, object] | None]
+
+
+def _compile_codecs(cls: type[Record]) -> tuple[_Decoder, _Encoder]:
+    """Compile a decoder and an encoder for ``cls`` with every check inlined.
+
+    Both return None when a value does not fit; the slow path then says why. Inlined
+    checks make ``open`` of a large log cost little more than its ``json.loads``.
+    """
+    kinds = _kinds(cls)
+    names = [name for name, _kind in kinds]
+    tests = " and ".join(
+        _CHECKS[kind][2].replace("v", f"a{i}") for i, (_name, kind) in enumerate(kinds)
+    )
+    loads = "; ".join(f"a{i} = d[{name!r}]" for i, name in enumerate(names))
+    gets = "; ".join(f"a{i} = r.{name}" for i, name in enumerate(names))
+    build = ", ".join(f"{name}=a{i}" for i, name in enumerate(names))
+    as_dict = ", ".join(f"{name!r}: a{i}" for i, name in enumerate(names))
+    source = f"""
+def decode(d):
+    if len(d) != {len(names) + 1}:
+        return None
+    try:
+        {loads}
+    except KeyError:
+        return None
+    if not ({tests}):
+        return None
+    return cls({build})
+
+def encode(r):
+    {gets}
+    if not ({tests}):
+        return None
+    return {{"type": {cls.TYPE!r}, {as_dict}}}
+"""
+    namespace: dict[str, object] = {"cls": cls}
+    exec(compile(source, f"<codec {cls.TYPE}>", "exec"), namespace)  # noqa: S102 - built above from field names only
+    decode, encode = namespace["decode"], namespace["encode"]
+    return decode, encode  # type: ignore[return-value]
+
+
+_CODECS: Final = {cls.TYPE: _compile_codecs(cls) for cls in RECORD_TYPES}
+_DECODERS: Final[dict[object, _Decoder]] = {name: c[0] for name, c in _CODECS.items()}
 _LINE_PREFIX: Final = b'{"type":"'
+_JSON_LINE: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
-def _why_fields_wrong(type_name: str, values: dict[str, object]) -> str | None:
-    """Return why ``values`` do not fit the record type ``type_name``, or None if they do."""
-    _cls, checks, names = _SCHEMAS[type_name]
+def _why_fields_wrong(type_name: str, values: dict[str, object]) -> str:
+    """Return why ``values`` (without "type") do not fit the record type ``type_name``."""
+    _cls, kinds = _FIELD_KINDS[type_name]
+    names = {name for name, _kind in kinds}
     if values.keys() != names:
         missing = sorted(names - values.keys())
         extra = sorted(values.keys() - names)
@@ -161,30 +203,29 @@ def _why_fields_wrong(type_name: str, values: dict[str, object]) -> str | None:
         if extra:
             parts.append("unknown " + ", ".join(extra))
         return f"{type_name}: " + "; ".join(parts)
-    for name, check in checks:
+    for name, kind in kinds:
+        check, what, _expression = _CHECKS[kind]
         if not check(values[name]):
-            return f"{type_name}.{name} must be {_WHAT[check]}, got {values[name]!r}"
-    return None
+            return f"{type_name}.{name} must be {what}, got {values[name]!r}"
+    return f"{type_name}: does not fit its fields"
 
 
 def encode_record(record: Record) -> bytes:
     """Return the record's log line (``"type"`` first, compact, UTF-8, ending in ``\\n``)."""
-    type_name = record.TYPE
-    values = {f.name: getattr(record, f.name) for f in fields(record)}
-    why = _why_fields_wrong(type_name, values)
-    if why is not None:
-        raise InvalidRecord(type_name, why)
-    text = json.dumps({"type": type_name, **values}, ensure_ascii=False, separators=(",", ":"))
+    document = _CODECS[record.TYPE][1](record)
+    if document is None:
+        values = {name: getattr(record, name) for name, _kind in _FIELD_KINDS[record.TYPE][1]}
+        raise InvalidRecord(record.TYPE, _why_fields_wrong(record.TYPE, values))
     try:
-        return text.encode("utf-8") + b"\n"
+        return (_JSON_LINE.encode(document) + "\n").encode("utf-8")
     except UnicodeEncodeError as exc:
         # A lone surrogate has no UTF-8 form; writing it escaped would not round-trip.
-        raise InvalidRecord(type_name, f"text is not valid Unicode: {exc.reason}") from exc
+        raise InvalidRecord(record.TYPE, f"text is not valid Unicode: {exc.reason}") from exc
 
 
 def encode_records(records: Iterable[Record]) -> bytes:
     """Return the log lines of ``records`` joined, for one write (group commit)."""
-    return b"".join(encode_record(r) for r in records)
+    return b"".join([encode_record(r) for r in records])
 
 
 def decode_record(line: bytes) -> Record:
@@ -201,17 +242,15 @@ def decode_record(line: bytes) -> Record:
 def _record_from(values: object) -> Record:
     if type(values) is not dict:
         raise ValueError("not a JSON object")
-    type_name = values.pop("type", None)
-    schema = _SCHEMAS.get(type_name) if type(type_name) is str else None
-    if schema is None:
+    type_name = values.get("type")
+    decoder = _DECODERS.get(type_name) if type(type_name) is str else None
+    if decoder is None:
         raise ValueError(f"unknown record type {type_name!r}")
-    cls, checks, names = schema
-    if values.keys() != names:
-        raise ValueError(_why_fields_wrong(type_name, values))
-    for name, check in checks:
-        if not check(values[name]):
-            raise ValueError(_why_fields_wrong(type_name, values))
-    return cls(**values)
+    record = decoder(values)
+    if record is None:
+        del values["type"]
+        raise ValueError(_why_fields_wrong(str(type_name), values))
+    return record
 
 
 def decode_lines_fast(lines: list[bytes]) -> list[Record] | None:
@@ -230,7 +269,14 @@ def decode_lines_fast(lines: list[bytes]) -> list[Record] | None:
         return None
     if len(values) != len(lines):
         return None
-    try:
-        return [_record_from(v) for v in values]
-    except ValueError:
-        return None
+    records = []
+    decoders = _DECODERS
+    for value in values:
+        if type(value) is not dict:
+            return None
+        decoder = decoders.get(value.get("type", ""))
+        record = decoder(value) if decoder is not None else None
+        if record is None:
+            return None
+        records.append(record)
+    return records

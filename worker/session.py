@@ -40,6 +40,7 @@ from worker.session_id import validate_session_id
 SESSIONS_DIR: Final = "sessions"
 _EXISTS: Final = frozenset({errno.EEXIST})
 _NO_DIR: Final = frozenset({errno.ENOENT, errno.ENOTDIR})
+_WRITTEN_BY_THE_STORE: Final = frozenset({SessionStart, EpochEnd})
 
 
 def session_dir(home: str | os.PathLike[str], session_id: str) -> str:
@@ -256,7 +257,7 @@ class Session:
         """Append records with one write and one fsync (group commit)."""
         batch = list(records)
         for record in batch:
-            if isinstance(record, SessionStart | EpochEnd):
+            if type(record) in _WRITTEN_BY_THE_STORE:
                 raise InvalidRecord(
                     record.TYPE, "is written by create and commit_epoch, not by append"
                 )
@@ -357,10 +358,10 @@ class Session:
         state.max_call = highest
         self._next_call = max(self._next_call, highest + 1)
         for offset, record in enumerate(batch):
-            if isinstance(record, User) and record.key is not None:
-                state.keys[record.key] = KeyRef(state.epoch, first_line + offset)
-            elif isinstance(record, Usage):
+            if isinstance(record, Usage):
                 self._last_usage = record
+            elif isinstance(record, User) and record.key is not None:
+                state.keys[record.key] = KeyRef(state.epoch, first_line + offset)
 
     def _cut_back(self, fd: int, why_broken: str) -> None:
         """Truncate the log to its last good length; break the session if that fails."""
