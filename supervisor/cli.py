@@ -6,7 +6,7 @@ from importlib.metadata import entry_points
 
 import click
 
-from supervisor import offline_commands
+from supervisor import daemon_commands, offline_commands
 from supervisor.demo import demo
 
 PLUGIN_GROUP = "loopd.commands"
@@ -18,7 +18,7 @@ def main() -> None:
     """loopd: host many long-lived sessions without losing or corrupting their state."""
 
 
-for command in (*offline_commands.COMMANDS, demo):
+for command in (*daemon_commands.COMMANDS, *offline_commands.COMMANDS, demo):
     main.add_command(command)
 
 # Packages above supervisor (the chaos rig) add their command groups through an entry

@@ -1,0 +1,162 @@
+"""Commands that run or talk to the daemon: serve, create, send, compact, start, stop,
+restart, status."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Final
+
+import click
+
+from supervisor.client import call
+from supervisor.daemon import ServeConfig, Supervisor
+from supervisor.errors import ControlError, HomeLocked
+from supervisor.options import home_option
+
+EXIT_ERROR: Final = 1
+STATUS_COLUMNS: Final = (
+    "session", "state", "pid", "epoch", "records", "restarts", "uptime_s", "rss_bytes",
+    "last_error",
+)  # fmt: skip
+
+
+def _call(home: str, op: str, **fields: object) -> object:
+    try:
+        return call(home, op, timeout=60.0, **fields)
+    except ControlError as exc:
+        click.echo(f"loopd {op}: {exc.message} [{exc.code}]", err=True)
+        sys.exit(EXIT_ERROR)
+
+
+@click.command()
+@home_option
+@click.option("--app", default=None, help="module:attribute of the app (default: echo app).")
+@click.option("--budget", type=int, default=None, help="context tokens before an epoch commit.")
+@click.option(
+    "--max-restarts",
+    type=int,
+    default=5,
+    show_default=True,
+    help="more restarts than this within --restart-window is FATAL.",
+)
+@click.option(
+    "--restart-window",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="seconds over which restarts are counted.",
+)
+@click.option(
+    "--backoff-base",
+    type=float,
+    default=0.1,
+    show_default=True,
+    help="seconds before the second restart in a row; doubles each time.",
+)
+@click.option(
+    "--backoff-max", type=float, default=5.0, show_default=True, help="longest backoff, seconds."
+)
+@click.option(
+    "--stable-after",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="uptime, seconds, after which the backoff streak is forgotten.",
+)
+def serve(
+    home: str,
+    app: str | None,
+    budget: int | None,
+    max_restarts: int,
+    restart_window: float,
+    backoff_base: float,
+    backoff_max: float,
+    stable_after: float,
+) -> None:
+    """Run the supervisor for HOME until SIGTERM or SIGINT (then stop every worker, exit 0)."""
+    config = ServeConfig(
+        home=home, app=app, budget=budget, max_restarts=max_restarts, window=restart_window,
+        backoff_base=backoff_base, backoff_cap=backoff_max, stable_after=stable_after,
+    )  # fmt: skip
+    try:
+        code = Supervisor(config).run()
+    except HomeLocked as exc:
+        click.echo(f"loopd serve: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+    sys.exit(code)
+
+
+@click.command()
+@home_option
+@click.argument("session_id", metavar="ID")
+@click.option("--slot", type=click.IntRange(min=0), default=0, show_default=True)
+def create(home: str, session_id: str, slot: int) -> None:
+    """Create session ID and start its worker."""
+    _print_status([_call(home, "create", session=session_id, slot=slot)])
+
+
+@click.command()
+@home_option
+@click.argument("session_id", metavar="ID")
+@click.argument("text")
+@click.option("--key", default=None, help="request key: a retry with it applies once.")
+@click.option("--untrusted", is_flag=True, help="mark the text as untrusted input.")
+def send(home: str, session_id: str, text: str, key: str | None, untrusted: bool) -> None:
+    """Send TEXT to session ID and print the reply."""
+    result = _call(
+        home, "send", session=session_id, text=text, key=key, untrusted=True if untrusted else None
+    )
+    click.echo(json.dumps(result, sort_keys=True))
+
+
+@click.command()
+@home_option
+@click.argument("session_id", metavar="ID")
+@click.option("--summary", default=None, help="the epoch's summary (default: the app's).")
+def compact(home: str, session_id: str, summary: str | None) -> None:
+    """Close session ID's epoch now and start the next one."""
+    click.echo(json.dumps(_call(home, "compact", session=session_id, summary=summary)))
+
+
+def _lifecycle(op: str, doc: str) -> click.Command:
+    @click.command(name=op, help=doc)
+    @home_option
+    @click.argument("session_id", metavar="ID")
+    def command(home: str, session_id: str) -> None:
+        _print_status([_call(home, op, session=session_id)])
+
+    return command
+
+
+start = _lifecycle("start", "Start session ID's worker (also out of FATAL).")
+stop = _lifecycle("stop", "Stop session ID's worker: SIGTERM, a deadline, SIGKILL.")
+restart = _lifecycle("restart", "Stop, then start, session ID's worker.")
+
+
+@click.command()
+@home_option
+@click.argument("session_id", metavar="[ID]", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object a session.")
+def status(home: str, session_id: str | None, as_json: bool) -> None:
+    """Show each session: state, pid, epoch, records, restarts, uptime, rss, last error."""
+    result = _call(home, "status", session=session_id)
+    rows = result if isinstance(result, list) else []
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        _print_status(rows)
+
+
+def _print_status(rows: list[object]) -> None:
+    table = [list(STATUS_COLUMNS)]
+    for row in rows:
+        if isinstance(row, dict):
+            table.append(["-" if row.get(c) is None else str(row.get(c)) for c in STATUS_COLUMNS])
+    widths = [max(len(r[i]) for r in table) for i in range(len(STATUS_COLUMNS) - 1)]
+    for r in table:
+        cells = [cell.ljust(width) for cell, width in zip(r, widths, strict=False)]
+        click.echo("  ".join([*cells, r[-1]]).rstrip())
+
+
+COMMANDS: Final = (serve, create, send, compact, start, stop, restart, status)

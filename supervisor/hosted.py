@@ -1,0 +1,331 @@
+"""One hosted session: its state machine, its worker, its requests in flight."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from supervisor.spawn import WorkerProcess, WorkerSpec
+from supervisor.states import RestartPolicy, State, StateMachine
+from worker.process import EXIT_CLEAN, EXIT_LOCKED, EXIT_NOT_FOUND, EXIT_REFUSED
+from worker.wire import Channel, Message, WireError, error
+
+STOP_DEADLINE: Final = 5.0
+MAX_QUEUED: Final = 1000
+
+
+class Client(Protocol):
+    """Where a reply goes (a control connection)."""
+
+    def reply(self, message: Message) -> None: ...
+
+
+class Loop(Protocol):
+    """What a hosted session needs from the event loop."""
+
+    def watch_worker(self, hosted: HostedSession, worker: WorkerProcess) -> None: ...
+    def unwatch_worker(self, worker: WorkerProcess) -> None: ...
+    def call_at(self, when: float, callback: Callable[[], None]) -> object: ...
+    def cancel(self, timer: object) -> None: ...
+
+
+@dataclass(slots=True)
+class Waiter:
+    """A client waiting for a reply: its connection and its request id."""
+
+    client: Client
+    request_id: object
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class HostedSession:
+    """A session the supervisor hosts; every state change goes through its StateMachine."""
+
+    def __init__(
+        self, loop: Loop, spec: WorkerSpec, policy: RestartPolicy, rng: random.Random
+    ) -> None:
+        self.loop = loop
+        self.spec = spec
+        self.id = spec.session
+        self.machine = StateMachine(spec.session)
+        self.policy = policy
+        self.rng = rng
+        self.worker: WorkerProcess | None = None
+        self.restarts = 0
+        self.started_at: float | None = None
+        self.last_error: str | None = None
+        self.epoch: int | None = None
+        self.records: int | None = None
+        self.in_flight: dict[int, Waiter] = {}
+        self.queued: list[tuple[Waiter, Message]] = []
+        self.ready_waiters: list[Waiter] = []
+        self.stop_waiters: list[Waiter] = []
+        self.restart_after_stop = False
+        self._timer: object | None = None
+        self._next_id = 0
+
+    @property
+    def state(self) -> State:
+        return self.machine.state
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Spawn the worker (from STOPPED, EXITED, FATAL or BACKOFF)."""
+        self._cancel_timer()
+        self.machine.move(State.STARTING)
+        try:
+            worker = WorkerProcess(self.spec)
+        except OSError as exc:
+            self.last_error = f"could not start the worker: {exc}"
+            self._crashed(time.monotonic())
+            return
+        self.worker = worker
+        self.started_at = time.monotonic()
+        self.loop.watch_worker(self, worker)
+
+    def operator_start(self) -> None:
+        """An explicit start: forget the restart history, then start."""
+        self.policy.reset()
+        self.last_error = None
+        self.start()
+
+    def stop(self, *, restart: bool = False) -> None:
+        """SIGTERM the worker's group, SIGKILL it at the deadline; STOPPED when reaped."""
+        self.restart_after_stop = restart
+        if self.state in (State.BACKOFF, State.EXITED, State.FATAL):
+            self._cancel_timer()
+            self.machine.move(State.STOPPED)
+            self._fail_waiting("stopped", f"session {self.id} was stopped", keep_ready=restart)
+        if self.state is State.STOPPED:
+            self._answer_stop_waiters()
+            if restart:
+                self.restart_after_stop = False
+                self.operator_start()
+            return
+        if self.state is State.STOPPING:
+            return  # already on its way down; the exit answers the waiters
+        self.machine.move(State.STOPPING)
+        worker = self.worker
+        if worker is not None:
+            worker.signal_group(signal.SIGTERM)
+            self._timer = self.loop.call_at(time.monotonic() + STOP_DEADLINE, self._kill_worker)
+
+    # -- events from the worker --------------------------------------------------------
+
+    def on_channel_readable(self, channel: Channel) -> None:
+        try:
+            messages = channel.read_nowait()
+        except (WireError, OSError) as exc:
+            self.last_error = f"bad frame from worker: {exc}"
+            if self.worker is not None:
+                self.worker.kill()
+            return
+        for message in messages:
+            self._on_worker_message(message)
+
+    def _on_worker_message(self, message: Message) -> None:
+        op = message.get("op")
+        if op == "ready":
+            self.epoch = _int_or_none(message.get("epoch"))
+            self.records = _int_or_none(message.get("records"))
+            if self.state is State.STARTING:
+                self.machine.move(State.RUNNING)
+                self.spec = _without_create(self.spec)
+                for waiter in self.ready_waiters:
+                    waiter.client.reply(
+                        {"id": waiter.request_id, "ok": True, "result": self.status()}
+                    )
+                self.ready_waiters.clear()
+                queued, self.queued = self.queued, []
+                for waiter, request in queued:
+                    self.forward(waiter, request)
+        elif op == "exiting":
+            self.last_error = str(message.get("message"))
+            holder = message.get("holder")
+            if message.get("code") == "locked" and isinstance(holder, int):
+                self.last_error += f" (pid {holder} holds it; it is not ours: not fighting it)"
+        else:
+            request_id = _int_or_none(message.get("id"))
+            answered = self.in_flight.pop(request_id, None) if request_id is not None else None
+            result = message.get("result")
+            if isinstance(result, dict) and isinstance(result.get("state"), dict):
+                state = result["state"]
+                self.epoch = _int_or_none(state.get("epoch"))
+                self.records = _int_or_none(state.get("records"))
+            if answered is not None:
+                message["id"] = answered.request_id
+                answered.client.reply(message)
+
+    def on_exit(self) -> None:
+        """The pidfd says the worker died: reap, answer what was in flight, decide."""
+        worker = self.worker
+        assert worker is not None
+        # Take what the worker said before dying (its "exiting" reason, late replies).
+        try:
+            for message in worker.channel.drain_nowait():
+                self._on_worker_message(message)
+        except (WireError, OSError) as exc:
+            self.last_error = f"bad frame from the dying worker: {exc}"
+        code = worker.reap()
+        self.loop.unwatch_worker(worker)
+        worker.close()
+        self.worker = None
+        self._cancel_timer()
+        now = time.monotonic()
+        how = describe_exit(code)
+        self._fail_in_flight(
+            "worker_died",
+            f"the worker of session {self.id} died ({how}) while the request was in flight; "
+            "it may or may not have been applied: retry with the same key",
+        )
+        if self.state is State.STOPPING:
+            self.machine.move(State.STOPPED)
+            self._fail_waiting(
+                "stopped", f"session {self.id} was stopped", keep_ready=self.restart_after_stop
+            )
+            self._answer_stop_waiters()
+            if self.restart_after_stop:
+                self.restart_after_stop = False
+                self.operator_start()
+            return
+        if code == EXIT_REFUSED:
+            self._fatal(
+                f"{self.last_error or 'log refused'} -- the log is refused and will not be "
+                f"restarted. Next: `loopd inspect --home {self.spec.home} {self.id}`; if the "
+                f"last line is torn, `loopd repair --home {self.spec.home} {self.id}`, then "
+                f"`loopd start {self.id}`"
+            )
+        elif code == EXIT_LOCKED:
+            self._fatal(self.last_error or "the session is locked by another process")
+        elif code == EXIT_NOT_FOUND:
+            self._fatal(self.last_error or "no such session")
+        elif code == EXIT_CLEAN:
+            self.machine.move(State.EXITED)
+            self._fail_waiting("exited", f"the worker of session {self.id} exited")
+        else:
+            self.last_error = f"worker {how}" + (f": {self.last_error}" if self.last_error else "")
+            self._crashed(now)
+
+    def _crashed(self, now: float) -> None:
+        if self.started_at is not None and now - self.started_at >= self.policy.stable_after:
+            self.policy.on_stable()
+        delay = self.policy.next_delay(now, self.rng)
+        if delay is None:
+            self._fatal(
+                f"more than {self.policy.max_restarts} restarts in {self.policy.window:g} s; "
+                f"last: {self.last_error}. Next: fix the cause, then `loopd start {self.id}`"
+            )
+            return
+        self.restarts += 1
+        self.machine.move(State.BACKOFF)
+        if delay == 0:
+            self.start()
+        else:
+            self._timer = self.loop.call_at(now + delay, self.start)
+
+    def _fatal(self, why: str) -> None:
+        self.last_error = why
+        self.machine.move(State.FATAL)
+        self._fail_waiting("fatal", f"session {self.id} is FATAL: {why}")
+
+    # -- requests ------------------------------------------------------------------------
+
+    def submit(self, waiter: Waiter, request: Message) -> None:
+        """Forward a request now, queue it while the worker starts, or refuse it."""
+        if self.state is State.RUNNING:
+            self.forward(waiter, request)
+        elif self.state in (State.STARTING, State.BACKOFF) and len(self.queued) < MAX_QUEUED:
+            self.queued.append((waiter, request))
+        else:
+            detail = f": {self.last_error}" if self.last_error else ""
+            waiter.client.reply(
+                error(
+                    waiter.request_id,
+                    "unavailable",
+                    f"session {self.id} is {self.state.value}{detail}",
+                )
+            )
+
+    def forward(self, waiter: Waiter, request: Message) -> None:
+        worker = self.worker
+        assert worker is not None
+        self._next_id += 1
+        self.in_flight[self._next_id] = waiter
+        try:
+            worker.channel.send({**request, "id": self._next_id})
+        except OSError:
+            # The worker is dying; its pidfd will fire and answer this request.
+            return
+
+    def _fail_in_flight(self, code: str, message: str) -> None:
+        in_flight, self.in_flight = self.in_flight, {}
+        for waiter in in_flight.values():
+            waiter.client.reply(error(waiter.request_id, code, message))
+
+    def _fail_waiting(self, code: str, message: str, *, keep_ready: bool = False) -> None:
+        self._fail_in_flight(code, message)
+        queued, self.queued = self.queued, []
+        ready: list[Waiter] = []
+        if not keep_ready:
+            ready, self.ready_waiters = self.ready_waiters, []
+        for waiter in [w for w, _ in queued] + ready:
+            waiter.client.reply(error(waiter.request_id, code, message))
+
+    def _answer_stop_waiters(self) -> None:
+        waiters, self.stop_waiters = self.stop_waiters, []
+        for waiter in waiters:
+            waiter.client.reply({"id": waiter.request_id, "ok": True, "result": self.status()})
+
+    def _kill_worker(self) -> None:
+        if self.worker is not None:
+            self.worker.kill()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self.loop.cancel(self._timer)
+            self._timer = None
+
+    # -- status ----------------------------------------------------------------------------
+
+    def status(self) -> Message:
+        worker = self.worker
+        running = self.state in (State.RUNNING, State.STARTING, State.STOPPING)
+        uptime = time.monotonic() - self.started_at if running and self.started_at else None
+        return {
+            "session": self.id,
+            "state": self.state.value,
+            "pid": worker.pid if worker is not None else None,
+            "epoch": self.epoch,
+            "records": self.records,
+            "restarts": self.restarts,
+            "uptime_s": round(uptime, 3) if uptime is not None else None,
+            "rss_bytes": worker.rss_bytes() if worker is not None else None,
+            "last_error": self.last_error,
+        }
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if type(value) is int else None
+
+
+def _without_create(spec: WorkerSpec) -> WorkerSpec:
+    """Once created, a session is only ever opened: a vanished directory must not reappear."""
+    if not spec.create:
+        return spec
+    return WorkerSpec(
+        home=spec.home, session=spec.session, slot=spec.slot, app=spec.app,
+        budget=spec.budget, extra_env=spec.extra_env,
+    )  # fmt: skip

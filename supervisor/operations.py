@@ -1,0 +1,100 @@
+"""The control operations a client may ask of the daemon, each checked before it acts."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from supervisor.hosted import HostedSession, Waiter
+from supervisor.states import State
+from worker.errors import InvalidSessionId
+from worker.session_id import validate_session_id
+from worker.wire import Message, WireError, error, field, ok, optional_field
+
+if TYPE_CHECKING:
+    from supervisor.daemon import ClientConnection, Supervisor
+
+
+def dispatch(daemon: Supervisor, client: ClientConnection, message: Message) -> None:
+    """Answer one control request; a malformed one gets an error reply, never a crash."""
+    request_id = message.get("id")
+    if type(request_id) not in (int, str):
+        client.reply(error(None, "bad_request", "field 'id' must be an int or a string"))
+        return
+    waiter = Waiter(client, request_id)
+    try:
+        op = field(message, "op", str)
+        if op == "ping":
+            client.reply(ok(request_id, {"pid": os.getpid()}))
+        elif op == "status":
+            wanted = optional_field(message, "session", str)
+            statuses = daemon.statuses()
+            if wanted is not None:
+                statuses = [s for s in statuses if s["session"] == wanted]
+                if not statuses:
+                    client.reply(error(request_id, "not_found", f"no session {wanted!r}"))
+                    return
+            client.reply(ok(request_id, statuses))
+        elif op == "create":
+            session_id = _session_id(message)
+            slot = optional_field(message, "slot", int) or 0
+            if slot < 0:
+                raise WireError("field 'slot' must be >= 0")
+            daemon.create_session(waiter, session_id, slot)
+        elif op in ("send", "compact"):
+            hosted = _hosted(daemon, message)
+            if op == "send":
+                request: Message = {"text": field(message, "text", str)}
+                key = optional_field(message, "key", str)
+                if key is not None:
+                    request["key"] = key
+                if optional_field(message, "untrusted", bool):
+                    request["untrusted"] = True
+                hosted.submit(waiter, {"op": "request", "request": request})
+            else:
+                forwarded: Message = {"op": "compact"}
+                summary = optional_field(message, "summary", str)
+                if summary is not None:
+                    forwarded["summary"] = summary
+                hosted.submit(waiter, forwarded)
+        elif op == "start":
+            hosted = _hosted(daemon, message)
+            if hosted.state in (State.RUNNING, State.STARTING):
+                client.reply(ok(request_id, hosted.status()))
+            elif hosted.state is State.STOPPING:
+                hosted.restart_after_stop = True
+                hosted.ready_waiters.append(waiter)
+            else:
+                hosted.ready_waiters.append(waiter)
+                if hosted.state is State.BACKOFF:
+                    hosted.start()
+                else:
+                    hosted.operator_start()
+        elif op == "stop":
+            hosted = _hosted(daemon, message)
+            hosted.stop_waiters.append(waiter)
+            hosted.stop()
+        elif op == "restart":
+            hosted = _hosted(daemon, message)
+            hosted.ready_waiters.append(waiter)
+            hosted.stop(restart=True)
+        else:
+            client.reply(error(request_id, "bad_request", f"unknown op {op!r}"))
+    except WireError as exc:
+        client.reply(error(request_id, "bad_request", exc.why))
+    except InvalidSessionId as exc:
+        client.reply(error(request_id, "bad_request", str(exc)))
+    except LookupError as exc:
+        client.reply(error(request_id, "not_found", str(exc.args[0])))
+
+
+def _session_id(message: Message) -> str:
+    return validate_session_id(field(message, "session", str))
+
+
+def _hosted(daemon: Supervisor, message: Message) -> HostedSession:
+    session_id = _session_id(message)
+    hosted = daemon.sessions.get(session_id)
+    if hosted is None:
+        raise LookupError(f"no session {session_id!r} is hosted here")
+    return hosted

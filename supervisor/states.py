@@ -1,0 +1,92 @@
+"""The per-session state machine and the restart policy."""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Final
+
+from supervisor.errors import IllegalTransition
+
+
+class State(enum.Enum):
+    """Where a session's worker is in its life."""
+
+    STOPPED = "STOPPED"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    BACKOFF = "BACKOFF"
+    STOPPING = "STOPPING"
+    EXITED = "EXITED"
+    FATAL = "FATAL"
+
+
+S = State
+TRANSITIONS: Final[dict[State, frozenset[State]]] = {
+    S.STOPPED: frozenset({S.STARTING}),
+    S.STARTING: frozenset({S.RUNNING, S.BACKOFF, S.FATAL, S.STOPPING, S.EXITED}),
+    S.RUNNING: frozenset({S.STOPPING, S.BACKOFF, S.FATAL, S.EXITED}),
+    S.BACKOFF: frozenset({S.STARTING, S.STOPPED, S.FATAL}),
+    S.STOPPING: frozenset({S.STOPPED}),
+    S.EXITED: frozenset({S.STARTING, S.STOPPED}),
+    S.FATAL: frozenset({S.STARTING, S.STOPPED}),
+}
+"""The one table of allowed moves; anything else raises IllegalTransition."""
+
+
+class StateMachine:
+    """A session's current state; ``move`` checks every change against TRANSITIONS."""
+
+    def __init__(self, session: str, state: State = State.STOPPED) -> None:
+        self.session = session
+        self.state = state
+
+    def move(self, wanted: State) -> None:
+        if wanted not in TRANSITIONS[self.state]:
+            raise IllegalTransition(self.session, self.state.value, wanted.value)
+        self.state = wanted
+
+
+@dataclass(slots=True)
+class RestartPolicy:
+    """Exponential backoff with jitter, reset after stable uptime, and an intensity limit.
+
+    The first restart after a stable run is immediate (a crash-free session restarts as
+    fast as a process can start); each further one waits ``base * 2**(n-1)`` seconds, up
+    to ``cap``, with up to ``jitter`` of it added at random. More than ``max_restarts``
+    restarts within ``window`` seconds is FATAL (OTP's intensity/period).
+    """
+
+    max_restarts: int = 5
+    window: float = 10.0
+    base: float = 0.1
+    cap: float = 5.0
+    jitter: float = 0.25
+    stable_after: float = 5.0
+    _recent: deque[float] = field(default_factory=deque)
+    _streak: int = 0
+
+    def on_stable(self) -> None:
+        """The worker stayed up ``stable_after`` seconds: forget the backoff streak."""
+        self._streak = 0
+
+    def next_delay(self, now: float, rng: random.Random) -> float | None:
+        """Record a crash at ``now``; return the delay before restarting, or None for FATAL."""
+        self._recent.append(now)
+        while self._recent and self._recent[0] < now - self.window:
+            self._recent.popleft()
+        if len(self._recent) > self.max_restarts:
+            return None
+        streak = self._streak
+        self._streak += 1
+        if streak == 0:
+            return 0.0
+        delay: float = min(self.cap, self.base * 2.0 ** (streak - 1))
+        return delay + delay * self.jitter * rng.random()
+
+    def reset(self) -> None:
+        """Forget all history (an operator's explicit start)."""
+        self._recent.clear()
+        self._streak = 0
