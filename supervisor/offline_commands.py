@@ -12,6 +12,7 @@ import click
 from supervisor.options import home_option
 from worker.errors import InvalidSessionId, LogError, SessionError
 from worker.inspection import Inspection, inspect_session
+from worker.repair import repair_torn_tail
 from worker.session import SESSIONS_DIR
 
 EXIT_REFUSED: Final = 1
@@ -85,4 +86,26 @@ def verify(home: str) -> None:
         sys.exit(EXIT_REFUSED)
 
 
-COMMANDS: Final = (inspect, verify)
+@click.command()
+@home_option
+@click.argument("session_id", metavar="ID")
+def repair(home: str, session_id: str) -> None:
+    """Move an unterminated last line of ID's newest log into <home>/quarantine/ID/.
+
+    Explicit and narrow: it refuses while a worker holds the session, refuses a clean
+    log, and never touches a bad line in the middle of a log.
+    """
+    try:
+        result = repair_torn_tail(home, session_id)
+    except SessionError as exc:
+        click.echo(f"loopd repair: refused: {exc}", err=True)
+        sys.exit(EXIT_REFUSED)
+    click.echo(
+        f"moved {result.moved_bytes} bytes (the unterminated line {result.line}) of "
+        f"{result.log}\n   to {result.quarantine}\n"
+        f"the log now ends after its last whole line ({result.kept_bytes} bytes) and opens "
+        f"cleanly; next: loopd start {session_id}"
+    )
+
+
+COMMANDS: Final = (inspect, verify, repair)

@@ -1,0 +1,45 @@
+"""Apps for tests, loaded by real workers as ``tests.apps:NAME``."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from worker.app import DefaultApp
+from worker.session import Session
+from worker.wire import Message, field, optional_field
+
+
+class BlockingApp(DefaultApp):
+    """The default app, except that the first text starting with ``block`` gets no reply.
+
+    ``block-after`` applies the request (durably) first; ``block-before`` applies
+    nothing. Either way the worker then writes ``<home>/blocked-<pid>`` and hangs, so a
+    test can kill it with the request in flight. Once that marker exists (a retry after
+    the restart), requests are handled normally.
+    """
+
+    def handle(self, session: Session, request: Message) -> Message:
+        text = field(request, "text", str)
+        key = optional_field(request, "key", str)
+        home = os.path.dirname(os.path.dirname(session.dir))
+        blocked_once = any(name.startswith("blocked-") for name in os.listdir(home))
+        if blocked_once or not text.startswith("block") or (key and session.find_key(key)):
+            return super().handle(session, request)
+        if text.startswith("block-after"):
+            super().handle(session, request)
+        with open(os.path.join(home, f"blocked-{os.getpid()}"), "w") as marker:
+            marker.write(text)
+        threading.Event().wait()  # hang until killed: the request stays in flight
+        raise AssertionError("unreachable")
+
+
+def crashing_app(budget: int) -> DefaultApp:
+    """An app factory that fails every time, after noting when it was called.
+
+    The times (CLOCK_MONOTONIC is shared by all processes) let a test see the backoff.
+    """
+    with open(os.environ["LOOPD_TEST_CRASH_LOG"], "a") as log:
+        log.write(f"{time.monotonic()}\n")
+    raise RuntimeError("this app always crashes at start")

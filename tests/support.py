@@ -1,0 +1,126 @@
+"""Helpers for tests that run a real supervisor: start it, talk to it, stop it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+import psutil
+
+from supervisor.client import call
+from supervisor.daemon import SOCKET_NAME
+from supervisor.errors import ControlError
+
+REPO = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+def poll_until(
+    check: Callable[[], T | None], *, timeout: float = 20.0, what: str = "condition"
+) -> T:
+    """Return check()'s first truthy value; fail after ``timeout`` seconds.
+
+    Polls against a deadline (the interval only spaces the checks out).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.005)
+
+
+def loopd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the operator CLI in a subprocess, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def status(home: Path, session: str) -> dict[str, object]:
+    rows = call(str(home), "status", session=session)
+    assert isinstance(rows, list)
+    row = rows[0]
+    assert isinstance(row, dict)
+    return row
+
+
+def wait_state(home: Path, session: str, state: str, **more: object) -> dict[str, object]:
+    def reached() -> dict[str, object] | None:
+        row = status(home, session)
+        if row["state"] == state and all(row.get(k) == v for k, v in more.items()):
+            return row
+        return None
+
+    return poll_until(reached, what=f"{session} to be {state} {more}")
+
+
+class Daemon:
+    """A real ``loopd serve`` process for one test."""
+
+    def __init__(self, home: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.home = home
+        home.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "supervisor", "serve", "--home", str(home), *args],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        poll_until(self._answers, what="the supervisor to listen")
+
+    def _answers(self) -> bool:
+        if self.proc.poll() is not None:
+            out = self.proc.stdout.read().decode() if self.proc.stdout else ""
+            raise AssertionError(f"supervisor exited with {self.proc.returncode}: {out}")
+        if not (self.home / SOCKET_NAME).exists():
+            return False
+        try:
+            call(str(self.home), "ping", timeout=5)
+        except ControlError:
+            return False
+        return True
+
+    def workers(self) -> list[psutil.Process]:
+        return psutil.Process(self.proc.pid).children(recursive=True)
+
+    def stop(self) -> int:
+        """SIGTERM, a deadline, SIGKILL; reap; kill any worker still alive."""
+        workers = self.workers() if self.proc.poll() is None else []
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        _gone, alive = psutil.wait_procs(workers, timeout=10)
+        for proc in alive:
+            proc.kill()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return code
+
+
+@contextmanager
+def running_daemon(home: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Daemon]:
+    daemon = Daemon(home, *args, env=env)
+    try:
+        yield daemon
+    finally:
+        daemon.stop()

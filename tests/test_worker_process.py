@@ -1,0 +1,185 @@
+"""The worker process on its own: ready, requests, keys, budget, resume, exit codes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO
+from worker import Session
+from worker.app import DefaultApp
+from worker.process import EXIT_CLEAN, EXIT_LOCKED, EXIT_REFUSED
+from worker.records import EpochEnd, encode_record
+from worker.wire import Channel, Message
+
+
+class RunningWorker:
+    def __init__(self, proc: subprocess.Popen[bytes], channel: Channel) -> None:
+        self.proc = proc
+        self.channel = channel
+        self._id = 0
+
+    def ask(self, op: str, **fields: object) -> Message:
+        self._id += 1
+        self.channel.send({"id": self._id, "op": op, **fields})
+        reply = self.channel.recv()
+        assert reply is not None
+        assert reply["id"] == self._id
+        return reply
+
+
+@contextmanager
+def worker(home: Path, session: str, *args: str) -> Iterator[RunningWorker]:
+    ours, theirs = socket.socketpair()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "worker",
+            "--home",
+            str(home),
+            "--session",
+            session,
+            "--channel-fd",
+            str(theirs.fileno()),
+            *args,
+        ],
+        pass_fds=(theirs.fileno(),),
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+    )
+    theirs.close()
+    try:
+        yield RunningWorker(proc, Channel(ours))
+    finally:
+        ours.close()
+        try:
+            proc.wait(timeout=20)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if proc.stderr is not None:
+                proc.stderr.close()
+
+
+def _request(w: RunningWorker, text: str, key: str | None = None) -> dict[str, object]:
+    reply = w.ask("request", request={"text": text, "key": key})
+    assert reply["ok"] is True, reply
+    result = reply["result"]
+    assert isinstance(result, dict)
+    return result
+
+
+def test_a_worker_creates_signals_ready_serves_and_exits_0_when_its_channel_closes(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    with worker(home, "s1", "--create", "--slot", "4") as w:
+        ready = w.channel.recv()
+        assert ready is not None
+        assert (ready["op"], ready["epoch"], ready["records"], ready["slot"]) == ("ready", 0, 1, 4)
+        first = _request(w, "hello", "k1")
+        assert (first["call"], first["text"], first["duplicate"]) == (1, "echo: hello", False)
+        again = _request(w, "hello", "k1")
+        assert again["duplicate"] is True
+        assert (again["epoch"], again["line"]) == (0, 2)
+        w.channel.close()
+        assert w.proc.wait(timeout=20) == EXIT_CLEAN
+    lines = (home / "sessions" / "s1" / "0.jsonl").read_bytes().splitlines()
+    assert [json.loads(x)["type"] for x in lines] == [
+        "SessionStart",
+        "User",
+        "ToolResult",
+        "Assistant",
+        "Usage",
+    ]
+
+
+def test_the_default_app_commits_an_epoch_when_the_context_passes_the_budget(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    with worker(home, "s1", "--create", "--budget", "30") as w:
+        assert w.channel.recv() is not None
+        committed = [_request(w, "x" * 80, f"k{n}")["committed"] for n in range(3)]
+        assert committed == [True, True, True]
+        status = w.ask("status")["result"]
+        assert isinstance(status, dict)
+        assert status["state"]["epoch"] == 3
+        w.ask("stop")
+        assert w.proc.wait(timeout=20) == EXIT_CLEAN
+    with Session.open(home, "s1") as session:
+        assert session.carry is not None
+        assert session.carry.startswith("epoch 2: 1 requests")
+        assert session.baseline.memory == session.carry
+        assert session.find_key("k0") is not None
+
+
+def test_sigterm_stops_a_worker_with_exit_code_0(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with worker(home, "s1", "--create") as w:
+        assert w.channel.recv() is not None
+        w.proc.send_signal(signal.SIGTERM)
+        assert w.proc.wait(timeout=20) == EXIT_CLEAN
+
+
+def test_a_worker_on_a_torn_log_exits_with_the_refused_code_and_prints_path_line(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    Session.create(home, "s1", DefaultApp().initial_baseline("s1")).close()
+    log = home / "sessions" / "s1" / "0.jsonl"
+    with log.open("ab") as f:
+        f.write(b'{"type":"Us')
+    with worker(home, "s1") as w:
+        said = w.channel.recv()
+        assert w.proc.wait(timeout=20) == EXIT_REFUSED
+        assert w.proc.stderr is not None
+        assert w.proc.stderr.read().decode().strip() == (
+            f"{log}:2: last line has no newline (torn write)"
+        )
+    assert said is not None
+    assert said["code"] == "refused"
+
+
+def test_a_worker_for_a_locked_session_exits_with_the_lock_code(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with Session.create(home, "s1", DefaultApp().initial_baseline("s1")), worker(home, "s1") as w:
+        said = w.channel.recv()
+        assert w.proc.wait(timeout=20) == EXIT_LOCKED
+    assert said is not None
+    assert said["code"] == "locked"
+
+
+@pytest.mark.parametrize("leftover", ["nothing", "next-baseline"])
+def test_a_worker_resumes_an_interrupted_epoch_change_without_a_second_epoch_end(
+    tmp_path: Path, leftover: str
+) -> None:
+    home = tmp_path / "home"
+    app = DefaultApp()
+    with Session.create(home, "s1", app.initial_baseline("s1")) as session:
+        directory = Path(session.dir)
+    with (directory / "0.jsonl").open("ab") as f:
+        f.write(encode_record(EpochEnd(next=1, summary="the recorded one")))
+    if leftover == "next-baseline":
+        (directory / "1.baseline.json").write_bytes(b'{"partial":')
+    with worker(home, "s1") as w:
+        ready = w.channel.recv()
+        assert ready is not None
+        assert ready["epoch"] == 1
+        w.ask("stop")
+        assert w.proc.wait(timeout=20) == EXIT_CLEAN
+    types = [json.loads(x)["type"] for x in (directory / "0.jsonl").read_bytes().splitlines()]
+    assert types.count("EpochEnd") == 1
+    with Session.open(home, "s1") as session:
+        assert (session.epoch, session.carry) == (1, "the recorded one")
+        assert session.baseline.memory == "the recorded one"
