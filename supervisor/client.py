@@ -26,8 +26,11 @@ def call(home: str, op: str, *, timeout: float = 60.0, **fields: object) -> obje
             ) from exc
         channel = Channel(sock)
         request: Message = {"id": 1, "op": op, **{k: v for k, v in fields.items() if v is not None}}
-        channel.send(request)
-        reply = channel.recv()
+        try:
+            channel.send(request)
+            reply = channel.recv()
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise ControlError("closed", f"the supervisor closed the connection: {exc}") from exc
     finally:
         sock.close()
     if reply is None:

@@ -6,6 +6,7 @@ backoff and stop deadlines, so an idle supervisor sleeps in ``select`` with no t
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import os
@@ -99,7 +100,9 @@ class Supervisor:
 
     def unwatch_worker(self, worker: WorkerProcess) -> None:
         self.selector.unregister(worker.pidfd)
-        if not worker.channel.closed:
+        # The channel is unregistered at its end of stream, unless the final drain in
+        # on_exit saw that end first: then it is still registered here.
+        with contextlib.suppress(KeyError):
             self.selector.unregister(worker.channel)
 
     def call_at(self, when: float, callback: Callable[[], None]) -> object:

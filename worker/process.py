@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         session = open_session(args, app)
         channel.send({"op": "ready", **describe(session)})
         serve(session, app, channel)
-    except StopRequested:
+    except (StopRequested, BrokenPipeError, ConnectionResetError):
+        # SIGTERM, or the supervisor vanished while we wrote to it: a clean stop.
         return EXIT_CLEAN
     except SessionLocked as exc:
         _report(channel, "locked", str(exc), pid=exc.pid)

@@ -95,7 +95,7 @@ class Channel:
 
         Sets ``closed`` at end of stream. Raises WireError on a bad frame.
         """
-        data = self.sock.recv(_READ_SIZE)
+        data = self._recv_or_reset(0)
         if not data:
             self.closed = True
             return self._take()
@@ -106,7 +106,7 @@ class Channel:
         """Read everything the socket holds right now, without blocking; return messages."""
         while not self.closed:
             try:
-                data = self.sock.recv(_READ_SIZE, socket.MSG_DONTWAIT)
+                data = self._recv_or_reset(socket.MSG_DONTWAIT)
             except BlockingIOError:
                 break
             if not data:
@@ -116,16 +116,22 @@ class Channel:
         return self._take()
 
     def recv(self) -> Message | None:
-        """Block until one whole message arrives; None at end of stream."""
+        """Block until one whole message arrives; None at end of stream (or a reset)."""
         while not self._ready:
             if self.closed:
                 return None
-            data = self.sock.recv(_READ_SIZE)
+            data = self._recv_or_reset(0)
             if not data:
                 self.closed = True
                 return None
             self._feed(data)
         return self._ready.pop(0)
+
+    def _recv_or_reset(self, flags: int) -> bytes:
+        try:
+            return self.sock.recv(_READ_SIZE, flags)
+        except ConnectionResetError:
+            return b""  # the peer died with data unread: as good as end of stream
 
     def _feed(self, data: bytes) -> None:
         try:
