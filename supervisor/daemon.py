@@ -23,7 +23,7 @@ from typing import Final
 from supervisor.errors import HomeLocked
 from supervisor.hosted import HostedSession, Waiter
 from supervisor.operations import dispatch
-from supervisor.spawn import WorkerProcess, WorkerSpec
+from supervisor.spawn import StartMethod, WorkerProcess, WorkerSpec
 from supervisor.states import RestartPolicy, State
 from worker.errors import InvalidSessionId, SessionLocked
 from worker.lock import lock_directory
@@ -49,6 +49,7 @@ class ServeConfig:
     stable_after: float = 5.0
     seed: int | None = None
     worker_env: dict[str, str] = field(default_factory=dict)
+    start_method: StartMethod = StartMethod.FORK
 
     def policy(self) -> RestartPolicy:
         return RestartPolicy(
@@ -190,6 +191,7 @@ class Supervisor:
         return WorkerSpec(
             home=self.home, session=session_id, create=create, slot=slot, app=self.config.app,
             budget=self.config.budget, extra_env=dict(self.config.worker_env),
+            start_method=self.config.start_method,
         )  # fmt: skip
 
     def _host(self, spec: WorkerSpec) -> HostedSession:

@@ -13,6 +13,7 @@ from supervisor.client import call
 from supervisor.daemon import ServeConfig, Supervisor
 from supervisor.errors import ControlError, HomeLocked
 from supervisor.options import home_option
+from supervisor.spawn import StartMethod
 
 EXIT_ERROR: Final = 1
 STATUS_COLUMNS: Final = (
@@ -64,6 +65,14 @@ def _call(home: str, op: str, **fields: object) -> object:
     show_default=True,
     help="uptime, seconds, after which the backoff streak is forgotten.",
 )
+@click.option(
+    "--start-method",
+    type=click.Choice([m.value for m in StartMethod]),
+    default=StartMethod.FORK.value,
+    show_default=True,
+    help="fork: workers fork from the warm supervisor (fast restarts); "
+    "exec: each worker is a fresh interpreter.",
+)
 def serve(
     home: str,
     app: str | None,
@@ -73,11 +82,13 @@ def serve(
     backoff_base: float,
     backoff_max: float,
     stable_after: float,
+    start_method: str,
 ) -> None:
     """Run the supervisor for HOME until SIGTERM or SIGINT (then stop every worker, exit 0)."""
     config = ServeConfig(
         home=home, app=app, budget=budget, max_restarts=max_restarts, window=restart_window,
         backoff_base=backoff_base, backoff_cap=backoff_max, stable_after=stable_after,
+        start_method=StartMethod(start_method),
     )  # fmt: skip
     try:
         code = Supervisor(config).run()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import signal
 import time
@@ -325,7 +326,4 @@ def _without_create(spec: WorkerSpec) -> WorkerSpec:
     """Once created, a session is only ever opened: a vanished directory must not reappear."""
     if not spec.create:
         return spec
-    return WorkerSpec(
-        home=spec.home, session=spec.session, slot=spec.slot, app=spec.app,
-        budget=spec.budget, extra_env=spec.extra_env,
-    )  # fmt: skip
+    return dataclasses.replace(spec, create=False)

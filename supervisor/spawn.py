@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import errno
+import gc
 import os
+import resource
 import signal
 import socket
 import subprocess
 import sys
+import traceback
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -16,6 +21,20 @@ import psutil
 from worker.wire import Channel
 
 _GONE: Final = frozenset({errno.ESRCH})
+
+
+class StartMethod(enum.Enum):
+    """How a worker process comes to be (one interface, two methods, as multiprocessing has).
+
+    EXEC starts a fresh interpreter (``python -m worker``): nothing is inherited but the
+    channel. FORK forks the already warm, single-threaded supervisor and runs the worker
+    in the child: no interpreter start-up and no imports, so restarts are several times
+    faster; the child closes every inherited descriptor but its channel and the standard
+    streams, and never returns into supervisor code.
+    """
+
+    EXEC = "exec"
+    FORK = "fork"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,6 +48,7 @@ class WorkerSpec:
     app: str | None = None
     budget: int | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    start_method: StartMethod = StartMethod.FORK
 
     def argv(self, channel_fd: int) -> list[str]:
         argv = [
@@ -50,21 +70,24 @@ class WorkerProcess:
     def __init__(self, spec: WorkerSpec) -> None:
         """Start the worker without a shell, in its own process group."""
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._popen: subprocess.Popen[bytes] | None = None
         try:
-            env = {**os.environ, **spec.extra_env}
-            self.popen = subprocess.Popen(
-                spec.argv(child.fileno()),
-                pass_fds=(child.fileno(),),
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # its own process group, for killpg
-                env=env,
-            )
+            if spec.start_method is StartMethod.EXEC:
+                self._popen = subprocess.Popen(
+                    spec.argv(child.fileno()),
+                    pass_fds=(child.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # its own process group, for killpg
+                    env={**os.environ, **spec.extra_env},
+                )
+                self.pid = self._popen.pid
+            else:
+                self.pid = _fork_worker(spec, child.fileno())
         except BaseException:
             parent.close()
             raise
         finally:
             child.close()
-        self.pid = self.popen.pid
         self.pidfd = os.pidfd_open(self.pid)
         try:
             self.create_time: float | None = psutil.Process(self.pid).create_time()
@@ -99,8 +122,15 @@ class WorkerProcess:
         return self.signal_group(signal.SIGKILL)
 
     def reap(self) -> int:
-        """Collect the exit status (call when the pidfd is readable); return the code."""
-        self.returncode = self.popen.wait()
+        """Collect the exit status (call when the pidfd is readable); return the code.
+
+        Negative for a death by signal, as subprocess reports it.
+        """
+        if self._popen is not None:
+            self.returncode = self._popen.wait()
+        else:
+            _pid, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
     def rss_bytes(self) -> int | None:
@@ -116,3 +146,42 @@ class WorkerProcess:
         """Release the pidfd and the channel."""
         os.close(self.pidfd)
         self.channel.close()
+
+
+def _fork_worker(spec: WorkerSpec, channel_fd: int) -> int:
+    """Fork; in the child, become the worker and exit with its code. Return the child pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        os.setsid()  # its own session and process group, for killpg
+        signal.set_wakeup_fd(-1)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE):
+            signal.signal(signum, signal.SIG_DFL)
+        # Objects of the supervisor that own descriptors must never be finalized here:
+        # their fd numbers are closed below and will be reused by the worker's files.
+        gc.freeze()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.closerange(3, channel_fd)
+        os.closerange(channel_fd + 1, _max_fd())
+        os.environ.update(spec.extra_env)
+        from worker.process import main  # noqa: PLC0415 - only the child runs the worker
+
+        code = main(spec.argv(channel_fd)[3:])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - nothing may unwind into the supervisor's code
+        traceback.print_exc()
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code)
+
+
+def _max_fd() -> int:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 65536

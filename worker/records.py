@@ -8,9 +8,9 @@ refused with a reason, so that ``open`` can report ``path:line: why``.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime
 from typing import ClassVar, Final
 
 from worker.errors import InvalidRecord
@@ -18,7 +18,15 @@ from worker.errors import InvalidRecord
 
 def utc_now() -> str:
     """Return the current time as RFC 3339 UTC with microseconds, e.g. ``...T20:17:57.123456Z``."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # time.gmtime + an f-string is about four times cheaper than datetime.strftime, and
+    # every record pays for it on the append path.
+    now_ns = time.time_ns()
+    seconds, nanos = divmod(now_ns, 1_000_000_000)
+    t = time.gmtime(seconds)
+    return (
+        f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T"
+        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}.{nanos // 1000:06d}Z"
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
