@@ -45,11 +45,12 @@ def _users(home: Path, session: str) -> list[User]:
     return users
 
 
+@pytest.mark.parametrize("method", ["fork", "exec"])
 def test_a_sigkilled_worker_is_restarted_and_resumes_with_every_acknowledged_record(
-    tmp_path: Path,
+    tmp_path: Path, method: str
 ) -> None:
     home = tmp_path / "home"
-    with running_daemon(home) as daemon:
+    with running_daemon(home, "--start-method", method) as daemon:
         call(str(home), "create", session="s1", slot=3)
         acknowledged = [f"k{n}" for n in range(5)]
         for key in acknowledged:
