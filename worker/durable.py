@@ -40,6 +40,7 @@ class Boundary:
     fd: int | None = None
     data: bytes = b""
     target: str | None = None  # the destination of a rename
+    length: int = 0  # the new length of a truncate
 
 
 class BoundaryHook(Protocol):
@@ -126,7 +127,7 @@ def truncate(fd: int, length: int, path: str) -> None:
     """Cut the file of ``fd`` back to ``length`` bytes and make that durable."""
     try:
         if _hook is not None:
-            _hook(Boundary(Step.TRUNCATE, path, fd))
+            _hook(Boundary(Step.TRUNCATE, path, fd, length=length))
         os.ftruncate(fd, length)
         os.fsync(fd)
     except OSError as exc:

@@ -1,0 +1,85 @@
+"""What runs inside a case's child process: the store-level client loop or the real worker.
+
+The child is a real process forked from the warm rig; the rig kills it with SIGKILL at
+the chosen boundary. It reports to the rig over the event pipe: each boundary (through
+the hook), each operation started and acknowledged, and a refusal to open.
+"""
+
+from __future__ import annotations
+
+import os
+
+from chaos.hook import EventPipe
+from chaos.scenarios import RETRY_SUMMARY, SESSION, SLOT, Scenario, apply_op, baseline_for
+from worker.errors import (
+    BaselineError,
+    InvalidLog,
+    LogError,
+    SessionError,
+    SessionNotFound,
+    TornLog,
+)
+from worker.records import EpochEnd
+from worker.session import Session
+
+
+def store_child(
+    home: str, scenario: Scenario, *, resume: bool, events: EventPipe, go_fd: int
+) -> int:
+    """Run the scenario's operations against the store, reporting each acknowledgement."""
+    session: Session | None = None
+    if resume:
+        try:
+            session = open_for_resume(home, scenario)
+        except (TornLog, InvalidLog, BaselineError, SessionNotFound) as exc:
+            events.send(refusal(exc))
+            return 0
+        events.send({"e": "opened"}, flush=True)
+        os.read(go_fd, 1)  # the rig checks that it cannot open the session meanwhile
+    for index, op in enumerate(scenario.ops):
+        events.send({"e": "start", "op": index, "key": op.key})
+        try:
+            session = apply_op(session, home, op, retry=resume)
+        except SessionError as first:
+            # The client retries once, in the same worker; a broken session refuses.
+            events.send({"e": "error", "op": index, "why": str(first)})
+            try:
+                session = apply_op(session, home, op, retry=True)
+            except SessionError as second:
+                events.send({"e": "stopped", "op": index, "why": str(second)})
+                return 0
+        events.send({"e": "ack", "op": index, "key": op.key, "epoch": session.epoch})
+    if session is not None:
+        session.close()
+    return 0
+
+
+def open_for_resume(home: str, scenario: Scenario) -> Session:
+    """Open (or finish creating) the session and complete an interrupted epoch change."""
+    if scenario.ops and scenario.ops[0].kind == "create":
+        session = Session.open_or_create(home, SESSION, baseline_for(""), SLOT)
+    else:
+        session = Session.open(home, SESSION)
+    last = session.records[-1]
+    if isinstance(last, EpochEnd):
+        session.commit_epoch(RETRY_SUMMARY, baseline_for(last.summary))
+    return session
+
+
+def refusal(exc: SessionError) -> dict[str, object]:
+    """The event that reports a refusal to open, with its place when it has one."""
+    event: dict[str, object] = {"e": "refused", "error": type(exc).__name__, "why": str(exc)}
+    if isinstance(exc, LogError):
+        event["path"] = exc.path
+        event["line"] = exc.line
+    return event
+
+
+def worker_child(home: str, scenario: Scenario, channel_fd: int) -> int:
+    """Run the real worker process code on the inherited channel."""
+    from worker.process import main  # noqa: PLC0415 - only a worker-level child needs it
+
+    return main([
+        "--home", home, "--session", SESSION, "--channel-fd", str(channel_fd),
+        "--create", "--slot", str(SLOT), "--budget", str(scenario.budget),
+    ])  # fmt: skip

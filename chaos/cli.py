@@ -1,0 +1,205 @@
+"""``loopd chaos``: run, replay, mutants, supervised."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from collections import Counter, defaultdict
+from typing import Final
+
+import click
+
+from chaos.cases import Case, CaseResult
+from chaos.hook import FaultKind
+from chaos.mutants import MUTANTS
+from chaos.parallel import case_workdir, run_cases
+from chaos.runner import clean_steps, run_case
+from chaos.scenarios import SCENARIOS
+from chaos.sweep import ALL_FAULTS, build_cases
+
+EXIT_VIOLATION: Final = 1
+
+
+def _faults(text: str) -> list[FaultKind]:
+    kinds = []
+    for name in text.split(","):
+        try:
+            kinds.append(FaultKind(name.strip()))
+        except ValueError as exc:
+            known = ",".join(k.value for k in ALL_FAULTS)
+            raise click.BadParameter(f"unknown fault {name!r}; known: {known}") from exc
+    return kinds
+
+
+def _replay_line(result: CaseResult) -> str:
+    return f"loopd chaos replay {result.case}"
+
+
+def _summary(results: list[CaseResult], elapsed: float) -> None:
+    table: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+    for r in results:
+        table[(r.case.split(":")[0], r.fault)][r.outcome] += 1
+    click.echo(f"\n{'scenario':<10} {'fault':<8} {'cases':>6} {'violations':>10}")
+    for (scenario, fault), counts in sorted(table.items()):
+        total = sum(counts.values())
+        click.echo(f"{scenario:<10} {fault:<8} {total:>6} {counts['violation']:>10}")
+    bad = sum(1 for r in results if r.outcome != "ok")
+    rate = len(results) / elapsed if elapsed > 0 else 0.0
+    click.echo(
+        f"{'all':<10} {'':<8} {len(results):>6} {bad:>10}   ({elapsed:.1f} s, {rate:.0f} cases/s)"
+    )
+
+
+def _execute(cases: list[Case], workdir: str, jobs: int, label: str) -> list[CaseResult]:
+    with click.progressbar(length=len(cases), label=label, file=sys.stderr) as bar:
+
+        def advance(result: CaseResult) -> None:
+            bar.update(1)
+            if result.outcome != "ok":
+                click.echo(
+                    f"\nVIOLATION {result.case} ({result.boundary}): "
+                    f"{'; '.join(result.violations)}\n  replay: {_replay_line(result)}",
+                    err=True,
+                )
+
+        return run_cases(cases, workdir, jobs=jobs, on_result=advance)
+
+
+@click.group()
+def chaos() -> None:
+    """The crash rig: kill workers at every write boundary and check the files."""
+
+
+@chaos.command()
+@click.option(
+    "--scenario",
+    "scenarios",
+    multiple=True,
+    type=click.Choice(sorted(SCENARIOS)),
+    help="scenario(s) to run (default: all).",
+)
+@click.option(
+    "--faults", default="kill,torn,power,io", show_default=True, help="comma-separated fault kinds."
+)
+@click.option(
+    "--compound/--no-compound",
+    default=True,
+    show_default=True,
+    help="also crash at every boundary of each recovery.",
+)
+@click.option(
+    "--jobs", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default="all cores"
+)
+@click.option("--seed", type=int, default=None, help="shuffle the case order with this seed.")
+@click.option(
+    "--json-report",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="write every case's result to this file.",
+)
+@click.option(
+    "--dir",
+    "base",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="where case homes go (default: /dev/shm, else the temp dir).",
+)
+def run(
+    scenarios: tuple[str, ...],
+    faults: str,
+    compound: bool,
+    jobs: int,
+    seed: int | None,
+    json_report: str | None,
+    base: str | None,
+) -> None:
+    """Run every case of the chosen scenarios and faults; exit 1 on any violation."""
+    kinds = _faults(faults)
+    with case_workdir(base) as workdir:
+        cases = build_cases(scenarios or sorted(SCENARIOS), kinds, workdir, compound=compound)
+        if seed is not None:
+            random.Random(seed).shuffle(cases)
+        start = time.perf_counter()
+        results = _execute(cases, workdir, jobs, f"{len(cases)} cases")
+        elapsed = time.perf_counter() - start
+    _summary(results, elapsed)
+    if json_report:
+        with open(json_report, "w", encoding="utf-8") as f:
+            json.dump(
+                {
+                    "cases": [r.to_json() for r in results],
+                    "elapsed_s": elapsed,
+                    "violations": sum(r.outcome != "ok" for r in results),
+                },
+                f,
+                indent=1,
+            )
+        click.echo(f"report: {json_report}")
+    if any(r.outcome != "ok" for r in results):
+        sys.exit(EXIT_VIOLATION)
+
+
+@chaos.command()
+@click.argument("case_id", metavar="CASE")
+@click.option("--dir", "base", type=click.Path(file_okay=False), default=None)
+def replay(case_id: str, base: str | None) -> None:
+    """Run one case from its id (as printed with a violation) and show what it checked."""
+    try:
+        case = Case.parse(case_id)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="CASE") from exc
+    if case.scenario not in SCENARIOS:
+        raise click.BadParameter(f"unknown scenario {case.scenario!r}", param_hint="CASE")
+    if case.mutant is not None and case.mutant not in MUTANTS:
+        raise click.BadParameter(f"unknown mutant {case.mutant!r}", param_hint="CASE")
+    with case_workdir(base) as workdir:
+        clean_steps(case.scenario, workdir)
+        result = run_case(case, workdir)
+    click.echo(
+        f"case       {result.case}\nboundary   {result.boundary}\n"
+        f"outcome    {result.outcome}\nchecked    {', '.join(sorted(set(result.checked)))}"
+    )
+    for note in result.notes:
+        click.echo(f"note       {note}")
+    for violation in result.violations:
+        click.echo(f"VIOLATION  {violation}")
+    if result.outcome != "ok":
+        sys.exit(EXIT_VIOLATION)
+
+
+@chaos.command()
+@click.option(
+    "--scenario",
+    "scenarios",
+    multiple=True,
+    type=click.Choice(sorted(SCENARIOS)),
+    help="scenario(s) to run each mutant through (default: all).",
+)
+@click.option(
+    "--jobs", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default="all cores"
+)
+@click.option("--dir", "base", type=click.Path(file_okay=False), default=None)
+def mutants(scenarios: tuple[str, ...], jobs: int, base: str | None) -> None:
+    """Run the rig against each deliberately broken store; exit 1 if one survives."""
+    survivors = []
+    with case_workdir(base) as workdir:
+        for name in MUTANTS:
+            cases = build_cases(scenarios or sorted(SCENARIOS), ALL_FAULTS, workdir, mutant=name)
+            results = run_cases(cases, workdir, jobs=jobs, on_result=lambda _r: None)
+            caught = [r for r in results if r.outcome != "ok"]
+            if not caught:
+                survivors.append(name)
+                click.echo(f"SURVIVED {name}: {len(cases)} cases, no violation")
+                continue
+            invariants = Counter(v.split(":")[0] for r in caught for v in r.violations)
+            first = caught[0]
+            click.echo(
+                f"caught   {name}: {len(caught)}/{len(cases)} cases; by "
+                + ", ".join(f"{inv} ({n})" for inv, n in invariants.most_common())
+            )
+            click.echo(f"         e.g. {first.case} ({first.boundary}): {first.violations[0]}")
+    if survivors:
+        sys.exit(EXIT_VIOLATION)

@@ -1,0 +1,141 @@
+"""The rig's boundary hook, installed in a real worker process (the child of a case).
+
+It counts the store's durable steps, reports each one to the rig over a pipe *before*
+the step runs (so the rig knows exactly which steps completed when the process dies),
+and at boundary k injects the case's fault: a SIGKILL, a torn write then a SIGKILL, or
+an errno raised from the step.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import json
+import os
+import signal
+from typing import Final
+
+from worker.durable import Boundary, Step
+
+
+class FaultKind(enum.Enum):
+    """The faults of the rig (SPEC section 7)."""
+
+    NONE = "none"
+    KILL = "kill"
+    TORN = "torn"
+    POWER = "power"
+    IO = "io"
+
+
+TORN_VARIANTS: Final = ("1byte", "half", "allbutlast")
+POWER_VARIANTS: Final = ("drop", "prefix", "zeros")
+IO_VARIANTS: Final = ("eio", "enospc")
+VARIANTS: Final = {
+    FaultKind.NONE: ("-",),
+    FaultKind.KILL: ("-",),
+    FaultKind.TORN: TORN_VARIANTS,
+    FaultKind.POWER: POWER_VARIANTS,
+    FaultKind.IO: IO_VARIANTS,
+}
+
+
+def applies(kind: FaultKind, step: Step) -> bool:
+    """Whether a fault of ``kind`` can happen at a boundary of ``step``."""
+    if kind is FaultKind.NONE:
+        return False
+    if kind is FaultKind.TORN:
+        return step is Step.WRITE
+    if kind is FaultKind.IO:
+        return step in (Step.WRITE, Step.FSYNC)
+    return True
+
+
+class EventPipe:
+    """The child's end of the trace: JSON lines, buffered until ``flush``.
+
+    Buffering is sound because the child only ever dies at the hook's own SIGKILL
+    (which flushes first) or at its exit (which flushes too); events that need an
+    answer (``opened``) flush at once.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._buffer: list[str] = []
+
+    def send(self, event: dict[str, object], *, flush: bool = False) -> None:
+        self._buffer.append(json.dumps(event, separators=(",", ":")))
+        if flush:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._buffer:
+            return
+        data = ("\n".join(self._buffer) + "\n").encode()
+        self._buffer.clear()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view) :]
+
+
+class ChaosHook:
+    """Counts boundaries, traces them, and injects one fault at boundary ``at``."""
+
+    def __init__(
+        self, events: EventPipe, kind: FaultKind, variant: str, at: int, *, trace: bool = True
+    ) -> None:
+        self.events = events
+        self.kind = kind
+        self.variant = variant
+        self.at = at
+        self.trace = trace  # only a power loss needs the rig to replay every step
+        self.count = 0
+
+    def __call__(self, boundary: Boundary) -> None:
+        self.count += 1
+        if not self.trace and self.count != self.at:
+            return
+        event: dict[str, object] = {
+            "e": "step", "k": self.count, "step": boundary.step.value, "path": boundary.path,
+        }  # fmt: skip
+        if boundary.step is Step.WRITE:
+            event["n"] = len(boundary.data)
+        elif boundary.step is Step.TRUNCATE:
+            event["n"] = boundary.length
+        elif boundary.step is Step.RENAME:
+            event["target"] = boundary.target
+            event["old"] = _content_or_none(boundary.target)
+        if self.count != self.at or not applies(self.kind, boundary.step):
+            self.events.send(event)
+            return
+        if self.kind in (FaultKind.KILL, FaultKind.POWER):
+            self._die()
+        if self.kind is FaultKind.TORN:
+            assert boundary.fd is not None
+            data = boundary.data
+            keep = {"1byte": 1, "half": len(data) // 2, "allbutlast": len(data) - 1}[self.variant]
+            written = os.write(boundary.fd, data[:keep]) if keep > 0 else 0
+            self.events.send({**event, "n": written, "torn": True})
+            self._die()
+        if self.kind is FaultKind.IO:
+            code = errno.EIO if self.variant == "eio" else errno.ENOSPC
+            if boundary.step is Step.WRITE and code == errno.ENOSPC and boundary.fd is not None:
+                # A full disk usually takes part of the write first.
+                part = os.write(boundary.fd, boundary.data[: len(boundary.data) // 2])
+                self.events.send({**event, "n": part})
+            else:
+                self.events.send({**event, "n": 0, "failed": True})
+            self.events.send({"e": "io_error", "k": self.count, "errno": code})
+            raise OSError(code, os.strerror(code))
+
+    def _die(self) -> None:
+        self.events.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("SIGKILL did not kill the process")
+
+
+def _content_or_none(path: str | None) -> str | None:
+    if path is None or not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        return f.read().hex()

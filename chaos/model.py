@@ -1,0 +1,157 @@
+"""What a power loss leaves: a shadow of what each durable step made durable.
+
+The model is the one ALICE and LazyFS use: a file's bytes are durable up to its last
+fsync; a name (created, or renamed into place) is durable only after a later fsync of
+its directory; a directory made by mkdir is durable once its parent is fsynced. The
+rig feeds it the trace of the worker's boundaries and, after the kill, rewrites the
+files on disk to one of the states a power loss could leave.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import shutil
+from dataclasses import dataclass, field
+
+
+class PowerVariant(enum.Enum):
+    """What becomes of the bytes written after a file's last fsync."""
+
+    DROP = "drop"  # gone
+    PREFIX = "prefix"  # only the first half of them kept
+    ZEROS = "zeros"  # the length kept, the bytes zeroed (a metadata-only flush)
+
+
+@dataclass(eq=False)
+class FileState:
+    """One file (inode): its size, its durable size, and its bytes once they left disk."""
+
+    size: int
+    durable: int
+    content: bytes | None = None  # known when the rig had to keep it (replaced, or initial)
+
+
+@dataclass
+class DurableModel:
+    """The volatile and durable namespaces of every directory under ``root``."""
+
+    root: str
+    volatile: dict[str, FileState] = field(default_factory=dict)
+    durable: dict[str, FileState] = field(default_factory=dict)
+    volatile_dirs: set[str] = field(default_factory=set)
+    durable_dirs: set[str] = field(default_factory=set)
+
+    @classmethod
+    def snapshot(cls, root: str) -> DurableModel:
+        """Model ``root`` as it is now, everything in it durable (the rig synced it)."""
+        model = cls(root)
+        for directory, _dirs, files in os.walk(root):
+            model.volatile_dirs.add(directory)
+            model.durable_dirs.add(directory)
+            for name in files:
+                path = os.path.join(directory, name)
+                with open(path, "rb") as f:
+                    data = f.read()
+                state = FileState(size=len(data), durable=len(data), content=data)
+                model.volatile[path] = state
+                model.durable[path] = state
+        return model
+
+    # -- the trace ---------------------------------------------------------------------
+
+    def apply(self, event: dict[str, object]) -> None:
+        """Apply one traced step that completed (see chaos.hook for the fields)."""
+        step, path = str(event["step"]), str(event["path"])
+        if step == "mkdir":
+            self.volatile_dirs.add(path)
+        elif step == "create":
+            self.volatile[path] = FileState(size=0, durable=0)
+        elif step == "write":
+            state = self.volatile.get(path)
+            if state is not None:
+                state.size += int(str(event["n"]))
+        elif step == "fsync":
+            state = self.volatile.get(path)
+            if state is not None and not event.get("failed"):
+                state.durable = state.size
+        elif step == "truncate":
+            state = self.volatile.get(path)
+            if state is not None:
+                state.size = state.durable = int(str(event["n"]))
+        elif step == "rename":
+            target = str(event["target"])
+            replaced = self.volatile.get(target)
+            old = event.get("old")
+            if replaced is not None and isinstance(old, str):
+                replaced.content = bytes.fromhex(old)  # the rename unlinks these bytes
+            moved = self.volatile.pop(path, None)
+            if moved is not None:
+                self.volatile[target] = moved
+        elif step == "fsync_dir" and not event.get("failed"):
+            self._sync_dir(path)
+
+    def _sync_dir(self, directory: str) -> None:
+        for path in [p for p in self.durable if os.path.dirname(p) == directory]:
+            del self.durable[path]
+        for path, state in self.volatile.items():
+            if os.path.dirname(path) == directory:
+                self.durable[path] = state
+        for sub in self.volatile_dirs:
+            if os.path.dirname(sub) == directory:
+                self.durable_dirs.add(sub)
+        for sub in list(self.durable_dirs):
+            if os.path.dirname(sub) == directory and sub not in self.volatile_dirs:
+                self.durable_dirs.discard(sub)
+
+    # -- the crash -----------------------------------------------------------------------
+
+    def durable_image(self, variant: PowerVariant) -> tuple[set[str], dict[str, bytes]]:
+        """Return the directories and file bytes a power loss would leave."""
+        where = {id(state): path for path, state in self.volatile.items()}
+        dirs = {d for d in self.durable_dirs if self._reachable(d)}
+        files: dict[str, bytes] = {}
+        for path, state in self.durable.items():
+            if os.path.dirname(path) not in dirs:
+                continue
+            if state.content is not None and id(state) not in where:
+                data = state.content
+            else:
+                current = where.get(id(state))
+                if current is None or not os.path.exists(current):
+                    continue
+                with open(current, "rb") as f:
+                    data = f.read()
+            files[path] = _lose(data, state.durable, variant)
+        return dirs, files
+
+    def _reachable(self, directory: str) -> bool:
+        while directory != self.root:
+            if directory not in self.durable_dirs:
+                return False
+            directory = os.path.dirname(directory)
+        return True
+
+    def power_loss(self, variant: PowerVariant) -> None:
+        """Rewrite the tree under ``root`` to what a power loss would leave."""
+        dirs, files = self.durable_image(variant)
+        for entry in os.listdir(self.root):
+            path = os.path.join(self.root, entry)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+        for directory in sorted(dirs, key=len):
+            os.makedirs(directory, exist_ok=True)
+        for path, data in files.items():
+            with open(path, "wb") as f:
+                f.write(data)
+
+
+def _lose(data: bytes, durable: int, variant: PowerVariant) -> bytes:
+    kept, unsynced = data[:durable], data[durable:]
+    if variant is PowerVariant.DROP or not unsynced:
+        return kept
+    if variant is PowerVariant.PREFIX:
+        return kept + unsynced[: len(unsynced) // 2]
+    return kept + b"\x00" * len(unsynced)

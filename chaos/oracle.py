@@ -1,0 +1,233 @@
+"""The oracle: what must hold after a fault and after the resume, read from the real files.
+
+Every check reads the bytes on disk (raw JSON lines, tolerant of a torn tail), not the
+store's own view, so a broken store cannot vouch for itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Final
+
+from chaos.cases import CaseResult
+from chaos.scenarios import SESSION, SLOT, Scenario
+from worker.errors import SessionError
+from worker.loader import load_session
+from worker.session import SESSIONS_DIR
+
+_LOG: Final = re.compile(r"(0|[1-9][0-9]*)\.jsonl")
+
+
+@dataclass(slots=True)
+class ClientLog:
+    """What the client (the rig) was told: acknowledged keys and epochs, keys in flight."""
+
+    acked: set[str] = field(default_factory=set)
+    in_flight: set[str] = field(default_factory=set)
+    acked_epoch: int = -1  # the newest epoch a client was told about; -1: none yet
+
+    def start(self, key: str) -> None:
+        if key:
+            self.in_flight.add(key)
+
+    def ack(self, key: str, epoch: int) -> None:
+        if key:
+            self.acked.add(key)
+            self.in_flight.discard(key)
+        self.acked_epoch = max(self.acked_epoch, epoch)
+
+
+@dataclass(slots=True)
+class LogsView:
+    """The session's logs as raw records (a torn last line left out), by epoch number."""
+
+    epochs: dict[int, list[dict[str, object]]] = field(default_factory=dict)
+    raw: dict[int, bytes] = field(default_factory=dict)
+    baselines: dict[int, bytes] = field(default_factory=dict)
+
+    def applied_keys(self) -> list[str]:
+        return [
+            str(r["key"])
+            for n in sorted(self.epochs)
+            for r in self.epochs[n]
+            if r.get("type") == "User" and r.get("key")
+        ]
+
+    def closing_summary(self, epoch: int) -> str | None:
+        records = self.epochs.get(epoch, [])
+        if records and records[-1].get("type") == "EpochEnd":
+            return str(records[-1].get("summary"))
+        return None
+
+
+def session_path(home: str) -> str:
+    return os.path.join(home, SESSIONS_DIR, SESSION)
+
+
+def log_files(home: str) -> list[str]:
+    directory = session_path(home)
+    if not os.path.isdir(directory):
+        return []
+    numbers = sorted(int(n[:-6]) for n in os.listdir(directory) if _LOG.fullmatch(n))
+    return [os.path.join(directory, f"{n}.jsonl") for n in numbers]
+
+
+def file_digests(home: str) -> dict[str, str]:
+    digests = {}
+    for directory, _dirs, files in os.walk(home):
+        for name in files:
+            path = os.path.join(directory, name)
+            with open(path, "rb") as f:
+                digests[path] = hashlib.sha256(f.read()).hexdigest()
+    return digests
+
+
+def snapshot_logs(home: str) -> LogsView:
+    """Parse every log's whole lines (undecodable lines are kept out, not fatal)."""
+    view = LogsView()
+    for path in log_files(home):
+        epoch = int(os.path.basename(path)[:-6])
+        with open(path, "rb") as f:
+            data = f.read()
+        view.raw[epoch] = data
+        records = []
+        for line in data.split(b"\n")[:-1]:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+        view.epochs[epoch] = records
+        baseline = os.path.join(os.path.dirname(path), f"{epoch}.baseline.json")
+        if os.path.exists(baseline):
+            with open(baseline, "rb") as f:
+                view.baselines[epoch] = f.read()
+    return view
+
+
+def check_after_fault(result: CaseResult, log: ClientLog, view: LogsView) -> None:
+    """Right after the crash: nothing acknowledged is lost, nothing unasked is there."""
+    result.checked += ["acknowledged-on-disk", "on-disk-acknowledged-or-in-flight"]
+    on_disk = set(view.applied_keys())
+    lost = sorted(log.acked - on_disk)
+    if lost:
+        result.violate("acknowledged-on-disk", f"acknowledged keys lost by the crash: {lost}")
+    unasked = sorted(on_disk - log.acked - log.in_flight)
+    if unasked:
+        result.violate("on-disk-acknowledged-or-in-flight", f"keys nobody sent: {unasked}")
+    newest = max(view.epochs) if view.epochs else -1
+    if newest < log.acked_epoch:
+        result.violate(
+            "acknowledged-on-disk",
+            f"epoch {log.acked_epoch} was acknowledged; the disk has {newest}",
+        )
+
+
+def check_final(
+    result: CaseResult, scenario: Scenario, log: ClientLog, after_fault: LogsView, home: str
+) -> None:
+    """After the resume finished the scenario: the whole session, record by record."""
+    view = snapshot_logs(home)
+    result.checked.append("final-state-opens")
+    try:
+        state = load_session(session_path(home), SESSION)
+    except SessionError as exc:
+        result.violate("final-state-opens", str(exc))
+        state = None
+    _check_keys(result, scenario, log, view)
+    _check_epochs(result, view)
+    _check_resume(result, after_fault, view)
+    if state is not None and state.epoch >= 1:
+        result.checked.append("carry-is-recorded-summary")
+        if state.carry != view.closing_summary(state.epoch - 1):
+            result.violate(
+                "carry-is-recorded-summary",
+                f"carry {state.carry!r} is not the last EpochEnd's summary",
+            )
+
+
+def _check_keys(result: CaseResult, scenario: Scenario, log: ClientLog, view: LogsView) -> None:
+    result.checked += ["no-key-twice", "acknowledged-on-disk"]
+    keys = view.applied_keys()
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        result.violate("no-key-twice", f"applied more than once: {twice}")
+    wanted = {op.key for op in scenario.ops if op.key} | {k for k, _ in scenario.requests}
+    missing = sorted((wanted | log.acked) - set(keys))
+    if missing:
+        result.violate("acknowledged-on-disk", f"after the resume, keys missing: {missing}")
+
+
+def _check_epochs(result: CaseResult, view: LogsView) -> None:
+    result.checked += [
+        "one-epoch-end-last",
+        "epochs-contiguous-and-consistent",
+        "call-numbers-unique",
+    ]
+    numbers = sorted(view.epochs)
+    if numbers != list(range(len(numbers))):
+        result.violate("epochs-contiguous-and-consistent", f"epochs on disk: {numbers}")
+    newest = numbers[-1] if numbers else -1
+    last_call = 0
+    for epoch in numbers:
+        records = view.epochs[epoch]
+        ends = [i for i, r in enumerate(records) if r.get("type") == "EpochEnd"]
+        if len(ends) > 1 or (ends and ends[0] != len(records) - 1):
+            result.violate("one-epoch-end-last", f"epoch {epoch}: EpochEnd at records {ends}")
+        if epoch != newest and not ends:
+            result.violate("one-epoch-end-last", f"older epoch {epoch} has no EpochEnd")
+        start = records[0] if records else {}
+        digest = hashlib.sha256(view.baselines.get(epoch, b"")).hexdigest()
+        if (
+            start.get("type"),
+            start.get("epoch"),
+            start.get("slot"),
+            start.get("baseline"),
+            start.get("session"),
+        ) != ("SessionStart", epoch, SLOT, digest, SESSION):
+            result.violate(
+                "epochs-contiguous-and-consistent",
+                f"epoch {epoch}: SessionStart {start} does not match its file, "
+                f"slot {SLOT} and baseline {digest[:12]}",
+            )
+        if epoch >= 1:
+            summary = view.closing_summary(epoch - 1)
+            memory = (
+                json.loads(view.baselines[epoch]).get("memory") if epoch in view.baselines else None
+            )
+            if summary is not None and memory != summary:
+                result.violate(
+                    "carry-is-recorded-summary",
+                    f"epoch {epoch} starts from memory {memory!r}, not {summary!r}",
+                )
+        for record in records:
+            if record.get("type") == "ToolResult":
+                call = int(str(record.get("call")))
+                if call <= last_call:
+                    result.violate("call-numbers-unique", f"call {call} after {last_call}")
+                last_call = call
+
+
+def _check_resume(result: CaseResult, after_fault: LogsView, final: LogsView) -> None:
+    """An EpochEnd that survived the crash is kept as it was: no second one, same summary."""
+    result.checked += ["no-second-epoch-end-on-resume", "carry-is-recorded-summary"]
+    for epoch, data in after_fault.raw.items():
+        recorded = after_fault.closing_summary(epoch)
+        if recorded is None or not data.endswith(b"\n"):
+            continue
+        if final.raw.get(epoch) != data:
+            result.violate(
+                "no-second-epoch-end-on-resume",
+                f"epoch {epoch} ended with EpochEnd after the crash and was rewritten",
+            )
+        if final.closing_summary(epoch) != recorded:
+            result.violate(
+                "carry-is-recorded-summary",
+                f"epoch {epoch}'s recorded summary {recorded!r} was replaced by "
+                f"{final.closing_summary(epoch)!r}",
+            )

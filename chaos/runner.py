@@ -1,0 +1,383 @@
+"""Run one case: fork the worker with its fault, roll back for a power loss, resume, check.
+
+The rig is the client: it records what was acknowledged (an op's ack event, or a
+worker's reply), then lets a fresh worker resume and finish the scenario, and hands
+the files to the oracle.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import gc
+import json
+import os
+import selectors
+import signal
+import socket
+import tempfile
+from dataclasses import dataclass, field
+from typing import Final
+
+from chaos import mutants
+from chaos.cases import Case, CaseResult
+from chaos.child import store_child, worker_child
+from chaos.hook import ChaosHook, EventPipe, FaultKind
+from chaos.model import DurableModel, PowerVariant
+from chaos.oracle import (
+    ClientLog,
+    check_after_fault,
+    check_final,
+    file_digests,
+    log_files,
+    session_path,
+    snapshot_logs,
+)
+from chaos.scenarios import SCENARIOS, SESSION, Scenario
+from worker import durable
+from worker.errors import SessionError
+from worker.repair import repair_torn_tail
+from worker.wire import Channel, Message
+
+MAX_RESUMES: Final = 4
+
+
+@dataclass(slots=True)
+class ChildRun:
+    """What the rig saw of one child: its boundaries, its reports, how it ended."""
+
+    steps: list[dict[str, object]] = field(default_factory=list)
+    reports: list[dict[str, object]] = field(default_factory=list)
+    code: int = 0
+    refused: dict[str, object] | None = None
+    two_writers: bool = False
+
+    @property
+    def killed(self) -> bool:
+        return self.code == -signal.SIGKILL
+
+
+def fork_child(
+    home: str,
+    scenario: Scenario,
+    log: ClientLog,
+    *,
+    resume: bool,
+    fault: FaultKind = FaultKind.NONE,
+    variant: str = "-",
+    at: int = 0,
+    mutant: str | None = None,
+    output: str = os.devnull,
+    trace: bool = True,
+) -> ChildRun:
+    """Fork a worker for ``scenario`` with its hook armed; act as its client until it ends."""
+    event_r, event_w = os.pipe()
+    go_r, go_w = os.pipe()
+    ours, theirs = socket.socketpair() if scenario.worker_level else (None, None)
+    # Objects that exist now are never collected by the cyclic GC of this process or its
+    # children: a collection would touch (and so copy) every page the child shares.
+    gc.freeze()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 1
+        gc.disable()  # a short-lived child: no collection, fewer copied pages
+        try:
+            os.close(event_r)
+            os.close(go_w)
+            sink = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.dup2(sink, 1)
+            os.dup2(sink, 2)
+            if ours is not None:
+                ours.close()
+            mutants.apply(mutant)
+            events = EventPipe(event_w)
+            durable.set_hook(ChaosHook(events, fault, variant, at, trace=trace))
+            if theirs is not None:
+                code = worker_child(home, scenario, theirs.fileno())
+            else:
+                code = store_child(home, scenario, resume=resume, events=events, go_fd=go_r)
+            events.flush()
+        finally:
+            os._exit(code)
+    os.close(event_w)
+    os.close(go_r)
+    run = ChildRun()
+    try:
+        if theirs is not None and ours is not None:
+            theirs.close()
+            _serve_as_client(home, scenario, log, run, event_r, Channel(ours))
+        else:
+            _read_events(home, log, run, event_r, go_w)
+    finally:
+        os.close(event_r)
+        os.close(go_w)
+        if ours is not None:
+            ours.close()
+        _pid, status = os.waitpid(pid, 0)
+        run.code = os.waitstatus_to_exitcode(status)
+    return run
+
+
+def _on_event(
+    home: str, log: ClientLog, run: ChildRun, event: dict[str, object], go_w: int | None
+) -> None:
+    kind = event.get("e")
+    if kind == "step":
+        run.steps.append(event)
+    elif kind == "start":
+        log.start(str(event.get("key") or ""))
+    elif kind == "ack":
+        log.ack(str(event.get("key") or ""), int(str(event.get("epoch", 0))))
+    elif kind == "refused":
+        run.refused = event
+    elif kind == "opened" and go_w is not None:
+        run.two_writers = _second_writer_gets_in(home)
+        os.write(go_w, b"g")
+    run.reports.append(event)
+
+
+def _second_writer_gets_in(home: str) -> bool:
+    """While the resumed worker holds the session, a second writer's lock must fail.
+
+    The probe is the kernel lock a second ``Session.open`` would take (the same flock
+    on the session directory), without the store's lookup of the holder's pid.
+    """
+    fd = os.open(session_path(home), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _read_events(home: str, log: ClientLog, run: ChildRun, fd: int, go_w: int) -> None:
+    buffer = b""
+    while True:
+        data = os.read(fd, 65536)
+        if not data:
+            return
+        buffer += data
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            _on_event(home, log, run, json.loads(line), go_w)
+
+
+def _serve_as_client(
+    home: str, scenario: Scenario, log: ClientLog, run: ChildRun, event_fd: int, channel: Channel
+) -> None:
+    """Drive the worker's requests in order; a failed request is retried once."""
+    pending = list(scenario.requests)
+    tries = 0
+    selector = selectors.DefaultSelector()
+    selector.register(event_fd, selectors.EVENT_READ, "events")
+    selector.register(channel.fileno(), selectors.EVENT_READ, "channel")
+    buffer = b""
+    events_open = channel_open = True
+    sent: str | None = None
+    while events_open or channel_open:
+        for key, _ in selector.select():
+            if key.data == "events":
+                data = os.read(event_fd, 65536)
+                if not data:
+                    events_open = False
+                    selector.unregister(event_fd)
+                    continue
+                buffer += data
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    _on_event(home, log, run, json.loads(line), None)
+                continue
+            messages = channel.read_nowait()
+            if channel.closed:
+                channel_open = False
+                selector.unregister(channel.fileno())
+            for message in messages:
+                sent, tries = _on_reply(home, log, run, channel, message, pending, sent, tries)
+    selector.close()
+
+
+def _on_reply(
+    home: str,
+    log: ClientLog,
+    run: ChildRun,
+    channel: Channel,
+    message: Message,
+    pending: list[tuple[str, str]],
+    sent: str | None,
+    tries: int,
+) -> tuple[str | None, int]:
+    op = message.get("op")
+    if op == "ready":
+        run.two_writers = _second_writer_gets_in(home)
+    elif op == "exiting":
+        run.refused = {"e": "refused", "error": message.get("code"), "why": message.get("message")}
+        return sent, tries
+    elif message.get("ok") is True and sent is not None:
+        result = message.get("result")
+        epoch = result.get("state", {}).get("epoch", 0) if isinstance(result, dict) else 0
+        log.ack(sent, int(epoch))
+        pending.pop(0)
+        tries = 0
+    elif sent is not None:
+        tries += 1
+        if tries > 1:  # the retry failed too: stop, the worker exits or is broken
+            _send(channel, {"id": 0, "op": "stop"})
+            return None, tries
+    if pending:
+        key, text = pending[0]
+        log.start(key)
+        _send(channel, {"id": len(pending), "op": "request", "request": {"text": text, "key": key}})
+        return key, tries
+    _send(channel, {"id": 0, "op": "stop"})
+    return None, tries
+
+
+def _send(channel: Channel, message: Message) -> None:
+    try:
+        channel.send(message)
+    except OSError:
+        return  # the worker died; its end of stream ends the loop
+
+
+def run_case(case: Case, workdir: str) -> CaseResult:
+    """Run ``case`` in a fresh home under ``workdir`` and check every invariant."""
+    scenario = SCENARIOS[case.scenario]
+    result = CaseResult(case=case.id, fault=case.fault.value, boundary="")
+    root = tempfile.mkdtemp(prefix="case-", dir=workdir)
+    home = os.path.join(root, "home")
+    os.mkdir(home)
+    output = os.path.join(root, "worker.out")
+    if scenario.prepare is not None:
+        scenario.prepare(home)
+    model = DurableModel.snapshot(home)
+    log = ClientLog()
+    for key in snapshot_logs(home).applied_keys():
+        log.ack(key, 0)  # acknowledged before the scenario began
+    first = fork_child(
+        home,
+        scenario,
+        log,
+        resume=False,
+        fault=case.fault,
+        variant=case.variant,
+        at=case.at,
+        mutant=case.mutant,
+        output=output,
+        trace=case.fault is FaultKind.POWER,
+    )
+    for step in first.steps:
+        model.apply(step)
+    result.boundary = boundary_name(case.scenario, case.at)
+    if case.fault is FaultKind.POWER:
+        model.power_loss(PowerVariant(case.variant))
+    after_fault = snapshot_logs(home)
+    check_after_fault(result, log, after_fault)
+    for attempt in range(MAX_RESUMES):
+        compound = case.recovery_at if attempt == 0 else 0
+        torn = _expected_torn_place(home)
+        before = file_digests(home) if torn is not None else {}
+        resumed = fork_child(
+            home,
+            scenario,
+            log,
+            resume=True,
+            fault=FaultKind.KILL if compound else FaultKind.NONE,
+            at=compound,
+            mutant=case.mutant,
+            output=output,
+            trace=False,
+        )
+        result.checked.append("single-writer")
+        if resumed.two_writers:
+            result.violate(
+                "single-writer", "a second opener got the session while a worker held it"
+            )
+        if torn is not None:
+            result.checked.append("torn-log-refused-unchanged")
+            if file_digests(home) != before:
+                result.violate(
+                    "torn-log-refused-unchanged",
+                    f"files changed by a worker facing the torn {torn[0]}:{torn[1]}",
+                )
+                break
+            if resumed.refused is None:
+                result.violate(
+                    "torn-log-refused-unchanged",
+                    f"{torn[0]}:{torn[1]} is torn but the worker did not refuse it",
+                )
+                break
+        if resumed.refused is not None:
+            if not _torn_refusal_checked(result, torn, resumed.refused):
+                break
+            try:
+                repair_torn_tail(home, SESSION)  # the operator's explicit step
+            except SessionError as exc:
+                result.violate("final-state-opens", f"the torn log cannot be repaired: {exc}")
+                break
+            result.notes.append("torn tail refused, then repaired explicitly")
+            continue
+        if resumed.killed and compound:
+            continue
+        break
+    else:
+        result.violate("resume-completes", f"no clean resume after {MAX_RESUMES} tries")
+    check_final(result, scenario, log, after_fault, home)
+    if result.violations and os.path.exists(output):
+        with open(output, encoding="utf-8", errors="replace") as f:
+            tail = f.read()[-600:]
+        if tail:
+            result.notes.append(f"worker output: {tail}")
+    return result
+
+
+_CLEAN_STEPS: dict[str, list[dict[str, object]]] = {}
+
+
+def clean_steps(scenario: str, workdir: str) -> list[dict[str, object]]:
+    """The boundaries of a clean run of ``scenario`` (counted once per process)."""
+    if scenario not in _CLEAN_STEPS:
+        spec = SCENARIOS[scenario]
+        root = tempfile.mkdtemp(prefix="count-", dir=workdir)
+        home = os.path.join(root, "home")
+        os.mkdir(home)
+        if spec.prepare is not None:
+            spec.prepare(home)
+        run = fork_child(home, spec, ClientLog(), resume=False)
+        if run.code != 0:
+            raise RuntimeError(f"the clean run of {scenario} exited with {run.code}")
+        _CLEAN_STEPS[scenario] = run.steps
+    return _CLEAN_STEPS[scenario]
+
+
+def boundary_name(scenario: str, at: int) -> str:
+    """``step file`` of boundary ``at`` in the clean run, e.g. ``fsync 0.jsonl``."""
+    for step in _CLEAN_STEPS.get(scenario, []):
+        if step.get("k") == at:
+            return f"{step['step']} {os.path.basename(str(step['path']))}"
+    return f"boundary {at}" if at else "-"
+
+
+def _torn_refusal_checked(
+    result: CaseResult, expected: tuple[str, int] | None, refused: dict[str, object]
+) -> bool:
+    """A refusal must be TornLog at the place the rig predicted from the bytes."""
+    why = str(refused.get("why"))
+    if expected is None:
+        result.violate("final-state-opens", f"the worker refused a log that is not torn: {why}")
+        return False
+    path, line = expected
+    if not why.startswith(f"{path}:{line}: "):
+        result.violate("torn-log-refused-unchanged", f"refused as {why!r}, expected {path}:{line}")
+        return False
+    return True
+
+
+def _expected_torn_place(home: str) -> tuple[str, int] | None:
+    """Where a log of the session has a last line without a newline, if one does."""
+    for path in log_files(home):
+        with open(path, "rb") as f:
+            data = f.read()
+        if data and not data.endswith(b"\n"):
+            return path, data.count(b"\n") + 1
+    return None

@@ -1,0 +1,147 @@
+"""The rig's scenarios: deterministic sequences of operations a client asks of a worker.
+
+Every operation is idempotent when retried the way a client retries: appends carry a
+request key and are skipped when the key is already in the log; an epoch commit names
+the epoch it leads to and is skipped once the session is there. So after any crash the
+rig can resume by running the whole scenario again in a fresh worker.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from worker import durable
+from worker.baseline import Baseline
+from worker.records import Assistant, EpochEnd, ToolResult, Usage, User, encode_record
+from worker.session import Session
+
+SESSION: Final = "chaos"
+SLOT: Final = 7
+RETRY_SUMMARY: Final = "summary given on retry"
+
+
+def baseline_for(memory: str) -> Baseline:
+    """The deterministic baseline of an epoch whose carried memory is ``memory``."""
+    return Baseline(system="chaos scenario", memory=memory, tools=[{"name": "echo"}])
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One client operation: create, append (one record), group (four), commit, open."""
+
+    kind: str
+    key: str = ""
+    epoch: int = 0
+    summary: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A named scenario: how its pre-state is built and what the client asks, in order."""
+
+    name: str
+    ops: tuple[Op, ...]
+    doc: str
+    prepare: Callable[[str], None] | None = None
+    requests: tuple[tuple[str, str], ...] = ()  # (key, text) for the worker-level scenario
+    budget: int = 0
+
+    @property
+    def worker_level(self) -> bool:
+        return bool(self.requests)
+
+
+def _prepare_interrupted(home: str) -> None:
+    """A session whose log ends with EpochEnd and whose next epoch was never written."""
+    with Session.create(home, SESSION, baseline_for(""), SLOT) as session:
+        apply_op(session, home, Op("group", key="pre-1"), retry=False)
+        apply_op(session, home, Op("group", key="pre-2"), retry=False)
+        path = session.log_path
+    fd = durable.open_append(path)
+    try:
+        os.write(fd, encode_record(EpochEnd(next=1, summary="summary recorded before the crash")))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+SCENARIOS: Final = {
+    s.name: s
+    for s in (
+        Scenario(
+            name="basic",
+            doc="create, appends, group commits, an epoch commit, more appends, a second commit",
+            ops=(
+                Op("create"),
+                Op("append", key="k1"),
+                Op("group", key="k2"),
+                Op("group", key="k3"),
+                Op("commit", epoch=1, summary="first summary"),
+                Op("append", key="k4"),
+                Op("group", key="k5"),
+                Op("commit", epoch=2, summary="second summary"),
+            ),
+        ),
+        Scenario(
+            name="resume",
+            doc="a session that starts with EpochEnd last (interrupted change) and resumes",
+            prepare=_prepare_interrupted,
+            ops=(
+                Op("open"),
+                Op("commit", epoch=1, summary="an argument resume must ignore"),
+                Op("group", key="r1"),
+                Op("commit", epoch=2, summary="after resume"),
+                Op("append", key="r2"),
+            ),
+        ),
+        Scenario(
+            name="requests",
+            doc="the default app's requests with keys, through the real worker loop, "
+            "including its automatic epoch commit",
+            ops=(),
+            requests=tuple((f"q{n}", f"request number {n} " + "x" * 30) for n in range(6)),
+            budget=50,
+        ),
+    )
+}
+
+
+def apply_op(session: Session | None, home: str, op: Op, *, retry: bool) -> Session:
+    """Run one operation (idempotently when ``retry``); return the session."""
+    if op.kind == "create":
+        if session is not None:
+            return session
+        if retry:
+            return Session.open_or_create(home, SESSION, baseline_for(""), SLOT)
+        return Session.create(home, SESSION, baseline_for(""), SLOT)
+    if op.kind == "open":
+        return session or Session.open(home, SESSION)
+    assert session is not None
+    if op.kind in ("append", "group"):
+        if session.find_key(op.key) is not None:
+            return session  # applied before the crash: the log answers the retry
+        user = User(text=f"text of {op.key}", key=op.key)
+        if op.kind == "append":
+            session.append(user)
+        else:
+            session.append_many(
+                [
+                    user,
+                    ToolResult(call=session.next_call(), tool="echo", output=user.text, ok=True),
+                    Assistant(text=f"echo: {user.text}"),
+                    Usage(prompt_tokens=5, completion_tokens=7, context_tokens=12),
+                ]
+            )
+        return session
+    if op.kind == "commit":
+        if session.epoch >= op.epoch:
+            return session
+        last = session.records[-1]
+        summary = RETRY_SUMMARY if retry else op.summary
+        used = last.summary if isinstance(last, EpochEnd) else summary
+        session.commit_epoch(summary, baseline_for(used))
+        return session
+    raise ValueError(f"unknown op {op.kind!r}")
