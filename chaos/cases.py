@@ -72,7 +72,7 @@ class CaseResult:
     def to_json(self) -> dict[str, object]:
         return {
             "id": self.case, "fault": self.fault, "boundary": self.boundary,
-            "outcome": self.outcome, "invariants": self.checked,
+            "outcome": self.outcome, "invariants": sorted(set(self.checked)),
             "violations": self.violations, "notes": self.notes,
         }  # fmt: skip
 

@@ -197,9 +197,7 @@ def _check_epochs(result: CaseResult, view: LogsView) -> None:
             )
         if epoch >= 1:
             summary = view.closing_summary(epoch - 1)
-            memory = (
-                json.loads(view.baselines[epoch]).get("memory") if epoch in view.baselines else None
-            )
+            memory = _memory(view.baselines.get(epoch))
             if summary is not None and memory != summary:
                 result.violate(
                     "carry-is-recorded-summary",
@@ -211,6 +209,15 @@ def _check_epochs(result: CaseResult, view: LogsView) -> None:
                 if call <= last_call:
                     result.violate("call-numbers-unique", f"call {call} after {last_call}")
                 last_call = call
+
+
+def _memory(baseline: bytes | None) -> object:
+    """The ``memory`` of a baseline file's bytes; None if missing or unparsable."""
+    try:
+        document = json.loads(baseline or b"")
+    except ValueError:
+        return None
+    return document.get("memory") if isinstance(document, dict) else None
 
 
 def _check_resume(result: CaseResult, after_fault: LogsView, final: LogsView) -> None:
