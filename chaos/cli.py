@@ -18,6 +18,7 @@ from chaos.mutants import MUTANTS
 from chaos.parallel import case_workdir, run_cases
 from chaos.runner import clean_steps, run_case
 from chaos.scenarios import SCENARIOS
+from chaos.supervised import run_supervised
 from chaos.sweep import ALL_FAULTS, build_cases
 
 EXIT_VIOLATION: Final = 1
@@ -203,3 +204,62 @@ def mutants(scenarios: tuple[str, ...], jobs: int, base: str | None) -> None:
             click.echo(f"         e.g. {first.case} ({first.boundary}): {first.violations[0]}")
     if survivors:
         sys.exit(EXIT_VIOLATION)
+
+
+@chaos.command()
+@click.option("--sessions", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option(
+    "--requests",
+    type=click.IntRange(min=1),
+    default=200,
+    show_default=True,
+    help="requests per session.",
+)
+@click.option(
+    "--duration", type=float, default=60.0, show_default=True, help="hard time bound, seconds."
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--boundary-kill-probability",
+    type=float,
+    default=0.02,
+    show_default=True,
+    help="chance that a worker SIGKILLs itself at each write boundary.",
+)
+@click.option(
+    "--home",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="keep the run's home here (default: a temporary one).",
+)
+def supervised(
+    sessions: int,
+    requests: int,
+    duration: float,
+    seed: int,
+    boundary_kill_probability: float,
+    home: str | None,
+) -> None:
+    """A real supervisor under load while workers are SIGKILLed; check every log."""
+    with case_workdir(None) as workdir:
+        report = run_supervised(
+            home or os.path.join(workdir, "home"),
+            sessions=sessions,
+            requests=requests,
+            duration=duration,
+            seed=seed,
+            boundary_kill_probability=boundary_kill_probability,
+        )
+    acked = sum(len(k) for k in report.acknowledged.values())
+    click.echo(
+        f"{report.sessions} sessions, {acked} requests acknowledged, "
+        f"{report.kills} random SIGKILLs, {report.restarts} restarts, "
+        f"{report.elapsed:.1f} s"
+    )
+    for failure in report.failures:
+        click.echo(f"FAILED   {failure}")
+    for violation in report.violations:
+        click.echo(f"VIOLATION {violation}")
+    if report.violations or report.failures:
+        sys.exit(EXIT_VIOLATION)
+    click.echo("every acknowledged request is in its log exactly once; every session verifies")

@@ -1,0 +1,209 @@
+"""Supervisor-level chaos: a real ``loopd serve`` under request load while workers die.
+
+Workers are SIGKILLed at random moments (chosen with psutil, identity checked) and, from
+inside, at random write boundaries (the ChaosApp installs a boundary hook in each worker
+it is loaded into). Clients retry with their keys. At the end every acknowledged request
+must be in its session's log exactly once, and every session must verify.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Final
+
+import psutil
+
+from supervisor.client import call
+from supervisor.daemon import SOCKET_NAME
+from supervisor.errors import ControlError
+from worker import durable
+from worker.app import DefaultApp
+from worker.durable import Boundary
+from worker.errors import SessionError
+from worker.loader import load_session
+from worker.records import Record, User
+from worker.session import session_dir
+
+SEED_ENV: Final = "LOOPD_CHAOS_SEED"
+PROBABILITY_ENV: Final = "LOOPD_CHAOS_KILL_PROBABILITY"
+RETRYABLE: Final = frozenset({"worker_died", "closed", "no_daemon"})
+
+
+class _RandomKill:
+    """A boundary hook that SIGKILLs its own process at a random boundary."""
+
+    def __init__(self, probability: float, rng: random.Random) -> None:
+        self.probability = probability
+        self.rng = rng
+
+    def __call__(self, boundary: Boundary) -> None:
+        if self.rng.random() < self.probability:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def chaos_app(budget: int) -> DefaultApp:
+    """The default app, in a worker that may die at any write boundary (see module doc)."""
+    probability = float(os.environ.get(PROBABILITY_ENV, "0"))
+    seed = int(os.environ.get(SEED_ENV, "0")) ^ os.getpid()
+    if probability > 0:
+        durable.set_hook(_RandomKill(probability, random.Random(seed)))
+    return DefaultApp(budget)
+
+
+@dataclass(slots=True)
+class SupervisedReport:
+    """What a supervised run did and found."""
+
+    sessions: int
+    acknowledged: dict[str, list[str]] = field(default_factory=dict)
+    kills: int = 0
+    restarts: int = 0
+    failures: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    elapsed: float = 0.0
+
+
+def run_supervised(
+    home: str,
+    *,
+    sessions: int = 3,
+    requests: int = 30,
+    duration: float = 20.0,
+    seed: int = 0,
+    boundary_kill_probability: float = 0.02,
+    kill_interval: float = 0.15,
+) -> SupervisedReport:
+    """Run the load and the kills for at most ``duration`` seconds; check the logs."""
+    rng = random.Random(seed)
+    report = SupervisedReport(sessions=sessions)
+    os.makedirs(home, exist_ok=True)
+    env = {**os.environ, SEED_ENV: str(seed), PROBABILITY_ENV: str(boundary_kill_probability)}
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "supervisor", "serve", "--home", home, "--app",
+         "chaos.supervised:chaos_app", "--budget", "150", "--max-restarts", "100000"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    start = time.monotonic()
+    deadline = start + duration
+    try:
+        _wait_listening(home, daemon, deadline)
+        names = [f"chaos-{n}" for n in range(sessions)]
+        for name in names:
+            _retry(lambda name=name: call(home, "create", session=name), deadline)
+            report.acknowledged[name] = []
+        done = threading.Event()
+        clients = [threading.Thread(target=_client, args=(home, name, requests, deadline,
+                                                          report)) for name in names]  # fmt: skip
+        killer = threading.Thread(target=_killer, args=(daemon.pid, rng, kill_interval, done,
+                                                        report))  # fmt: skip
+        killer.start()
+        for client in clients:
+            client.start()
+        for client in clients:
+            client.join()
+        done.set()
+        killer.join()
+        rows = call(home, "status")
+        report.restarts = sum(int(r["restarts"]) for r in rows) if isinstance(rows, list) else 0
+    finally:
+        workers = psutil.Process(daemon.pid).children(recursive=True)
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+        _gone, alive = psutil.wait_procs(workers, timeout=10)
+        for proc in alive:
+            proc.kill()
+            report.violations.append(f"worker {proc.pid} outlived the supervisor")
+    report.elapsed = time.monotonic() - start
+    _check(home, report)
+    return report
+
+
+def _wait_listening(home: str, daemon: subprocess.Popen[bytes], deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if daemon.poll() is not None:
+            raise RuntimeError(f"the supervisor exited with {daemon.returncode}")
+        if os.path.exists(os.path.join(home, SOCKET_NAME)):
+            try:
+                call(home, "ping", timeout=5)
+            except ControlError:
+                pass
+            else:
+                return
+        time.sleep(0.01)
+    raise RuntimeError("the supervisor did not listen before the deadline")
+
+
+def _retry(action: object, deadline: float) -> object:
+    assert callable(action)
+    while True:
+        try:
+            return action()
+        except ControlError as exc:
+            if exc.code not in RETRYABLE or time.monotonic() > deadline:
+                raise
+
+
+def _client(
+    home: str, session: str, requests: int, deadline: float, report: SupervisedReport
+) -> None:
+    for n in range(requests):
+        key = f"{session}-req-{n}"
+        try:
+            _retry(lambda key=key: call(home, "send", session=session, text=f"load {key}",
+                                        key=key, timeout=30), deadline)  # fmt: skip
+        except ControlError as exc:
+            report.failures.append(f"{key}: {exc}")
+            return
+        report.acknowledged[session].append(key)
+
+
+def _killer(
+    daemon_pid: int,
+    rng: random.Random,
+    interval: float,
+    done: threading.Event,
+    report: SupervisedReport,
+) -> None:
+    parent = psutil.Process(daemon_pid)
+    while not done.wait(interval * (0.5 + rng.random())):
+        workers = parent.children()
+        if not workers:
+            continue
+        victim = rng.choice(workers)
+        try:
+            if victim.is_running():  # psutil checks the pid's create time: still the same
+                victim.send_signal(signal.SIGKILL)
+                report.kills += 1
+        except psutil.NoSuchProcess:
+            continue
+
+
+def _check(home: str, report: SupervisedReport) -> None:
+    for session, acked in report.acknowledged.items():
+        keys: list[str] = []
+
+        def collect(records: list[Record], keys: list[str] = keys) -> None:
+            keys.extend(r.key for r in records if isinstance(r, User) and r.key)
+
+        try:
+            load_session(session_dir(home, session), session, on_epoch=collect)
+        except SessionError as exc:
+            report.violations.append(f"{session} does not verify: {exc}")
+            continue
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            report.violations.append(f"{session}: applied twice: {twice}")
+        lost = sorted(set(acked) - set(keys))
+        if lost:
+            report.violations.append(f"{session}: acknowledged but not in the log: {lost}")

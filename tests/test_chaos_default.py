@@ -1,0 +1,62 @@
+"""The default chaos slice: every boundary of scenario 1 under kill, torn and power loss.
+
+The same cases ``loopd chaos run`` runs, as pytest parameters, so ``pytest -n auto``
+shards them. The full sweep (every scenario, every fault, compound cases) is marked
+``sweep``: ``pytest -m sweep``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from chaos.cases import Case
+from chaos.hook import FaultKind
+from chaos.runner import clean_steps, run_case
+from chaos.sweep import build_cases
+
+
+def _default_cases() -> list[Case]:
+    with tempfile.TemporaryDirectory(prefix="loopd-collect-") as workdir:
+        return build_cases(["basic"], [FaultKind.KILL, FaultKind.TORN, FaultKind.POWER], workdir)
+
+
+DEFAULT_CASES = _default_cases()
+
+
+def test_the_default_slice_covers_every_boundary_of_the_basic_scenario() -> None:
+    kills = [c for c in DEFAULT_CASES if c.fault is FaultKind.KILL]
+    assert [c.at for c in kills] == list(range(1, len(kills) + 1))
+    assert len(kills) >= 40
+    assert {c.variant for c in DEFAULT_CASES if c.fault is FaultKind.POWER} == {
+        "drop",
+        "prefix",
+        "zeros",
+    }
+    assert {c.variant for c in DEFAULT_CASES if c.fault is FaultKind.TORN} == {
+        "1byte",
+        "half",
+        "allbutlast",
+    }
+
+
+@pytest.mark.parametrize("case", DEFAULT_CASES, ids=[c.id for c in DEFAULT_CASES])
+def test_the_store_survives_the_case_with_every_invariant_held(case: Case, tmp_path: Path) -> None:
+    clean_steps(case.scenario, str(tmp_path))
+    result = run_case(case, str(tmp_path))
+    assert result.violations == [], f"replay: loopd chaos replay {case.id}"
+    assert result.outcome == "ok"
+    assert {
+        "acknowledged-on-disk",
+        "on-disk-acknowledged-or-in-flight",
+        "single-writer",
+        "no-key-twice",
+        "one-epoch-end-last",
+        "no-second-epoch-end-on-resume",
+        "carry-is-recorded-summary",
+        "call-numbers-unique",
+        "epochs-contiguous-and-consistent",
+        "final-state-opens",
+    } <= set(result.checked)
