@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from typing import Final
 
-from worker import durable, loader, lock, session
+from worker import durable, layout, loader, lock, session
 from worker.baseline import Baseline
 from worker.errors import SessionIOError, TornLog
 from worker.records import EpochEnd, Record, encode_records
@@ -82,7 +82,9 @@ def _no_lock() -> None:
     def lock_directory(path: str, *, shared: bool = False) -> int:
         return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
 
+    # Every module that took the name at import time.
     session.lock_directory = lock_directory  # type: ignore[attr-defined]
+    layout.lock_directory = lock_directory  # type: ignore[attr-defined]
     lock.lock_directory = lock_directory
 
 

@@ -16,8 +16,8 @@ from typing import Final
 from chaos.cases import CaseResult
 from chaos.scenarios import SESSION, SLOT, Scenario
 from worker.errors import SessionError
+from worker.layout import SESSIONS_DIR
 from worker.loader import load_session
-from worker.session import SESSIONS_DIR
 
 _LOG: Final = re.compile(r"(0|[1-9][0-9]*)\.jsonl")
 

@@ -11,7 +11,6 @@ import fcntl
 import gc
 import json
 import os
-import selectors
 import signal
 import socket
 import tempfile
@@ -32,11 +31,12 @@ from chaos.oracle import (
     session_path,
     snapshot_logs,
 )
+from chaos.requests_client import RequestsClient
 from chaos.scenarios import SCENARIOS, SESSION, Scenario
 from worker import durable
 from worker.errors import SessionError
 from worker.repair import repair_torn_tail
-from worker.wire import Channel, Message
+from worker.wire import Channel
 
 MAX_RESUMES: Final = 4
 
@@ -104,7 +104,14 @@ def fork_child(
     try:
         if theirs is not None and ours is not None:
             theirs.close()
-            _serve_as_client(home, scenario, log, run, event_r, Channel(ours))
+            RequestsClient(
+                scenario=scenario,
+                log=log,
+                channel=Channel(ours),
+                on_event=lambda event: _on_event(home, log, run, event, None),
+                on_ready=lambda: _probe(run, home),
+                on_refused=lambda event: _refused(run, event),
+            ).run(event_r)
         else:
             _read_events(home, log, run, event_r, go_w)
     finally:
@@ -135,6 +142,14 @@ def _on_event(
     run.reports.append(event)
 
 
+def _probe(run: ChildRun, home: str) -> None:
+    run.two_writers = _second_writer_gets_in(home)
+
+
+def _refused(run: ChildRun, event: dict[str, object]) -> None:
+    run.refused = event
+
+
 def _second_writer_gets_in(home: str) -> bool:
     """While the resumed worker holds the session, a second writer's lock must fail.
 
@@ -161,83 +176,6 @@ def _read_events(home: str, log: ClientLog, run: ChildRun, fd: int, go_w: int) -
         *lines, buffer = buffer.split(b"\n")
         for line in lines:
             _on_event(home, log, run, json.loads(line), go_w)
-
-
-def _serve_as_client(
-    home: str, scenario: Scenario, log: ClientLog, run: ChildRun, event_fd: int, channel: Channel
-) -> None:
-    """Drive the worker's requests in order; a failed request is retried once."""
-    pending = list(scenario.requests)
-    tries = 0
-    selector = selectors.DefaultSelector()
-    selector.register(event_fd, selectors.EVENT_READ, "events")
-    selector.register(channel.fileno(), selectors.EVENT_READ, "channel")
-    buffer = b""
-    events_open = channel_open = True
-    sent: str | None = None
-    while events_open or channel_open:
-        for key, _ in selector.select():
-            if key.data == "events":
-                data = os.read(event_fd, 65536)
-                if not data:
-                    events_open = False
-                    selector.unregister(event_fd)
-                    continue
-                buffer += data
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    _on_event(home, log, run, json.loads(line), None)
-                continue
-            messages = channel.read_nowait()
-            if channel.closed:
-                channel_open = False
-                selector.unregister(channel.fileno())
-            for message in messages:
-                sent, tries = _on_reply(home, log, run, channel, message, pending, sent, tries)
-    selector.close()
-
-
-def _on_reply(
-    home: str,
-    log: ClientLog,
-    run: ChildRun,
-    channel: Channel,
-    message: Message,
-    pending: list[tuple[str, str]],
-    sent: str | None,
-    tries: int,
-) -> tuple[str | None, int]:
-    op = message.get("op")
-    if op == "ready":
-        run.two_writers = _second_writer_gets_in(home)
-    elif op == "exiting":
-        run.refused = {"e": "refused", "error": message.get("code"), "why": message.get("message")}
-        return sent, tries
-    elif message.get("ok") is True and sent is not None:
-        result = message.get("result")
-        epoch = result.get("state", {}).get("epoch", 0) if isinstance(result, dict) else 0
-        log.ack(sent, int(epoch))
-        pending.pop(0)
-        tries = 0
-    elif sent is not None:
-        tries += 1
-        if tries > 1:  # the retry failed too: stop, the worker exits or is broken
-            _send(channel, {"id": 0, "op": "stop"})
-            return None, tries
-    if pending:
-        key, text = pending[0]
-        log.start(key)
-        _send(channel, {"id": len(pending), "op": "request", "request": {"text": text, "key": key}})
-        return key, tries
-    _send(channel, {"id": 0, "op": "stop"})
-    return None, tries
-
-
-def _send(channel: Channel, message: Message) -> None:
-    try:
-        channel.send(message)
-    except OSError:
-        return  # the worker died; its end of stream ends the loop
 
 
 def run_case(case: Case, workdir: str) -> CaseResult:

@@ -27,9 +27,9 @@ from worker import durable
 from worker.app import DefaultApp
 from worker.durable import Boundary
 from worker.errors import SessionError
+from worker.layout import session_dir
 from worker.loader import load_session
 from worker.records import Record, User
-from worker.session import session_dir
 
 SEED_ENV: Final = "LOOPD_CHAOS_SEED"
 PROBABILITY_ENV: Final = "LOOPD_CHAOS_KILL_PROBABILITY"

@@ -26,8 +26,8 @@ from supervisor.operations import dispatch
 from supervisor.spawn import StartMethod, WorkerProcess, WorkerSpec
 from supervisor.states import RestartPolicy, State
 from worker.errors import InvalidSessionId, SessionLocked
+from worker.layout import SESSIONS_DIR
 from worker.lock import lock_directory
-from worker.session import SESSIONS_DIR
 from worker.session_id import validate_session_id
 from worker.wire import Channel, Message, WireError, error
 

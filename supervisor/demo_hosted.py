@@ -17,9 +17,9 @@ from supervisor.client import call
 from supervisor.daemon import SOCKET_NAME
 from supervisor.demo_checks import DemoChecks
 from supervisor.errors import ControlError
+from worker.layout import session_dir
 from worker.loader import load_session
 from worker.records import Record, User
-from worker.session import session_dir
 
 SESSIONS: Final = ("alpha", "bravo", "charlie", "delta")
 REQUESTS: Final = 12

@@ -12,8 +12,8 @@ import click
 from supervisor.options import home_option
 from worker.errors import InvalidSessionId, LogError, SessionError
 from worker.inspection import Inspection, inspect_session
+from worker.layout import SESSIONS_DIR
 from worker.repair import repair_torn_tail
-from worker.session import SESSIONS_DIR
 
 EXIT_REFUSED: Final = 1
 

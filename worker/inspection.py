@@ -7,10 +7,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from worker.errors import SessionLocked, SessionNotFound
+from worker.layout import session_dir
 from worker.loader import load_session, log_path
 from worker.lock import lock_directory, unlock_directory
 from worker.records import Record
-from worker.session import session_dir
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,9 +16,9 @@ from typing import Final
 
 from worker import durable
 from worker.errors import LogError, SessionError, SessionLocked, TornLog
+from worker.layout import session_dir
 from worker.loader import check_epoch, decode_log, list_epochs, load_session, log_path, read_file
 from worker.lock import lock_directory, unlock_directory
-from worker.session import session_dir
 
 QUARANTINE_DIR: Final = "quarantine"
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import Final, overload
+from typing import Final
 
 from worker import durable
 from worker.baseline import Baseline
@@ -21,8 +21,8 @@ from worker.errors import (
     SessionBroken,
     SessionExists,
     SessionIOError,
-    SessionNotFound,
 )
+from worker.layout import ensure_sessions_dir, lock_existing, session_dir
 from worker.loader import KeyRef, SessionState, baseline_path, load_session, log_path
 from worker.lock import lock_directory, unlock_directory
 from worker.records import (
@@ -35,43 +35,10 @@ from worker.records import (
     encode_record,
     encode_records,
 )
-from worker.session_id import validate_session_id
+from worker.records_view import RecordsView
 
-SESSIONS_DIR: Final = "sessions"
 _EXISTS: Final = frozenset({errno.EEXIST})
-_NO_DIR: Final = frozenset({errno.ENOENT, errno.ENOTDIR})
 _WRITTEN_BY_THE_STORE: Final = frozenset({SessionStart, EpochEnd})
-
-
-def session_dir(home: str | os.PathLike[str], session_id: str) -> str:
-    """Return ``<home>/sessions/<id>`` after validating the id (before any path is built)."""
-    validate_session_id(session_id)
-    return os.path.join(os.fspath(home), SESSIONS_DIR, session_id)
-
-
-class RecordsView(Sequence[Record]):
-    """A read-only view of the current epoch's records (no copy)."""
-
-    __slots__ = ("_records",)
-
-    def __init__(self, records: list[Record]) -> None:
-        self._records = records
-
-    @overload
-    def __getitem__(self, index: int) -> Record: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[Record]: ...
-    def __getitem__(self, index: int | slice) -> Record | Sequence[Record]:
-        return self._records[index]
-
-    def __len__(self) -> int:
-        return len(self._records)
-
-    def __iter__(self) -> Iterator[Record]:
-        return iter(self._records)
-
-    def __repr__(self) -> str:
-        return f"RecordsView({self._records!r})"
 
 
 class Session:
@@ -97,7 +64,7 @@ class Session:
         """Create a new session; SessionExists if its directory exists."""
         directory = session_dir(home, session_id)
         _check_slot(slot)
-        _ensure_sessions_dir(os.path.dirname(directory))
+        ensure_sessions_dir(os.path.dirname(directory))
         try:
             durable.mkdir(directory)
         except SessionIOError as exc:
@@ -111,7 +78,7 @@ class Session:
     def open(cls, home: str | os.PathLike[str], session_id: str) -> Session:
         """Open an existing session (lock, read, check); SessionNotFound without 0.jsonl."""
         directory = session_dir(home, session_id)
-        lock_fd = _lock_existing(directory)
+        lock_fd = lock_existing(directory)
         try:
             state = load_session(directory, session_id)
             log_fd = durable.open_append(log_path(directory, state.epoch))
@@ -137,7 +104,7 @@ class Session:
                 return cls.create(home, session_id, baseline, slot)
             except SessionExists:
                 pass  # a concurrent creator won the mkdir; open what it made
-        lock_fd = _lock_existing(directory)
+        lock_fd = lock_existing(directory)
         if any(name.endswith(".jsonl") for name in os.listdir(directory)):
             unlock_directory(lock_fd)
             return cls.open(home, session_id)
@@ -406,28 +373,3 @@ def _newest_usage(records: list[Record]) -> Usage | None:
         if isinstance(record, Usage):
             return record
     return None
-
-
-def _lock_existing(directory: str) -> int:
-    try:
-        return lock_directory(directory)
-    except SessionIOError as exc:
-        if exc.errno in _NO_DIR:
-            raise SessionNotFound(directory) from exc
-        raise
-
-
-def _ensure_sessions_dir(sessions: str) -> None:
-    """Make ``<home>/sessions`` (and ``<home>``) if missing, durably."""
-    if os.path.isdir(sessions):
-        return
-    home = os.path.dirname(sessions)
-    if not os.path.isdir(home):
-        os.makedirs(home, mode=0o700, exist_ok=True)
-    try:
-        durable.mkdir(sessions)
-    except SessionIOError as exc:
-        if exc.errno not in _EXISTS:
-            raise
-        return
-    durable.fsync_dir(home)
