@@ -174,8 +174,10 @@ def _read_events(home: str, log: ClientLog, run: ChildRun, fd: int, go_w: int) -
             return
         buffer += data
         *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            _on_event(home, log, run, json.loads(line), go_w)
+        if lines:
+            # One JSON document for the batch: a single parse instead of one per line.
+            for event in json.loads(b"[" + b",".join(lines) + b"]"):
+                _on_event(home, log, run, event, go_w)
 
 
 def run_case(case: Case, workdir: str) -> CaseResult:
@@ -188,9 +190,10 @@ def run_case(case: Case, workdir: str) -> CaseResult:
     output = os.path.join(root, "worker.out")
     if scenario.prepare is not None:
         scenario.prepare(home)
-    model = DurableModel.snapshot(home)
+    # Only a power loss needs the model of what was durable.
+    model = DurableModel.snapshot(home) if case.fault is FaultKind.POWER else None
     log = ClientLog()
-    for key in snapshot_logs(home).applied_keys():
+    for key in snapshot_logs(home).applied_keys() if scenario.prepare is not None else []:
         log.ack(key, 0)  # acknowledged before the scenario began
     first = fork_child(
         home,
@@ -204,10 +207,10 @@ def run_case(case: Case, workdir: str) -> CaseResult:
         output=output,
         trace=case.fault is FaultKind.POWER,
     )
-    for step in first.steps:
-        model.apply(step)
     result.boundary = boundary_name(case.scenario, case.at)
-    if case.fault is FaultKind.POWER:
+    if model is not None:
+        for step in first.steps:
+            model.apply(step)
         model.power_loss(PowerVariant(case.variant))
     after_fault = snapshot_logs(home)
     check_after_fault(result, log, after_fault)

@@ -9,6 +9,8 @@ import os
 import signal
 import socket
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -326,3 +328,49 @@ def test_stop_start_and_restart_move_the_session_through_its_states(tmp_path: Pa
         assert compacted["state"]["epoch"] == 1
     with Session.open(home, "s1") as session:
         assert session.carry == "by hand"
+
+
+PEER = """
+import os, socket, sys
+import msgpack  # before dropping root: the interpreter's files may be root's alone
+os.setgid(65534)
+os.setuid(65534)
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.settimeout(10)
+sock.connect(sys.argv[1])
+try:
+    sock.sendall(msgpack.packb({"id": 1, "op": "ping"}))
+    data = sock.recv(65536)
+except OSError:
+    data = b""
+print("closed" if not data else "answered")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another uid")
+def test_a_peer_of_another_uid_is_refused_even_when_the_socket_mode_would_let_it_in(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    with running_daemon(home):
+        path = home / SOCKET_NAME
+        # Open the way past the file modes on purpose, so only SO_PEERCRED stands guard;
+        # the modes are put back afterwards.
+        opened = [home, *[p for p in (tmp_path, *tmp_path.parents) if p != Path("/")]]
+        modes = {p: stat.S_IMODE(os.stat(p).st_mode) for p in opened}
+        try:
+            os.chmod(path, 0o666)  # noqa: S103 - the point of the test
+            for directory in opened:
+                os.chmod(directory, modes[directory] | 0o001)
+            peer = subprocess.run(
+                [sys.executable, "-c", PEER, str(path)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+        finally:
+            for directory, mode in modes.items():
+                os.chmod(directory, mode)
+        assert peer.stdout.strip() == "closed", peer.stderr
+        assert call(str(home), "ping")
