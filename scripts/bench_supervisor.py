@@ -94,7 +94,7 @@ def start_daemon(home: str, *args: str) -> subprocess.Popen[bytes]:
 
 def _pings(home: str) -> bool:
     try:
-        call(home, "ping", timeout=5)
+        call(home, "ping", timeout=30)
     except ControlError:
         return False
     return True

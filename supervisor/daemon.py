@@ -16,6 +16,7 @@ import signal
 import socket
 import struct
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
@@ -32,6 +33,7 @@ from worker.session_id import validate_session_id
 from worker.wire import Channel, Message, WireError, error
 
 SOCKET_NAME: Final = "loopd.sock"
+STARTS_PER_TURN: Final = 8
 _PEERCRED: Final = struct.Struct("3i")  # pid, uid, gid
 
 
@@ -89,6 +91,7 @@ class Supervisor:
         self._shutting_down = False
         self._home_fd: int | None = None
         self._listener: socket.socket | None = None
+        self._to_start: deque[HostedSession] = deque()
 
     # -- the Loop protocol of HostedSession ---------------------------------------------
 
@@ -142,8 +145,8 @@ class Supervisor:
             self.selector.register(
                 wake_read, selectors.EVENT_READ, lambda: self._on_signal(wake_read)
             )
-            for session_id in self._existing_sessions():
-                self._host(self._spec(session_id)).start()
+            # Started a few per loop turn, so the control socket answers during a mass start.
+            self._to_start.extend(self._host(self._spec(s)) for s in self._existing_sessions())
             self._loop()
         finally:
             signal.set_wakeup_fd(previous)
@@ -162,6 +165,12 @@ class Supervisor:
                 self._cancelled.discard(heapq.heappop(self._timers)[1])
             if self._timers:
                 timeout = max(0.0, self._timers[0][0] - time.monotonic())
+            if self._to_start:
+                timeout = 0.0
+                for _ in range(min(STARTS_PER_TURN, len(self._to_start))):
+                    hosted = self._to_start.popleft()
+                    if hosted.state is State.STOPPED and not self._shutting_down:
+                        hosted.start()
             for key, _events in self.selector.select(timeout):
                 callback: Callable[[], None] = key.data
                 callback()
@@ -281,6 +290,11 @@ class Supervisor:
         hosted = self._host(self._spec(session_id, create=True, slot=slot))
         hosted.ready_waiters.append(waiter)
         hosted.start()
+
+    def forget_pending_start(self, hosted: HostedSession) -> None:
+        """An operator acted on a session not yet started at launch: their word wins."""
+        if hosted in self._to_start:
+            self._to_start.remove(hosted)
 
     def statuses(self) -> list[Message]:
         return [h.status() for _, h in sorted(self.sessions.items())]

@@ -17,7 +17,7 @@ from supervisor.spawn import StartMethod
 
 EXIT_ERROR: Final = 1
 STATUS_COLUMNS: Final = (
-    "session", "state", "pid", "epoch", "records", "restarts", "uptime_s", "rss_bytes",
+    "session", "state", "pid", "epoch", "records", "restarts", "uptime_s", "rss_bytes", "cpu_s",
     "last_error",
 )  # fmt: skip
 

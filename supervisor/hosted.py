@@ -314,6 +314,7 @@ class HostedSession:
             "restarts": self.restarts,
             "uptime_s": round(uptime, 3) if uptime is not None else None,
             "rss_bytes": worker.rss_bytes() if worker is not None else None,
+            "cpu_s": worker.cpu_seconds() if worker is not None else None,
             "last_error": self.last_error,
         }
 

@@ -59,6 +59,7 @@ def dispatch(daemon: Supervisor, client: ClientConnection, message: Message) -> 
                 hosted.submit(waiter, forwarded)
         elif op == "start":
             hosted = _hosted(daemon, message)
+            daemon.forget_pending_start(hosted)
             if hosted.state in (State.RUNNING, State.STARTING):
                 client.reply(ok(request_id, hosted.status()))
             elif hosted.state is State.STOPPING:
@@ -72,10 +73,12 @@ def dispatch(daemon: Supervisor, client: ClientConnection, message: Message) -> 
                     hosted.operator_start()
         elif op == "stop":
             hosted = _hosted(daemon, message)
+            daemon.forget_pending_start(hosted)
             hosted.stop_waiters.append(waiter)
             hosted.stop()
         elif op == "restart":
             hosted = _hosted(daemon, message)
+            daemon.forget_pending_start(hosted)
             hosted.ready_waiters.append(waiter)
             hosted.stop(restart=True)
         else:

@@ -142,6 +142,16 @@ class WorkerProcess:
         except psutil.NoSuchProcess:
             return None
 
+    def cpu_seconds(self) -> float | None:
+        """The worker's CPU time so far (user + system), if it is alive."""
+        if not self.is_same_process():
+            return None
+        try:
+            times = psutil.Process(self.pid).cpu_times()
+        except psutil.NoSuchProcess:
+            return None
+        return round(times.user + times.system, 3)
+
     def close(self) -> None:
         """Release the pidfd and the channel."""
         os.close(self.pidfd)

@@ -297,6 +297,7 @@ def test_status_json_lists_every_session_with_the_documented_keys(tmp_path: Path
             assert row["state"] == "RUNNING"
             assert isinstance(row["pid"], int)
             assert row["rss_bytes"] > 0
+            assert row["cpu_s"] >= 0
         assert rows[0]["records"] == 5
         table = loopd("status", "--home", str(home))
         assert table.stdout.splitlines()[0].split()[:3] == ["session", "state", "pid"]

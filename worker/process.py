@@ -19,6 +19,7 @@ from typing import Final
 
 from worker.app import DEFAULT_APP, DEFAULT_BUDGET, App, load_app
 from worker.errors import LOG_REFUSED, SessionError, SessionLocked, SessionNotFound
+from worker.records import EpochEnd
 from worker.session import Session
 from worker.wire import Channel, Message, WireError, error, field, ok
 
@@ -62,12 +63,15 @@ def open_session(args: argparse.Namespace, app: App) -> Session:
         )
     else:
         session = Session.open(args.home, args.session)
-    if session.epoch_closed:
+    closing = session.records[-1]
+    if isinstance(closing, EpochEnd):
         # The log ends with EpochEnd: an epoch change was cut short. Finish it before
         # serving; commit_epoch takes the recorded summary and writes no second EpochEnd.
-        closing = session.records[-1]
-        summary = getattr(closing, "summary", "")
-        session.commit_epoch(summary, app.next_baseline(session, summary))
+        try:
+            session.commit_epoch(closing.summary, app.next_baseline(session, closing.summary))
+        except BaseException:
+            session.close()
+            raise
     return session
 
 
