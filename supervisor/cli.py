@@ -1,27 +1,59 @@
-"""The ``loopd`` operator CLI: one click group; each concern registers its commands."""
+"""The ``loopd`` operator CLI: one click group whose commands load only when used.
+
+``loopd serve`` should not pay for the demo or the chaos rig, and forked workers
+inherit whatever the supervisor has loaded, so each command is imported on demand.
+Packages above supervisor (the chaos rig) add their command groups through the
+``loopd.commands`` entry point, so that supervisor never imports them.
+"""
 
 from __future__ import annotations
 
+import importlib
 from importlib.metadata import entry_points
+from typing import Final
 
 import click
 
-from supervisor import daemon_commands, offline_commands
-from supervisor.demo import demo
+PLUGIN_GROUP: Final = "loopd.commands"
+COMMANDS: Final = {
+    "serve": "supervisor.daemon_commands:serve",
+    "create": "supervisor.daemon_commands:create",
+    "send": "supervisor.daemon_commands:send",
+    "compact": "supervisor.daemon_commands:compact",
+    "start": "supervisor.daemon_commands:start",
+    "stop": "supervisor.daemon_commands:stop",
+    "restart": "supervisor.daemon_commands:restart",
+    "status": "supervisor.daemon_commands:status",
+    "inspect": "supervisor.offline_commands:inspect",
+    "verify": "supervisor.offline_commands:verify",
+    "repair": "supervisor.offline_commands:repair",
+    "demo": "supervisor.demo:demo",
+}
 
-PLUGIN_GROUP = "loopd.commands"
+
+class LazyGroup(click.Group):
+    """A group that imports a command's module only when that command is asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        plugins = [entry.name for entry in entry_points(group=PLUGIN_GROUP)]
+        return sorted({*COMMANDS, *plugins})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is not None:
+            module, _, attribute = target.partition(":")
+            command = getattr(importlib.import_module(module), attribute)
+        else:
+            found = [e for e in entry_points(group=PLUGIN_GROUP) if e.name == cmd_name]
+            if not found:
+                return None
+            command = found[0].load()
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{cmd_name} does not name a click command")
+        return command
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="loopd")
 def main() -> None:
     """loopd: host many long-lived sessions without losing or corrupting their state."""
-
-
-for command in (*daemon_commands.COMMANDS, *offline_commands.COMMANDS, demo):
-    main.add_command(command)
-
-# Packages above supervisor (the chaos rig) add their command groups through an entry
-# point, so that supervisor never imports them.
-for entry in entry_points(group=PLUGIN_GROUP):
-    main.add_command(entry.load(), name=entry.name)
