@@ -69,19 +69,32 @@ def _execute(cases: list[Case], workdir: str, jobs: int, label: str) -> list[Cas
         return run_cases(cases, workdir, jobs=jobs, on_result=advance)
 
 
-@click.group()
-def chaos() -> None:
-    """The crash rig: kill workers at every write boundary and check the files."""
-
-
-@chaos.command()
-@click.option(
+scenarios_option = click.option(
     "--scenario",
     "scenarios",
     multiple=True,
     type=click.Choice(sorted(SCENARIOS)),
     help="scenario(s) to run (default: all).",
 )
+jobs_option = click.option(
+    "--jobs", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default="all cores"
+)
+dir_option = click.option(
+    "--dir",
+    "base",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="where case homes go (default: /dev/shm, else the temp dir).",
+)
+
+
+@click.group()
+def chaos() -> None:
+    """The crash rig: kill workers at every write boundary and check the files."""
+
+
+@chaos.command()
+@scenarios_option
 @click.option(
     "--faults", default="kill,torn,power,io", show_default=True, help="comma-separated fault kinds."
 )
@@ -91,9 +104,7 @@ def chaos() -> None:
     show_default=True,
     help="also crash at every boundary of each recovery.",
 )
-@click.option(
-    "--jobs", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default="all cores"
-)
+@jobs_option
 @click.option("--seed", type=int, default=None, help="shuffle the case order with this seed.")
 @click.option(
     "--json-report",
@@ -101,13 +112,7 @@ def chaos() -> None:
     default=None,
     help="write every case's result to this file.",
 )
-@click.option(
-    "--dir",
-    "base",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="where case homes go (default: /dev/shm, else the temp dir).",
-)
+@dir_option
 def run(
     scenarios: tuple[str, ...],
     faults: str,
@@ -145,7 +150,7 @@ def run(
 
 @chaos.command()
 @click.argument("case_id", metavar="CASE")
-@click.option("--dir", "base", type=click.Path(file_okay=False), default=None)
+@dir_option
 def replay(case_id: str, base: str | None) -> None:
     """Run one case from its id (as printed with a violation) and show what it checked."""
     try:
@@ -172,17 +177,9 @@ def replay(case_id: str, base: str | None) -> None:
 
 
 @chaos.command()
-@click.option(
-    "--scenario",
-    "scenarios",
-    multiple=True,
-    type=click.Choice(sorted(SCENARIOS)),
-    help="scenario(s) to run each mutant through (default: all).",
-)
-@click.option(
-    "--jobs", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default="all cores"
-)
-@click.option("--dir", "base", type=click.Path(file_okay=False), default=None)
+@scenarios_option
+@jobs_option
+@dir_option
 def mutants(scenarios: tuple[str, ...], jobs: int, base: str | None) -> None:
     """Run the rig against each deliberately broken store; exit 1 if one survives."""
     survivors = []

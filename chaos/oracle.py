@@ -76,7 +76,8 @@ def log_files(home: str) -> list[str]:
     return [os.path.join(directory, f"{n}.jsonl") for n in numbers]
 
 
-def file_digests(home: str) -> dict[str, str]:
+def file_digests(home: str | os.PathLike[str]) -> dict[str, str]:
+    """The SHA-256 of every file under ``home`` (to prove nothing changed)."""
     digests = {}
     for directory, _dirs, files in os.walk(home):
         for name in files:

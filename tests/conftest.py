@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
+from chaos.oracle import file_digests
 from worker import Baseline
+
+__all__ = ["file_digests"]
 
 
 @pytest.fixture(autouse=True)
@@ -40,14 +41,3 @@ def baseline() -> Baseline:
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     return tmp_path / "home"
-
-
-def file_digests(directory: Path | str) -> dict[str, str]:
-    """Return the SHA-256 of every file under ``directory`` (to prove nothing changed)."""
-    digests = {}
-    for root, _dirs, files in os.walk(directory):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, "rb") as f:
-                digests[path] = hashlib.sha256(f.read()).hexdigest()
-    return digests

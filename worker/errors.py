@@ -75,13 +75,20 @@ class SessionIOError(SessionError):
         return f"{self.path}: {self.operation} failed: [{name}] {os.strerror(self.errno)}"
 
 
-class SessionBroken(SessionError):
-    """The session refused an append because an earlier write or fsync failed."""
+class PathError(SessionError):
+    """An error about one path; ``str()`` is ``<path>: <why>``."""
 
     def __init__(self, path: str, why: str) -> None:
         super().__init__(path, why)
         self.path = path
         self.why = why
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.why}"
+
+
+class SessionBroken(PathError):
+    """The session refused an append because an earlier write or fsync failed."""
 
     def __str__(self) -> str:
         return f"{self.path}: session is broken and refuses appends: {self.why}"
@@ -108,16 +115,8 @@ class InvalidLog(LogError):
     """The records decode but break the log's structure (SessionStart, EpochEnd, epochs)."""
 
 
-class BaselineError(SessionError):
+class BaselineError(PathError):
     """The epoch's baseline is missing, unparsable, or does not hash to SessionStart.baseline."""
-
-    def __init__(self, path: str, why: str) -> None:
-        super().__init__(path, why)
-        self.path = path
-        self.why = why
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.why}"
 
 
 class EpochClosed(SessionError):

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Final
 
 from worker import durable
-from worker.errors import LogError, SessionError, SessionLocked, TornLog
+from worker.errors import LogError, PathError, SessionLocked, TornLog
 from worker.layout import session_dir
 from worker.loader import check_epoch, decode_log, list_epochs, load_session, log_path, read_file
 from worker.lock import lock_directory, unlock_directory
@@ -23,16 +23,8 @@ from worker.lock import lock_directory, unlock_directory
 QUARANTINE_DIR: Final = "quarantine"
 
 
-class RepairRefused(SessionError):
+class RepairRefused(PathError):
     """Repair will not touch this session; ``why`` says what to do instead."""
-
-    def __init__(self, path: str, why: str) -> None:
-        super().__init__(path, why)
-        self.path = path
-        self.why = why
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.why}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
