@@ -375,3 +375,32 @@ def test_a_peer_of_another_uid_is_refused_even_when_the_socket_mode_would_let_it
                 os.chmod(directory, mode)
         assert peer.stdout.strip() == "closed", peer.stderr
         assert call(str(home), "ping")
+
+
+def test_a_session_held_by_another_process_goes_fatal_naming_the_holder_without_a_fight(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    Session.create(home, "held", DefaultApp().initial_baseline("held")).close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys\nfrom worker import Session\ns = Session.open(sys.argv[1], 'held')\n"
+         "print('holding', flush=True)\nsys.stdin.read()", str(home)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == b"holding\n"
+        with running_daemon(home) as daemon:
+            row = wait_state(home, "held", "FATAL")
+            assert f"locked by process {holder.pid}" in str(row["last_error"])
+            assert "not fighting it" in str(row["last_error"])
+            assert row["restarts"] == 0
+            assert daemon.workers() == []
+            assert holder.poll() is None  # the holder was left alone
+    finally:
+        holder.kill()
+        holder.wait()
+        for stream in (holder.stdin, holder.stdout):
+            if stream is not None:
+                stream.close()
