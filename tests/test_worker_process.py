@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from tests.support import REPO
@@ -183,3 +184,26 @@ def test_a_worker_resumes_an_interrupted_epoch_change_without_a_second_epoch_end
     with Session.open(home, "s1") as session:
         assert (session.epoch, session.carry) == (1, "the recorded one")
         assert session.baseline.memory == "the recorded one"
+
+
+def test_a_bad_frame_gets_an_error_reply_and_the_worker_keeps_serving(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with worker(home, "s1", "--create") as w:
+        assert w.channel.recv() is not None
+        for garbage in (b"\xc1\xc1 not msgpack", msgpack.packb([1, 2, 3])):
+            w.channel.sock.sendall(garbage)
+            reply = w.channel.recv()
+            assert reply is not None
+            assert reply["ok"] is False
+            failure = reply["error"]
+            assert isinstance(failure, dict)
+            assert failure["code"] == "bad_frame"
+        typed = w.ask("request", request={"text": 5})
+        assert typed["ok"] is False
+        assert typed["error"] == {
+            "code": "bad_request",
+            "message": "protocol error: field 'text' must be str, got int",
+        }
+        assert _request(w, "still here", "k1")["text"] == "echo: still here"
+        w.ask("stop")
+        assert w.proc.wait(timeout=20) == EXIT_CLEAN

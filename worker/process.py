@@ -88,7 +88,14 @@ def describe(session: Session) -> Message:
 def serve(session: Session, app: App, channel: Channel) -> None:
     """Answer requests until told to stop or until the channel closes."""
     while True:
-        message = channel.recv()
+        try:
+            message = channel.recv()
+        except WireError as exc:
+            # A bad frame gets an error reply, never a crash; what was buffered with it
+            # is dropped so the next frame is read from a clean state.
+            channel.reset()
+            channel.send(error(None, "bad_frame", str(exc)))
+            continue
         if message is None:
             return  # the supervisor is gone: never leave an orphan behind
         request_id = message.get("id")

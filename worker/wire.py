@@ -76,6 +76,7 @@ class Channel:
 
     def __init__(self, sock: socket.socket, max_frame: int = MAX_FRAME) -> None:
         self.sock = sock
+        self._max_frame = max_frame
         self._unpacker = msgpack.Unpacker(
             raw=False, max_buffer_size=max_frame, strict_map_key=True, use_list=True
         )
@@ -145,6 +146,13 @@ class Channel:
         except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as exc:
             # ValueError covers invalid UTF-8 and non-string map keys (strict_map_key).
             raise WireError(f"undecodable frame: {exc}") from exc
+
+    def reset(self) -> None:
+        """Drop whatever is buffered after a bad frame, so the next frame starts clean."""
+        self._unpacker = msgpack.Unpacker(
+            raw=False, max_buffer_size=self._max_frame, strict_map_key=True, use_list=True
+        )
+        self._ready.clear()
 
     def _take(self) -> list[Message]:
         ready, self._ready = self._ready, []
