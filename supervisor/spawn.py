@@ -160,12 +160,17 @@ class WorkerProcess:
 
 def _fork_worker(spec: WorkerSpec, channel_fd: int) -> int:
     """Fork; in the child, become the worker and exit with its code. Return the child pid."""
+    for stream in (sys.stdout, sys.stderr):
+        # Anything still buffered would otherwise be written twice, once by the child.
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
     pid = os.fork()
     if pid:
         return pid
     code = 1
     try:
         os.setsid()  # its own session and process group, for killpg
+        _name_process(f"loopd:{spec.session}")
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE):
             signal.signal(signum, signal.SIG_DFL)
@@ -190,6 +195,12 @@ def _fork_worker(spec: WorkerSpec, channel_fd: int) -> int:
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
         os._exit(code)
+
+
+def _name_process(name: str) -> None:
+    """Set the name ps -o comm, top and pgrep show (the kernel keeps 15 bytes of it)."""
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w", encoding="utf-8") as comm:
+        comm.write(name[:15])
 
 
 def _max_fd() -> int:
