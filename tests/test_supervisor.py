@@ -308,6 +308,7 @@ def test_stop_start_and_restart_move_the_session_through_its_states(tmp_path: Pa
     with running_daemon(home):
         call(str(home), "create", session="s1")
         first = status(home, "s1")["pid"]
+        assert psutil.Process(int(str(first))).name() == "loopd:s1"  # what ps and pgrep show
         stopped = call(str(home), "stop", session="s1")
         assert isinstance(stopped, dict)
         assert stopped["state"] == "STOPPED"
