@@ -62,6 +62,38 @@ def _second_epoch_end_on_resume() -> None:
     session.Session.commit_epoch = commit_epoch  # type: ignore[method-assign]
 
 
+def _recorded_summary_rewritten() -> None:
+    original = session.Session.commit_epoch
+
+    def commit_epoch(self: session.Session, summary: str, baseline: Baseline) -> None:
+        last = self._state.records[-1]
+        if isinstance(last, EpochEnd) and last.summary != summary:
+            # The bug: "refresh" the recorded summary with the caller's, in place.
+            line = encode_records([EpochEnd(time=last.time, next=last.next, summary=summary)])
+            old = encode_records([last])
+            assert self._log_fd is not None
+            os.ftruncate(self._log_fd, self._size - len(old))
+            os.write(self._log_fd, line)
+            os.fsync(self._log_fd)
+            self._size += len(line) - len(old)
+            self._state.records[-1] = EpochEnd(time=last.time, next=last.next, summary=summary)
+        original(self, summary, baseline)
+
+    session.Session.commit_epoch = commit_epoch  # type: ignore[method-assign]
+
+
+def _call_numbers_per_epoch() -> None:
+    original = session.Session.commit_epoch
+
+    def commit_epoch(self: session.Session, summary: str, baseline: Baseline) -> None:
+        original(self, summary, baseline)
+        # The bug: tool call numbers start again in every epoch.
+        self._state.max_call = 0
+        self._next_call = 1
+
+    session.Session.commit_epoch = commit_epoch  # type: ignore[method-assign]
+
+
 def _silent_torn_tail_repair() -> None:
     original = loader.decode_log
 
@@ -94,6 +126,8 @@ MUTANTS: Final[dict[str, Callable[[], None]]] = {
     "no-directory-fsync": _no_directory_fsync,
     "second-epoch-end-on-resume": _second_epoch_end_on_resume,
     "silent-torn-tail-repair": _silent_torn_tail_repair,
+    "recorded-summary-rewritten": _recorded_summary_rewritten,
+    "call-numbers-per-epoch": _call_numbers_per_epoch,
     "no-lock": _no_lock,
 }
 

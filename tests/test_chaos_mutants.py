@@ -19,6 +19,8 @@ EXPECTED = {
     "second-epoch-end-on-resume": "one-epoch-end-last",
     "silent-torn-tail-repair": "torn-log-refused-unchanged",
     "no-lock": "single-writer",
+    "recorded-summary-rewritten": "carry-is-recorded-summary",
+    "call-numbers-per-epoch": "call-numbers-unique",
 }
 
 
