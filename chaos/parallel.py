@@ -44,7 +44,7 @@ def _init(workdir: str) -> None:
 def _run(case: Case) -> CaseResult:
     root = tempfile.mkdtemp(prefix="batch-", dir=_workdir)
     try:
-        return run_case(case, root)
+        return run_case(case, root, crash_cache=_workdir)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

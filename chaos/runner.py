@@ -7,10 +7,12 @@ the files to the oracle.
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import gc
 import json
 import os
+import shutil
 import signal
 import socket
 import tempfile
@@ -24,6 +26,7 @@ from chaos.hook import ChaosHook, EventPipe, FaultKind
 from chaos.model import DurableModel, PowerVariant
 from chaos.oracle import (
     ClientLog,
+    LogsView,
     check_after_fault,
     check_final,
     file_digests,
@@ -180,14 +183,61 @@ def _read_events(home: str, log: ClientLog, run: ChildRun, fd: int, go_w: int) -
                 _on_event(home, log, run, event, go_w)
 
 
-def run_case(case: Case, workdir: str) -> CaseResult:
-    """Run ``case`` in a fresh home under ``workdir`` and check every invariant."""
+@dataclass(slots=True)
+class _FirstCrash:
+    """The files and acknowledgements a kill at boundary k left, kept to be copied."""
+
+    key: tuple[str, int, str | None]
+    files: str
+    log: ClientLog
+
+
+_first_crash: _FirstCrash | None = None
+
+
+def run_case(case: Case, workdir: str, *, crash_cache: str | None = None) -> CaseResult:
+    """Run ``case`` in a fresh home under ``workdir`` and check every invariant.
+
+    Compound cases that share their first kill (same scenario, boundary and mutant) may
+    share its outcome: with ``crash_cache`` the files that kill really left are kept
+    there and copied for the next such case, which then only crashes the recovery.
+    """
     scenario = SCENARIOS[case.scenario]
     result = CaseResult(case=case.id, fault=case.fault.value, boundary="")
     root = tempfile.mkdtemp(prefix="case-", dir=workdir)
     home = os.path.join(root, "home")
-    os.mkdir(home)
     output = os.path.join(root, "worker.out")
+    key = (case.scenario, case.at, case.mutant)
+    reused = _first_crash if case.recovery_at and crash_cache is not None else None
+    if reused is not None and reused.key == key and os.path.isdir(reused.files):
+        shutil.copytree(reused.files, home, symlinks=True)
+        log = copy.deepcopy(reused.log)
+        result.boundary = boundary_name(case.scenario, case.at)
+        result.notes.append("first kill's files shared with the other recoveries of this kill")
+    else:
+        log = _first_run(case, scenario, home, output, result)
+        if case.recovery_at and crash_cache is not None:
+            _keep_first_crash(key, home, log, crash_cache)
+    after_fault = snapshot_logs(home)
+    check_after_fault(result, log, after_fault)
+    return _resume_and_check(case, scenario, home, output, log, after_fault, result)
+
+
+def _keep_first_crash(
+    key: tuple[str, int, str | None], home: str, log: ClientLog, crash_cache: str
+) -> None:
+    global _first_crash  # noqa: PLW0603 - one process, one kept crash at a time
+    files = os.path.join(crash_cache, f"first-crash-{os.getpid()}")  # one per process
+    shutil.rmtree(files, ignore_errors=True)
+    shutil.copytree(home, files, symlinks=True)
+    _first_crash = _FirstCrash(key=key, files=files, log=copy.deepcopy(log))
+
+
+def _first_run(
+    case: Case, scenario: Scenario, home: str, output: str, result: CaseResult
+) -> ClientLog:
+    """Run the scenario in a worker with the case's fault armed; return what was acked."""
+    os.mkdir(home)
     if scenario.prepare is not None:
         scenario.prepare(home)
     # Only a power loss needs the model of what was durable.
@@ -212,8 +262,19 @@ def run_case(case: Case, workdir: str) -> CaseResult:
         for step in first.steps:
             model.apply(step)
         model.power_loss(PowerVariant(case.variant))
-    after_fault = snapshot_logs(home)
-    check_after_fault(result, log, after_fault)
+    return log
+
+
+def _resume_and_check(
+    case: Case,
+    scenario: Scenario,
+    home: str,
+    output: str,
+    log: ClientLog,
+    after_fault: LogsView,
+    result: CaseResult,
+) -> CaseResult:
+    """Resume with fresh workers until one finishes the scenario; then the oracle."""
     for attempt in range(MAX_RESUMES):
         compound = case.recovery_at if attempt == 0 else 0
         torn = _expected_torn_place(home)
