@@ -1,9 +1,10 @@
 """The rig's boundary hook, installed in a real worker process (the child of a case).
 
-It counts the store's durable steps, reports each one to the rig over a pipe *before*
-the step runs (so the rig knows exactly which steps completed when the process dies),
-and at boundary k injects the case's fault: a SIGKILL, a torn write then a SIGKILL, or
-an errno raised from the step.
+It counts the store's durable steps, records each one *before* the step runs and hands
+the records to the rig over a pipe (at the latest just before the hook's own SIGKILL,
+or at exit), so the rig knows exactly which steps completed when the process died; and
+at boundary k it injects the case's fault: a SIGKILL, a torn write then a SIGKILL, or an
+errno raised from the step.
 """
 
 from __future__ import annotations

@@ -46,10 +46,9 @@ MAX_RESUMES: Final = 4
 
 @dataclass(slots=True)
 class ChildRun:
-    """What the rig saw of one child: its boundaries, its reports, how it ended."""
+    """What the rig saw of one child: its boundaries, a refusal, how it ended."""
 
     steps: list[dict[str, object]] = field(default_factory=list)
-    reports: list[dict[str, object]] = field(default_factory=list)
     code: int = 0
     refused: dict[str, object] | None = None
     two_writers: bool = False
@@ -142,7 +141,6 @@ def _on_event(
     elif kind == "opened" and go_w is not None:
         run.two_writers = _second_writer_gets_in(home)
         os.write(go_w, b"g")
-    run.reports.append(event)
 
 
 def _probe(run: ChildRun, home: str) -> None:
