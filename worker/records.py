@@ -195,6 +195,7 @@ def encode(r):
 _CODECS: Final = {cls.TYPE: _compile_codecs(cls) for cls in RECORD_TYPES}
 _DECODERS: Final[dict[object, _Decoder]] = {name: c[0] for name, c in _CODECS.items()}
 _LINE_PREFIX: Final = b'{"type":"'
+_JOINED_PREFIX: Final = b',\n{"type":"'
 _JSON_LINE: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
@@ -269,10 +270,13 @@ def decode_lines_fast(lines: list[bytes]) -> list[Record] | None:
     ``{"type":"`` can only follow a comma inside an array. Records hold no arrays, so if
     the count matches and every element decodes as a record, element i is line i.
     """
-    if not all(line.startswith(_LINE_PREFIX) for line in lines):
+    joined = b",\n".join(lines)
+    # Lines hold no newline (they were split on it), so ",\n" occurs only where they
+    # were joined: counting it before the prefix checks every line's start in C.
+    if not joined.startswith(_LINE_PREFIX) or joined.count(_JOINED_PREFIX) != len(lines) - 1:
         return None
     try:
-        values = json.loads(b"[" + b",\n".join(lines) + b"]")
+        values = json.loads(b"[" + joined + b"]")
     except ValueError:
         return None
     if len(values) != len(lines):
