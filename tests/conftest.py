@@ -41,3 +41,15 @@ def baseline() -> Baseline:
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     return tmp_path / "home"
+
+
+def torn_session(home: Path, session_id: str, tail: bytes = b'{"type":"User","ti') -> Path:
+    """Create a session with the default app's baseline whose log ends in a torn line."""
+    from worker import Session
+    from worker.app import DefaultApp
+
+    Session.create(home, session_id, DefaultApp().initial_baseline(session_id)).close()
+    log = home / "sessions" / session_id / "0.jsonl"
+    with log.open("ab") as f:
+        f.write(tail)
+    return log

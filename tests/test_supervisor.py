@@ -21,6 +21,7 @@ import pytest
 from supervisor.client import call
 from supervisor.daemon import SOCKET_NAME
 from supervisor.errors import ControlError
+from tests.conftest import torn_session
 from tests.support import Daemon, loopd, poll_until, running_daemon, status, wait_state
 from worker import Session, User
 from worker.app import DefaultApp
@@ -115,10 +116,7 @@ def test_a_worker_on_a_torn_log_goes_fatal_once_with_path_line_and_the_next_step
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "home"
-    Session.create(home, "torn", DefaultApp().initial_baseline("torn")).close()
-    log = home / "sessions" / "torn" / "0.jsonl"
-    with log.open("ab") as f:
-        f.write(b'{"type":"User","ti')
+    log = torn_session(home, "torn")
     with running_daemon(home) as daemon:
         row = wait_state(home, "torn", "FATAL")
         assert row["restarts"] == 0

@@ -14,6 +14,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from tests.conftest import torn_session
 from tests.support import REPO
 from worker import Session
 from worker.app import DefaultApp
@@ -137,10 +138,7 @@ def test_a_worker_on_a_torn_log_exits_with_the_refused_code_and_prints_path_line
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "home"
-    Session.create(home, "s1", DefaultApp().initial_baseline("s1")).close()
-    log = home / "sessions" / "s1" / "0.jsonl"
-    with log.open("ab") as f:
-        f.write(b'{"type":"Us')
+    log = torn_session(home, "s1")
     with worker(home, "s1") as w:
         said = w.channel.recv()
         assert w.proc.wait(timeout=20) == EXIT_REFUSED
