@@ -1,4 +1,4 @@
-"""Shared fixtures: a baseline, a session factory, and a guard that no child survives."""
+"""Shared fixtures and helpers: a baseline, a home, a torn session, a no-orphans guard."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import psutil
 import pytest
 
 from chaos.oracle import file_digests
-from worker import Baseline
+from worker import Baseline, Session
+from worker.app import DefaultApp
 
 __all__ = ["file_digests"]
 
@@ -45,9 +46,6 @@ def home(tmp_path: Path) -> Path:
 
 def torn_session(home: Path, session_id: str, tail: bytes = b'{"type":"User","ti') -> Path:
     """Create a session with the default app's baseline whose log ends in a torn line."""
-    from worker import Session
-    from worker.app import DefaultApp
-
     Session.create(home, session_id, DefaultApp().initial_baseline(session_id)).close()
     log = home / "sessions" / session_id / "0.jsonl"
     with log.open("ab") as f:
