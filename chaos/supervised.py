@@ -20,7 +20,7 @@ from typing import Final
 
 import psutil
 
-from supervisor.client import call
+from supervisor.client import call, call_with_retry
 from supervisor.daemon import SOCKET_NAME
 from supervisor.errors import ControlError
 from worker import durable
@@ -33,7 +33,6 @@ from worker.records import Record, User
 
 SEED_ENV: Final = "LOOPD_CHAOS_SEED"
 PROBABILITY_ENV: Final = "LOOPD_CHAOS_KILL_PROBABILITY"
-RETRYABLE: Final = frozenset({"worker_died", "closed", "no_daemon"})
 
 
 class _RandomKill:
@@ -99,7 +98,7 @@ def run_supervised(
         _wait_listening(home, daemon, deadline)
         names = [f"chaos-{n}" for n in range(sessions)]
         for name in names:
-            _retry(lambda name=name: call(home, "create", session=name), deadline)
+            call_with_retry(home, "create", session=name, deadline=deadline)
             report.acknowledged[name] = []
         done = threading.Event()
         clients = [threading.Thread(target=_client, args=(home, name, requests, deadline,
@@ -147,24 +146,14 @@ def _wait_listening(home: str, daemon: subprocess.Popen[bytes], deadline: float)
     raise RuntimeError("the supervisor did not listen before the deadline")
 
 
-def _retry(action: object, deadline: float) -> object:
-    assert callable(action)
-    while True:
-        try:
-            return action()
-        except ControlError as exc:
-            if exc.code not in RETRYABLE or time.monotonic() > deadline:
-                raise
-
-
 def _client(
     home: str, session: str, requests: int, deadline: float, report: SupervisedReport
 ) -> None:
     for n in range(requests):
         key = f"{session}-req-{n}"
         try:
-            _retry(lambda key=key: call(home, "send", session=session, text=f"load {key}",
-                                        key=key, timeout=30), deadline)  # fmt: skip
+            call_with_retry(home, "send", session=session, text=f"load {key}", key=key,
+                            deadline=deadline)  # fmt: skip
         except ControlError as exc:
             report.failures.append(f"{key}: {exc}")
             return

@@ -21,11 +21,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
-from supervisor.client import call
+from supervisor.client import call, call_with_retry
 from supervisor.daemon import SOCKET_NAME
 from supervisor.errors import ControlError
 from worker import Assistant, Session, ToolResult, Usage, User
@@ -37,8 +38,7 @@ HERE = Path(__file__).resolve().parent
 SESSION_RECORDS = 10_000
 
 
-def _poll(check: object, timeout: float = 60.0) -> object:
-    assert callable(check)
+def _poll(check: Callable[[], object], timeout: float = 60.0) -> object:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
@@ -116,13 +116,9 @@ def loopd_restart_latency(root: str, kills: int, method: str) -> list[float]:
             pid = _pid(home)
             start = time.perf_counter()
             os.kill(pid, signal.SIGKILL)
-            while True:  # a request sent before the death is noticed gets worker_died
-                try:
-                    call(home, "send", session="big", text=f"after kill {n}", key=f"kill-{n}")
-                    break
-                except ControlError as exc:
-                    if exc.code != "worker_died":
-                        raise
+            # A request sent before the death is noticed gets worker_died and goes again.
+            call_with_retry(home, "send", session="big", text=f"after kill {n}",
+                            key=f"kill-{n}", deadline=time.monotonic() + 60)  # fmt: skip
             latencies.append(time.perf_counter() - start)
     finally:
         stop_daemon(daemon)
@@ -184,7 +180,12 @@ stopsignal=KILL
         for _ in range(kills):
             start = time.perf_counter()
             os.kill(pid, signal.SIGKILL)
-            new = int(str(_poll(lambda old=pid: (p := _ref_pid(ping)) and p != old and p)))
+
+            def restarted(old: int = pid) -> int | None:
+                new = _ref_pid(ping)
+                return new if new is not None and new != old else None
+
+            new = int(str(_poll(restarted)))
             latencies.append(time.perf_counter() - start)
             pid = new
     finally:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import time
+from typing import Final
 
 from supervisor.daemon import SOCKET_NAME
 from supervisor.errors import ControlError
@@ -41,3 +43,21 @@ def call(home: str, op: str, *, timeout: float = 60.0, **fields: object) -> obje
     if isinstance(failure, dict):
         raise ControlError(str(failure.get("code")), str(failure.get("message")))
     raise ControlError("bad_reply", f"unexpected reply {reply!r}")
+
+
+RETRYABLE: Final = frozenset({"worker_died", "closed", "no_daemon"})
+"""Error codes after which the same request (same key) may simply be sent again."""
+
+
+def call_with_retry(home: str, op: str, *, deadline: float, **fields: object) -> object:
+    """``call``, sent again unchanged after a retryable error until ``deadline`` (monotonic).
+
+    With a request key, a request that was applied before its worker died is answered
+    from the log the second time, so retrying never doubles its effect.
+    """
+    while True:
+        try:
+            return call(home, op, timeout=max(1.0, deadline - time.monotonic()), **fields)
+        except ControlError as exc:
+            if exc.code not in RETRYABLE or time.monotonic() > deadline:
+                raise

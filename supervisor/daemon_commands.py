@@ -14,6 +14,7 @@ from supervisor.daemon import ServeConfig, Supervisor
 from supervisor.errors import ControlError, HomeLocked
 from supervisor.options import home_option
 from supervisor.spawn import StartMethod
+from supervisor.status_table import status_lines
 
 EXIT_ERROR: Final = 1
 STATUS_COLUMNS: Final = (
@@ -160,14 +161,8 @@ def status(home: str, session_id: str | None, as_json: bool) -> None:
 
 
 def _print_status(rows: list[object]) -> None:
-    table = [list(STATUS_COLUMNS)]
-    for row in rows:
-        if isinstance(row, dict):
-            table.append(["-" if row.get(c) is None else str(row.get(c)) for c in STATUS_COLUMNS])
-    widths = [max(len(r[i]) for r in table) for i in range(len(STATUS_COLUMNS) - 1)]
-    for r in table:
-        cells = [cell.ljust(width) for cell, width in zip(r, widths, strict=False)]
-        click.echo("  ".join([*cells, r[-1]]).rstrip())
+    for line in status_lines(rows, STATUS_COLUMNS):
+        click.echo(line)
 
 
 COMMANDS: Final = (serve, create, send, compact, start, stop, restart, status)

@@ -8,28 +8,28 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Final
 
 import click
 import psutil
 
-from supervisor.client import call
+from supervisor.client import call, call_with_retry
 from supervisor.daemon import SOCKET_NAME
 from supervisor.demo_checks import DemoChecks
 from supervisor.errors import ControlError
+from supervisor.status_table import status_lines
 from worker.layout import session_dir
 from worker.loader import load_session
 from worker.records import Record, User
 
 SESSIONS: Final = ("alpha", "bravo", "charlie", "delta")
 REQUESTS: Final = 12
-RETRYABLE: Final = frozenset({"worker_died", "no_daemon", "closed"})
 DEADLINE: Final = 20.0
 
 
-def _wait(condition: str, check: object, timeout: float = DEADLINE) -> bool:
-    """Poll ``check`` (a callable) until it returns true or the deadline passes."""
-    assert callable(check)
+def _wait(condition: str, check: Callable[[], object], timeout: float = DEADLINE) -> bool:
+    """Poll ``check`` until it returns true or the deadline passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
@@ -48,27 +48,14 @@ def _row(home: str, session: str) -> dict[str, object]:
     return next(r for r in _status(home) if r["session"] == session)
 
 
-def send_with_retry(home: str, session: str, text: str, key: str) -> dict[str, object]:
-    """Send with a key; on a worker death in flight, retry the same key (exactly once)."""
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        try:
-            result = call(home, "send", session=session, text=text, key=key, timeout=DEADLINE)
-        except ControlError as exc:
-            if exc.code not in RETRYABLE or time.monotonic() > deadline:
-                raise
-            continue
-        assert isinstance(result, dict)
-        return result
-
-
 def _traffic(
     home: str, session: str, acknowledged: dict[str, list[str]], failures: list[str]
 ) -> None:
     for n in range(REQUESTS):
         key = f"{session}-{n}"
         try:
-            send_with_retry(home, session, f"request {n} for {session}", key)
+            call_with_retry(home, "send", session=session, text=f"request {n} for {session}",
+                            key=key, deadline=time.monotonic() + DEADLINE)  # fmt: skip
         except ControlError as exc:
             failures.append(f"{key}: {exc}")
             return
@@ -77,12 +64,8 @@ def _traffic(
 
 def _print_table(rows: list[dict[str, object]]) -> None:
     columns = ("session", "state", "pid", "epoch", "records", "restarts", "last_error")
-    table = [list(columns)] + [
-        ["-" if r.get(c) is None else str(r.get(c))[:70] for c in columns] for r in rows
-    ]
-    widths = [max(len(t[i]) for t in table) for i in range(len(columns))]
-    for t in table:
-        click.echo("  " + "  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)).rstrip())
+    for line in status_lines(rows, columns, clip=70):
+        click.echo("  " + line)
 
 
 def run_hosted_demo(home: str, checks: DemoChecks) -> None:

@@ -68,8 +68,6 @@ def verify(home: str) -> None:
         names = []
     refused = 0
     for name in names:
-        if name.endswith(".tmp"):
-            continue
         try:
             found = inspect_session(home, name)
         except InvalidSessionId as exc:

@@ -63,6 +63,16 @@ def test_inspect_and_verify_refuse_a_torn_log_with_path_line_and_change_nothing(
     assert file_digests(home) == before
 
 
+def test_verify_checks_a_session_whose_id_ends_like_a_temporary_file(
+    home: Path, baseline: Baseline
+) -> None:
+    log = _session(home, "nightly.tmp", baseline)
+    log.write_bytes(log.read_bytes()[:-1])
+    checked = loopd("verify", "--home", str(home))
+    assert checked.returncode == 1
+    assert f"REFUSED  nightly.tmp  {log}:3:" in checked.stdout
+
+
 def test_verify_passes_a_home_of_clean_sessions(home: Path, baseline: Baseline) -> None:
     for name in ("a", "b"):
         _session(home, name, baseline, epochs=2)
