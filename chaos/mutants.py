@@ -97,7 +97,7 @@ def _call_numbers_per_epoch() -> None:
 def _silent_torn_tail_repair() -> None:
     original = loader.decode_log
 
-    def decode_log(path: str, data: bytes) -> list[Record]:
+    def decode_log(path: str, data: bytes) -> loader.DecodedLog:
         try:
             return original(path, data)
         except TornLog:

@@ -88,20 +88,30 @@ def verify(home: str) -> None:
 @home_option
 @click.argument("session_id", metavar="ID")
 def repair(home: str, session_id: str) -> None:
-    """Move an unterminated last line of ID's newest log into <home>/quarantine/ID/.
+    """Move a damaged last group of ID's newest log into <home>/quarantine/ID/.
 
     Explicit and narrow: it refuses while a worker holds the session, refuses a clean
-    log, and never touches a bad line in the middle of a log.
+    log, never touches a bad line in the middle of a log, and changes nothing unless
+    the session will open afterwards.
     """
     try:
         result = repair_torn_tail(home, session_id)
     except SessionError as exc:
         click.echo(f"loopd repair: refused: {exc}", err=True)
         sys.exit(EXIT_REFUSED)
+    lines = (
+        f"line {result.line}"
+        if result.line == result.last_line
+        else f"lines {result.line}-{result.last_line}"
+    )
     click.echo(
-        f"moved {result.moved_bytes} bytes (the unterminated line {result.line}) of "
-        f"{result.log}\n   to {result.quarantine}\n"
-        f"the log now ends after its last whole line ({result.kept_bytes} bytes) and opens "
+        f"moved {result.moved_bytes} bytes ({lines}, the damaged last group, never "
+        f"acknowledged) of {result.log}\n   to {result.quarantine}"
+    )
+    for what in result.readable:
+        click.echo(f"   {what}")
+    click.echo(
+        f"the log now ends after its last whole group ({result.kept_bytes} bytes) and opens "
         f"cleanly; next: loopd start {session_id}"
     )
 

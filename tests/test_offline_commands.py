@@ -89,7 +89,7 @@ def test_repair_moves_only_an_unterminated_last_line_into_quarantine(
     log.write_bytes(whole + b'{"type":"User","te')
     repaired = loopd("repair", "--home", str(home), "s1")
     assert repaired.returncode == 0, repaired.stderr
-    assert "moved 18 bytes (the unterminated line 4)" in repaired.stdout
+    assert "moved 18 bytes (line 4, the damaged last group" in repaired.stdout
     assert log.read_bytes() == whole
     moved = list((home / "quarantine" / "s1").iterdir())
     assert len(moved) == 1
