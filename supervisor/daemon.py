@@ -172,6 +172,12 @@ class Supervisor:
                     if hosted.state is State.STOPPED and not self._shutting_down:
                         hosted.start()
             for key, _events in self.selector.select(timeout):
+                if self.selector.get_map().get(key.fd) is not key:
+                    # An earlier callback of this batch unregistered (and closed) this
+                    # file: a worker's pidfd and its channel's end of stream often land in
+                    # one batch, and reaping the worker closes the channel. The event is
+                    # stale; its fd number may already belong to someone else.
+                    continue
                 callback: Callable[[], None] = key.data
                 callback()
             now = time.monotonic()
