@@ -1,15 +1,18 @@
-"""The supervisor's loop when several events of one worker land in the same turn."""
+"""The supervisor's loop: events that land in one turn, and when its socket appears."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
 
 from supervisor.client import call
-from tests.support import poll_until, running_daemon, status, wait_state
+from supervisor.daemon import SOCKET_NAME
+from tests.support import REPO, poll_until, running_daemon, status, wait_state
 
 
 def _is_zombie(pid: int) -> bool:
@@ -47,3 +50,33 @@ def test_a_death_handled_before_its_channel_end_in_one_turn_is_restarted_and_ser
         assert daemon.proc.poll() is None
         assert call(str(home), "send", session="s1", text="after", key="k")
         assert daemon.stop() == 0
+
+
+def test_the_control_socket_appears_only_once_the_daemon_listens_on_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.serve_stop_before_listen", "serve", "--home", str(home)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        poll_until(
+            lambda: psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED,
+            what="the daemon to stop itself before listen()",
+        )
+        # A client that waits for the socket file must never find one that refuses it.
+        assert not (home / SOCKET_NAME).exists()
+        os.kill(proc.pid, signal.SIGCONT)
+        poll_until((home / SOCKET_NAME).exists, what="the control socket")
+        assert call(str(home), "ping")
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
