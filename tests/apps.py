@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
 
+from worker import durable
 from worker.app import DefaultApp
+from worker.durable import Boundary, Step
 from worker.session import Session
 from worker.wire import Message, field, optional_field
 
@@ -43,3 +46,25 @@ def crashing_app(budget: int) -> DefaultApp:
     with open(os.environ["LOOPD_TEST_CRASH_LOG"], "a") as log:
         log.write(f"{time.monotonic()}\n")
     raise RuntimeError("this app always crashes at start")
+
+
+def _fail(step: Step, error: int, matches: str) -> None:
+    """Make every ``step`` whose file name starts with ``matches`` fail with ``error``."""
+
+    def hook(boundary: Boundary) -> None:
+        if boundary.step is step and os.path.basename(boundary.path).startswith(matches):
+            raise OSError(error, os.strerror(error), boundary.path)
+
+    durable.set_hook(hook)
+
+
+def no_space_for_epoch_1_app(budget: int) -> DefaultApp:
+    """The default app in a worker whose writes of epoch 1's files fail with ENOSPC."""
+    _fail(Step.WRITE, errno.ENOSPC, "1.")
+    return DefaultApp(budget)
+
+
+def failing_log_fsync_app(budget: int) -> DefaultApp:
+    """The default app in a worker whose every fdatasync of epoch 0's log fails with EIO."""
+    _fail(Step.FSYNC, errno.EIO, "0.jsonl")
+    return DefaultApp(budget)
