@@ -48,12 +48,16 @@ def crashing_app(budget: int) -> DefaultApp:
     raise RuntimeError("this app always crashes at start")
 
 
-def _fail(step: Step, error: int, matches: str) -> None:
-    """Make every ``step`` whose file name starts with ``matches`` fail with ``error``."""
+def _fail(step: Step, error: int, matches: str, *, skip: int = 0) -> None:
+    """Make every ``step`` whose file name starts with ``matches`` fail with ``error``,
+    after the first ``skip`` of them."""
+    seen = []
 
     def hook(boundary: Boundary) -> None:
         if boundary.step is step and os.path.basename(boundary.path).startswith(matches):
-            raise OSError(error, os.strerror(error), boundary.path)
+            seen.append(boundary)
+            if len(seen) > skip:
+                raise OSError(error, os.strerror(error), boundary.path)
 
     durable.set_hook(hook)
 
@@ -65,6 +69,14 @@ def no_space_for_epoch_1_app(budget: int) -> DefaultApp:
 
 
 def failing_log_fsync_app(budget: int) -> DefaultApp:
-    """The default app in a worker whose every fdatasync of epoch 0's log fails with EIO."""
-    _fail(Step.FSYNC, errno.EIO, "0.jsonl")
+    """The default app in a worker whose fdatasyncs of epoch 0's log fail with EIO, once
+    open has made what it read durable (the first one)."""
+    _fail(Step.FSYNC, errno.EIO, "0.jsonl", skip=1)
+    return DefaultApp(budget)
+
+
+def eio_syncing_the_session_directory_app(budget: int) -> DefaultApp:
+    """The default app in a worker whose fsyncs of the session directory ``s1`` fail with
+    EIO: open cannot make what it read durable, and no restart will change that."""
+    _fail(Step.FSYNC_DIR, errno.EIO, "s1")
     return DefaultApp(budget)

@@ -33,8 +33,23 @@ def test_a_session_whose_file_is_a_directory_goes_fatal_at_once_naming_it_and_th
         row = wait_state(home, "s1", "FATAL")
         assert row["restarts"] == 0
         error = str(row["last_error"])
-        assert error.startswith(f"{path}: ")
-        assert "EISDIR" in error
+        assert error.startswith(f"{path}: is a directory, not a regular file")
+        assert "`loopd start s1`" in error
+        assert daemon.workers() == []
+
+
+def test_a_session_whose_disk_fails_every_open_goes_fatal_at_once_naming_it_and_the_next_step(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    directory = _session(home, "s1")
+    with running_daemon(
+        home, "--app", "tests.apps:eio_syncing_the_session_directory_app"
+    ) as daemon:
+        row = wait_state(home, "s1", "FATAL")
+        assert row["restarts"] == 0
+        error = str(row["last_error"])
+        assert error.startswith(f"{directory}: fsync of directory failed: [EIO]")
         assert "a restart will not fix" in error
         assert "`loopd start s1`" in error
         assert daemon.workers() == []

@@ -224,15 +224,11 @@ def _unopenable(home: Path, damage: str) -> tuple[Path, str, tuple[str, ...]]:
         with (directory / "0.jsonl").open("ab") as f:
             f.write(encode_record(EpochEnd(next=1, summary="s")))
         return directory, "ENOSPC", ("--app", "tests.apps:no_space_for_epoch_1_app")
-    name = "0.jsonl" if damage == "log-is-a-directory" else "0.baseline.json"
-    (directory / name).unlink()
-    (directory / name).mkdir()  # EISDIR when read: a restart meets it again
-    return directory / name, "EISDIR", ()
+    # Open cannot make what it read durable: a restart meets the same failing disk.
+    return directory, "EIO", ("--app", "tests.apps:eio_syncing_the_session_directory_app")
 
 
-@pytest.mark.parametrize(
-    "damage", ["log-is-a-directory", "baseline-is-a-directory", "enospc-while-resuming"]
-)
+@pytest.mark.parametrize("damage", ["eio-syncing-at-open", "enospc-while-resuming"])
 def test_a_worker_that_cannot_open_its_session_exits_6_and_says_where_and_why(
     tmp_path: Path, damage: str
 ) -> None:
