@@ -56,7 +56,7 @@ def decode_log(path: str, data: bytes) -> DecodedLog:
         with _cyclic_gc_paused():
             fast = decode_lines_fast(lines)
         if fast is not None:
-            return DecodedLog(*fast)
+            return DecodedLog(fast, [])  # its groups are already proven whole
     records: list[Record] = []
     framed: list[tuple[int, int, int]] = []
     for number, line in enumerate(lines, start=1):

@@ -109,6 +109,8 @@ def _kinds(cls: type[Record]) -> tuple[tuple[str, str], ...]:
 _FIELD_KINDS: Final = {cls.TYPE: (cls, _kinds(cls)) for cls in RECORD_TYPES}
 GROUP_KEYS: Final = ("part", "parts")
 """The keys that frame a line of a group commit: its place (from 1) and the group's size."""
+WRITTEN_ALONE: Final = (SessionStart, EpochEnd)
+"""Records that are always written alone, never in a group commit."""
 
 Part = tuple[int, int]
 """A framed line's ``(part, parts)``; None stands for a line written alone."""
@@ -191,12 +193,15 @@ def encode(r):
 """
     keys = ("type", *(name for _i, name, _kind in every))
     base_keys = ("type", *(name for _i, name, _kind in base))
+    # SessionStart and EpochEnd are written alone, never in a group: no framed shape.
+    group = () if cls in WRITTEN_ALONE else GROUP_KEYS
+    never = ("",)  # matches no line's keys
     namespace: dict[str, object] = {
         "cls": cls,
         "KEYS": keys,
-        "FRAMED": keys + GROUP_KEYS,
+        "FRAMED": keys + group if group else never,
         "BASE": base_keys,
-        "BASE_FRAMED": base_keys + GROUP_KEYS,
+        "BASE_FRAMED": base_keys + group if group else never,
     }
     exec(compile(source, f"<codec {cls.TYPE}>", "exec"), namespace)  # noqa: S102 - built above from field names only
     decode, encode = namespace["decode"], namespace["encode"]
@@ -213,6 +218,8 @@ _JSON_LINE: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 def _why_fields_wrong(type_name: str, values: dict[str, object]) -> str:
     """Return why ``values`` (without "type") do not fit the record type ``type_name``."""
     cls, kinds = _FIELD_KINDS[type_name]
+    if cls in WRITTEN_ALONE and "part" in values:
+        return f"{type_name} is written alone, never in a group"
     carried = _carried(cls)
     names = [name for name, _kind in kinds]
     shapes = [names, [name for name in names if name not in carried]]
@@ -349,10 +356,12 @@ def _record_from(values: object) -> Record:
     return record
 
 
-def decode_lines_fast(lines: list[bytes]) -> tuple[list[Record], list[tuple[int, int, int]]] | None:
+def decode_lines_fast(lines: list[bytes]) -> list[Record] | None:
     """Decode many lines with one ``json.loads``; None when the caller must go line by line.
 
-    Returns the records and, for each framed line, ``(index, part, parts)``.
+    Returns the records only when every line is canonical and every group commit in
+    the lines is whole (parts 1..n on consecutive lines); otherwise the line-by-line
+    path finds and names the first problem.
 
     Joining with ``,\\n`` keeps each line's attribution sound: JSON strings cannot hold a
     raw newline, so every join point is a comma between tokens, and a line starting with
@@ -372,23 +381,33 @@ def decode_lines_fast(lines: list[bytes]) -> tuple[list[Record], list[tuple[int,
         return None
     if len(values) != len(lines):
         return None
-    records = []
-    framed: list[tuple[int, int, int]] = []
+    records: list[Record] = []
+    append = records.append
     decoders = _DECODERS
-    for index, value in enumerate(values):
-        if type(value) is not dict:
-            return None
-        decoder = decoders.get(value.get("type", ""))
+    expect = size = 0  # the next part of the open group, and its size (0: none open)
+    # Every element is an object: each starts a line, and every line starts with "{".
+    for value in values:
+        decoder = decoders.get(value["type"])
         record = decoder(value) if decoder is not None else None
         if record is None:
             return None
-        if "part" in value:
-            framed.append((index, value["part"], value["parts"]))
-        records.append(record)
+        append(record)
+        part = value.get("part")
+        if part is None:
+            if expect:
+                return None
+        elif part == 1 and not expect:
+            size, expect = value["parts"], 2
+        elif part == expect and value["parts"] == size:
+            expect = 0 if part == size else part + 1
+        else:
+            return None
+    if expect:
+        return None
     try:
         canonical = _JSON_LINE.encode(values).encode("utf-8")
     except UnicodeEncodeError:
         return None
     if canonical != b"[" + b",".join(lines) + b"]":
         return None
-    return records, framed
+    return records
