@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from chaos.oracle import file_digests
+from tests.etcd_server import EtcdServer
 from worker import Baseline, Session
 from worker.app import DefaultApp
 
@@ -55,3 +56,14 @@ def torn_session(home: Path, session_id: str, tail: bytes = b'{"type":"User","ti
     with log.open("ab") as f:
         f.write(tail)
     return log
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
+    """A real etcd member on loopback for one test, stopped and reaped at the end."""
+    server = EtcdServer(tmp_path / "etcd")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
