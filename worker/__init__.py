@@ -11,6 +11,7 @@ from worker.errors import (
     InvalidSessionId,
     KeyExpired,
     LogError,
+    LogSealed,
     PathError,
     SessionBroken,
     SessionError,
@@ -20,7 +21,17 @@ from worker.errors import (
     SessionNotFound,
     TornLog,
 )
-from worker.records import Assistant, EpochEnd, Record, SessionStart, ToolResult, Usage, User
+from worker.records import (
+    Assistant,
+    EpochEnd,
+    Handoff,
+    Owner,
+    Record,
+    SessionStart,
+    ToolResult,
+    Usage,
+    User,
+)
 from worker.session import Session
 
 __all__ = [
@@ -29,11 +40,14 @@ __all__ = [
     "BaselineError",
     "EpochClosed",
     "EpochEnd",
+    "Handoff",
     "InvalidLog",
     "InvalidRecord",
     "InvalidSessionId",
     "KeyExpired",
     "LogError",
+    "LogSealed",
+    "Owner",
     "PathError",
     "Record",
     "Session",

@@ -154,6 +154,22 @@ class EpochClosed(SessionError):
         return f"{self.path}: epoch {self.epoch} is closed by EpochEnd; commit_epoch first"
 
 
+class LogSealed(SessionError):
+    """A write came after the log's ``Handoff``: the session moved (docs/scaling.md)."""
+
+    def __init__(self, path: str, to: str, token: int) -> None:
+        super().__init__(path, to, token)
+        self.path = path
+        self.to = to
+        self.token = token
+
+    def __str__(self) -> str:
+        return (
+            f"{self.path}: sealed by Handoff to {self.to!r} (token {self.token}); "
+            "only the new owner's Owner record may follow"
+        )
+
+
 class KeyExpired(SessionError):
     """A keyed request that may have been applied in an epoch the key index no longer sees."""
 

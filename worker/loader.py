@@ -23,8 +23,18 @@ from typing import Final
 from worker.baseline import Baseline, hash_bytes
 from worker.epoch_log import DecodedLog, check_epoch, check_groups, decode_log
 from worker.errors import BaselineError, InvalidLog, SessionIOError, SessionNotFound, quote
+from worker.fencing import NO_FENCE, Fence, advance
 from worker.files import open_directory, read_file
-from worker.records import EpochEnd, Record, SessionStart, ToolResult, User, decode_line
+from worker.records import (
+    EpochEnd,
+    Handoff,
+    Owner,
+    Record,
+    SessionStart,
+    ToolResult,
+    User,
+    decode_line,
+)
 
 __all__ = [
     "DecodedLog",
@@ -82,6 +92,7 @@ class SessionState:
     epoch_sizes: list[int] = field(default_factory=list)  # of the epochs read, oldest first
     first_read: int = 0  # the oldest epoch whose log was read
     next_call: int = 1  # the next tool call number (> max_call, maybe more: reserved ones)
+    fence: Fence = NO_FENCE  # Owner and Handoff of the epochs read (worker.fencing)
 
 
 def list_epochs(session_dir: str, dir_fd: int | None = None) -> list[int]:
@@ -183,6 +194,7 @@ class _Reader:
         self.next_call = 1
         self.prior_users = self.prior_untrusted = 0
         self.carry: str | None = None
+        self.fence = NO_FENCE
 
     def load(self, history: bool) -> SessionState:
         epochs = list_epochs(self.directory, self.dir_fd)
@@ -223,6 +235,7 @@ class _Reader:
             epoch_sizes=self.sizes,
             first_read=first_read,
             next_call=max(self.next_call, self.max_call + 1),
+            fence=self.fence,
         )
 
     def _read(self, epoch: int, *, newest: bool) -> tuple[str, list[Record]]:
@@ -281,6 +294,11 @@ class _Reader:
         window = epoch - 1  # keys of older epochs than this have left the retry window
         users = untrusted = 0
         for number, record in enumerate(records, start=1):
+            if isinstance(record, Owner | Handoff) or self.fence.sealed is not None:
+                fenced = advance(self.fence, record)
+                if isinstance(fenced, str):
+                    raise InvalidLog(path, number, fenced)
+                self.fence = fenced
             if isinstance(record, ToolResult):
                 if record.call <= self.max_call or record.call < self.next_call:
                     raise InvalidLog(

@@ -1,4 +1,4 @@
-"""The six log records: frozen dataclasses built with keyword arguments.
+"""The log records: frozen dataclasses built with keyword arguments.
 
 Their encoding lives beside them in ``worker.records`` (which re-exports them); no
 other module touches the bytes.
@@ -107,7 +107,33 @@ class EpochEnd:
     summary: str
 
 
-Record = SessionStart | User | Assistant | ToolResult | Usage | EpochEnd
+# -- cluster ownership (docs/scaling.md): the fencing token in the log ----------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Owner:
+    """From here on ``node`` writes this session with fencing token ``token`` (etcd's revision)."""
+
+    TYPE: ClassVar[str] = "Owner"
+    time: str = field(default_factory=utc_now)
+    node: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Handoff:
+    """The owner holding ``token`` sealed the log for a move to ``to``: no write follows it.
+
+    Only an ``Owner`` with a higher token may come after it (the new owner).
+    """
+
+    TYPE: ClassVar[str] = "Handoff"
+    time: str = field(default_factory=utc_now)
+    to: str
+    token: int
+
+
+Record = SessionStart | User | Assistant | ToolResult | Usage | EpochEnd | Owner | Handoff
 RECORD_TYPES: Final[tuple[type[Record], ...]] = (
     SessionStart,
     User,
@@ -115,4 +141,6 @@ RECORD_TYPES: Final[tuple[type[Record], ...]] = (
     ToolResult,
     Usage,
     EpochEnd,
+    Owner,
+    Handoff,
 )

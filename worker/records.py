@@ -1,4 +1,4 @@
-"""The six log records and their JSON-line encoding; no other module touches the bytes.
+"""The log records and their JSON-line encoding; no other module touches the bytes.
 
 A line is one JSON object, ``"type"`` first, no spaces, UTF-8, ending in ``\\n``.
 The records of one group commit (``append_many`` of n > 1) are framed: each of their
@@ -21,6 +21,8 @@ from worker.record_types import (
     RECORD_TYPES,
     Assistant,
     EpochEnd,
+    Handoff,
+    Owner,
     Record,
     SessionStart,
     ToolResult,
@@ -33,6 +35,8 @@ __all__ = [
     "RECORD_TYPES",
     "Assistant",
     "EpochEnd",
+    "Handoff",
+    "Owner",
     "Record",
     "SessionStart",
     "ToolResult",
@@ -109,7 +113,7 @@ def _kinds(cls: type[Record]) -> tuple[tuple[str, str], ...]:
 _FIELD_KINDS: Final = {cls.TYPE: (cls, _kinds(cls)) for cls in RECORD_TYPES}
 GROUP_KEYS: Final = ("part", "parts")
 """The keys that frame a line of a group commit: its place (from 1) and the group's size."""
-WRITTEN_ALONE: Final = (SessionStart, EpochEnd)
+WRITTEN_ALONE: Final = (SessionStart, EpochEnd, Owner, Handoff)
 """Records that are always written alone, never in a group commit."""
 
 Part = tuple[int, int]
@@ -193,7 +197,7 @@ def encode(r):
 """
     keys = ("type", *(name for _i, name, _kind in every))
     base_keys = ("type", *(name for _i, name, _kind in base))
-    # SessionStart and EpochEnd are written alone, never in a group: no framed shape.
+    # SessionStart, EpochEnd, Owner and Handoff are written alone: no framed shape.
     group = () if cls in WRITTEN_ALONE else GROUP_KEYS
     never = ("",)  # matches no line's keys
     namespace: dict[str, object] = {

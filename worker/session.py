@@ -20,16 +20,20 @@ from worker.errors import (
     EpochClosed,
     InvalidRecord,
     KeyExpired,
+    LogSealed,
     SessionBroken,
     SessionExists,
     SessionIOError,
     quote,
 )
+from worker.fencing import Fence, advance
 from worker.layout import ensure_sessions_dir, lock_existing, session_dir
 from worker.loader import KeyRef, SessionState, baseline_path, load_session, log_path
 from worker.lock import lock_directory, unlock_directory
 from worker.records import (
     EpochEnd,
+    Handoff,
+    Owner,
     Record,
     SessionStart,
     ToolResult,
@@ -210,6 +214,11 @@ class Session:
         return self._log_path
 
     @property
+    def fence(self) -> Fence:
+        """The ownership the log records: newest token, its node, the sealing Handoff if any."""
+        return self._state.fence
+
+    @property
     def broken(self) -> str | None:
         """Why the session refuses appends after a failed write or fsync, else None."""
         return self._broken
@@ -331,6 +340,7 @@ class Session:
     def _append_durably(self, batch: list[Record]) -> None:
         self._check_writable()
         state = self._state
+        fence = self._fence_after(batch)
         data = encode_records(batch)  # validates every field first
         highest = state.max_call
         new_keys: set[str] = set()
@@ -366,12 +376,28 @@ class Session:
         self._size += len(data)
         state.log_size = self._size
         state.max_call = highest
+        state.fence = fence
         self._next_call = max(self._next_call, highest + 1)
         for offset, record in enumerate(batch):
             if isinstance(record, Usage):
                 self._last_usage = record
             elif isinstance(record, User) and record.key is not None:
                 state.keys[record.key] = KeyRef(state.epoch, first_line + offset)
+
+    def _fence_after(self, batch: list[Record]) -> Fence:
+        """Return the fence after ``batch``; refuse it if it breaks the token rule (fencing)."""
+        fence = self._state.fence
+        for record in batch:
+            if isinstance(record, Owner | Handoff) and len(batch) > 1:
+                raise InvalidRecord(record.TYPE, "is written alone, never in a group")
+            if isinstance(record, Owner | Handoff) or fence.sealed is not None:
+                fenced = advance(fence, record)
+                if isinstance(fenced, str):
+                    if fence.sealed is not None:
+                        raise LogSealed(self._log_path, fence.sealed.to, fence.sealed.token)
+                    raise InvalidRecord(record.TYPE, fenced)
+                fence = fenced
+        return fence
 
     def _cut_back(self, fd: int, why_broken: str) -> None:
         """Truncate the log to its last good length; break the session if that fails."""
