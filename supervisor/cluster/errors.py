@@ -71,3 +71,15 @@ class MoveFailed(ClusterError):
 
     def __str__(self) -> str:
         return f"session {self.session}: move stopped at {self.step}: {self.why}"
+
+
+class BadClusterValue(ClusterError):
+    """A value in etcd under loopd's prefix is not what loopd writes there."""
+
+    def __init__(self, data: bytes, why: str) -> None:
+        super().__init__(data, why)
+        self.data = data
+        self.why = why
+
+    def __str__(self) -> str:
+        return f"unexpected value in etcd ({self.why}): {self.data[:200]!r}"

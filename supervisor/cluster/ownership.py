@@ -1,0 +1,88 @@
+"""Who may write a session, proven by etcd: placement, owner keys and fencing tokens.
+
+A session's token is the revision of the transaction that made its current owner (the
+owner key's ``mod_revision``); etcd revisions grow across the whole store, so a later
+owner always holds a higher token (docs/scaling.md section 3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from supervisor.cluster.errors import NotOwner
+from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.etcd_types import Delete, Get, Put, TxnResult, absent, modified_at, value_is
+from supervisor.cluster.keys import node_of, node_value, owner_key, placement_key
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OwnerRecord:
+    """The current owner of a session as etcd holds it."""
+
+    node: str
+    token: int
+    lease: int
+
+
+def owner_of(client: EtcdClient, session: str) -> OwnerRecord | None:
+    """Return the session's current owner, or None when nobody owns it."""
+    kv = client.get(owner_key(session))
+    if kv is None:
+        return None
+    return OwnerRecord(node=node_of(kv.value), token=kv.mod_revision, lease=kv.lease)
+
+
+def placement_of(client: EtcdClient, session: str) -> str | None:
+    """Return the node whose disk holds the session, or None when it is placed nowhere."""
+    kv = client.get(placement_key(session))
+    return None if kv is None else node_of(kv.value)
+
+
+def place_new(client: EtcdClient, session: str, node: str, lease: int) -> int:
+    """Place a new session on ``node`` and make it the owner; return the token.
+
+    NotOwner if the session is already placed anywhere (ids are cluster-wide).
+    """
+    placement, owner = placement_key(session), owner_key(session)
+    result = client.txn(
+        [absent(placement), absent(owner)],
+        [
+            Put(key=placement, value=node_value(node)),
+            Put(key=owner, value=node_value(node), lease=lease),
+        ],
+        [Get(key=placement)],
+    )
+    if not result.succeeded:
+        where = node_of(result.reads[0][0].value) if result.reads[0] else "a node"
+        raise NotOwner(session, f"the session already exists on {where}")
+    return result.revision
+
+
+def acquire(client: EtcdClient, session: str, node: str, lease: int) -> int:
+    """Become the owner of a session placed on ``node`` that nobody owns; return the token."""
+    placement, owner = placement_key(session), owner_key(session)
+    result = client.txn(
+        [absent(owner), value_is(placement, node_value(node))],
+        [Put(key=owner, value=node_value(node), lease=lease)],
+        [Get(key=owner), Get(key=placement)],
+    )
+    if not result.succeeded:
+        raise NotOwner(session, _why_not(result, node))
+    return result.revision
+
+
+def release(client: EtcdClient, session: str, token: int) -> bool:
+    """Give up ownership held with ``token``; False if it was no longer held with it."""
+    return client.txn(
+        [modified_at(owner_key(session), token)], [Delete(key=owner_key(session))]
+    ).succeeded
+
+
+def _why_not(result: TxnResult, node: str) -> str:
+    owners, placements = result.reads
+    if owners:
+        holder = node_of(owners[0].value)
+        return f"owned by {holder} (token {owners[0].mod_revision})"
+    if not placements:
+        return "the session is placed nowhere"
+    return f"its files are placed on {node_of(placements[0].value)}, not on {node}"
