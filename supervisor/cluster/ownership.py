@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from supervisor.cluster.errors import NotOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.etcd_types import Delete, Get, Put, TxnResult, absent, modified_at, value_is
-from supervisor.cluster.keys import node_of, node_value, owner_key, placement_key
+from supervisor.cluster.keys import move_key, node_of, node_value, owner_key, placement_key
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,12 +59,15 @@ def place_new(client: EtcdClient, session: str, node: str, lease: int) -> int:
 
 
 def acquire(client: EtcdClient, session: str, node: str, lease: int) -> int:
-    """Become the owner of a session placed on ``node`` that nobody owns; return the token."""
+    """Become the owner of a session placed on ``node`` that nobody owns; return the token.
+
+    A session in a move is owned only through the move (NotOwner until it ends).
+    """
     placement, owner = placement_key(session), owner_key(session)
     result = client.txn(
-        [absent(owner), value_is(placement, node_value(node))],
+        [absent(owner), value_is(placement, node_value(node)), absent(move_key(session))],
         [Put(key=owner, value=node_value(node), lease=lease)],
-        [Get(key=owner), Get(key=placement)],
+        [Get(key=owner), Get(key=placement), Get(key=move_key(session))],
     )
     if not result.succeeded:
         raise NotOwner(session, _why_not(result, node))
@@ -79,7 +82,9 @@ def release(client: EtcdClient, session: str, token: int) -> bool:
 
 
 def _why_not(result: TxnResult, node: str) -> str:
-    owners, placements = result.reads
+    owners, placements, moves = result.reads
+    if moves:
+        return "a move is in progress: finish it with `loopd move` or abort it"
     if owners:
         holder = node_of(owners[0].value)
         return f"owned by {holder} (token {owners[0].mod_revision})"

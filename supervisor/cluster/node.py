@@ -1,0 +1,150 @@
+"""A cluster node's side of ownership: register, keep the lease, claim or quarantine local copies.
+
+At start (and after its lease was lost and renewed) a node looks at every session on
+its disk: one placed on it and owned by nobody or by itself it claims, with a token it
+writes into the log as ``Owner``; any other copy (placed elsewhere, owned by another
+node, or holding a newer token than etcd gives it) is quarantined, never served
+(docs/scaling.md section 5).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from supervisor.cluster.errors import NotOwner
+from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.keys import move_key
+from supervisor.cluster.lease import LeaseTiming, NodeLease
+from supervisor.cluster.ownership import acquire, owner_of, placement_of
+from supervisor.cluster.session_files import QUARANTINE_DIR, set_aside
+from worker import Owner, Session, SessionError
+from worker.layout import SESSIONS_DIR
+
+LEASE_FILE: Final = "cluster.lease"
+"""``<home>/cluster.lease``: the lease deadline the node publishes to its workers."""
+
+
+@dataclass(slots=True)
+class Claims:
+    """What a claim of the local sessions found: tokens served, copies quarantined, skipped."""
+
+    served: dict[str, int] = field(default_factory=dict)
+    quarantined: dict[str, str] = field(default_factory=dict)  # session -> why
+    waiting: dict[str, str] = field(default_factory=dict)  # session -> why (e.g. a move)
+
+
+class ClusterNode:
+    """One node: its lease, its claims on the sessions of its home."""
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        name: str,
+        home: str | os.PathLike[str],
+        *,
+        timing: LeaseTiming | None = None,
+    ) -> None:
+        self.client = client
+        self.name = name
+        self.home = os.fspath(home)
+        self.lease = NodeLease(
+            client,
+            name,
+            {"address": f"unix:{os.path.join(self.home, 'loopd.sock')}", "home": self.home},
+            timing=timing,
+            deadline_path=os.path.join(self.home, LEASE_FILE),
+            on_new_lease=self._lease_renewed,
+        )
+        self._lock = threading.Lock()
+        self.tokens: dict[
+            str, tuple[int, int]
+        ] = {}  # session -> (token, lease it was claimed under)
+
+    def start(self) -> Claims:
+        """Register, start the keepalive, and claim the sessions on this node's disk."""
+        Path(self.home).mkdir(parents=True, exist_ok=True)
+        self.lease.register()
+        self.lease.start()
+        return self.claim_local_sessions()
+
+    def close(self) -> None:
+        """Stop the keepalive and revoke the lease: this node owns nothing any more."""
+        self.lease.close()
+
+    def can_acknowledge(self, session: str, token: int) -> bool:
+        """True if a write to ``session`` under ``token`` may be acknowledged now."""
+        # The clock first, then the lease id: a lease renewed in between (new id) refuses.
+        proven = self.lease.clock.can_acknowledge()
+        with self._lock:
+            held = self.tokens.get(session)
+        return proven and held == (token, self.lease.lease_id)
+
+    def token_of(self, session: str) -> int | None:
+        """The token this node serves ``session`` with, or None if it does not serve it."""
+        with self._lock:
+            held = self.tokens.get(session)
+        return None if held is None else held[0]
+
+    def claim_local_sessions(self) -> Claims:
+        """Claim or quarantine every session directory in this node's home."""
+        claims = Claims()
+        sessions = os.path.join(self.home, SESSIONS_DIR)
+        names = sorted(os.listdir(sessions)) if os.path.isdir(sessions) else []
+        for session in names:
+            self.claim(session, claims)
+        return claims
+
+    def claim(self, session: str, claims: Claims) -> None:
+        """Claim one local session (token into its log) or quarantine it; record which."""
+        placed = placement_of(self.client, session)
+        owner = owner_of(self.client, session)
+        moving = self.client.get(move_key(session))
+        if moving is not None and placed == self.name:
+            claims.waiting[session] = "a move is in progress"
+            return
+        if placed != self.name or (owner is not None and owner.node != self.name):
+            holder = owner.node if owner is not None else placed
+            self._quarantine(session, claims, f"placed on {placed}, owned by {holder}")
+            return
+        if owner is not None:
+            token = owner.token
+        else:
+            try:
+                token = acquire(self.client, session, self.name, self.lease.lease_id)
+            except NotOwner as exc:
+                claims.waiting[session] = exc.why
+                return
+        newer: int | None = None
+        try:
+            with Session.open(self.home, session) as opened:
+                if opened.fence.token > token:
+                    newer = opened.fence.token
+                elif opened.fence.token < token:
+                    opened.append(Owner(node=self.name, token=token))
+        except SessionError as exc:
+            claims.waiting[session] = str(exc)
+            return
+        if newer is not None:
+            self._quarantine(session, claims, f"its log holds token {newer}, newer than {token}")
+            return
+        with self._lock:
+            self.tokens[session] = (token, self.lease.lease_id)
+        claims.served[session] = token
+
+    def _quarantine(self, session: str, claims: Claims, why: str) -> None:
+        label = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        set_aside(self.home, session, QUARANTINE_DIR, label)
+        with self._lock:
+            self.tokens.pop(session, None)
+        claims.quarantined[session] = why
+
+    def _lease_renewed(self, lease: int) -> None:
+        """The old lease expired: every claim is void until made again under the new one."""
+        with self._lock:
+            self.tokens.clear()
+        self.claim_local_sessions()

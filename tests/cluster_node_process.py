@@ -1,0 +1,54 @@
+"""``python -m tests.cluster_node_process URL NAME HOME TTL``: a cluster node taking keyed writes.
+
+It starts a ``ClusterNode`` (registration, keepalive, claims), prints its claims as one
+JSON line, then answers one JSON line per ``KEY`` line on stdin: the default app's write
+to the session ``chaos``, acknowledged with the token only if the node can still prove
+its lease *after* the write is durable. End of stdin stops it (lease revoked).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.lease import LeaseTiming
+from supervisor.cluster.node import ClusterNode
+from worker import Session, SessionError
+from worker.app import DefaultApp
+
+SESSION = "chaos"
+
+
+def main(argv: list[str]) -> int:
+    url, name, home, ttl = argv[0], argv[1], argv[2], int(argv[3])
+    app = DefaultApp(budget=40)
+    with EtcdClient(url) as client:
+        node = ClusterNode(client, name, home, timing=LeaseTiming(ttl=ttl))
+        claims = node.start()
+        print(json.dumps({"served": claims.served, "quarantined": claims.quarantined}), flush=True)
+        for line in sys.stdin:
+            key = line.strip()
+            token = node.token_of(SESSION)
+            if token is None or not node.can_acknowledge(SESSION, token):
+                reply = {"ok": False, "key": key, "error": "not_owner: lease not proven"}
+            else:
+                try:
+                    with Session.open(home, SESSION) as session:
+                        app.handle(session, {"text": key, "key": key})
+                except SessionError as exc:
+                    reply = {"ok": False, "key": key, "error": str(exc)}
+                else:
+                    proven = node.can_acknowledge(SESSION, token)
+                    reply = (
+                        {"ok": True, "key": key, "token": token}
+                        if proven
+                        else {"ok": False, "key": key, "error": "not_owner: lease lost"}
+                    )
+            print(json.dumps(reply), flush=True)
+        node.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
