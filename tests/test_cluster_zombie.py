@@ -1,0 +1,126 @@
+"""A zombie node: SIGSTOPped past its lease, replaced by a takeover, then SIGCONTed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chaos.scenarios import SESSION
+from supervisor.cluster.errors import StaleOwner
+from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.keys import node_value, placement_key
+from supervisor.cluster.ownership import owner_of
+from supervisor.cluster.routing import TokenGuard
+from supervisor.cluster.takeover import take_over
+from tests.cluster_support import APP, register, send
+from tests.etcd_server import EtcdServer
+from tests.support import poll_until
+from worker import Session
+from worker.layout import session_dir
+
+TTL = 2
+
+
+class NodeProcess:
+    """A real node process (tests/cluster_node_process.py) taking keyed writes on stdin."""
+
+    def __init__(self, url: str, name: str, home: Path) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.cluster_node_process", url, name, str(home), str(TTL)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.claims = self._line()
+
+    def _line(self) -> dict[str, object]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        assert line, "the node process ended"
+        reply = json.loads(line)
+        assert isinstance(reply, dict)
+        return reply
+
+    def send(self, key: str) -> dict[str, object]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(key + "\n")
+        self.process.stdin.flush()
+        return self._line()
+
+    def stop(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+@pytest.fixture
+def client(etcd: EtcdServer) -> Iterator[EtcdClient]:
+    with EtcdClient(etcd.url) as client:
+        yield client
+
+
+def test_a_zombie_node_acknowledges_nothing_after_a_takeover_and_quarantines_its_copy(
+    etcd: EtcdServer, client: EtcdClient, tmp_path: Path
+) -> None:
+    home_a = tmp_path / "a"
+    Session.create(home_a, SESSION, APP.initial_baseline(SESSION), slot=7).close()
+    client.put(placement_key(SESSION), node_value("a"))
+    guard = TokenGuard()
+    zombie = NodeProcess(etcd.url, "a", home_a)
+    b = None
+    try:
+        token_a = zombie.claims["served"][SESSION]  # type: ignore[index]
+        reply = zombie.send("k1")
+        assert reply == {"ok": True, "key": "k1", "token": token_a}
+        guard.check(SESSION, token_a)
+
+        os.kill(zombie.process.pid, signal.SIGSTOP)
+        poll_until(lambda: owner_of(client, SESSION) is None, timeout=TTL * 5, what="lease expiry")
+        backup = tmp_path / "backup"
+        shutil.copytree(session_dir(home_a, SESSION), backup)
+        b = register(client, "b", tmp_path / "b")
+        token_b = take_over(client, SESSION, str(backup), "b").token
+        assert token_b > token_a
+        send(b.home, SESSION, "k2")
+        guard.check(SESSION, token_b)
+
+        os.kill(zombie.process.pid, signal.SIGCONT)
+        late = zombie.send("k3")
+        assert late["ok"] is False
+        assert "not_owner" in str(late["error"])
+        # Had a late reply carried the zombie's token, the client would refuse it.
+        with pytest.raises(StaleOwner, match=f"its token {token_a} is lower than {token_b}"):
+            guard.check(SESSION, token_a)
+        poll_until(
+            lambda: not Path(session_dir(home_a, SESSION)).exists(),
+            timeout=TTL * 5,
+            what="the zombie to quarantine its copy",
+        )
+        assert len(list((home_a / "quarantine").iterdir())) == 1
+        assert zombie.send("k4")["ok"] is False
+        owner = owner_of(client, SESSION)
+        assert owner is not None
+        assert (owner.node, owner.token) == ("b", token_b)
+        with Session.open(b.home, SESSION) as served:
+            assert served.find_key("k1") is not None
+            assert served.find_key("k2") is not None
+            assert served.find_key("k3") is None
+    finally:
+        os.kill(zombie.process.pid, signal.SIGCONT)
+        zombie.stop()
+        if b is not None:
+            b.lease.close()
