@@ -28,6 +28,9 @@ COMMANDS: Final = {
     "verify": "supervisor.offline_commands:verify",
     "repair": "supervisor.offline_commands:repair",
     "demo": "supervisor.demo:demo",
+    "move": "supervisor.cluster.commands:move",
+    "drain": "supervisor.cluster.commands:drain",
+    "takeover": "supervisor.cluster.commands:takeover",
 }
 
 

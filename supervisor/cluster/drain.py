@@ -1,0 +1,37 @@
+"""``loopd drain NODE``: move every session placed on a node to the other live nodes."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from supervisor.cluster.errors import MoveFailed
+from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.keys import node_of, placements_prefix
+from supervisor.cluster.move import MoveDone, SessionControl, move_session
+from supervisor.cluster.routing import live_nodes
+
+
+def placements(client: EtcdClient) -> dict[str, str]:
+    """Every placed session and the node holding it."""
+    prefix = placements_prefix()
+    return {
+        kv.key.removeprefix(prefix): node_of(kv.value) for kv in client.range(prefix, prefix=True)
+    }
+
+
+def drain_node(
+    client: EtcdClient, node: str, *, control: SessionControl | None = None
+) -> list[MoveDone]:
+    """Move each session of ``node`` to the live node holding the fewest; return the moves."""
+    placed = placements(client)
+    targets = sorted(set(live_nodes(client)) - {node})
+    if not targets:
+        raise MoveFailed("-", "drain", f"no other live node to move the sessions of {node} to")
+    load = Counter({target: 0 for target in targets})
+    load.update(n for n in placed.values() if n in load)
+    done = []
+    for session in sorted(s for s, n in placed.items() if n == node):
+        target = min(targets, key=lambda t: (load[t], t))
+        done.append(move_session(client, session, target, control=control))
+        load[target] += 1
+    return done
