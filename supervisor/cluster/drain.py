@@ -19,6 +19,16 @@ def placements(client: EtcdClient) -> dict[str, str]:
     }
 
 
+def least_loaded_node(client: EtcdClient, exclude: frozenset[str] = frozenset()) -> str:
+    """The live node holding the fewest sessions (ties by name): where a new session goes."""
+    candidates = sorted(set(live_nodes(client)) - exclude)
+    if not candidates:
+        raise MoveFailed("-", "place", "no live node")
+    load = Counter({node: 0 for node in candidates})
+    load.update(n for n in placements(client).values() if n in load)
+    return min(candidates, key=lambda n: (load[n], n))
+
+
 def drain_node(
     client: EtcdClient, node: str, *, control: SessionControl | None = None
 ) -> list[MoveDone]:

@@ -20,9 +20,9 @@ from supervisor.cluster.errors import NotOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import move_key
 from supervisor.cluster.lease import LeaseTiming, NodeLease
-from supervisor.cluster.ownership import acquire, owner_of, placement_of
+from supervisor.cluster.ownership import acquire, owner_of, place_new, placement_of
 from supervisor.cluster.session_files import QUARANTINE_DIR, set_aside
-from worker import Owner, Session, SessionError
+from worker import Baseline, Owner, Session, SessionError
 from worker.layout import SESSIONS_DIR
 
 LEASE_FILE: Final = "cluster.lease"
@@ -89,6 +89,15 @@ class ClusterNode:
         with self._lock:
             held = self.tokens.get(session)
         return None if held is None else held[0]
+
+    def create(self, session: str, baseline: Baseline, slot: int = 0) -> int:
+        """Create a session on this node: placed and owned in etcd first, then on disk."""
+        token = place_new(self.client, session, self.name, self.lease.lease_id)
+        with Session.create(self.home, session, baseline, slot=slot) as created:
+            created.append(Owner(node=self.name, token=token))
+        with self._lock:
+            self.tokens[session] = (token, self.lease.lease_id)
+        return token
 
     def claim_local_sessions(self) -> Claims:
         """Claim or quarantine every session directory in this node's home."""
