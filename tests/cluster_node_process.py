@@ -1,18 +1,21 @@
 """``python -m tests.cluster_node_process URL NAME HOME TTL``: a cluster node taking keyed writes.
 
-It starts a ``ClusterNode`` (registration, keepalive, claims), prints its claims as one
-JSON line, then answers one JSON line per ``KEY`` line on stdin: the default app's write
-to the session ``chaos``, acknowledged with the token only if the node can still prove
-its lease *after* the write is durable. End of stdin stops it (lease revoked).
+It starts a ``ClusterNode`` (registration, keepalive, claims; a name still held by the
+lease of a killed predecessor is waited for), prints its claims as one JSON line, then
+answers one JSON line per line on stdin: ``send KEY`` is the default app's write to the
+session ``chaos``, acknowledged with the token only if the node can still prove its
+lease *after* the write is durable; ``claim`` claims the local sessions again (what a
+node does when it learns that a session moved to it). End of stdin stops it.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 
 from supervisor.cluster.etcd import EtcdClient
-from supervisor.cluster.lease import LeaseTiming
+from supervisor.cluster.lease import LeaseTiming, NodeNameTaken
 from supervisor.cluster.node import ClusterNode
 from worker import Session, SessionError
 from worker.app import DefaultApp
@@ -25,10 +28,23 @@ def main(argv: list[str]) -> int:
     app = DefaultApp(budget=40)
     with EtcdClient(url) as client:
         node = ClusterNode(client, name, home, timing=LeaseTiming(ttl=ttl))
-        claims = node.start()
+        deadline = time.monotonic() + ttl * 5
+        while True:
+            try:
+                claims = node.start()
+                break
+            except NodeNameTaken:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
         print(json.dumps({"served": claims.served, "quarantined": claims.quarantined}), flush=True)
         for line in sys.stdin:
-            key = line.strip()
+            command, _, key = line.strip().partition(" ")
+            if command == "claim":
+                claims = node.claim_local_sessions()
+                print(json.dumps({"served": claims.served, "quarantined": claims.quarantined}))
+                sys.stdout.flush()
+                continue
             token = node.token_of(SESSION)
             if token is None or not node.can_acknowledge(SESSION, token):
                 reply = {"ok": False, "key": key, "error": "not_owner: lease not proven"}

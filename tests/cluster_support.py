@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.lease import LeaseTiming, NodeLease
@@ -13,6 +17,8 @@ from worker import LogSealed, Owner, Session, SessionError
 from worker.app import DefaultApp
 from worker.layout import session_dir
 
+TTL: Final = 2
+"""The lease TTL of node processes in tests: short, so that a lost node's lease ends soon."""
 APP = DefaultApp(budget=40)
 """A small context budget: a few requests close an epoch, so moves cross epoch changes."""
 
@@ -71,7 +77,7 @@ def try_send(home: Path, session: str, key: str) -> bool:
     return True
 
 
-def writers(client: EtcdClient, nodes: list[Node], session: str) -> list[str]:
+def writers(client: EtcdClient, homes: dict[str, Path], session: str) -> list[str]:
     """The nodes able to write the session now: etcd names them owner, and their copy agrees.
 
     A copy agrees when it is not sealed, or is sealed for this node with a token lower
@@ -79,18 +85,67 @@ def writers(client: EtcdClient, nodes: list[Node], session: str) -> list[str]:
     """
     owner = owner_of(client, session)
     able = []
-    for node in nodes:
-        if owner is None or owner.node != node.name:
+    for name, home in homes.items():
+        if owner is None or owner.node != name:
             continue
         try:
-            with Session.open(node.home, session) as opened:
+            with Session.open(home, session) as opened:
                 fence = opened.fence
         except SessionError:
             continue
         if fence.token > owner.token:
             continue
-        if fence.sealed is None or (
-            fence.sealed.to == node.name and fence.sealed.token < owner.token
-        ):
-            able.append(node.name)
+        if fence.sealed is None or (fence.sealed.to == name and fence.sealed.token < owner.token):
+            able.append(name)
     return able
+
+
+class NodeProcess:
+    """A real node process (tests/cluster_node_process.py) taking keyed writes on stdin."""
+
+    def __init__(self, url: str, name: str, home: Path) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.cluster_node_process", url, name, str(home), str(TTL)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.claims = self._line()
+
+    def _line(self) -> dict[str, object]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        assert line, "the node process ended"
+        reply = json.loads(line)
+        assert isinstance(reply, dict)
+        return reply
+
+    def send(self, key: str) -> dict[str, object]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"send {key}\n")
+        self.process.stdin.flush()
+        return self._line()
+
+    def claim(self) -> dict[str, object]:
+        assert self.process.stdin is not None
+        self.process.stdin.write("claim\n")
+        self.process.stdin.flush()
+        return self._line()
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                stream.close()
+
+    def stop(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()

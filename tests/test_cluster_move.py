@@ -133,7 +133,7 @@ def test_a_mover_killed_before_each_step_leaves_one_writer_and_a_rerun_finishes_
     _load(nodes, log, [f"before{n}" for n in range(6)])
 
     _kill_mover_before(client, step)
-    able = writers(client, nodes, SESSION)
+    able = writers(client, {n.name: n.home for n in nodes}, SESSION)
     assert able == WRITER_AFTER_KILL_BEFORE[step]
     # The client keeps writing: a sealed source acknowledges nothing.
     _load(nodes, log, ["during0", "during1"])
@@ -143,7 +143,7 @@ def test_a_mover_killed_before_each_step_leaves_one_writer_and_a_rerun_finishes_
     check_after_fault(result, log, after_fault)
 
     _kill_mover_before(client, None)  # the rerun
-    assert writers(client, nodes, SESSION) == ["b"]
+    assert writers(client, {n.name: n.home for n in nodes}, SESSION) == ["b"]
     assert not Path(session_dir(a.home, SESSION)).exists()
     assert client.get(move_key(SESSION)) is None
     # Retries of every key (answered from the log) and new writes, all on the new owner.

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,51 +17,11 @@ from supervisor.cluster.keys import node_value, placement_key
 from supervisor.cluster.ownership import owner_of
 from supervisor.cluster.routing import TokenGuard
 from supervisor.cluster.takeover import take_over
-from tests.cluster_support import APP, register, send
+from tests.cluster_support import APP, TTL, NodeProcess, register, send
 from tests.etcd_server import EtcdServer
 from tests.support import poll_until
 from worker import Session
 from worker.layout import session_dir
-
-TTL = 2
-
-
-class NodeProcess:
-    """A real node process (tests/cluster_node_process.py) taking keyed writes on stdin."""
-
-    def __init__(self, url: str, name: str, home: Path) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.cluster_node_process", url, name, str(home), str(TTL)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self.claims = self._line()
-
-    def _line(self) -> dict[str, object]:
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        assert line, "the node process ended"
-        reply = json.loads(line)
-        assert isinstance(reply, dict)
-        return reply
-
-    def send(self, key: str) -> dict[str, object]:
-        assert self.process.stdin is not None
-        self.process.stdin.write(key + "\n")
-        self.process.stdin.flush()
-        return self._line()
-
-    def stop(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
 
 
 @pytest.fixture
