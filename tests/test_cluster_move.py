@@ -15,7 +15,7 @@ from chaos.scenarios import SESSION, Scenario
 from supervisor.cluster.errors import MoveFailed
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import move_key
-from supervisor.cluster.move import MoveStep, move_session
+from supervisor.cluster.move import MoveStep, abort_move, move_session
 from supervisor.cluster.ownership import owner_of, placement_of
 from tests.cluster_support import Node, create_session, register, send, try_send, writers
 from tests.etcd_server import EtcdServer
@@ -152,3 +152,30 @@ def test_a_mover_killed_before_each_step_leaves_one_writer_and_a_rerun_finishes_
     scenario = Scenario(name="cluster-move", ops=(), doc="", requests=tuple((k, k) for k in keys))
     check_final(result, scenario, log, after_fault, str(b.home))
     assert result.violations == []
+
+
+@pytest.mark.parametrize("step", [MoveStep.COPY, MoveStep.OWN], ids=["copy", "own"])
+def test_an_aborted_move_gives_the_source_a_higher_token_and_removes_the_targets_copy(
+    client: EtcdClient, nodes: list[Node], step: MoveStep
+) -> None:
+    a, b = nodes
+    token = create_session(client, a, SESSION)
+    send(a.home, SESSION, "k1")
+    _kill_mover_before(client, step)
+    done = abort_move(client, SESSION)
+    assert (done.node, done.token > token) == ("a", True)
+    assert client.get(move_key(SESSION)) is None
+    assert not Path(session_dir(b.home, SESSION)).exists()
+    assert writers(client, {n.name: n.home for n in nodes}, SESSION) == ["a"]
+    assert send(a.home, SESSION, "k2")["duplicate"] is False
+    with Session.open(a.home, SESSION) as opened:
+        assert (opened.fence.node, opened.fence.token) == ("a", done.token)
+
+
+def test_a_move_cannot_be_aborted_once_the_target_owns_the_session(
+    client: EtcdClient, nodes: list[Node]
+) -> None:
+    create_session(client, nodes[0], SESSION)
+    _kill_mover_before(client, MoveStep.OPEN)
+    with pytest.raises(MoveFailed, match="b owns it already: finish the move"):
+        abort_move(client, SESSION)

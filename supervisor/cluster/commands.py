@@ -10,7 +10,7 @@ from supervisor.client import call
 from supervisor.cluster.drain import drain_node
 from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.etcd import EtcdClient
-from supervisor.cluster.move import move_session
+from supervisor.cluster.move import abort_move, move_session
 from supervisor.cluster.takeover import take_over
 from supervisor.errors import ControlError
 
@@ -50,12 +50,18 @@ def _fail(exc: ClusterError) -> None:
 @click.command()
 @_cluster_option
 @click.argument("session_id", metavar="ID")
-@click.option("--to", "target", required=True, help="the node to move the session to.")
-def move(url: str, session_id: str, target: str) -> None:
+@click.option("--to", "target", default=None, help="the node to move the session to.")
+@click.option("--abort", is_flag=True, help="undo an interrupted move (before the target owns it).")
+def move(url: str, session_id: str, target: str | None, abort: bool) -> None:
     """Move a session to another node (a rerun finishes an interrupted move)."""
+    if (target is None) == (not abort):
+        raise click.UsageError("give exactly one of --to NODE and --abort")
     try:
         with EtcdClient(url) as client:
-            done = move_session(client, session_id, target, control=DaemonControl())
+            if target is None:
+                done = abort_move(client, session_id)
+            else:
+                done = move_session(client, session_id, target, control=DaemonControl())
     except ClusterError as exc:
         _fail(exc)
     else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -291,3 +292,44 @@ def _open_on_target(intent: MoveIntent, owner: OwnerRecord) -> None:
     with session:
         if session.fence.token < owner.token:
             session.append(Owner(node=intent.target, token=owner.token))
+
+
+def abort_move(client: EtcdClient, session: str) -> MoveDone:
+    """Undo a move whose target does not own the session yet: the source owns it again.
+
+    The source gets a new, higher token (its log then reads ``Handoff`` followed by its
+    own ``Owner``) and the target's copy, never served, is removed.
+    """
+    existing = client.get(move_key(session))
+    if existing is None:
+        raise MoveFailed(session, "abort", "no move is in progress")
+    intent = MoveIntent.decode(session, existing.value)
+    owner = owner_of(client, session)
+    if owner is not None and owner.node == intent.target:
+        raise MoveFailed(session, "abort", f"{intent.target} owns it already: finish the move")
+    _home, lease = node_home(client, intent.source)
+    fence = modified_at(owner_key(session), intent.token) if owner else absent(owner_key(session))
+    result = client.txn(
+        [fence, value_is(move_key(session), intent.encode())],
+        [
+            Put(key=owner_key(session), value=node_value(intent.source), lease=lease),
+            Delete(key=move_key(session)),
+        ],
+    )
+    if not result.succeeded:
+        raise MoveFailed(session, "abort", "the owner changed meanwhile")
+    try:
+        opened = Session.open(intent.source_home, session)
+    except SessionLocked:
+        pass  # the source's worker serves it again and writes its Owner itself
+    else:
+        with opened:
+            if opened.fence.token < result.revision:
+                opened.append(Owner(node=intent.source, token=result.revision))
+    for leftover in (
+        incoming_dir(intent.target_home, session),
+        session_dir(intent.target_home, session),
+    ):
+        if os.path.isdir(leftover):
+            shutil.rmtree(leftover)
+    return MoveDone(session=session, node=intent.source, token=result.revision)
