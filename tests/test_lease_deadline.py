@@ -1,0 +1,45 @@
+"""The lease deadline file a node publishes to its workers: fail-safe reading."""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from pathlib import Path
+
+from worker.lease_deadline import lease_proven, read_deadline, write_deadline
+
+
+def _open(path: Path) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+
+
+def test_a_published_deadline_in_the_future_proves_the_lease(tmp_path: Path) -> None:
+    fd = _open(tmp_path / "lease")
+    try:
+        write_deadline(fd, time.monotonic() + 5, str(tmp_path / "lease"))
+        assert lease_proven(fd)
+        write_deadline(fd, time.monotonic() - 0.001, str(tmp_path / "lease"))
+        assert not lease_proven(fd)
+    finally:
+        os.close(fd)
+
+
+def test_an_empty_file_proves_nothing(tmp_path: Path) -> None:
+    fd = _open(tmp_path / "lease")
+    try:
+        assert read_deadline(fd) == 0.0
+        assert not lease_proven(fd)
+    finally:
+        os.close(fd)
+
+
+def test_a_half_written_value_reads_as_no_deadline(tmp_path: Path) -> None:
+    fd = _open(tmp_path / "lease")
+    try:
+        future = time.monotonic() + 5
+        os.pwrite(fd, struct.pack("<dd", future, future - 1), 0)
+        assert read_deadline(fd) == 0.0
+        assert not lease_proven(fd)
+    finally:
+        os.close(fd)
