@@ -7,7 +7,10 @@ import struct
 import time
 from pathlib import Path
 
-from worker.lease_deadline import lease_proven, read_deadline, write_deadline
+import pytest
+
+from worker import NotOwnerNow
+from worker.lease_deadline import LeaseFence, lease_proven, read_deadline, write_deadline
 
 
 def _open(path: Path) -> int:
@@ -42,4 +45,19 @@ def test_a_half_written_value_reads_as_no_deadline(tmp_path: Path) -> None:
         assert read_deadline(fd) == 0.0
         assert not lease_proven(fd)
     finally:
+        os.close(fd)
+
+
+def test_the_fence_refuses_once_the_deadline_has_passed(tmp_path: Path) -> None:
+    path = tmp_path / "lease"
+    fd = _open(path)
+    fence = LeaseFence(str(path), token=3)
+    try:
+        write_deadline(fd, time.monotonic() + 5, str(path))
+        fence.check()
+        write_deadline(fd, 0.0, str(path))
+        with pytest.raises(NotOwnerNow, match="lease is not proven within its renew deadline"):
+            fence.check()
+    finally:
+        fence.close()
         os.close(fd)

@@ -13,10 +13,12 @@ from worker import (
     InvalidLog,
     InvalidRecord,
     LogSealed,
+    NotOwnerNow,
     Owner,
     Session,
     User,
 )
+from worker.fencing import write_owner
 from worker.loader import load_session
 from worker.records import encode_record
 
@@ -141,3 +143,26 @@ def test_the_history_reading_refuses_a_token_that_went_backwards_across_epochs(
     assert load_session(directory, "s").fence.token == 3  # the newest epoch alone
     with pytest.raises(InvalidLog, match=r"Owner\.token 3 goes backwards \(the log holds token 7"):
         load_session(directory, "s", history=True)
+
+
+def test_write_owner_appends_a_higher_token_once_and_refuses_a_log_with_a_newer_one(
+    home: Path, baseline: Baseline
+) -> None:
+    with _session(home, baseline, token=5) as session:
+        write_owner(session, "a", 5)
+        assert len(session.records) == 2  # SessionStart, the first Owner: nothing added
+        write_owner(session, "a", 8)
+        assert session.fence.token == 8
+        with pytest.raises(NotOwnerNow, match="the log holds token 8, newer than this node's 6"):
+            write_owner(session, "b", 6)
+
+
+def test_write_owner_after_the_nodes_own_handoff_is_refused_as_sealed(
+    home: Path, baseline: Baseline
+) -> None:
+    with _session(home, baseline, token=5) as session:
+        session.append(Handoff(to="b", token=5))
+        with pytest.raises(LogSealed):
+            write_owner(session, "a", 5)
+        write_owner(session, "b", 9)
+        assert (session.fence.node, session.fence.sealed) == ("b", None)

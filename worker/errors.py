@@ -170,6 +170,18 @@ class LogSealed(SessionError):
         )
 
 
+class NotOwnerNow(SessionError):
+    """A cluster worker may not write: its lease is not proven, or its log is newer (fencing)."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(path, why)
+        self.path = path
+        self.why = why
+
+    def __str__(self) -> str:
+        return f"{self.path}: not the owner now: {self.why}"
+
+
 class KeyExpired(SessionError):
     """A keyed request that may have been applied in an epoch the key index no longer sees."""
 

@@ -8,7 +8,9 @@ token; after a ``Handoff`` only an ``Owner`` with a higher token may follow.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
+from worker.errors import NotOwnerNow
 from worker.records import Handoff, Owner, Record
 
 
@@ -50,3 +52,30 @@ def advance(fence: Fence, record: Record) -> Fence | str:
             )
         return Fence(fence.token, fence.node, record)
     return fence
+
+
+class _Appending(Protocol):
+    """What ``write_owner`` needs of a session (``worker.session.Session``)."""
+
+    @property
+    def fence(self) -> Fence: ...
+
+    @property
+    def log_path(self) -> str: ...
+
+    def append(self, record: Record) -> None: ...
+
+
+def write_owner(session: _Appending, node: str, token: int) -> None:
+    """Record that ``node`` writes with ``token`` from now on; refuse a log with a newer token.
+
+    A log whose newest token is higher was written by a later owner: this node lost the
+    session and must not serve this copy (NotOwnerNow; the node quarantines it).
+    """
+    fence = session.fence
+    if fence.token > token:
+        raise NotOwnerNow(
+            session.log_path, f"the log holds token {fence.token}, newer than this node's {token}"
+        )
+    if fence.token < token or fence.sealed is not None:
+        session.append(Owner(node=node, token=token))

@@ -14,7 +14,7 @@ import struct
 import time
 from typing import Final
 
-from worker.errors import SessionIOError
+from worker.errors import NotOwnerNow, SessionIOError
 
 _TWICE: Final = struct.Struct("<dd")
 
@@ -39,3 +39,24 @@ def read_deadline(fd: int) -> float:
 def lease_proven(fd: int) -> bool:
     """True while the node's lease is proven: a write may be acknowledged now."""
     return time.monotonic() < read_deadline(fd)
+
+
+class LeaseFence:
+    """A cluster worker's check before it writes and before it acknowledges."""
+
+    def __init__(self, path: str, token: int) -> None:
+        self.path = path
+        self.token = token
+        try:
+            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise SessionIOError(path, exc.errno or 0, "open lease deadline") from exc
+
+    def check(self) -> None:
+        """Raise NotOwnerNow unless the node's lease is proven now."""
+        if not lease_proven(self._fd):
+            raise NotOwnerNow(self.path, "the node's lease is not proven within its renew deadline")
+
+    def close(self) -> None:
+        """Close the file."""
+        os.close(self._fd)

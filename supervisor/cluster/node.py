@@ -22,7 +22,8 @@ from supervisor.cluster.keys import move_key
 from supervisor.cluster.lease import LeaseTiming, NodeLease
 from supervisor.cluster.ownership import acquire, owner_of, place_new, placement_of
 from supervisor.cluster.session_files import QUARANTINE_DIR, set_aside
-from worker import Baseline, Owner, Session, SessionError
+from worker import Baseline, NotOwnerNow, Owner, Session, SessionError
+from worker.fencing import write_owner
 from worker.layout import SESSIONS_DIR
 
 LEASE_FILE: Final = "cluster.lease"
@@ -128,18 +129,14 @@ class ClusterNode:
             except NotOwner as exc:
                 claims.waiting[session] = exc.why
                 return
-        newer: int | None = None
         try:
             with Session.open(self.home, session) as opened:
-                if opened.fence.token > token:
-                    newer = opened.fence.token
-                elif opened.fence.token < token:
-                    opened.append(Owner(node=self.name, token=token))
+                write_owner(opened, self.name, token)
+        except NotOwnerNow as exc:
+            self._quarantine(session, claims, exc.why)
+            return
         except SessionError as exc:
             claims.waiting[session] = str(exc)
-            return
-        if newer is not None:
-            self._quarantine(session, claims, f"its log holds token {newer}, newer than {token}")
             return
         with self._lock:
             self.tokens[session] = (token, self.lease.lease_id)
