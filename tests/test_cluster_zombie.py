@@ -81,3 +81,30 @@ def test_a_zombie_node_acknowledges_nothing_after_a_takeover_and_quarantines_its
         zombie.stop()
         if b is not None:
             b.lease.close()
+
+
+def test_a_node_acknowledges_no_write_while_etcd_is_down_and_resumes_when_it_returns(
+    etcd: EtcdServer, client: EtcdClient, tmp_path: Path
+) -> None:
+    home = tmp_path / "a"
+    Session.create(home, SESSION, APP.initial_baseline(SESSION), slot=7).close()
+    client.put(placement_key(SESSION), node_value("a"))
+    node = NodeProcess(etcd.url, "a", home)
+    try:
+        assert node.send("k1")["ok"] is True
+        etcd.stop()
+
+        def refused() -> dict[str, object] | None:
+            reply = node.send("probe")
+            return reply if reply["ok"] is False else None
+
+        assert "not_owner" in str(
+            poll_until(refused, timeout=TTL * 2, what="the node to stop acknowledging")["error"]
+        )
+        etcd.start()
+        poll_until(lambda: node.send("k2")["ok"] is True, timeout=15, what="acknowledging again")
+    finally:
+        node.stop()
+    with Session.open(home, SESSION) as opened:
+        assert opened.find_key("k1") is not None
+        assert opened.find_key("k2") is not None
