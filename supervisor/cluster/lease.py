@@ -113,6 +113,7 @@ class NodeLease:
         self._deadline_fd: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._callback_owed = False  # on_new_lease failed (etcd away): call it again
 
     def register(self) -> int:
         """Grant a lease and create the node key under it; NodeNameTaken if a live node has it."""
@@ -179,6 +180,8 @@ class NodeLease:
         while not self._stop.wait(wait):
             if self.renew_once():
                 wait = self.timing.renew_every
+                if self._callback_owed:
+                    self._call_back()
                 continue
             wait = RETRY_EVERY
             if self.clock.deadline() == 0.0 and not self._stop.is_set():
@@ -187,11 +190,20 @@ class NodeLease:
     def _renew_registration(self) -> None:
         """The lease expired: register under a new one; owners re-acquire through the callback."""
         try:
-            lease = self.register()
+            self.register()
         except ClusterError:
             return  # etcd away, or the name taken meanwhile: try again on the next round
-        if self.on_new_lease is not None:
-            self.on_new_lease(lease)
+        self._call_back()
+
+    def _call_back(self) -> None:
+        """Tell the owner of this lease that it is new; owed again if etcd failed meanwhile."""
+        self._callback_owed = False
+        if self.on_new_lease is None:
+            return
+        try:
+            self.on_new_lease(self.lease_id)
+        except ClusterError:
+            self._callback_owed = True
 
     def _publish(self) -> None:
         if self._deadline_fd is not None and self._deadline_path is not None:
