@@ -41,22 +41,27 @@ def test_a_half_written_value_reads_as_no_deadline(tmp_path: Path) -> None:
     fd = _open(tmp_path / "lease")
     try:
         future = time.monotonic() + 5
-        os.pwrite(fd, struct.pack("<dd", future, future - 1), 0)
+        os.pwrite(fd, struct.pack("<dqdq", future, 7, future - 1, 7), 0)
         assert read_deadline(fd) == 0.0
         assert not lease_proven(fd)
     finally:
         os.close(fd)
 
 
-def test_the_fence_refuses_once_the_deadline_has_passed(tmp_path: Path) -> None:
+def test_the_fence_refuses_once_the_deadline_has_passed_or_the_lease_changed(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "lease"
     fd = _open(path)
-    fence = LeaseFence(str(path), token=3)
+    fence = LeaseFence(str(path), lease=0x1F)
     try:
-        write_deadline(fd, time.monotonic() + 5, str(path))
+        write_deadline(fd, time.monotonic() + 5, str(path), 0x1F)
         fence.check()
-        write_deadline(fd, 0.0, str(path))
-        with pytest.raises(NotOwnerNow, match="lease is not proven within its renew deadline"):
+        write_deadline(fd, 0.0, str(path), 0x1F)
+        with pytest.raises(NotOwnerNow, match="lease 1f is not proven within its renew deadline"):
+            fence.check()
+        write_deadline(fd, time.monotonic() + 5, str(path), 0x20)  # a new lease: new tokens
+        with pytest.raises(NotOwnerNow):
             fence.check()
     finally:
         fence.close()

@@ -207,4 +207,6 @@ class NodeLease:
 
     def _publish(self) -> None:
         if self._deadline_fd is not None and self._deadline_path is not None:
-            write_deadline(self._deadline_fd, self.clock.deadline(), self._deadline_path)
+            write_deadline(
+                self._deadline_fd, self.clock.deadline(), self._deadline_path, self.lease_id
+            )
