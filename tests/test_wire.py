@@ -1,0 +1,36 @@
+"""The wire's frame limit is exact and every refusal names its reason."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from worker.wire import MAX_FRAME, FrameReader, WireError
+
+
+def _frame_of_size(size: int) -> bytes:
+    # A map holding one str: the str's length is tuned until the frame is ``size`` bytes.
+    body = b"a" * (size - 20)
+    frame: bytes = msgpack.packb({"id": 1, "text": body.decode()})
+    frame = msgpack.packb({"id": 1, "text": "a" * (len(body) + size - len(frame))})
+    assert len(frame) == size
+    return frame
+
+
+def test_a_frame_of_exactly_the_limit_is_admitted() -> None:
+    reader = FrameReader()
+    assert len(reader.feed(_frame_of_size(MAX_FRAME))) == 1
+
+
+@pytest.mark.parametrize("excess", [1, 11, 4096], ids=["1-byte", "11-bytes", "4-KiB"])
+def test_a_frame_over_the_limit_is_refused(excess: int) -> None:
+    reader = FrameReader()
+    with pytest.raises(WireError, match="size limit"):
+        reader.feed(_frame_of_size(MAX_FRAME + excess))
+
+
+def test_a_frame_nested_too_deeply_is_refused_with_a_reason() -> None:
+    reader = FrameReader()
+    deep = b"\x91" * 2000 + b"\xc0"
+    with pytest.raises(WireError, match="nests too deeply"):
+        reader.feed(b"\x81\xa1a" + deep)
