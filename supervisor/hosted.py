@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import signal
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,22 +14,34 @@ from typing import Final, Protocol
 from supervisor.spawn import WorkerProcess, WorkerSpec
 from supervisor.states import RestartPolicy, State, StateMachine
 from worker.process import EXIT_CLEAN, EXIT_LOCKED, EXIT_NOT_FOUND, EXIT_REFUSED
-from worker.wire import Channel, Message, WireError, error
+from worker.wire import Message, WireError, error
 
 STOP_DEADLINE: Final = 5.0
 MAX_QUEUED: Final = 1000
+MAX_WORKER_BACKLOG: Final = 8 << 20
+"""Bytes queued to a worker that is not reading before new requests are refused (busy)."""
 
 
 class Client(Protocol):
     """Where a reply goes (a control connection)."""
 
     def reply(self, message: Message) -> None: ...
+    def reply_with_fd(self, message: Message, fd: int) -> bool: ...
+
+
+class WorkerChannel(Protocol):
+    """The daemon's end of a worker's control channel (bounded, never blocking)."""
+
+    @property
+    def backlog(self) -> int: ...
+    def send(self, message: Message) -> bool: ...
+    def send_with_fd(self, message: Message, fd: int) -> bool: ...
 
 
 class Loop(Protocol):
     """What a hosted session needs from the event loop."""
 
-    def watch_worker(self, hosted: HostedSession, worker: WorkerProcess) -> None: ...
+    def watch_worker(self, hosted: HostedSession, worker: WorkerProcess) -> WorkerChannel: ...
     def unwatch_worker(self, worker: WorkerProcess) -> None: ...
     def call_at(self, when: float, callback: Callable[[], None]) -> object: ...
     def cancel(self, timer: object) -> None: ...
@@ -43,6 +56,8 @@ class Waiter:
 
 
 def describe_exit(code: int) -> str:
+    if code == -signal.SIGALRM:
+        return "killed by SIGALRM: a request ran past --request-deadline"
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
@@ -55,7 +70,13 @@ class HostedSession:
     """A session the supervisor hosts; every state change goes through its StateMachine."""
 
     def __init__(
-        self, loop: Loop, spec: WorkerSpec, policy: RestartPolicy, rng: random.Random
+        self,
+        loop: Loop,
+        spec: WorkerSpec,
+        policy: RestartPolicy,
+        rng: random.Random,
+        *,
+        hang_timeout: float | None = None,
     ) -> None:
         self.loop = loop
         self.spec = spec
@@ -64,6 +85,9 @@ class HostedSession:
         self.policy = policy
         self.rng = rng
         self.worker: WorkerProcess | None = None
+        self.link: WorkerChannel | None = None
+        self.hang_timeout = hang_timeout
+        self.last_heard = 0.0
         self.restarts = 0
         self.started_at: float | None = None
         self.last_error: str | None = None
@@ -75,6 +99,7 @@ class HostedSession:
         self.stop_waiters: list[Waiter] = []
         self.restart_after_stop = False
         self._timer: object | None = None
+        self._hang_timer: object | None = None
         self._next_id = 0
 
     @property
@@ -94,8 +119,8 @@ class HostedSession:
             self._crashed(time.monotonic())
             return
         self.worker = worker
-        self.started_at = time.monotonic()
-        self.loop.watch_worker(self, worker)
+        self.started_at = self.last_heard = time.monotonic()
+        self.link = self.loop.watch_worker(self, worker)
 
     def operator_start(self) -> None:
         """An explicit start: forget the restart history, then start."""
@@ -126,20 +151,17 @@ class HostedSession:
 
     # -- events from the worker --------------------------------------------------------
 
-    def on_channel_readable(self, channel: Channel) -> None:
-        try:
-            messages = channel.read_nowait()
-        except (WireError, OSError) as exc:
-            self.last_error = f"bad frame from worker: {exc}"
-            if self.worker is not None:
-                self.worker.kill()
-            return
-        for message in messages:
-            self._on_worker_message(message)
+    def on_worker_broke_protocol(self, why: str) -> None:
+        self.last_error = f"bad frame from worker: {why}"
+        if self.worker is not None:
+            self.worker.kill()
 
-    def _on_worker_message(self, message: Message) -> None:
+    def on_worker_message(self, message: Message) -> None:
+        self.last_heard = time.monotonic()  # any message shows the worker's loop turns
         op = message.get("op")
-        if op == "ready":
+        if op == "beat":
+            self._take_state(message.get("state"))
+        elif op == "ready":
             self.epoch = _int_or_none(message.get("epoch"))
             self.records = _int_or_none(message.get("records"))
             if self.state is State.STARTING:
@@ -150,9 +172,10 @@ class HostedSession:
                         {"id": waiter.request_id, "ok": True, "result": self.status()}
                     )
                 self.ready_waiters.clear()
+                self._arm_hang_check()
                 queued, self.queued = self.queued, []
                 for waiter, request in queued:
-                    self.forward(waiter, request)
+                    self._act(waiter, request)
         elif op == "exiting":
             self.last_error = str(message.get("message"))
             holder = message.get("holder")
@@ -162,10 +185,8 @@ class HostedSession:
             request_id = _int_or_none(message.get("id"))
             answered = self.in_flight.pop(request_id, None) if request_id is not None else None
             result = message.get("result")
-            if isinstance(result, dict) and isinstance(result.get("state"), dict):
-                state = result["state"]
-                self.epoch = _int_or_none(state.get("epoch"))
-                self.records = _int_or_none(state.get("records"))
+            if isinstance(result, dict):
+                self._take_state(result.get("state"))
             if answered is not None:
                 message["id"] = answered.request_id
                 answered.client.reply(message)
@@ -174,17 +195,15 @@ class HostedSession:
         """The pidfd says the worker died: reap, answer what was in flight, decide."""
         worker = self.worker
         assert worker is not None
-        # Take what the worker said before dying (its "exiting" reason, late replies).
-        try:
-            for message in worker.channel.drain_nowait():
-                self._on_worker_message(message)
-        except (WireError, OSError) as exc:
-            self.last_error = f"bad frame from the dying worker: {exc}"
+        # What the worker said before dying (its "exiting" reason, late replies) has been
+        # read already: the loop calls this only after its channel's end of stream.
         code = worker.reap()
         self.loop.unwatch_worker(worker)
         worker.close()
         self.worker = None
+        self.link = None
         self._cancel_timer()
+        self._cancel_hang_check()
         now = time.monotonic()
         how = describe_exit(code)
         self._fail_in_flight(
@@ -245,9 +264,9 @@ class HostedSession:
     # -- requests ------------------------------------------------------------------------
 
     def submit(self, waiter: Waiter, request: Message) -> None:
-        """Forward a request now, queue it while the worker starts, or refuse it."""
+        """Act on a request now, queue it while the worker starts, or refuse it."""
         if self.state is State.RUNNING:
-            self.forward(waiter, request)
+            self._act(waiter, request)
         elif self.state in (State.STARTING, State.BACKOFF) and len(self.queued) < MAX_QUEUED:
             self.queued.append((waiter, request))
         else:
@@ -260,16 +279,65 @@ class HostedSession:
                 )
             )
 
+    def _act(self, waiter: Waiter, request: Message) -> None:
+        if request.get("op") == "connect":
+            self.connect(waiter)
+        else:
+            self.forward(waiter, request)
+
     def forward(self, waiter: Waiter, request: Message) -> None:
-        worker = self.worker
-        assert worker is not None
-        self._next_id += 1
-        self.in_flight[self._next_id] = waiter
-        try:
-            worker.channel.send({**request, "id": self._next_id})
-        except OSError:
-            # The worker is dying; its pidfd will fire and answer this request.
+        """Relay a request to the worker; exactly one reply reaches the waiter."""
+        link = self.link
+        assert link is not None
+        if link.backlog > MAX_WORKER_BACKLOG:
+            waiter.client.reply(
+                error(waiter.request_id, "busy", f"the worker of session {self.id} is not "
+                      "reading its requests; retry later")
+            )  # fmt: skip
             return
+        self._next_id += 1
+        try:
+            sent = link.send({**request, "id": self._next_id})
+        except WireError as exc:
+            # Never forwarded: answered here, and no in-flight entry answers it again.
+            waiter.client.reply(error(waiter.request_id, "too_large", str(exc)))
+            return
+        if sent:
+            self.in_flight[self._next_id] = waiter
+        else:
+            waiter.client.reply(
+                error(waiter.request_id, "worker_died", f"the worker of session {self.id} "
+                      "is gone; nothing was applied: retry with the same key")
+            )  # fmt: skip
+
+    def connect(self, waiter: Waiter) -> None:
+        """Give the client a connection of its own to the worker (the direct data path).
+
+        A socketpair: one end goes to the worker, the other to the client, both with
+        SCM_RIGHTS; requests then go from client to worker without passing through here.
+        """
+        link = self.link
+        assert link is not None
+        assert self.worker is not None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if not link.send_with_fd({"op": "attach"}, ours.fileno()):
+                waiter.client.reply(
+                    error(waiter.request_id, "busy", f"the worker of session {self.id} is "
+                          "busy; retry")
+                )  # fmt: skip
+                return
+            result = {"session": self.id, "pid": self.worker.pid, "worker_pid": self.worker.pid}
+            if not waiter.client.reply_with_fd(
+                {"id": waiter.request_id, "ok": True, "result": result}, theirs.fileno()
+            ):
+                waiter.client.reply(
+                    error(waiter.request_id, "busy", "read the replies already sent before "
+                          "asking for a connection; retry")
+                )  # fmt: skip
+        finally:
+            ours.close()
+            theirs.close()
 
     def _fail_in_flight(self, code: str, message: str) -> None:
         in_flight, self.in_flight = self.in_flight, {}
@@ -293,6 +361,36 @@ class HostedSession:
     def _kill_worker(self) -> None:
         if self.worker is not None:
             self.worker.kill()
+
+    def _arm_hang_check(self) -> None:
+        self._cancel_hang_check()
+        if self.hang_timeout is not None:
+            when = self.last_heard + self.hang_timeout
+            self._hang_timer = self.loop.call_at(when, self._check_hang)
+
+    def _check_hang(self) -> None:
+        """No message within the hang timeout: the worker's loop is stuck (or stopped)."""
+        self._hang_timer = None
+        if self.state is not State.RUNNING or self.worker is None or self.hang_timeout is None:
+            return
+        silent = time.monotonic() - self.last_heard
+        if silent < self.hang_timeout:
+            self._arm_hang_check()
+            return
+        self.last_error = (
+            f"hang: no heartbeat for {silent:.1f} s (--hang-timeout {self.hang_timeout:g}); killed"
+        )
+        self.worker.kill()
+
+    def _cancel_hang_check(self) -> None:
+        if self._hang_timer is not None:
+            self.loop.cancel(self._hang_timer)
+            self._hang_timer = None
+
+    def _take_state(self, state: object) -> None:
+        if isinstance(state, dict):
+            self.epoch = _int_or_none(state.get("epoch"))
+            self.records = _int_or_none(state.get("records"))
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

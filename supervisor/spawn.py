@@ -18,8 +18,6 @@ from typing import Final
 
 import psutil
 
-from worker.wire import Channel
-
 _GONE: Final = frozenset({errno.ESRCH})
 
 
@@ -49,6 +47,8 @@ class WorkerSpec:
     budget: int | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     start_method: StartMethod = StartMethod.FORK
+    heartbeat: float | None = None
+    request_deadline: float | None = None
 
     def argv(self, channel_fd: int) -> list[str]:
         argv = [
@@ -61,11 +61,19 @@ class WorkerSpec:
             argv += ["--app", self.app]
         if self.budget is not None:
             argv += ["--budget", str(self.budget)]
+        if self.heartbeat is not None:
+            argv += ["--heartbeat", repr(self.heartbeat)]
+        if self.request_deadline is not None:
+            argv += ["--request-deadline", repr(self.request_deadline)]
         return argv
 
 
 class WorkerProcess:
-    """A running worker: its pid, a pidfd that becomes readable at its death, its channel."""
+    """A running worker: its pid, a pidfd that becomes readable at its death, its channel.
+
+    ``sock`` is the supervisor's end of the channel; the loop's transport owns and
+    closes it.
+    """
 
     def __init__(self, spec: WorkerSpec) -> None:
         """Start the worker without a shell, in its own process group."""
@@ -93,7 +101,8 @@ class WorkerProcess:
             self.create_time: float | None = psutil.Process(self.pid).create_time()
         except psutil.NoSuchProcess:
             self.create_time = None  # already gone; the pidfd reports its exit
-        self.channel = Channel(parent)
+        parent.setblocking(False)
+        self.sock = parent
         self.returncode: int | None = None
 
     def is_same_process(self) -> bool:
@@ -153,9 +162,8 @@ class WorkerProcess:
         return round(times.user + times.system, 3)
 
     def close(self) -> None:
-        """Release the pidfd and the channel."""
+        """Release the pidfd (the channel's socket belongs to the loop's transport)."""
         os.close(self.pidfd)
-        self.channel.close()
 
 
 def _fork_worker(spec: WorkerSpec, channel_fd: int) -> int:

@@ -121,6 +121,7 @@ def test_a_sigstopped_worker_is_killed_after_the_hang_timeout_and_restarted(
             sender.join(timeout=30)
         assert len(outcomes) == 3
         for outcome in outcomes:
+            assert isinstance(outcome, dict | ControlError)
             assert isinstance(outcome, dict) or outcome.code == "worker_died", outcome
         assert not psutil.pid_exists(first) or psutil.Process(first).status() == "zombie"
         assert daemon.proc.poll() is None
@@ -145,15 +146,17 @@ def test_a_daemon_out_of_file_descriptors_keeps_running_and_serves_once_clients_
     )
     idle: list[socket.socket] = []
     try:
-        poll_until(lambda: (home / SOCKET_NAME).exists(), what="the socket")
+        poll_until((home / SOCKET_NAME).exists, what="the socket")
         call(str(home), "ping")
         for _ in range(80):
             with contextlib.suppress(OSError):
                 idle.append(_connect(home))
         poll_until(
-            lambda: len(psutil.Process(proc.pid).open_files()) >= 0
-            and proc.poll() is None
-            and psutil.Process(proc.pid).num_fds() >= 46,
+            lambda: (
+                len(psutil.Process(proc.pid).open_files()) >= 0
+                and proc.poll() is None
+                and psutil.Process(proc.pid).num_fds() >= 46
+            ),
             what="the daemon to run out of descriptors",
         )
         assert proc.poll() is None
@@ -211,9 +214,11 @@ def test_a_request_refused_before_forwarding_gets_exactly_one_reply(tmp_path: Pa
         sock = _connect(home)
         unpacker = msgpack.Unpacker(raw=False)
         try:
-            # Fits the frame limit itself, but not once wrapped to be forwarded.
-            text = "z" * (MAX_FRAME - 60)
-            sock.sendall(_frame({"id": 1, "op": "send", "session": "s1", "text": text}))
+            # Exactly the frame limit itself, so one byte over it once wrapped to be forwarded.
+            request: dict[str, object] = {"id": 1, "op": "send", "session": "s1", "text": ""}
+            request["text"] = "z" * (MAX_FRAME - len(_frame(request)) - 4)
+            assert len(_frame(request)) == MAX_FRAME
+            sock.sendall(_frame(request))
             first = _next_message(sock, unpacker)
             assert first["id"] == 1
             assert first["ok"] is False
@@ -245,7 +250,7 @@ def test_under_umask_000_the_home_and_its_new_parents_are_0700(tmp_path: Path) -
         preexec_fn=lambda: os.umask(0),  # noqa: PLW1509 - only the umask, before exec
     )
     try:
-        poll_until(lambda: (home / SOCKET_NAME).exists(), what="the socket")
+        poll_until((home / SOCKET_NAME).exists, what="the socket")
         for directory in (tmp_path / "a", tmp_path / "a" / "b", home, home / "sessions"):
             assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700, directory
         assert stat.S_IMODE(os.stat(home / SOCKET_NAME).st_mode) == 0o600
@@ -287,8 +292,12 @@ def test_the_client_refuses_a_socket_owned_by_another_uid_and_sends_it_nothing(
     home = tmp_path / "home"
     home.mkdir()
     os.chmod(home, 0o777)  # noqa: S103 - the careless setup the check must survive
-    os.chmod(tmp_path, 0o755)
-    said = tmp_path / "said"
+    # The forger (uid 65534) must reach the home; the modes are put back afterwards.
+    opened = [p for p in (tmp_path, *tmp_path.parents) if p != Path("/")]
+    modes = {p: stat.S_IMODE(os.stat(p).st_mode) for p in opened}
+    for directory in opened:
+        os.chmod(directory, modes[directory] | 0o001)
+    said = home / "said"
     forger = subprocess.Popen(
         [sys.executable, "-c", FORGER, str(home / SOCKET_NAME), str(said)],
         stdout=subprocess.PIPE,
@@ -307,6 +316,8 @@ def test_the_client_refuses_a_socket_owned_by_another_uid_and_sends_it_nothing(
         forger.wait()
         if forger.stdout is not None:
             forger.stdout.close()
+        for directory, mode in modes.items():
+            os.chmod(directory, mode)
     assert not said.exists() or b"secret" not in said.read_bytes()
 
 
