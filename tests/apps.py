@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
 
+from worker import durable
 from worker.app import DefaultApp
+from worker.durable import Boundary, Step
 from worker.session import Session
 from worker.wire import Message, field, optional_field
 
@@ -43,3 +46,38 @@ def crashing_app(budget: int) -> DefaultApp:
     with open(os.environ["LOOPD_TEST_CRASH_LOG"], "a") as log:
         log.write(f"{time.monotonic()}\n")
     raise RuntimeError("this app always crashes at start")
+
+
+def enospc_on_epoch_end_app(budget: int) -> DefaultApp:
+    """The default app in a worker whose first write of an EpochEnd fails with ENOSPC.
+
+    The failure is injected at the store's real seam (the durable write boundary), for
+    that one write only; the store cuts the file back and the session stays usable.
+    """
+    failed: list[Boundary] = []
+
+    def hook(boundary: Boundary) -> None:
+        if boundary.step is Step.WRITE and b'"EpochEnd"' in boundary.data and not failed:
+            failed.append(boundary)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    durable.set_hook(hook)
+    return DefaultApp(budget)
+
+
+class SpinningApp(DefaultApp):
+    """The default app, except that the first ``spin`` request loops forever (no syscall).
+
+    It writes ``<home>/spinning-<pid>`` first; once that marker exists, ``spin`` is an
+    ordinary request, so the retry after the restart is answered.
+    """
+
+    def handle(self, session: Session, request: Message) -> Message:
+        home = os.path.dirname(os.path.dirname(session.dir))
+        spun = any(name.startswith("spinning-") for name in os.listdir(home))
+        if field(request, "text", str) == "spin" and not spun:
+            with open(os.path.join(home, f"spinning-{os.getpid()}"), "w") as marker:
+                marker.write("spin")
+            while True:
+                pass
+        return super().handle(session, request)

@@ -209,6 +209,11 @@ class _Batch:
             for index in self._waiting:
                 self.results[index] = exc
             self.context = _context(self.session)
+        else:
+            for index in self._waiting:
+                result = self.results[index]
+                if isinstance(result, dict):
+                    result["group"] = len(self._waiting)  # requests that shared the fsync
         self._records = []
         self._waiting = []
         self.keys.clear()
