@@ -14,7 +14,7 @@ from typing import Final
 import click
 import psutil
 
-from supervisor.client import call, call_with_retry
+from supervisor.client import Client, call
 from supervisor.daemon import SOCKET_NAME
 from supervisor.demo_checks import DemoChecks
 from supervisor.errors import ControlError
@@ -51,15 +51,17 @@ def _row(home: str, session: str) -> dict[str, object]:
 def _traffic(
     home: str, session: str, acknowledged: dict[str, list[str]], failures: list[str]
 ) -> None:
-    for n in range(REQUESTS):
-        key = f"{session}-{n}"
-        try:
-            call_with_retry(home, "send", session=session, text=f"request {n} for {session}",
-                            key=key, deadline=time.monotonic() + DEADLINE)  # fmt: skip
-        except ControlError as exc:
-            failures.append(f"{key}: {exc}")
-            return
-        acknowledged[session].append(key)
+    # Straight to the worker: the daemon only hands over the connection, and after a
+    # SIGKILL the client reconnects and sends what was unanswered again, by key.
+    with Client(home, retry_for=DEADLINE) as client:
+        for n in range(REQUESTS):
+            key = f"{session}-{n}"
+            try:
+                client.send(session, f"request {n} for {session}", key=key)
+            except ControlError as exc:
+                failures.append(f"{key}: {exc}")
+                return
+            acknowledged[session].append(key)
 
 
 def _print_table(rows: list[dict[str, object]]) -> None:

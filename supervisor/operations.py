@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from supervisor.hosted import HostedSession, Waiter
+from supervisor.hosted import Client, HostedSession, Waiter
 from supervisor.states import State
 from worker.errors import InvalidSessionId
 from worker.session_id import validate_session_id
 from worker.wire import MAX_REQUEST_ID, Message, WireError, error, field, ok, optional_field
 
-if TYPE_CHECKING:
-    from supervisor.daemon import ClientConnection, Supervisor
+
+class Daemon(Protocol):
+    """What the operations need of the daemon (passed in, so neither imports the other)."""
+
+    @property
+    def sessions(self) -> dict[str, HostedSession]: ...
+    def create_session(self, waiter: Waiter, session_id: str, slot: int) -> None: ...
+    def forget_pending_start(self, hosted: HostedSession) -> None: ...
+    def statuses(self) -> list[Message]: ...
+    def daemon_status(self) -> Message: ...
 
 
-def dispatch(daemon: Supervisor, client: ClientConnection, message: Message) -> None:
+def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
     """Answer one control request; a malformed one gets an error reply, never a crash."""
     request_id = message.get("id")
     if type(request_id) not in (int, str) or (
@@ -101,7 +109,7 @@ def _session_id(message: Message) -> str:
     return validate_session_id(field(message, "session", str))
 
 
-def _hosted(daemon: Supervisor, message: Message) -> HostedSession:
+def _hosted(daemon: Daemon, message: Message) -> HostedSession:
     session_id = _session_id(message)
     hosted = daemon.sessions.get(session_id)
     if hosted is None:
