@@ -104,7 +104,7 @@ class FramedConnection(asyncio.Protocol):
     @property
     def backlog(self) -> int:
         """Bytes written but not yet taken by the peer's socket."""
-        if self.transport is None or self.closed:
+        if self.transport is None or self.closed or self.transport.is_closing():
             return 0
         return self.transport.get_write_buffer_size()
 
@@ -114,8 +114,8 @@ class FramedConnection(asyncio.Protocol):
         Raises WireError if the message cannot be encoded (too large): nothing is sent.
         """
         frame = encode(message)
-        if self.closed or self.transport is None:
-            return False
+        if self.closed or self.transport is None or self.transport.is_closing():
+            return False  # its end is on the way (connection_lost follows); nobody reads
         if self.backlog + len(frame) > MAX_OUTPUT:
             self.abort()  # it stopped reading long ago: drop it rather than grow without end
             return False
@@ -129,7 +129,7 @@ class FramedConnection(asyncio.Protocol):
         first byte of its own message and never overtakes earlier messages.
         """
         frame = encode(message)
-        if self.closed or self.transport is None or self.backlog:
+        if self.closed or self.transport is None or self.transport.is_closing() or self.backlog:
             return False
         try:
             sent = socket.send_fds(self.sock, [frame], [fd])
