@@ -33,6 +33,8 @@ __all__ = ["RETRYABLE", "SOCKET_NAME", "Client", "Request", "call", "call_with_r
 RETRYABLE: Final = frozenset({"worker_died", "closed", "no_daemon", "busy"})
 """Error codes after which the same request (same key) may simply be sent again."""
 _READ_SIZE: Final = 1 << 18
+_SMALL: Final = 32 << 10
+"""Requests up to this many bytes are written with one blocking send (they fit the buffer)."""
 _RETRY_PAUSE: Final = 0.02
 
 
@@ -87,6 +89,8 @@ def _exchange(
     Reading while writing means a long pipeline never deadlocks against a peer that
     stops reading until its replies are taken. Raises ConnectionError at end of stream.
     """
+    if len(frames) <= _SMALL:
+        return _exchange_small(sock, frames, wanted, deadline)
     reader = FrameReader()
     replies: list[Message] = []
     fds: list[int] = []
@@ -116,6 +120,30 @@ def _exchange(
                         replies += reader.feed(data)
                     except WireError as exc:
                         raise ControlError("bad_reply", str(exc)) from exc
+    return replies, fds
+
+
+def _exchange_small(
+    sock: socket.socket, frames: bytes, wanted: int, deadline: float
+) -> tuple[list[Message], list[int]]:
+    """``_exchange`` for a few requests: they fit the socket's buffer, so a blocking
+    write cannot wait on the peer; no selector is needed (one request, two syscalls)."""
+    reader = FrameReader()
+    replies: list[Message] = []
+    fds: list[int] = []
+    sock.settimeout(max(0.001, deadline - time.monotonic()))
+    if frames:
+        sock.sendall(frames)
+    while len(replies) < wanted:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        data, got, _flags, _addr = socket.recv_fds(sock, _READ_SIZE, 4)
+        fds += got
+        if not data:
+            raise ConnectionResetError("end of stream")
+        try:
+            replies += reader.feed(data)
+        except WireError as exc:
+            raise ControlError("bad_reply", str(exc)) from exc
     return replies, fds
 
 

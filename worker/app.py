@@ -12,7 +12,7 @@ from typing import Final, Protocol
 
 from worker.baseline import Baseline
 from worker.errors import SessionError
-from worker.records import Assistant, Record, ToolResult, Usage, User
+from worker.records import Assistant, Record, ToolResult, Usage, User, utc_now
 from worker.session import Session
 from worker.wire import Message, WireError, field, optional_field
 
@@ -136,16 +136,20 @@ class DefaultApp:
             reply = f"echo: {text}"
             prompt, completion = _tokens(text), _tokens(reply)
             batch.context += prompt + completion
+            now = utc_now()  # one clock read for the request's four records
             usage = Usage(
-                prompt_tokens=prompt, completion_tokens=completion, context_tokens=batch.context
+                time=now,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                context_tokens=batch.context,
             )
             batch.add(
                 index,
                 key,
                 [
-                    User(text=text, untrusted=untrusted, key=key),
-                    ToolResult(call=call, tool="echo", output=text, ok=True),
-                    Assistant(text=reply),
+                    User(time=now, text=text, untrusted=untrusted, key=key),
+                    ToolResult(time=now, call=call, tool="echo", output=text, ok=True),
+                    Assistant(time=now, text=reply),
                     usage,
                 ],
                 {

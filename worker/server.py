@@ -10,11 +10,13 @@ worker that stops (SIGSTOP) or spins is noticed and replaced.
 
 from __future__ import annotations
 
+import functools
 import os
 import selectors
 import signal
 import socket
 import time
+from collections.abc import Callable
 from typing import Final, Protocol, runtime_checkable
 
 from worker.app import App
@@ -79,6 +81,10 @@ class Server:
         self.control = Peer(control, takes_fds=True)
         self.heartbeat = heartbeat
         self.request_deadline = request_deadline
+        # The runtime Protocol check is slow: made once, not per batch.
+        self._handle: Callable[[Session, list[Message]], list[Message | SessionError]] = (
+            app.handle_many if isinstance(app, BatchApp) else functools.partial(handle_batch, app)
+        )
         self.selector = selectors.DefaultSelector()
         self.peers: dict[int, Peer] = {}
         self._events: dict[int, int] = {}
@@ -204,7 +210,7 @@ class Server:
             # supervisor restarts it and its clients retry with their keys.
             signal.setitimer(signal.ITIMER_REAL, self.request_deadline)
         try:
-            results = handle_batch(self.app, self.session, [payload for _, _, payload in batch])
+            results = self._handle(self.session, [payload for _, _, payload in batch])
         finally:
             if self.request_deadline is not None:
                 signal.setitimer(signal.ITIMER_REAL, 0)
