@@ -29,7 +29,7 @@ from supervisor.operations import dispatch
 from supervisor.peer import make_private_dirs
 from supervisor.spawn import StartMethod, WorkerProcess, WorkerSpec
 from supervisor.states import RestartPolicy, State
-from worker.errors import InvalidSessionId, SessionLocked
+from worker.errors import InvalidSessionId, SessionIOError, SessionLocked
 from worker.layout import SESSIONS_DIR
 from worker.lock import lock_directory
 from worker.session_id import validate_session_id
@@ -240,6 +240,8 @@ class Supervisor:
             return lock_directory(self.home)
         except SessionLocked as exc:
             raise HomeLocked(self.home, exc.pid) from exc
+        except SessionIOError as exc:
+            raise ServeError(f"{exc}; choose a directory you own on a local file system") from exc
         except OSError as exc:
             raise ServeError(
                 f"{exc.filename or self.home}: cannot use this home: {exc.strerror}; "

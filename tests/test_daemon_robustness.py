@@ -323,16 +323,18 @@ def test_the_client_refuses_a_socket_owned_by_another_uid_and_sends_it_nothing(
 
 @pytest.mark.parametrize(
     "setup",
-    ["long-path", "socket-is-a-directory"],
+    ["long-path", "socket-is-a-directory", "cannot-create-the-home"],
 )
 def test_serve_refuses_an_unusable_home_in_one_line_without_a_traceback(
     tmp_path: Path, setup: str
 ) -> None:
     if setup == "long-path":
         home = tmp_path / ("h" * 60) / ("o" * 60) / "home"
-    else:
+    elif setup == "socket-is-a-directory":
         home = tmp_path / "home"
         (home / SOCKET_NAME).mkdir(parents=True)
+    else:
+        home = Path("/proc") / f"loopd-{tmp_path.name}"  # no one may create it, not even root
     served = loopd("serve", "--home", str(home))
     assert served.returncode != 0
     assert "Traceback" not in served.stderr
