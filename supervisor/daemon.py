@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from supervisor.connection import FramedConnection, connect
+from supervisor.endpoints import Waiter
 from supervisor.errors import HomeLocked, ServeError
-from supervisor.hosted import HostedSession, Waiter
+from supervisor.hosted import HostedSession
 from supervisor.listener import SOCKET_NAME, Listener
 from supervisor.operations import dispatch
 from supervisor.peer import make_private_dirs

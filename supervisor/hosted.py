@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import random
 import signal
-import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final, Protocol
 
+from supervisor.endpoints import Waiter, WorkerChannel
+from supervisor.handover import hand_over
+from supervisor.hang import HangWatch
 from supervisor.spawn import WorkerProcess, WorkerSpec
 from supervisor.states import RestartPolicy, State, StateMachine
 from worker.process import EXIT_CLEAN, EXIT_LOCKED, EXIT_NOT_FOUND, EXIT_REFUSED
@@ -22,22 +23,6 @@ MAX_WORKER_BACKLOG: Final = 8 << 20
 """Bytes queued to a worker that is not reading before new requests are refused (busy)."""
 
 
-class Client(Protocol):
-    """Where a reply goes (a control connection)."""
-
-    def reply(self, message: Message) -> None: ...
-    def reply_with_fd(self, message: Message, fd: int) -> bool: ...
-
-
-class WorkerChannel(Protocol):
-    """The daemon's end of a worker's control channel (bounded, never blocking)."""
-
-    @property
-    def backlog(self) -> int: ...
-    def send(self, message: Message) -> bool: ...
-    def send_with_fd(self, message: Message, fd: int) -> bool: ...
-
-
 class Loop(Protocol):
     """What a hosted session needs from the event loop."""
 
@@ -45,14 +30,6 @@ class Loop(Protocol):
     def unwatch_worker(self, worker: WorkerProcess) -> None: ...
     def call_at(self, when: float, callback: Callable[[], None]) -> object: ...
     def cancel(self, timer: object) -> None: ...
-
-
-@dataclass(slots=True)
-class Waiter:
-    """A client waiting for a reply: its connection and its request id."""
-
-    client: Client
-    request_id: object
 
 
 def describe_exit(code: int) -> str:
@@ -86,8 +63,7 @@ class HostedSession:
         self.rng = rng
         self.worker: WorkerProcess | None = None
         self.link: WorkerChannel | None = None
-        self.hang_timeout = hang_timeout
-        self.last_heard = 0.0
+        self.hang = HangWatch(loop, hang_timeout, self._hung)
         self.restarts = 0
         self.started_at: float | None = None
         self.last_error: str | None = None
@@ -99,7 +75,6 @@ class HostedSession:
         self.stop_waiters: list[Waiter] = []
         self.restart_after_stop = False
         self._timer: object | None = None
-        self._hang_timer: object | None = None
         self._next_id = 0
 
     @property
@@ -119,7 +94,8 @@ class HostedSession:
             self._crashed(time.monotonic())
             return
         self.worker = worker
-        self.started_at = self.last_heard = time.monotonic()
+        self.started_at = time.monotonic()
+        self.hang.heard()
         self.link = self.loop.watch_worker(self, worker)
 
     def operator_start(self) -> None:
@@ -157,7 +133,7 @@ class HostedSession:
             self.worker.kill()
 
     def on_worker_message(self, message: Message) -> None:
-        self.last_heard = time.monotonic()  # any message shows the worker's loop turns
+        self.hang.heard()  # any message shows that the worker's loop turns
         op = message.get("op")
         if op == "beat":
             self._take_state(message.get("state"))
@@ -172,7 +148,7 @@ class HostedSession:
                         {"id": waiter.request_id, "ok": True, "result": self.status()}
                     )
                 self.ready_waiters.clear()
-                self._arm_hang_check()
+                self.hang.arm()
                 queued, self.queued = self.queued, []
                 for waiter, request in queued:
                     self._act(waiter, request)
@@ -203,7 +179,7 @@ class HostedSession:
         self.worker = None
         self.link = None
         self._cancel_timer()
-        self._cancel_hang_check()
+        self.hang.cancel()
         now = time.monotonic()
         how = describe_exit(code)
         self._fail_in_flight(
@@ -311,33 +287,10 @@ class HostedSession:
             )  # fmt: skip
 
     def connect(self, waiter: Waiter) -> None:
-        """Give the client a connection of its own to the worker (the direct data path).
-
-        A socketpair: one end goes to the worker, the other to the client, both with
-        SCM_RIGHTS; requests then go from client to worker without passing through here.
-        """
-        link = self.link
-        assert link is not None
+        """Give the client a connection of its own to the worker (the direct data path)."""
+        assert self.link is not None
         assert self.worker is not None
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            if not link.send_with_fd({"op": "attach"}, ours.fileno()):
-                waiter.client.reply(
-                    error(waiter.request_id, "busy", f"the worker of session {self.id} is "
-                          "busy; retry")
-                )  # fmt: skip
-                return
-            result = {"session": self.id, "pid": self.worker.pid, "worker_pid": self.worker.pid}
-            if not waiter.client.reply_with_fd(
-                {"id": waiter.request_id, "ok": True, "result": result}, theirs.fileno()
-            ):
-                waiter.client.reply(
-                    error(waiter.request_id, "busy", "read the replies already sent before "
-                          "asking for a connection; retry")
-                )  # fmt: skip
-        finally:
-            ours.close()
-            theirs.close()
+        hand_over(self.link, waiter, self.id, self.worker.pid)
 
     def _fail_in_flight(self, code: str, message: str) -> None:
         in_flight, self.in_flight = self.in_flight, {}
@@ -362,30 +315,14 @@ class HostedSession:
         if self.worker is not None:
             self.worker.kill()
 
-    def _arm_hang_check(self) -> None:
-        self._cancel_hang_check()
-        if self.hang_timeout is not None:
-            when = self.last_heard + self.hang_timeout
-            self._hang_timer = self.loop.call_at(when, self._check_hang)
-
-    def _check_hang(self) -> None:
+    def _hung(self, silent: float) -> None:
         """No message within the hang timeout: the worker's loop is stuck (or stopped)."""
-        self._hang_timer = None
-        if self.state is not State.RUNNING or self.worker is None or self.hang_timeout is None:
-            return
-        silent = time.monotonic() - self.last_heard
-        if silent < self.hang_timeout:
-            self._arm_hang_check()
+        if self.state is not State.RUNNING or self.worker is None:
             return
         self.last_error = (
-            f"hang: no heartbeat for {silent:.1f} s (--hang-timeout {self.hang_timeout:g}); killed"
+            f"hang: no heartbeat for {silent:.1f} s (--hang-timeout {self.hang.timeout:g}); killed"
         )
         self.worker.kill()
-
-    def _cancel_hang_check(self) -> None:
-        if self._hang_timer is not None:
-            self.loop.cancel(self._hang_timer)
-            self._hang_timer = None
 
     def _take_state(self, state: object) -> None:
         if isinstance(state, dict):

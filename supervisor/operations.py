@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from supervisor.hosted import Client, HostedSession, Waiter
+from supervisor.endpoints import Client, Waiter
+from supervisor.hosted import HostedSession
 from supervisor.states import State
 from worker.errors import InvalidSessionId
 from worker.session_id import validate_session_id
