@@ -15,7 +15,14 @@ from worker.wire import error
 
 def hand_over(link: WorkerChannel, waiter: Waiter, session: str, worker_pid: int) -> None:
     """Connect the waiting client to the worker behind ``link``; one reply either way."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError as exc:  # EMFILE, ENFILE, ENOMEM: out of descriptors for now
+        waiter.client.reply(
+            error(waiter.request_id, "busy", f"no connection to session {session} can be "
+                  f"made now ({exc.strerror}); retry")
+        )  # fmt: skip
+        return
     try:
         if not link.send_with_fd({"op": "attach"}, ours.fileno()):
             waiter.client.reply(
