@@ -11,6 +11,7 @@ from typing import Final
 
 _PEERCRED: Final = struct.Struct("3i")  # pid, uid, gid
 PRIVATE_DIR: Final = 0o700
+_ABSENT: Final = frozenset({errno.ENOENT, errno.ENOTDIR})
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -52,7 +53,7 @@ def socket_owner_problem(path: str) -> str | None:
     try:
         st = os.lstat(path)
     except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        if exc.errno in _ABSENT:
             return None  # nothing there: connect will say so
         raise
     if not stat.S_ISSOCK(st.st_mode):
