@@ -34,3 +34,19 @@ def test_a_frame_nested_too_deeply_is_refused_with_a_reason() -> None:
     deep = b"\x91" * 2000 + b"\xc0"
     with pytest.raises(WireError, match="nests too deeply"):
         reader.feed(b"\x81\xa1a" + deep)
+
+
+@pytest.mark.parametrize("size", [100, 101], ids=["at-the-limit", "one-byte-over"])
+def test_the_limit_holds_when_a_frame_arrives_a_byte_at_a_time(size: int) -> None:
+    reader = FrameReader(max_frame=100)
+    frame: bytes = msgpack.packb({"t": "a" * (size - 5)})
+    assert len(frame) == size
+    messages = []
+    if size > 100:
+        with pytest.raises(WireError, match="size limit"):
+            for byte in frame:
+                messages += reader.feed(bytes([byte]))
+    else:
+        for byte in frame:
+            messages += reader.feed(bytes([byte]))
+        assert messages == [{"t": "a" * (size - 5)}]
