@@ -270,24 +270,29 @@ server.bind(path)
 server.listen(4)
 print("listening", flush=True)
 server.settimeout(20)
-try:
-    conn, _ = server.accept()
-except TimeoutError:
-    sys.exit(0)
-conn.settimeout(5)
-try:
-    data = conn.recv(65536)
-except OSError:
-    data = b""
-with open(said, "wb") as f:
-    f.write(data)
-conn.sendall(msgpack.packb({"id": 1, "ok": True, "result": {"forged": True}}))
+while True:
+    try:
+        conn, _ = server.accept()
+    except TimeoutError:
+        sys.exit(0)
+    conn.settimeout(5)
+    try:
+        data = conn.recv(65536)
+        conn.sendall(msgpack.packb({"id": 1, "ok": True, "result": {"forged": True}}))
+    except OSError:
+        data = b""
+    with open(said, "ab") as f:
+        f.write(data)
+    conn.close()
 """
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
-def test_the_client_refuses_a_socket_owned_by_another_uid_and_sends_it_nothing(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    "socket_owner", ["theirs", "chowned-to-us"], ids=["socket-file-theirs", "only-peer-theirs"]
+)
+def test_the_client_refuses_a_socket_served_by_another_uid_and_sends_it_nothing(
+    tmp_path: Path, socket_owner: str
 ) -> None:
     home = tmp_path / "home"
     home.mkdir()
@@ -306,11 +311,15 @@ def test_the_client_refuses_a_socket_owned_by_another_uid_and_sends_it_nothing(
     try:
         assert forger.stdout is not None
         assert forger.stdout.readline() == "listening\n"
+        if socket_owner == "chowned-to-us":
+            # The file now passes for ours: only SO_PEERCRED can tell who serves it.
+            os.chown(home / SOCKET_NAME, os.getuid(), os.getgid())
         with pytest.raises(ControlError, match="uid 65534"):
             call(str(home), "send", session="s1", text="the operator's secret", timeout=5)
         sent = loopd("send", "--home", str(home), "s1", "the operator's secret")
         assert sent.returncode != 0
         assert "Traceback" not in sent.stderr
+        assert "not_ours" in sent.stderr
     finally:
         forger.kill()
         forger.wait()
@@ -347,9 +356,14 @@ def test_commands_to_a_hung_daemon_end_in_one_line_after_the_timeout(tmp_path: P
     with running_daemon(home) as daemon:
         os.kill(daemon.proc.pid, signal.SIGSTOP)
         try:
-            sent = loopd("send", "--home", str(home), "--timeout", "1", "s1", "x")
+            ran = [
+                loopd(*command, "--home", str(home), "--timeout", "1")
+                for command in (("send", "s1", "x"), ("stop", "s1"), ("status",))
+            ]
         finally:
             os.kill(daemon.proc.pid, signal.SIGCONT)
-        assert sent.returncode != 0
-        assert "Traceback" not in sent.stderr
-        assert "did not answer within 1" in sent.stderr
+        for done in ran:
+            assert done.returncode != 0
+            assert "Traceback" not in done.stderr
+            assert done.stderr.count("\n") == 1, done.stderr
+            assert "did not answer within 1" in done.stderr
