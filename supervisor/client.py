@@ -17,6 +17,7 @@ import itertools
 import os
 import selectors
 import socket
+import struct
 import time
 import uuid
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ _READ_SIZE: Final = 1 << 18
 _SMALL: Final = 32 << 10
 """Requests up to this many bytes are written with one blocking send (they fit the buffer)."""
 _RETRY_PAUSE: Final = 0.02
+_TIMEVAL: Final = struct.Struct("ll")
 
 
 def open_control(home: str, timeout: float) -> socket.socket:
@@ -228,7 +230,35 @@ class Client:
         self, session: str, text: str, *, key: str | None = None, untrusted: bool = False
     ) -> Message:
         """Apply one request to ``session`` and return its result (retried by key)."""
-        return self.send_many(session, [Request(text=text, key=key, untrusted=untrusted)])[0]
+        sock = self._links.get(session)
+        if sock is None:
+            return self.send_many(session, [Request(text=text, key=key, untrusted=untrusted)])[0]
+        # The common case, kept short: a live connection, one frame out, one frame back,
+        # on a blocking socket whose kernel timeouts (SO_RCVTIMEO) spare a poll per call.
+        key = key or _made_up_key()
+        payload: Message = {"text": text, "key": key}
+        if untrusted:
+            payload["untrusted"] = True
+        request_id = next(self._ids)
+        frame = encode({"id": request_id, "op": "request", "request": payload})
+        try:
+            reply = _round_trip(sock, frame)
+        except BlockingIOError as exc:  # SO_RCVTIMEO or SO_SNDTIMEO ran out
+            self._drop(session)
+            raise ControlError(
+                "timeout", f"session {session} did not answer within {self.timeout:g} s"
+            ) from exc
+        except OSError:
+            # The worker died (end of stream): the general path reconnects and sends the
+            # same frame (the same key) again.
+            self._drop(session)
+            again = Request(text=text, key=key, untrusted=untrusted)
+            return self.send_many(session, [again])[0]
+        if reply.get("id") != request_id:
+            self._drop(session)
+            raise ControlError("bad_reply", f"a reply to another request: {reply!r}")
+        result = _result(reply)
+        return result if isinstance(result, dict) else {"result": result}
 
     def send_many(self, session: str, requests: Sequence[Request]) -> list[Message]:
         """Pipeline requests to ``session``; return their results in order.
@@ -320,12 +350,35 @@ class Client:
             for fd in fds:
                 os.close(fd)
             raise ControlError("closed", "the supervisor sent no connection; retry")
-        return socket.socket(fileno=fds[0])
+        link = socket.socket(fileno=fds[0])
+        seconds = int(self.timeout)
+        bound = _TIMEVAL.pack(seconds, int((self.timeout - seconds) * 1e6))
+        link.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, bound)
+        link.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, bound)
+        return link
 
     def _drop(self, session: str) -> None:
         sock = self._links.pop(session, None)
         if sock is not None:
             sock.close()
+
+
+def _round_trip(sock: socket.socket, frame: bytes) -> Message:
+    """Send one frame and read one reply on a blocking socket; ConnectionError at its end."""
+    if sock.gettimeout() is not None:
+        sock.settimeout(None)  # back to blocking after a pipeline's selector exchange
+    sock.sendall(frame)
+    reader = FrameReader()
+    while True:
+        data = sock.recv(_READ_SIZE)
+        if not data:
+            raise ConnectionResetError("end of stream")
+        try:
+            replies = reader.feed(data)
+        except WireError as exc:
+            raise ControlError("bad_reply", str(exc)) from exc
+        if replies:
+            return replies[0]
 
 
 def _made_up_key() -> str:

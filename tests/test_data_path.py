@@ -209,3 +209,22 @@ def test_a_stopped_session_refuses_the_client_with_its_state(tmp_path: Path) -> 
         call(str(home), "stop", session="s1")
         with pytest.raises(ControlError, match="STOPPED"):
             client.send("s1", "after the stop")
+
+
+def test_a_client_gives_up_on_a_silent_worker_after_its_timeout_in_one_error(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    with running_daemon(home, "--hang-timeout", "60"), Client(str(home), timeout=1) as client:
+        call(str(home), "create", session="s1")
+        client.send("s1", "before", key="before")
+        pid = status(home, "s1")["pid"]
+        assert isinstance(pid, int)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(ControlError, match="did not answer within 1 s"):
+                client.send("s1", "during", key="during")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert client.send("s1", "during", key="during")["key"] == "during"
+    assert _keys(home, "s1") == ["before", "during"]

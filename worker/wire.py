@@ -100,30 +100,35 @@ class FrameReader:
     def feed(self, data: bytes) -> list[Message]:
         """Add bytes; return the messages they complete. WireError on a bad frame."""
         ready: list[Message] = []
-        view = memoryview(data)
-        for start in range(0, len(view), _FEED_SIZE):
-            chunk = view[start : start + _FEED_SIZE]
-            try:
-                self._unpacker.feed(chunk)
-                self._fed += len(chunk)
-                for message in self._unpacker:
-                    end = self._unpacker.tell()
-                    if end - self._consumed > self.max_frame:
-                        raise WireError(_too_large(end - self._consumed, self.max_frame))
-                    self._consumed = end
-                    if type(message) is not dict:
-                        raise WireError(f"a frame must be a map, got {type(message).__name__}")
-                    ready.append(message)
-            except msgpack.BufferFull as exc:
-                raise WireError(_too_large(None, self.max_frame)) from exc
-            except msgpack.StackError as exc:
-                raise WireError("undecodable frame: it nests too deeply") from exc
-            except (msgpack.ExtraData, msgpack.FormatError, ValueError) as exc:
-                # ValueError covers invalid UTF-8 and non-string map keys (strict_map_key).
-                raise WireError(f"undecodable frame: {exc or type(exc).__name__}") from exc
-            if self._fed - self._consumed > self.max_frame:
-                raise WireError(_too_large(None, self.max_frame))
+        if len(data) <= _FEED_SIZE:
+            self._feed_chunk(data, ready)
+        else:
+            view = memoryview(data)
+            for start in range(0, len(view), _FEED_SIZE):
+                self._feed_chunk(view[start : start + _FEED_SIZE], ready)
         return ready
+
+    def _feed_chunk(self, chunk: bytes | memoryview, ready: list[Message]) -> None:
+        try:
+            self._unpacker.feed(chunk)
+            self._fed += len(chunk)
+            for message in self._unpacker:
+                end = self._unpacker.tell()
+                if end - self._consumed > self.max_frame:
+                    raise WireError(_too_large(end - self._consumed, self.max_frame))
+                self._consumed = end
+                if type(message) is not dict:
+                    raise WireError(f"a frame must be a map, got {type(message).__name__}")
+                ready.append(message)
+        except msgpack.BufferFull as exc:
+            raise WireError(_too_large(None, self.max_frame)) from exc
+        except msgpack.StackError as exc:
+            raise WireError("undecodable frame: it nests too deeply") from exc
+        except (msgpack.ExtraData, msgpack.FormatError, ValueError) as exc:
+            # ValueError covers invalid UTF-8 and non-string map keys (strict_map_key).
+            raise WireError(f"undecodable frame: {exc or type(exc).__name__}") from exc
+        if self._fed - self._consumed > self.max_frame:
+            raise WireError(_too_large(None, self.max_frame))
 
     def reset(self) -> None:
         """Drop whatever is buffered after a bad frame, so the next frame starts clean."""
