@@ -26,6 +26,7 @@ MAX_OUTPUT: Final = 32 << 20
 MESSAGES_PER_TURN: Final = 64
 """Messages of one connection acted on per loop turn: a pipelining peer waits its turn."""
 _FULL: Final = frozenset({errno.EAGAIN, errno.ENOBUFS})
+_GONE: Final = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN})
 
 
 class FramedConnection(asyncio.Protocol):
@@ -134,8 +135,8 @@ class FramedConnection(asyncio.Protocol):
         try:
             sent = socket.send_fds(self.sock, [frame], [fd])
         except OSError as exc:
-            if exc.errno in _FULL:
-                return False
+            if exc.errno in _FULL or exc.errno in _GONE:
+                return False  # full for now, or the peer died: its transport sees the end
             raise
         if sent < len(frame):
             self.transport.write(frame[sent:])
