@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
+from functools import partial
 from pathlib import Path
 
+import msgpack
+import psutil
 import pytest
 
 from supervisor.client import Client, Request, call
@@ -228,3 +232,42 @@ def test_a_client_gives_up_on_a_silent_worker_after_its_timeout_in_one_error(
             os.kill(pid, signal.SIGCONT)
         assert client.send("s1", "during", key="during")["key"] == "during"
     assert _keys(home, "s1") == ["before", "during"]
+
+
+def _is_zombie(pid: int) -> bool:
+    return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+
+
+def test_a_connection_asked_for_as_its_worker_dies_still_gets_exactly_one_reply(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    with running_daemon(home) as daemon:
+        call(str(home), "create", session="s1")
+        for round_no in range(3):
+            row = wait_state(home, "s1", "RUNNING", restarts=round_no)
+            pid = row["pid"]
+            assert isinstance(pid, int)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(10)
+            sock.connect(str(home / "loopd.sock"))
+            try:
+                sock.sendall(msgpack.packb({"id": 0, "op": "ping"}))
+                assert msgpack.unpackb(sock.recv(65536), raw=False)["ok"]
+                # With the daemon stopped, the request for a connection is queued before
+                # the worker dies: the loop reads it before it reads the death.
+                os.kill(daemon.proc.pid, signal.SIGSTOP)
+                try:
+                    sock.sendall(msgpack.packb({"id": 1, "op": "connect", "session": "s1"}))
+                    os.kill(pid, signal.SIGKILL)
+                    poll_until(partial(_is_zombie, pid), what="the worker to die")
+                finally:
+                    os.kill(daemon.proc.pid, signal.SIGCONT)
+                data, fds, _flags, _addr = socket.recv_fds(sock, 65536, 4)
+            finally:
+                sock.close()
+            for fd in fds:
+                os.close(fd)
+            reply = msgpack.unpackb(data, raw=False)
+            assert reply["id"] == 1
+            assert reply["ok"] is True or reply["error"]["code"] in ("busy", "worker_died")
