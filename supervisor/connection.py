@@ -186,7 +186,9 @@ def connect(
 
     def done(finished: asyncio.Task[object]) -> None:
         tasks.discard(finished)
-        if not finished.cancelled() and finished.exception() is not None:
+        if finished.cancelled():
+            conn.sock.close()  # the daemon is shutting down
+        elif finished.exception() is not None:
             conn.sock.close()
             on_error(finished.exception())  # type: ignore[arg-type]
 

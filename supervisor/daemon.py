@@ -227,6 +227,8 @@ class Supervisor:
             self._listener.close()
             for client in list(self.clients):
                 client.abort()
+            for task in self._tasks:
+                task.cancel()  # connections still being set up
             self.loop.run_until_complete(asyncio.sleep(0))  # let the transports close
             self.loop.close()
             os.close(home_fd)

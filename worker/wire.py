@@ -176,19 +176,6 @@ class Channel:
         self._feed(data)
         return self._take()
 
-    def drain_nowait(self) -> list[Message]:
-        """Read everything the socket holds right now, without blocking; return messages."""
-        while not self.closed:
-            try:
-                data = self._recv_or_reset(socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                break
-            if not data:
-                self.closed = True
-                break
-            self._feed(data)
-        return self._take()
-
     def recv(self) -> Message | None:
         """Block until one whole message arrives; None at end of stream (or a reset)."""
         while not self._ready:
