@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import resource
 import signal
@@ -17,9 +18,11 @@ from pathlib import Path
 import msgpack
 import psutil
 import pytest
+from click.testing import CliRunner
 
 from supervisor.client import call
 from supervisor.daemon import SOCKET_NAME
+from supervisor.daemon_commands import serve
 from supervisor.errors import ControlError
 from tests.support import REPO, loopd, poll_until, running_daemon, status, wait_state
 from worker.wire import MAX_FRAME
@@ -367,3 +370,26 @@ def test_commands_to_a_hung_daemon_end_in_one_line_after_the_timeout(tmp_path: P
             assert "Traceback" not in done.stderr
             assert done.stderr.count("\n") == 1, done.stderr
             assert "did not answer within 1" in done.stderr
+
+
+def test_serve_on_a_file_system_that_cannot_hold_a_socket_refuses_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    real_bind = socket.socket.bind
+
+    def bind(self: socket.socket, address: object) -> None:
+        # What a FUSE mount without socket support answers, for the control socket only.
+        if address == str(home / SOCKET_NAME):
+            raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+        real_bind(self, address)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket.socket, "bind", bind)
+    result = CliRunner().invoke(serve, ["--home", str(home)])
+    assert result.exit_code == 1
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.output.strip().splitlines() == [
+        f"loopd serve: {home / SOCKET_NAME}: cannot create the control socket: "
+        f"{os.strerror(errno.ENOSYS)}; the home must be on a local file system that holds "
+        "Unix sockets and be writable by you"
+    ]
