@@ -90,9 +90,7 @@ class Server:
         self._events: dict[int, int] = {}
         self._stop = False
         self._last_beat = time.monotonic()
-        self._reported = (session.epoch, len(session.records))
         self._report_due: float | None = None
-        self._last_message: Message = {}
 
     def run(self) -> None:
         self._add(self.control)
@@ -177,13 +175,14 @@ class Server:
                 continue
             self._apply(batch)  # what came before this message is answered first
             batch.clear()
-            self._last_message = message
-            self._control_op(peer, request_id, op)
+            self._control_op(peer, message)
             if self._stop:
                 return
 
-    def _control_op(self, peer: Peer, request_id: object, op: object) -> None:
+    def _control_op(self, peer: Peer, message: Message) -> None:
         session = self.session
+        request_id = message.get("id")
+        op = message.get("op")
         if op == "status":
             peer.queue(ok(request_id, {"state": describe(session)}))
         elif peer is not self.control:
@@ -193,7 +192,7 @@ class Server:
             if fd is not None:
                 self._add(Peer(socket.socket(fileno=fd)))
         elif op == "compact":
-            self._compact(request_id, self._last_message)
+            self._compact(request_id, message)
         elif op == "stop":
             peer.queue(ok(request_id, {"state": describe(session)}))
             self._stop = True
