@@ -108,7 +108,10 @@ def _exchange(
                 raise TimeoutError
             for _key, mask in selector.select(left):
                 if mask & selectors.EVENT_WRITE and out:
-                    out = out[sock.send(out) :]
+                    try:
+                        out = out[sock.send(out) :]
+                    except BlockingIOError:
+                        continue  # woken early: the buffer filled again meanwhile
                     if not out:
                         selector.modify(sock, selectors.EVENT_READ)
                 if mask & selectors.EVENT_READ:
