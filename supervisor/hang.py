@@ -1,4 +1,4 @@
-"""Hung-worker detection: a worker whose loop has been silent too long is reported."""
+"""Hung-worker detection: a worker whose loop has not turned for too long is reported."""
 
 from __future__ import annotations
 
@@ -15,19 +15,27 @@ class Timers(Protocol):
 
 
 class HangWatch:
-    """Calls ``on_hang(silent_seconds)`` when nothing was heard for ``timeout`` seconds.
+    """Calls ``on_hang(silent_seconds)`` when the worker showed no sign of life for
+    ``timeout`` seconds.
 
-    One timer per session, re-armed from the last message heard when it fires, so a busy
-    session costs no timer churn per message. The worker's loop sends a heartbeat every
-    ``timeout``/4 seconds; silence means the loop is stopped (SIGSTOP) or stuck.
+    Signs of life are its messages (``heard``) and its heartbeats, read from the shared
+    cell by ``last_beat`` only when the check comes due: the worker's loop stamps the cell
+    at every turn, at least every ``timeout``/4 seconds, and neither wakes the daemon.
+    One timer per session, re-armed from the newest sign when it fires: silence means the
+    loop is stopped (SIGSTOP) or stuck.
     """
 
     def __init__(
-        self, timers: Timers, timeout: float | None, on_hang: Callable[[float], None]
+        self,
+        timers: Timers,
+        timeout: float | None,
+        on_hang: Callable[[float], None],
+        last_beat: Callable[[], float],
     ) -> None:
         self.timers = timers
         self.timeout = timeout
         self.on_hang = on_hang
+        self.last_beat = last_beat
         self.last_heard = time.monotonic()
         self._timer: object | None = None
 
@@ -35,10 +43,13 @@ class HangWatch:
         self.last_heard = time.monotonic()
 
     def arm(self) -> None:
-        """Start (or restart) watching, from the last message heard."""
+        """Start (or restart) watching, from the newest sign of life."""
         self.cancel()
         if self.timeout is not None:
-            self._timer = self.timers.call_at(self.last_heard + self.timeout, self._check)
+            self._timer = self.timers.call_at(self._newest() + self.timeout, self._check)
+
+    def _newest(self) -> float:
+        return max(self.last_heard, self.last_beat())
 
     def cancel(self) -> None:
         if self._timer is not None:
@@ -48,7 +59,7 @@ class HangWatch:
     def _check(self) -> None:
         self._timer = None
         assert self.timeout is not None
-        silent = time.monotonic() - self.last_heard
+        silent = time.monotonic() - self._newest()
         if silent < self.timeout:
             self.arm()
         else:

@@ -63,7 +63,7 @@ class HostedSession:
         self.rng = rng
         self.worker: WorkerProcess | None = None
         self.link: WorkerChannel | None = None
-        self.hang = HangWatch(loop, hang_timeout, self._hung)
+        self.hang = HangWatch(loop, hang_timeout, self._hung, self._last_beat)
         self.restarts = 0
         self.started_at: float | None = None
         self.last_error: str | None = None
@@ -135,7 +135,7 @@ class HostedSession:
     def on_worker_message(self, message: Message) -> None:
         self.hang.heard()  # any message shows that the worker's loop turns
         op = message.get("op")
-        if op == "beat":
+        if op == "state":
             self._take_state(message.get("state"))
         elif op == "ready":
             self.epoch = _int_or_none(message.get("epoch"))
@@ -314,6 +314,9 @@ class HostedSession:
     def _kill_worker(self) -> None:
         if self.worker is not None:
             self.worker.kill()
+
+    def _last_beat(self) -> float:
+        return self.worker.heartbeat.last() if self.worker is not None else 0.0
 
     def _hung(self, silent: float) -> None:
         """No message within the hang timeout: the worker's loop is stuck (or stopped)."""

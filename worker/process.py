@@ -9,6 +9,7 @@ crash (1 for an unexpected exception, 2 for bad arguments, -N for a signal).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import socket
 import sys
@@ -18,6 +19,7 @@ from typing import Final
 
 from worker.app import DEFAULT_APP, DEFAULT_BUDGET, App, load_app
 from worker.errors import LOG_REFUSED, SessionLocked, SessionNotFound
+from worker.heartbeat import HeartbeatCell
 from worker.records import EpochEnd
 from worker.server import Server, describe
 from worker.session import Session
@@ -54,6 +56,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--budget", type=int, default=DEFAULT_BUDGET)
     parser.add_argument(
         "--heartbeat", type=float, default=None, help="seconds between heartbeats (none: off)"
+    )
+    parser.add_argument(
+        "--heartbeat-fd", type=int, default=None, help="memfd of the heartbeat cell (inherited)"
     )
     parser.add_argument(
         "--request-deadline",
@@ -100,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             app,
             control,
             heartbeat=args.heartbeat,
+            heartbeat_cell=_heartbeat_cell(args.heartbeat_fd),
             request_deadline=args.request_deadline,
         ).run()
     except (StopRequested, BrokenPipeError, ConnectionResetError):
@@ -124,6 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if session is not None:
             session.close()
+
+
+def _heartbeat_cell(fd: int | None) -> HeartbeatCell | None:
+    if fd is None:
+        return None
+    try:
+        return HeartbeatCell(fd)
+    finally:
+        os.close(fd)  # the mapping stays
 
 
 def _report(channel: Channel, code: str, message: str, pid: int | None = None) -> None:

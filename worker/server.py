@@ -4,8 +4,9 @@ The supervisor hands the worker one end of a socketpair per client (``attach``, 
 descriptor travelling by SCM_RIGHTS), so requests go from client to worker without a
 relay. Requests that arrive together, from any connections, are applied as one batch:
 the app writes their records with one write and one fdatasync, and each reply is queued
-only after that fsync returned. The loop also sends the supervisor a heartbeat, so a
-worker that stops (SIGSTOP) or spins is noticed and replaced.
+only after that fsync returned. At every turn the loop stamps the time into a heartbeat
+cell shared with the supervisor (a store to memory, no message), so a worker that stops
+(SIGSTOP) or spins is noticed and replaced without waking an idle supervisor.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Final, Protocol, runtime_checkable
 
 from worker.app import App
 from worker.errors import SessionBroken, SessionError
+from worker.heartbeat import HeartbeatCell
 from worker.peer import Peer
 from worker.session import Session
 from worker.wire import Message, WireError, error, field, ok
@@ -74,12 +76,14 @@ class Server:
         control: socket.socket,
         *,
         heartbeat: float | None = None,
+        heartbeat_cell: HeartbeatCell | None = None,
         request_deadline: float | None = None,
     ) -> None:
         self.session = session
         self.app = app
         self.control = Peer(control, takes_fds=True)
         self.heartbeat = heartbeat
+        self.heartbeat_cell = heartbeat_cell
         self.request_deadline = request_deadline
         # The runtime Protocol check is slow: made once, not per batch.
         self._handle: Callable[[Session, list[Message]], list[Message | SessionError]] = (
@@ -89,7 +93,6 @@ class Server:
         self.peers: dict[int, Peer] = {}
         self._events: dict[int, int] = {}
         self._stop = False
-        self._last_beat = time.monotonic()
         self._report_due: float | None = None
 
     def run(self) -> None:
@@ -109,17 +112,14 @@ class Server:
                 for peer in list(self.peers.values()):
                     peer.flush()
                     self._update(peer)
-                self._keep_in_touch()
+                if self.heartbeat_cell is not None:
+                    self.heartbeat_cell.beat()  # a store to shared memory: it wakes no one
+                self._report_state()
         finally:
             self.control.flush()
             for peer in list(self.peers.values()):
                 self._remove(peer)
             self.selector.close()
-
-    def send_control(self, message: Message) -> None:
-        self.control.queue(message)
-        self.control.flush()
-        self._last_beat = time.monotonic()
 
     # -- connections --------------------------------------------------------------------
 
@@ -257,24 +257,20 @@ class Server:
     # -- the supervisor -------------------------------------------------------------------
 
     def _state_changed(self) -> None:
-        if self._report_due is None and self.heartbeat is not None:
+        if self._report_due is None and self.heartbeat_cell is not None:
             self._report_due = time.monotonic() + STATE_REPORT_DELAY
 
     def _timeout(self) -> float | None:
-        now = time.monotonic()
-        due = []
-        if self.heartbeat is not None:
-            due.append(self._last_beat + self.heartbeat)
+        """Turn at least every heartbeat interval (to beat), and when a report is due."""
+        due = [] if self.heartbeat is None else [self.heartbeat]
         if self._report_due is not None:
-            due.append(self._report_due)
-        return max(0.0, min(due) - now) if due else None
+            due.append(max(0.0, self._report_due - time.monotonic()))
+        return min(due) if due else None
 
-    def _keep_in_touch(self) -> None:
-        """A heartbeat when one is due, carrying the state if it changed since the last."""
-        now = time.monotonic()
-        state_due = self._report_due is not None and now >= self._report_due
-        beat_due = self.heartbeat is not None and now >= self._last_beat + self.heartbeat
-        if not (state_due or beat_due):
+    def _report_state(self) -> None:
+        """Tell the supervisor the new epoch and record count, at most once an interval."""
+        if self._report_due is None or time.monotonic() < self._report_due:
             return
         self._report_due = None
-        self.send_control({"op": "beat", "state": describe(self.session)})
+        self.control.queue({"op": "state", "state": describe(self.session)})
+        self.control.flush()
