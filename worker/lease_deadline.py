@@ -53,9 +53,10 @@ def lease_proven(fd: int, lease: int | None = None) -> bool:
 class LeaseFence:
     """A cluster worker's check before it writes and before it acknowledges."""
 
-    def __init__(self, path: str, lease: int) -> None:
+    def __init__(self, path: str, lease: int, token: int = 0) -> None:
         self.path = path
         self.lease = lease
+        self.token = token  # the session's fencing token, sent with every reply
         try:
             self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:

@@ -30,7 +30,9 @@ from worker.errors import (
     SessionLocked,
     SessionNotFound,
 )
+from worker.fencing import write_owner
 from worker.heartbeat import HeartbeatCell
+from worker.lease_deadline import LeaseFence
 from worker.records import EpochEnd
 from worker.server import Server, describe
 from worker.session import Session
@@ -102,6 +104,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         required=True,
         help="fd of the socket to the supervisor (inherited)",
     )
+    # Cluster mode (docs/scaling.md): the node's name, the session's fencing token, the
+    # node lease it was given under and the file where the node publishes that lease.
+    parser.add_argument("--cluster-node", default=None)
+    parser.add_argument("--cluster-token", type=int, default=None)
+    parser.add_argument("--cluster-lease", type=int, default=0)
+    parser.add_argument("--lease-file", default=None)
     parser.add_argument("--create", action="store_true", help="create the session if absent")
     parser.add_argument("--slot", type=int, default=0)
     parser.add_argument("--app", default=DEFAULT_APP, help="module:attribute of the app")
@@ -151,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         app = load_app(args.app, args.budget)
         session = _opened(args, app)
+        fence = _cluster_fence(args, session)
         channel.send({"op": "ready", **describe(session)})
         Server(
             session,
@@ -159,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             heartbeat=args.heartbeat,
             heartbeat_cell=_heartbeat_cell(args.heartbeat_fd),
             request_deadline=args.request_deadline,
+            fence=fence,
         ).run()
     except (StopRequested, BrokenPipeError, ConnectionResetError):
         # SIGTERM, or the supervisor vanished while we wrote to it: a clean stop.
@@ -189,6 +199,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if session is not None:
             session.close()
+
+
+def _cluster_fence(args: argparse.Namespace, session: Session) -> LeaseFence | None:
+    """In cluster mode: write this node's Owner into the log, and fence replies on its lease."""
+    if args.cluster_token is None:
+        return None
+    try:
+        write_owner(session, args.cluster_node, args.cluster_token)
+    except SessionError as exc:  # a newer token in the log, or sealed by a move
+        raise CannotOpen(exc) from exc
+    return LeaseFence(args.lease_file, args.cluster_lease, args.cluster_token)
 
 
 def _heartbeat_cell(fd: int | None) -> HeartbeatCell | None:

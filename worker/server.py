@@ -21,8 +21,9 @@ from collections.abc import Callable
 from typing import Final, Protocol, runtime_checkable
 
 from worker.app import App
-from worker.errors import KeyExpired, SessionBroken, SessionError
+from worker.errors import KeyExpired, LogSealed, NotOwnerNow, SessionBroken, SessionError
 from worker.heartbeat import HeartbeatCell
+from worker.lease_deadline import LeaseFence
 from worker.peer import Peer
 from worker.session import Session
 from worker.wire import Message, WireError, error, field, ok
@@ -52,8 +53,13 @@ def describe(session: Session) -> Message:
 
 
 def error_code(exc: SessionError) -> str:
-    """The wire's error code for a store error: its class name, but ``key_expired``."""
-    return "key_expired" if isinstance(exc, KeyExpired) else type(exc).__name__
+    """The wire's error code for a store error: its class name, but ``key_expired``, and
+    ``not_owner`` when this worker may not write (cluster: lease unproven, log sealed)."""
+    if isinstance(exc, KeyExpired):
+        return "key_expired"
+    if isinstance(exc, NotOwnerNow | LogSealed):
+        return "not_owner"
+    return type(exc).__name__
 
 
 def handle_batch(
@@ -83,8 +89,10 @@ class Server:
         heartbeat: float | None = None,
         heartbeat_cell: HeartbeatCell | None = None,
         request_deadline: float | None = None,
+        fence: LeaseFence | None = None,
     ) -> None:
         self.session = session
+        self.fence = fence  # cluster mode: no write, no reply without a proven lease
         self.app = app
         self.control = Peer(control, takes_fds=True)
         self.heartbeat = heartbeat
@@ -214,18 +222,32 @@ class Server:
             # supervisor restarts it and its clients retry with their keys.
             signal.setitimer(signal.ITIMER_REAL, self.request_deadline)
         try:
-            results = self._handle(self.session, [payload for _, _, payload in batch])
+            if self.fence is not None:
+                try:
+                    self.fence.check()  # nothing is written without a proven lease
+                except NotOwnerNow as exc:
+                    results: list[Message | SessionError] = [exc] * len(batch)
+                else:
+                    results = self._handle(self.session, [payload for _, _, payload in batch])
+            else:
+                results = self._handle(self.session, [payload for _, _, payload in batch])
         finally:
             if self.request_deadline is not None:
                 signal.setitimer(signal.ITIMER_REAL, 0)
         state = describe(self.session)
+        lost = self._lease_lost()
         for (peer, request_id, _), result in zip(batch, results, strict=True):
-            if isinstance(result, WireError):
+            if lost is not None and not isinstance(result, SessionError | WireError):
+                # Durable but unacknowledged: the client retries with its key elsewhere.
+                peer.queue(error(request_id, error_code(lost), str(lost)))
+            elif isinstance(result, WireError):
                 peer.queue(error(request_id, "bad_request", str(result)))
             elif isinstance(result, SessionError):
                 peer.queue(error(request_id, error_code(result), str(result)))
             else:
                 result["state"] = state
+                if self.fence is not None:
+                    result["token"] = self.fence.token
                 peer.queue(ok(request_id, result))
         self._state_changed()
         if self.session.broken is not None:
@@ -233,6 +255,16 @@ class Server:
                 peer.flush()
             # A broken session refuses every append: exit, and be reopened from disk.
             raise SessionBroken(self.session.log_path, self.session.broken)
+
+    def _lease_lost(self) -> NotOwnerNow | None:
+        """After the fsync, before any reply: is the node's lease still proven?"""
+        if self.fence is None:
+            return None
+        try:
+            self.fence.check()
+        except NotOwnerNow as exc:
+            return exc
+        return None
 
     def _compact(self, request_id: object, message: Message) -> None:
         """Close the epoch now; an EpochEnd that reached the disk is answered as applied."""
