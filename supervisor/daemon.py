@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+from supervisor.cluster.errors import ClusterError
+from supervisor.cluster.serving import ServingNode, WorkerCluster
 from supervisor.connection import FramedConnection, connect
 from supervisor.endpoints import Waiter
 from supervisor.errors import HomeLocked, ServeError
@@ -62,6 +64,9 @@ class ServeConfig:
     seed: int | None = None
     worker_env: dict[str, str] = field(default_factory=dict)
     start_method: StartMethod = StartMethod.FORK
+    cluster: str | None = None  # etcd URL: serve as a node of a cluster (docs/scaling.md)
+    node: str | None = None
+    lease_ttl: int | None = None
 
     def policy(self) -> RestartPolicy:
         return RestartPolicy(
@@ -154,6 +159,7 @@ class Supervisor:
         self._done: asyncio.Future[None] = self.loop.create_future()
         self._listener = Listener(self.loop, self.home, self._on_client, self.report)
         self._to_start: deque[HostedSession] = deque()
+        self.cluster: ServingNode | None = None
 
     # -- the Loop protocol of HostedSession ---------------------------------------------
 
@@ -215,10 +221,13 @@ class Supervisor:
             self.loop.close()
             raise
         try:
+            sessions = self._existing_sessions()
+            if self.config.cluster is not None:
+                sessions = self._join_cluster(self.config.cluster)
             self._listener.open()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self.loop.add_signal_handler(sig, self._on_signal)
-            self._to_start.extend(self._host(self._spec(s)) for s in self._existing_sessions())
+            self._to_start.extend(self._host(self._spec(s)) for s in sessions)
             self.loop.call_soon(self._start_some)
             self.loop.run_until_complete(self._done)
         finally:
@@ -231,6 +240,8 @@ class Supervisor:
                 task.cancel()  # connections still being set up
             self.loop.run_until_complete(asyncio.sleep(0))  # let the transports close
             self.loop.close()
+            if self.cluster is not None:
+                self.cluster.close()
             os.close(home_fd)
         return 0
 
@@ -250,6 +261,16 @@ class Supervisor:
                 f"{exc.filename or self.home}: cannot use this home: {exc.strerror}; "
                 "choose a directory you own on a local file system"
             ) from exc
+
+    def _join_cluster(self, url: str) -> list[str]:
+        """Register this node and claim its sessions (quarantining the others); those it serves."""
+        if self.config.node is None:
+            raise ServeError("--cluster needs --node NAME")
+        self.cluster = ServingNode(url, self.config.node, self.home, ttl=self.config.lease_ttl)
+        try:
+            return self.cluster.start()
+        except ClusterError as exc:
+            raise ServeError(f"cannot join the cluster at {url}: {exc}") from exc
 
     def report(self, line: str) -> None:
         """One line on stderr for the operator (serve's output is its log)."""
@@ -279,12 +300,21 @@ class Supervisor:
                 hosted.stop()
         self._check_done()
 
-    def _spec(self, session_id: str, *, create: bool = False, slot: int = 0) -> WorkerSpec:
+    def _spec(
+        self,
+        session_id: str,
+        *,
+        create: bool = False,
+        slot: int = 0,
+        cluster: WorkerCluster | None = None,
+    ) -> WorkerSpec:
+        if cluster is None and self.cluster is not None:
+            cluster = self.cluster.worker_args(session_id)
         return WorkerSpec(
             home=self.home, session=session_id, create=create, slot=slot, app=self.config.app,
             budget=self.config.budget, extra_env=dict(self.config.worker_env),
             start_method=self.config.start_method, heartbeat=self.config.hang_timeout / 4,
-            request_deadline=self.config.request_deadline,
+            request_deadline=self.config.request_deadline, cluster=cluster,
         )  # fmt: skip
 
     def _host(self, spec: WorkerSpec) -> HostedSession:
@@ -319,7 +349,14 @@ class Supervisor:
                 error(waiter.request_id, "exists", f"{directory}: session already exists")
             )
             return
-        hosted = self._host(self._spec(session_id, create=True, slot=slot))
+        cluster = None
+        if self.cluster is not None:
+            try:
+                cluster = self.cluster.place(session_id)
+            except ClusterError as exc:
+                waiter.client.reply(error(waiter.request_id, "exists", str(exc)))
+                return
+        hosted = self._host(self._spec(session_id, create=True, slot=slot, cluster=cluster))
         hosted.ready_waiters.append(waiter)
         hosted.start()
 

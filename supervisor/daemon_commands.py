@@ -92,6 +92,20 @@ def _fail(op: str, exc: ControlError) -> NoReturn:
     help="fork: workers fork from the warm supervisor (fast restarts); "
     "exec: each worker is a fresh interpreter.",
 )
+@click.option(
+    "--cluster",
+    envvar="LOOPD_CLUSTER",
+    default=None,
+    help="etcd URL (http://host:port): serve as a node of a cluster (docs/scaling.md).",
+)
+@click.option("--node", default=None, help="this node's name in the cluster.")
+@click.option(
+    "--lease-ttl",
+    type=click.IntRange(min=1),
+    default=None,
+    help="seconds of the node's etcd lease (default 10); writes stop after 2/3 of it "
+    "without a renewal.",
+)
 def serve(
     home: str,
     app: str | None,
@@ -104,13 +118,16 @@ def serve(
     hang_timeout: float,
     request_deadline: float | None,
     start_method: str,
+    cluster: str | None,
+    node: str | None,
+    lease_ttl: int | None,
 ) -> None:
     """Run the supervisor for HOME until SIGTERM or SIGINT (then stop every worker, exit 0)."""
     config = ServeConfig(
         home=home, app=app, budget=budget, max_restarts=max_restarts, window=restart_window,
         backoff_base=backoff_base, backoff_cap=backoff_max, stable_after=stable_after,
         start_method=StartMethod(start_method), hang_timeout=hang_timeout,
-        request_deadline=request_deadline,
+        request_deadline=request_deadline, cluster=cluster, node=node, lease_ttl=lease_ttl,
     )  # fmt: skip
     try:
         code = Supervisor(config).run()

@@ -14,11 +14,14 @@ import subprocess
 import sys
 import traceback
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import psutil
 
 from worker.heartbeat import HeartbeatCell
+
+if TYPE_CHECKING:
+    from supervisor.cluster.serving import WorkerCluster
 
 _GONE: Final = frozenset({errno.ESRCH})
 
@@ -51,6 +54,7 @@ class WorkerSpec:
     start_method: StartMethod = StartMethod.FORK
     heartbeat: float | None = None
     request_deadline: float | None = None
+    cluster: WorkerCluster | None = None  # cluster mode: token and lease (docs/scaling.md)
 
     def argv(self, channel_fd: int, heartbeat_fd: int | None = None) -> list[str]:
         argv = [
@@ -69,6 +73,8 @@ class WorkerSpec:
             argv += ["--heartbeat-fd", str(heartbeat_fd)]
         if self.request_deadline is not None:
             argv += ["--request-deadline", repr(self.request_deadline)]
+        if self.cluster is not None:
+            argv += self.cluster.argv()
         return argv
 
 

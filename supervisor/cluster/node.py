@@ -100,6 +100,11 @@ class ClusterNode:
             self.tokens[session] = (token, self.lease.lease_id)
         return token
 
+    def adopt(self, session: str, token: int) -> None:
+        """Serve ``session`` with ``token`` (just placed here; its worker writes the Owner)."""
+        with self._lock:
+            self.tokens[session] = (token, self.lease.lease_id)
+
     def claim_local_sessions(self) -> Claims:
         """Claim or quarantine every session directory in this node's home."""
         claims = Claims()

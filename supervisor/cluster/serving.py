@@ -1,0 +1,80 @@
+"""``loopd serve --cluster URL --node NAME``: what the daemon asks of the cluster.
+
+At start the daemon registers the node and claims the sessions on its disk (quarantining
+copies it may no longer serve) before it hosts any; each worker is then started with its
+session's token and the node's lease (``WorkerCluster``). A new session is placed and
+owned in etcd before its worker creates it. etcd calls here are short (a timeout of
+``CALL_TIMEOUT``) and happen at start and on ``create``, inside the daemon's loop: a
+create waits for etcd, which is the point of placing it there first.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Final
+
+from supervisor.cluster.errors import NotOwner
+from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.lease import LeaseTiming
+from supervisor.cluster.node import LEASE_FILE, ClusterNode
+from supervisor.cluster.ownership import place_new
+
+CALL_TIMEOUT: Final = 2.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerCluster:
+    """What a cluster worker is started with: its node, token, lease and the lease file."""
+
+    node: str
+    token: int
+    lease: int
+    lease_file: str
+
+    def argv(self) -> list[str]:
+        return [
+            "--cluster-node", self.node, "--cluster-token", str(self.token),
+            "--cluster-lease", str(self.lease), "--lease-file", self.lease_file,
+        ]  # fmt: skip
+
+
+class ServingNode:
+    """The cluster side of one ``loopd serve``."""
+
+    def __init__(self, url: str, name: str, home: str, *, ttl: int | None = None) -> None:
+        self.client = EtcdClient(url, timeout=CALL_TIMEOUT)
+        timing = LeaseTiming(ttl=ttl) if ttl is not None else None
+        self.node = ClusterNode(self.client, name, home, timing=timing)
+        self.lease_file = os.path.join(home, LEASE_FILE)
+
+    def start(self) -> list[str]:
+        """Register and claim; return the sessions this node serves now."""
+        claims = self.node.start()
+        return sorted(claims.served)
+
+    def worker_args(self, session: str) -> WorkerCluster | None:
+        """The cluster arguments of ``session``'s worker; None if this node does not own it."""
+        token = self.node.token_of(session)
+        if token is None:
+            return None
+        return WorkerCluster(
+            node=self.node.name,
+            token=token,
+            lease=self.node.lease.lease_id,
+            lease_file=self.lease_file,
+        )
+
+    def place(self, session: str) -> WorkerCluster:
+        """Place and own a new session on this node; NotOwner if it exists anywhere."""
+        token = place_new(self.client, session, self.node.name, self.node.lease.lease_id)
+        self.node.adopt(session, token)
+        args = self.worker_args(session)
+        if args is None:
+            raise NotOwner(session, "placed, but the node's lease changed meanwhile")
+        return args
+
+    def close(self) -> None:
+        """Revoke the lease (this node owns nothing any more) and close the etcd client."""
+        self.node.close()
+        self.client.close()

@@ -1,0 +1,123 @@
+"""``loopd serve --cluster``: real daemons as nodes, requests routed through etcd."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from supervisor.client import Client, call
+from supervisor.cluster.client import ClusterClient, home_of
+from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.keys import PREFIX
+from supervisor.cluster.ownership import owner_of
+from supervisor.cluster.routing import route
+from supervisor.errors import ControlError
+from tests.etcd_server import EtcdServer
+from tests.support import Daemon, loopd, poll_until
+from worker.layout import session_dir
+from worker.loader import load_session
+
+SESSIONS = 12
+
+
+@pytest.fixture
+def daemons(etcd: EtcdServer, tmp_path: Path) -> Iterator[dict[str, Daemon]]:
+    started: dict[str, Daemon] = {}
+    try:
+        for name in ("a", "b", "c"):
+            started[name] = Daemon(
+                tmp_path / name, "--cluster", etcd.url, "--node", name, "--lease-ttl", "3"
+            )
+        yield started
+    finally:
+        for daemon in started.values():
+            daemon.stop()
+
+
+def test_sessions_created_through_the_cluster_have_one_owner_and_answer_with_its_token(
+    etcd: EtcdServer, daemons: dict[str, Daemon]
+) -> None:
+    with ClusterClient(etcd.url, timeout=20) as cluster:
+        for n in range(SESSIONS):
+            cluster.create(f"s{n}")
+        for n in range(SESSIONS):
+            reply = cluster.send(f"s{n}", "hello", key=f"k{n}")
+            again = cluster.send(f"s{n}", "hello", key=f"k{n}")
+            assert reply["duplicate"] is False
+            assert again["duplicate"] is True
+            assert reply["token"] == again["token"]
+    with EtcdClient(etcd.url) as client:
+        assert len(client.range(f"{PREFIX}owner/", prefix=True)) == SESSIONS
+        for n in range(SESSIONS):
+            owner = owner_of(client, f"s{n}")
+            assert owner is not None
+            holders = [
+                name
+                for name, daemon in daemons.items()
+                if Path(session_dir(daemon.home, f"s{n}")).is_dir()
+            ]
+            assert holders == [owner.node]
+            state = load_session(session_dir(daemons[owner.node].home, f"s{n}"), f"s{n}")
+            assert state.fence.token == owner.token  # read without the worker's lock
+    counts = {name: len(list((d.home / "sessions").iterdir())) for name, d in daemons.items()}
+    assert counts == {"a": 4, "b": 4, "c": 4}
+
+
+def test_a_session_id_is_created_once_cluster_wide(
+    etcd: EtcdServer, daemons: dict[str, Daemon]
+) -> None:
+    with ClusterClient(etcd.url, timeout=20) as cluster:
+        cluster.create("only")
+        for daemon in daemons.values():
+            with pytest.raises(ControlError, match="already exists"):
+                call(str(daemon.home), "create", session="only")
+
+
+def test_the_cli_routes_send_and_status_through_the_cluster(
+    etcd: EtcdServer, daemons: dict[str, Daemon]
+) -> None:
+    created = loopd("create", "s1", "--cluster", etcd.url)
+    assert created.returncode == 0, created.stderr
+    sent = loopd("send", "s1", "hi", "--key", "k1", "--cluster", etcd.url)
+    assert sent.returncode == 0, sent.stderr
+    reply = json.loads(sent.stdout)
+    assert reply["duplicate"] is False
+    assert isinstance(reply["token"], int)
+    status = loopd("status", "--json", "--cluster", etcd.url)
+    assert status.returncode == 0, status.stderr
+    rows = json.loads(status.stdout)
+    assert [(r["session"], r["node"]) for r in rows] == [("s1", "a")]
+
+
+def test_a_daemon_stops_acknowledging_while_etcd_is_down_and_resumes(
+    etcd: EtcdServer, daemons: dict[str, Daemon]
+) -> None:
+    with ClusterClient(etcd.url, timeout=20) as cluster:
+        cluster.create("s1")
+        assert cluster.send("s1", "before", key="k1")["duplicate"] is False
+        with EtcdClient(etcd.url) as client:
+            home = home_of(route(client, "s1").address)
+        with Client(home, timeout=10, retry_for=0.1) as direct:
+            etcd.stop()
+
+            def refused() -> str | None:
+                try:
+                    direct.send("s1", "probe", key="probe")
+                except ControlError as exc:
+                    return exc.code
+                return None
+
+            assert poll_until(refused, timeout=6, what="a refusal") == "not_owner"
+            etcd.start()
+
+            def accepted() -> bool:
+                try:
+                    direct.send("s1", "after", key="k2")
+                except ControlError:
+                    return False
+                return True
+
+            poll_until(accepted, timeout=15, what="writes again")
