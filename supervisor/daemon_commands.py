@@ -10,9 +10,11 @@ from typing import Final, NoReturn
 import click
 
 from supervisor.client import Client, call
+from supervisor.cluster.client import ClusterClient
+from supervisor.cluster.errors import ClusterError
 from supervisor.daemon import ServeConfig, Supervisor
 from supervisor.errors import ControlError, HomeLocked, ServeError
-from supervisor.options import home_option, timeout_option
+from supervisor.options import client_home_option, cluster_option, home_option, timeout_option
 from supervisor.spawn import StartMethod
 from supervisor.status_table import status_lines
 
@@ -137,18 +139,44 @@ def serve(
     sys.exit(code)
 
 
+def _home_or_cluster(home: str | None, cluster: str | None) -> str | None:
+    """The home to talk to, or None for the cluster; a usage error unless exactly one is given."""
+    if (home is None) == (cluster is None):
+        raise click.UsageError("give exactly one of --home and --cluster")
+    return home
+
+
+def _cluster_fail(op: str, exc: ClusterError | ControlError) -> NoReturn:
+    click.echo(f"loopd {op}: {exc}", err=True)
+    sys.exit(EXIT_ERROR)
+
+
 @click.command()
-@home_option
+@client_home_option
+@cluster_option
 @timeout_option
 @click.argument("session_id", metavar="ID")
 @click.option("--slot", type=click.IntRange(min=0), default=0, show_default=True)
-def create(home: str, timeout: float, session_id: str, slot: int) -> None:
-    """Create session ID and start its worker."""
-    _print_status([_call(home, "create", timeout, session=session_id, slot=slot)])
+def create(
+    home: str | None, cluster: str | None, timeout: float, session_id: str, slot: int
+) -> None:
+    """Create session ID and start its worker (with --cluster: on the least loaded node)."""
+    if _home_or_cluster(home, cluster) is not None:
+        assert home is not None
+        _print_status([_call(home, "create", timeout, session=session_id, slot=slot)])
+        return
+    assert cluster is not None
+    try:
+        with ClusterClient(cluster, timeout=timeout) as client:
+            row = client.create(session_id, slot=slot)
+    except (ClusterError, ControlError) as exc:
+        _cluster_fail("create", exc)
+    _print_status([row])
 
 
 @click.command()
-@home_option
+@client_home_option
+@cluster_option
 @timeout_option
 @click.argument("session_id", metavar="ID")
 @click.argument("text")
@@ -157,9 +185,25 @@ def create(home: str, timeout: float, session_id: str, slot: int) -> None:
 )
 @click.option("--untrusted", is_flag=True, help="mark the text as untrusted input.")
 def send(
-    home: str, timeout: float, session_id: str, text: str, key: str | None, untrusted: bool
+    home: str | None,
+    cluster: str | None,
+    timeout: float,
+    session_id: str,
+    text: str,
+    key: str | None,
+    untrusted: bool,
 ) -> None:
     """Send TEXT to session ID (straight to its worker) and print the reply."""
+    if _home_or_cluster(home, cluster) is None:
+        assert cluster is not None
+        try:
+            with ClusterClient(cluster, timeout=timeout) as routed:
+                result = routed.send(session_id, text, key=key, untrusted=untrusted)
+        except (ClusterError, ControlError) as exc:
+            _cluster_fail("send", exc)
+        click.echo(json.dumps(result, sort_keys=True))
+        return
+    assert home is not None
     try:
         with Client(home, timeout=timeout, retry_for=timeout) as client:
             result = client.send(session_id, text, key=key, untrusted=untrusted)
@@ -195,14 +239,31 @@ restart = _lifecycle("restart", "Stop, then start, session ID's worker.")
 
 
 @click.command()
-@home_option
+@client_home_option
+@cluster_option
 @click.argument("session_id", metavar="[ID]", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object a session.")
 @timeout_option
-def status(home: str, session_id: str | None, as_json: bool, timeout: float) -> None:
+def status(
+    home: str | None, cluster: str | None, session_id: str | None, as_json: bool, timeout: float
+) -> None:
     """Show each session: state, pid, epoch, records, restarts, uptime, rss, last error."""
-    result = _call(home, "status", timeout, session=session_id)
-    rows = result if isinstance(result, list) else []
+    if _home_or_cluster(home, cluster) is None:
+        assert cluster is not None
+        try:
+            with ClusterClient(cluster, timeout=timeout) as client:
+                rows = [
+                    r
+                    for r in client.status()
+                    if session_id is None
+                    or (isinstance(r, dict) and r.get("session") == session_id)
+                ]
+        except (ClusterError, ControlError) as exc:
+            _cluster_fail("status", exc)
+    else:
+        assert home is not None
+        result = _call(home, "status", timeout, session=session_id)
+        rows = result if isinstance(result, list) else []
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:

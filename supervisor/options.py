@@ -36,3 +36,20 @@ timeout_option = click.option(
     show_default=True,
     help=f"Seconds to wait for the supervisor's answer (or ${TIMEOUT_ENV}).",
 )
+
+CLUSTER_ENV: Final = "LOOPD_CLUSTER"
+
+client_home_option = click.option(
+    "--home",
+    envvar=HOME_ENV,
+    default=None,
+    type=click.Path(file_okay=False),
+    help=f"The loopd home directory (or ${HOME_ENV}); not with --cluster.",
+)
+
+cluster_option = click.option(
+    "--cluster",
+    envvar=CLUSTER_ENV,
+    default=None,
+    help=f"etcd URL http://host:port (or ${CLUSTER_ENV}): find the session's node there.",
+)

@@ -67,14 +67,16 @@ class ClusterClient:
             raise NotOwner(session, f"node {node} left the cluster")
         return call(home_of(address), "create", timeout=self.timeout, session=session, slot=slot)
 
-    def send(self, session: str, text: str, *, key: str | None = None) -> Message:
+    def send(
+        self, session: str, text: str, *, key: str | None = None, untrusted: bool = False
+    ) -> Message:
         """Apply one request to ``session`` on its owner; the reply's token is checked."""
         key = key or uuid.uuid4().hex
         for attempt in range(3):
             found = self._route(session, fresh=attempt > 0)
             client = self._client(home_of(found.address))
             try:
-                result = client.send(session, text, key=key)
+                result = client.send(session, text, key=key, untrusted=untrusted)
             except ControlError as exc:
                 if exc.code not in REROUTE or attempt == 2:
                     raise
