@@ -36,7 +36,7 @@ from worker.errors import InvalidSessionId, SessionIOError, SessionLocked
 from worker.layout import SESSIONS_DIR
 from worker.lock import lock_directory
 from worker.session_id import validate_session_id
-from worker.wire import Message, WireError, error
+from worker.wire import Message, WireError, error, ok
 
 __all__ = ["SOCKET_NAME", "ClientConnection", "ServeConfig", "Supervisor"]
 
@@ -359,6 +359,38 @@ class Supervisor:
         hosted = self._host(self._spec(session_id, create=True, slot=slot, cluster=cluster))
         hosted.ready_waiters.append(waiter)
         hosted.start()
+
+    def adopt_session(self, waiter: Waiter, session_id: str) -> None:
+        """Cluster mode: claim a session whose files were moved here, and serve it."""
+        if self.cluster is None:
+            waiter.client.reply(error(waiter.request_id, "bad_request", "not a cluster node"))
+            return
+        hosted = self.sessions.get(session_id)
+        if hosted is not None and hosted.state in (State.RUNNING, State.STARTING):
+            waiter.client.reply(ok(waiter.request_id, hosted.status()))
+            return
+        if hosted is not None and hosted.worker is not None:
+            waiter.client.reply(error(waiter.request_id, "busy", f"{session_id} is stopping"))
+            return
+        try:
+            claimed = self.cluster.claim(session_id)
+        except ClusterError as exc:
+            waiter.client.reply(error(waiter.request_id, "not_owner", str(exc)))
+            return
+        if claimed is None:
+            waiter.client.reply(error(waiter.request_id, "not_owner", f"{session_id}: not ours"))
+            return
+        self.sessions.pop(session_id, None)  # a stale entry holds an older token
+        fresh = self._host(self._spec(session_id, cluster=claimed))
+        fresh.ready_waiters.append(waiter)
+        fresh.start()
+
+    def forget_session(self, waiter: Waiter, session_id: str) -> None:
+        """Cluster mode: stop listing a stopped session whose files left this node."""
+        hosted = self.sessions.get(session_id)
+        if hosted is not None and hosted.worker is None:
+            del self.sessions[session_id]
+        waiter.client.reply(ok(waiter.request_id, None))
 
     def forget_pending_start(self, hosted: HostedSession) -> None:
         """An operator acted on a session not yet started at launch: their word wins."""

@@ -21,6 +21,8 @@ class Daemon(Protocol):
     def forget_pending_start(self, hosted: HostedSession) -> None: ...
     def statuses(self) -> list[Message]: ...
     def daemon_status(self) -> Message: ...
+    def adopt_session(self, waiter: Waiter, session_id: str) -> None: ...
+    def forget_session(self, waiter: Waiter, session_id: str) -> None: ...
 
 
 def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
@@ -91,6 +93,10 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
             daemon.forget_pending_start(hosted)
             hosted.stop_waiters.append(waiter)
             hosted.stop()
+        elif op == "adopt":  # cluster: a session moved here; claim it and serve it
+            daemon.adopt_session(waiter, _session_id(message))
+        elif op == "forget":  # cluster: a stopped session moved away; stop listing it
+            daemon.forget_session(waiter, _session_id(message))
         elif op == "restart":
             hosted = _hosted(daemon, message)
             daemon.forget_pending_start(hosted)

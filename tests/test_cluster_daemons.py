@@ -121,3 +121,24 @@ def test_a_daemon_stops_acknowledging_while_etcd_is_down_and_resumes(
                 return True
 
             poll_until(accepted, timeout=15, what="writes again")
+
+
+def test_loopd_move_between_daemons_keeps_every_key_and_the_client_follows_the_session(
+    etcd: EtcdServer, daemons: dict[str, Daemon]
+) -> None:
+    with ClusterClient(etcd.url, timeout=20) as cluster:
+        cluster.create("s1")  # on a: every node holds none yet
+        first = cluster.send("s1", "one", key="k1")
+        moved = loopd("move", "s1", "--to", "b", "--cluster", etcd.url)
+        assert moved.returncode == 0, moved.stderr
+        token = json.loads(moved.stdout)["token"]
+        assert token > first["token"]
+        second = cluster.send("s1", "two", key="k2")  # rerouted: a answers not_owner
+        assert second["token"] == token
+        assert cluster.send("s1", "one", key="k1")["duplicate"] is True
+    assert not Path(session_dir(daemons["a"].home, "s1")).exists()
+    state = load_session(session_dir(daemons["b"].home, "s1"), "s1")
+    assert sorted(state.keys) == ["k1", "k2"]  # each applied once, across the move
+    assert (state.fence.node, state.fence.token) == ("b", token)
+    status = loopd("status", "--json", "--cluster", etcd.url)
+    assert [(r["session"], r["node"]) for r in json.loads(status.stdout)] == [("s1", "b")]

@@ -31,8 +31,12 @@ class DaemonControl:
         self._call(home, "stop", session)
 
     def start(self, node: str, home: str, session: str) -> None:
-        """Start serving the moved session on its new node."""
-        self._call(home, "start", session)
+        """Have the new node claim the moved session and serve it."""
+        self._call(home, "adopt", session)
+
+    def release(self, node: str, home: str, session: str) -> None:
+        """Have the old node stop listing the session."""
+        self._call(home, "forget", session)
 
     @staticmethod
     def _call(home: str, op: str, session: str) -> None:

@@ -61,6 +61,9 @@ class SessionControl(Protocol):
     def start(self, node: str, home: str, session: str) -> None:
         """Start serving the session on ``node``."""
 
+    def release(self, node: str, home: str, session: str) -> None:
+        """Tell ``node`` that the session's files left it."""
+
 
 class NoWorkers:
     """A SessionControl for nodes that run no worker (the files alone are moved)."""
@@ -70,6 +73,9 @@ class NoWorkers:
 
     def start(self, node: str, home: str, session: str) -> None:
         """Nothing to start."""
+
+    def release(self, node: str, home: str, session: str) -> None:
+        """Nothing to forget."""
 
 
 StepHook = Callable[[MoveStep], None]
@@ -163,6 +169,7 @@ def move_session(
     control.start(intent.target, intent.target_home, session)
     hook(MoveStep.RELEASE)
     remove_released(intent.source_home, session, f"moved-{owner.token}")
+    control.release(intent.source, intent.source_home, session)
     client.txn([value_is(move_key(session), intent.encode())], [Delete(key=move_key(session))])
     return MoveDone(session=session, node=target, token=owner.token)
 

@@ -119,7 +119,12 @@ class ClusterNode:
         placed = placement_of(self.client, session)
         owner = owner_of(self.client, session)
         moving = self.client.get(move_key(session))
-        if moving is not None and placed == self.name:
+        if (
+            moving is not None
+            and placed == self.name
+            and (owner is None or owner.node != self.name)
+        ):
+            # The source of a move (sealed), or its target before it owns the session.
             claims.waiting[session] = "a move is in progress"
             return
         if placed != self.name or (owner is not None and owner.node != self.name):

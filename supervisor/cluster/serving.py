@@ -17,7 +17,7 @@ from typing import Final
 from supervisor.cluster.errors import NotOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.lease import LeaseTiming
-from supervisor.cluster.node import LEASE_FILE, ClusterNode
+from supervisor.cluster.node import LEASE_FILE, Claims, ClusterNode
 from supervisor.cluster.ownership import place_new
 
 CALL_TIMEOUT: Final = 2.0
@@ -73,6 +73,12 @@ class ServingNode:
         if args is None:
             raise NotOwner(session, "placed, but the node's lease changed meanwhile")
         return args
+
+    def claim(self, session: str) -> WorkerCluster | None:
+        """Claim a session moved to this node; its worker arguments, or None if not ours."""
+        claims = Claims()
+        self.node.claim(session, claims)
+        return self.worker_args(session) if session in claims.served else None
 
     def close(self) -> None:
         """Revoke the lease (this node owns nothing any more) and close the etcd client."""
