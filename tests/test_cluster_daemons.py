@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +13,7 @@ import pytest
 
 from supervisor.client import Client, call
 from supervisor.cluster.client import ClusterClient, home_of
+from supervisor.cluster.errors import StaleOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import PREFIX
 from supervisor.cluster.ownership import owner_of
@@ -142,3 +146,39 @@ def test_loopd_move_between_daemons_keeps_every_key_and_the_client_follows_the_s
     assert (state.fence.node, state.fence.token) == ("b", token)
     status = loopd("status", "--json", "--cluster", etcd.url)
     assert [(r["session"], r["node"]) for r in json.loads(status.stdout)] == [("s1", "b")]
+
+
+def test_a_paused_daemon_acknowledges_nothing_after_a_takeover_and_quarantines_its_copy(
+    etcd: EtcdServer, daemons: dict[str, Daemon], tmp_path: Path
+) -> None:
+    a = daemons["a"]
+    with ClusterClient(etcd.url, timeout=20) as cluster, Client(str(a.home), timeout=5) as direct:
+        cluster.create("s1")  # on a
+        token_a = cluster.send("s1", "one", key="k1")["token"]
+        assert direct.send("s1", "two", key="k2")["token"] == token_a  # a link to a's worker
+        os.kill(a.proc.pid, signal.SIGSTOP)  # the daemon and its keepalive; not its worker
+        try:
+            with EtcdClient(etcd.url) as client:
+                poll_until(lambda: owner_of(client, "s1") is None, timeout=10, what="expiry")
+            with pytest.raises(ControlError, match="not_owner"):
+                direct.send("s1", "three", key="k3")  # the worker's lease deadline passed
+            backup = tmp_path / "backup"
+            shutil.copytree(session_dir(a.home, "s1"), backup)
+            taken = loopd(
+                "takeover", "s1", "--from-copy", str(backup), "--to", "b", "--cluster", etcd.url
+            )
+            assert taken.returncode == 0, taken.stderr
+            token_b = json.loads(taken.stdout)["token"]
+            assert cluster.send("s1", "four", key="k4")["token"] == token_b
+        finally:
+            os.kill(a.proc.pid, signal.SIGCONT)
+        with pytest.raises(StaleOwner):
+            cluster.guard.check("s1", token_a)  # a late reply of a's would be refused
+        poll_until(
+            lambda: not Path(session_dir(a.home, "s1")).exists(), timeout=15, what="quarantine"
+        )
+        assert len(list((a.home / "quarantine").iterdir())) == 1
+        with pytest.raises(ControlError, match="not_owner"):
+            direct.send("s1", "five", key="k5")
+    state = load_session(session_dir(daemons["b"].home, "s1"), "s1")
+    assert sorted(state.keys) == ["k1", "k2", "k4"]

@@ -10,7 +10,7 @@ from supervisor.client import call
 from supervisor.cluster.drain import drain_node
 from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.etcd import EtcdClient
-from supervisor.cluster.move import abort_move, move_session
+from supervisor.cluster.move import abort_move, move_session, node_home
 from supervisor.cluster.takeover import take_over
 from supervisor.errors import ControlError
 
@@ -99,6 +99,8 @@ def takeover(url: str, session_id: str, copy: str, target: str) -> None:
     try:
         with EtcdClient(url) as client:
             done = take_over(client, session_id, copy, target)
+            home, _lease = node_home(client, target)
+        DaemonControl().start(target, home, session_id)
     except ClusterError as exc:
         _fail(exc)
     else:
