@@ -155,6 +155,7 @@ def test_a_paused_daemon_acknowledges_nothing_after_a_takeover_and_quarantines_i
     with ClusterClient(etcd.url, timeout=20) as cluster, Client(str(a.home), timeout=5) as direct:
         cluster.create("s1")  # on a
         token_a = cluster.send("s1", "one", key="k1")["token"]
+        assert isinstance(token_a, int)
         assert direct.send("s1", "two", key="k2")["token"] == token_a  # a link to a's worker
         os.kill(a.proc.pid, signal.SIGSTOP)  # the daemon and its keepalive; not its worker
         try:
