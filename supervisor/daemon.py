@@ -11,6 +11,7 @@ sleeps in ``epoll_wait`` and uses no CPU.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import signal
@@ -267,10 +268,31 @@ class Supervisor:
         if self.config.node is None:
             raise ServeError("--cluster needs --node NAME")
         self.cluster = ServingNode(url, self.config.node, self.home, ttl=self.config.lease_ttl)
+        # Called in the keepalive thread after a lost lease was replaced and the sessions
+        # claimed again (new tokens): the workers restart with them, in the loop.
+        self.cluster.node.on_reclaimed = self._cluster_reclaimed_threadsafe
         try:
             return self.cluster.start()
         except ClusterError as exc:
             raise ServeError(f"cannot join the cluster at {url}: {exc}") from exc
+
+    def _cluster_reclaimed_threadsafe(self, _claims: object) -> None:
+        self.loop.call_soon_threadsafe(self._cluster_reclaimed)
+
+    def _cluster_reclaimed(self) -> None:
+        """Restart each worker whose token changed; stop those this node no longer serves."""
+        if self.cluster is None or self._shutting_down:
+            return
+        for session_id, hosted in list(self.sessions.items()):
+            args = self.cluster.worker_args(session_id)
+            if args == hosted.spec.cluster:
+                continue
+            if args is None:
+                self.report(f"{session_id}: no longer served here (quarantined or moved)")
+                hosted.stop()
+                continue
+            hosted.spec = dataclasses.replace(hosted.spec, cluster=args)
+            hosted.stop(restart=True)
 
     def report(self, line: str) -> None:
         """One line on stderr for the operator (serve's output is its log)."""

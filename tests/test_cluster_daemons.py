@@ -13,7 +13,7 @@ import pytest
 
 from supervisor.client import Client, call
 from supervisor.cluster.client import ClusterClient, home_of
-from supervisor.cluster.errors import StaleOwner
+from supervisor.cluster.errors import ClusterError, StaleOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import PREFIX
 from supervisor.cluster.ownership import owner_of
@@ -183,3 +183,29 @@ def test_a_paused_daemon_acknowledges_nothing_after_a_takeover_and_quarantines_i
             direct.send("s1", "five", key="k5")
     state = load_session(session_dir(daemons["b"].home, "s1"), "s1")
     assert sorted(state.keys) == ["k1", "k2", "k4"]
+
+
+def test_after_its_lease_was_lost_a_daemon_claims_its_sessions_again_with_higher_tokens(
+    etcd: EtcdServer, daemons: dict[str, Daemon]
+) -> None:
+    with ClusterClient(etcd.url, timeout=20) as cluster, EtcdClient(etcd.url) as client:
+        cluster.create("s1")  # on a
+        token = cluster.send("s1", "one", key="k1")["token"]
+        assert isinstance(token, int)
+        os.kill(daemons["a"].proc.pid, signal.SIGSTOP)  # its keepalive stops: the lease expires
+        try:
+            poll_until(lambda: owner_of(client, "s1") is None, timeout=10, what="expiry")
+        finally:
+            os.kill(daemons["a"].proc.pid, signal.SIGCONT)
+
+        def served_again() -> int | None:
+            try:
+                reply = cluster.send("s1", "two", key="k2")
+            except (ControlError, ClusterError):
+                return None
+            new = reply["token"]
+            return new if isinstance(new, int) else None
+
+        assert poll_until(served_again, timeout=20, what="a new token") > token
+    state = load_session(session_dir(daemons["a"].home, "s1"), "s1")
+    assert sorted(state.keys) == ["k1", "k2"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -22,7 +23,7 @@ from supervisor.cluster.keys import move_key
 from supervisor.cluster.lease import LeaseTiming, NodeLease
 from supervisor.cluster.ownership import acquire, owner_of, place_new, placement_of
 from supervisor.cluster.session_files import QUARANTINE_DIR, set_aside
-from worker import Baseline, NotOwnerNow, Owner, Session, SessionError
+from worker import Baseline, NotOwnerNow, Owner, Session, SessionError, SessionLocked
 from worker.fencing import write_owner
 from worker.layout import SESSIONS_DIR
 
@@ -62,9 +63,9 @@ class ClusterNode:
             on_new_lease=self._lease_renewed,
         )
         self._lock = threading.Lock()
-        self.tokens: dict[
-            str, tuple[int, int]
-        ] = {}  # session -> (token, lease it was claimed under)
+        # session -> (token, the lease it was claimed under)
+        self.tokens: dict[str, tuple[int, int]] = {}
+        self.on_reclaimed: Callable[[Claims], None] | None = None  # after a new lease's claims
 
     def start(self) -> Claims:
         """Register, start the keepalive, and claim the sessions on this node's disk."""
@@ -145,6 +146,8 @@ class ClusterNode:
         except NotOwnerNow as exc:
             self._quarantine(session, claims, exc.why)
             return
+        except SessionLocked:
+            pass  # its worker runs: restarted with this token, it writes the Owner itself
         except SessionError as exc:
             claims.waiting[session] = str(exc)
             return
@@ -163,4 +166,6 @@ class ClusterNode:
         """The old lease expired: every claim is void until made again under the new one."""
         with self._lock:
             self.tokens.clear()
-        self.claim_local_sessions()
+        claims = self.claim_local_sessions()
+        if self.on_reclaimed is not None:
+            self.on_reclaimed(claims)
