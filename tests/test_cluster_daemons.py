@@ -179,7 +179,7 @@ def test_a_paused_daemon_acknowledges_nothing_after_a_takeover_and_quarantines_i
             lambda: not Path(session_dir(a.home, "s1")).exists(), timeout=15, what="quarantine"
         )
         assert len(list((a.home / "quarantine").iterdir())) == 1
-        with pytest.raises(ControlError, match="not_owner"):
+        with pytest.raises(ControlError):  # not_owner, or unavailable once its worker stops
             direct.send("s1", "five", key="k5")
     state = load_session(session_dir(daemons["b"].home, "s1"), "s1")
     assert sorted(state.keys) == ["k1", "k2", "k4"]
