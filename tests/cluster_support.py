@@ -16,6 +16,7 @@ from supervisor.cluster.ownership import owner_of, place_new
 from worker import LogSealed, Owner, Session, SessionError
 from worker.app import DefaultApp
 from worker.layout import session_dir
+from worker.loader import load_session
 
 TTL: Final = 2
 """The lease TTL of node processes in tests: short, so that a lost node's lease ends soon."""
@@ -88,9 +89,8 @@ def writers(client: EtcdClient, homes: dict[str, Path], session: str) -> list[st
     for name, home in homes.items():
         if owner is None or owner.node != name:
             continue
-        try:
-            with Session.open(home, session) as opened:
-                fence = opened.fence
+        try:  # read without the lock: a node's worker may hold it
+            fence = load_session(session_dir(home, session), session).fence
         except SessionError:
             continue
         if fence.token > owner.token:

@@ -11,16 +11,19 @@ create waits for etcd, which is the point of placing it there first.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Final
 
 from supervisor.cluster.errors import NotOwner
 from supervisor.cluster.etcd import EtcdClient
-from supervisor.cluster.lease import LeaseTiming
+from supervisor.cluster.lease import LeaseTiming, NodeNameTaken
 from supervisor.cluster.node import LEASE_FILE, Claims, ClusterNode
 from supervisor.cluster.ownership import place_new
 
 CALL_TIMEOUT: Final = 2.0
+NAME_RETRY: Final = 0.2
+"""Seconds between attempts to register a name still held by a former lease."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,9 +52,21 @@ class ServingNode:
         self.lease_file = os.path.join(home, LEASE_FILE)
 
     def start(self) -> list[str]:
-        """Register and claim; return the sessions this node serves now."""
-        claims = self.node.start()
-        return sorted(claims.served)
+        """Register and claim; return the sessions this node serves now.
+
+        A node restarted after a crash finds its name still held by its former lease:
+        it waits for that lease to expire (at most one TTL) rather than fail.
+        """
+        deadline = time.monotonic() + self.node.lease.timing.ttl + 2
+        while True:
+            try:
+                claims = self.node.start()
+            except NodeNameTaken:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(NAME_RETRY)
+            else:
+                return sorted(claims.served)
 
     def worker_args(self, session: str) -> WorkerCluster | None:
         """The cluster arguments of ``session``'s worker; None if this node does not own it."""
