@@ -18,6 +18,8 @@ from typing import Final
 
 from worker.durable import Boundary, Step
 
+_FULL: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+
 
 class FaultKind(enum.Enum):
     """The faults of the rig (SPEC section 7)."""
@@ -30,8 +32,25 @@ class FaultKind(enum.Enum):
 
 
 TORN_VARIANTS: Final = ("1byte", "half", "allbutlast")
-POWER_VARIANTS: Final = ("drop", "prefix", "zeros")
-IO_VARIANTS: Final = ("eio", "enospc")
+POWER_VARIANTS: Final = ("drop", "prefix", "zeros", "names")
+IO_ERRNOS: Final = {
+    "eio": errno.EIO,
+    "enospc": errno.ENOSPC,
+    "edquot": errno.EDQUOT,
+    "erofs": errno.EROFS,
+}
+# Which errors each step can really return (write(2), fsync(2), rename(2), mkdir(2),
+# open(2) with O_CREAT, ftruncate(2)); a directory fsync only reports a failed writeback.
+IO_VARIANTS_BY_STEP: Final = {
+    Step.WRITE: ("eio", "enospc", "edquot"),
+    Step.FSYNC: ("eio", "enospc", "edquot"),
+    Step.FSYNC_DIR: ("eio",),
+    Step.RENAME: ("eio", "enospc", "edquot", "erofs"),
+    Step.MKDIR: ("eio", "enospc", "edquot", "erofs"),
+    Step.CREATE: ("eio", "enospc", "edquot", "erofs"),
+    Step.TRUNCATE: ("eio", "erofs"),
+}
+IO_VARIANTS: Final = tuple(IO_ERRNOS)
 VARIANTS: Final = {
     FaultKind.NONE: ("-",),
     FaultKind.KILL: ("-",),
@@ -43,13 +62,18 @@ VARIANTS: Final = {
 
 def applies(kind: FaultKind, step: Step) -> bool:
     """Whether a fault of ``kind`` can happen at a boundary of ``step``."""
+    return bool(variants_at(kind, step))
+
+
+def variants_at(kind: FaultKind, step: Step) -> tuple[str, ...]:
+    """The variants of ``kind`` that can happen at a boundary of ``step`` (none: empty)."""
     if kind is FaultKind.NONE:
-        return False
+        return ()
     if kind is FaultKind.TORN:
-        return step is Step.WRITE
+        return TORN_VARIANTS if step is Step.WRITE else ()
     if kind is FaultKind.IO:
-        return step in (Step.WRITE, Step.FSYNC)
-    return True
+        return IO_VARIANTS_BY_STEP[step]
+    return VARIANTS[kind]
 
 
 class EventPipe:
@@ -106,7 +130,7 @@ class ChaosHook:
         elif boundary.step is Step.RENAME:
             event["target"] = boundary.target
             event["old"] = _content_or_none(boundary.target)
-        if self.count != self.at or not applies(self.kind, boundary.step):
+        if self.count != self.at or self.variant not in variants_at(self.kind, boundary.step):
             self.events.send(event)
             return
         if self.kind in (FaultKind.KILL, FaultKind.POWER):
@@ -119,9 +143,9 @@ class ChaosHook:
             self.events.send({**event, "n": written, "torn": True})
             self._die()
         if self.kind is FaultKind.IO:
-            code = errno.EIO if self.variant == "eio" else errno.ENOSPC
-            if boundary.step is Step.WRITE and code == errno.ENOSPC and boundary.fd is not None:
-                # A full disk usually takes part of the write first.
+            code = IO_ERRNOS[self.variant]
+            if boundary.step is Step.WRITE and code in _FULL and boundary.fd is not None:
+                # A full disk (or quota) usually takes part of the write first.
                 part = os.write(boundary.fd, boundary.data[: len(boundary.data) // 2])
                 self.events.send({**event, "n": part})
             else:

@@ -64,6 +64,29 @@ class LogsView:
         return None
 
 
+def continues_group(record: dict[str, object]) -> bool:
+    """Whether a raw log line says more lines of its group follow.
+
+    A group commit marks every line but its last with ``"more":true`` (a line without
+    it ends its group, as every line written before the marker existed does). A store
+    that frames groups as ``"part":i,"parts":n`` instead is read the same way.
+    """
+    if record.get("more") is True:
+        return True
+    part, parts = record.get("part"), record.get("parts")
+    return isinstance(part, int) and isinstance(parts, int) and part < parts
+
+
+def incomplete_group_start(records: list[dict[str, object]]) -> int | None:
+    """The index of the first line of an incomplete last group, or None if it is whole."""
+    if not records or not continues_group(records[-1]):
+        return None
+    start = len(records) - 1
+    while start > 0 and continues_group(records[start - 1]):
+        start -= 1
+    return start
+
+
 def session_path(home: str) -> str:
     return os.path.join(home, SESSIONS_DIR, SESSION)
 
@@ -111,9 +134,12 @@ def snapshot_logs(home: str) -> LogsView:
     return view
 
 
-def check_after_fault(result: CaseResult, log: ClientLog, view: LogsView) -> None:
-    """Right after the crash: nothing acknowledged is lost, nothing unasked is there."""
+def check_after_fault(
+    result: CaseResult, scenario: Scenario, log: ClientLog, view: LogsView
+) -> None:
+    """Right after the crash: nothing acknowledged is lost or cut, nothing unasked is there."""
     result.checked += ["acknowledged-on-disk", "on-disk-acknowledged-or-in-flight"]
+    check_requests_complete(result, scenario, view, log.acked)
     on_disk = set(view.applied_keys())
     lost = sorted(log.acked - on_disk)
     if lost:
@@ -129,11 +155,43 @@ def check_after_fault(result: CaseResult, log: ClientLog, view: LogsView) -> Non
         )
 
 
+def check_requests_complete(
+    result: CaseResult, scenario: Scenario, view: LogsView, keys: set[str] | None = None
+) -> None:
+    """Every keyed request on disk (or only ``keys``) is whole: its User is followed, in
+    its group, by exactly the records that request appends; no log's last group is open.
+    """
+    result.checked.append("keyed-request-complete")
+    for epoch, records in sorted(view.epochs.items()):
+        for index, record in enumerate(records):
+            key = record.get("key")
+            if record.get("type") != "User" or not isinstance(key, str):
+                continue
+            if keys is not None and key not in keys:
+                continue
+            shape = scenario.shape(key)
+            group = records[index : index + len(shape)]
+            types = tuple(str(r.get("type")) for r in group)
+            if types != shape or continues_group(group[-1]):
+                result.violate(
+                    "keyed-request-complete",
+                    f"request {key!r} in epoch {epoch} is {'+'.join(types)}"
+                    f"{' (group still open)' if types == shape else ''}, "
+                    f"not {'+'.join(shape)}",
+                )
+        if keys is None and incomplete_group_start(records) is not None:
+            result.violate(
+                "keyed-request-complete",
+                f"epoch {epoch}'s last group is incomplete and the session opened",
+            )
+
+
 def check_final(
     result: CaseResult, scenario: Scenario, log: ClientLog, after_fault: LogsView, home: str
 ) -> None:
     """After the resume finished the scenario: the whole session, record by record."""
     view = snapshot_logs(home)
+    check_requests_complete(result, scenario, view)
     result.checked.append("final-state-opens")
     try:
         state = load_session(session_path(home), SESSION)

@@ -21,6 +21,9 @@ from worker.session import Session
 SESSION: Final = "chaos"
 SLOT: Final = 7
 RETRY_SUMMARY: Final = "summary given on retry"
+# The records one keyed request appends: a group commit of four, or a single User.
+GROUP_SHAPE: Final = ("User", "ToolResult", "Assistant", "Usage")
+SINGLE_SHAPE: Final = ("User",)
 
 
 def baseline_for(memory: str) -> Baseline:
@@ -52,6 +55,13 @@ class Scenario:
     @property
     def worker_level(self) -> bool:
         return bool(self.requests)
+
+    def shape(self, key: str) -> tuple[str, ...]:
+        """The record types the request ``key`` appends, User first, in one group."""
+        for op in self.ops:
+            if op.key == key and op.kind == "append":
+                return SINGLE_SHAPE
+        return GROUP_SHAPE  # groups, the default app's requests, and prepared keys
 
 
 def _prepare_interrupted(home: str) -> None:
