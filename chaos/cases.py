@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -9,6 +10,14 @@ from chaos.hook import VARIANTS, FaultKind, variants_at
 from worker.durable import Step
 
 POWER_AT_END: Final = 0  # ``power_at`` of a case whose power fails after the resume finished
+
+
+class ThenPower(enum.Enum):
+    """Which "fault, resume, then power loss" compounds to list."""
+
+    NONE = "none"
+    END = "end"  # the power fails once the resumed worker finished
+    EVERY = "every"  # ... and at every boundary of the resumed worker
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,7 +12,7 @@ from typing import Final
 
 import click
 
-from chaos.cases import Case, CaseResult
+from chaos.cases import Case, CaseResult, ThenPower
 from chaos.hook import FaultKind
 from chaos.mutants import MUTANTS
 from chaos.parallel import case_workdir, run_cases
@@ -179,26 +179,48 @@ def replay(case_id: str, base: str | None) -> None:
 @chaos.command()
 @scenarios_option
 @jobs_option
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="only each mutant's own selection of cases (the test suite's), not every case.",
+)
 @dir_option
-def mutants(scenarios: tuple[str, ...], jobs: int, base: str | None) -> None:
-    """Run the rig against each deliberately broken store; exit 1 if one survives."""
+def mutants(scenarios: tuple[str, ...], jobs: int, quick: bool, base: str | None) -> None:
+    """Run the rig against each deliberately broken store; exit 1 if one survives.
+
+    Prints, per mutant, the invariants that caught it, whether the one it must break is
+    among them, an example case, and at the end the score.
+    """
     survivors = []
     with case_workdir(base) as workdir:
-        for name in MUTANTS:
-            cases = build_cases(scenarios or sorted(SCENARIOS), ALL_FAULTS, workdir, mutant=name)
+        for name, mutant in MUTANTS.items():
+            chosen = scenarios or (mutant.scenarios if quick else sorted(SCENARIOS))
+            cases = build_cases(
+                chosen,
+                mutant.faults if quick else ALL_FAULTS,
+                workdir,
+                then_power=mutant.then_power if quick else ThenPower.EVERY,
+                mutant=name,
+            )
             results = run_cases(cases, workdir, jobs=jobs, on_result=lambda _r: None)
             caught = [r for r in results if r.outcome != "ok"]
-            if not caught:
-                survivors.append(name)
-                click.echo(f"SURVIVED {name}: {len(cases)} cases, no violation")
-                continue
             invariants = Counter(v.split(":")[0] for r in caught for v in r.violations)
-            first = caught[0]
+            if mutant.caught_by not in invariants:
+                survivors.append(name)
+                seen = ", ".join(invariants) or "no invariant"
+                click.echo(
+                    f"SURVIVED {name}: {len(cases)} cases; {mutant.caught_by} held "
+                    f"(caught only by {seen})"
+                )
+                continue
+            first = next(r for r in caught if any(
+                v.startswith(mutant.caught_by + ":") for v in r.violations))  # fmt: skip
             click.echo(
-                f"caught   {name}: {len(caught)}/{len(cases)} cases; by "
+                f"caught   {name} by {mutant.caught_by}: {len(caught)}/{len(cases)} cases; "
                 + ", ".join(f"{inv} ({n})" for inv, n in invariants.most_common())
             )
             click.echo(f"         e.g. {first.case} ({first.boundary}): {first.violations[0]}")
+    click.echo(f"score: {len(MUTANTS) - len(survivors)}/{len(MUTANTS)} mutants caught")
     if survivors:
         sys.exit(EXIT_VIOLATION)
 

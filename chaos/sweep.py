@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import enum
 import os
 import tempfile
 from collections.abc import Iterable
 from typing import Final
 
-from chaos.cases import Case, enumerate_cases
+from chaos.cases import Case, ThenPower, enumerate_cases
 from chaos.hook import FaultKind
 from chaos.oracle import ClientLog, snapshot_logs
 from chaos.runner import clean_steps, fork_child
@@ -23,14 +22,6 @@ ALL_FAULTS: tuple[FaultKind, ...] = (FaultKind.KILL, FaultKind.TORN, FaultKind.P
 # at an fsync of a file or a directory (which the store must redo, never trust, before
 # it acknowledges anything).
 _POWER_AFTER_IO: Final = (Step.FSYNC, Step.FSYNC_DIR)
-
-
-class ThenPower(enum.Enum):
-    """Which "fault, resume, then power loss" compounds to list."""
-
-    NONE = "none"
-    END = "end"  # the power fails once the resumed worker finished
-    EVERY = "every"  # ... and at every boundary of the resumed worker
 
 
 def build_cases(

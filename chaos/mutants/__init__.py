@@ -1,0 +1,69 @@
+"""Deliberately broken stores, applied by monkeypatching inside a case's child only.
+
+Each breaks one rule of the store; the rig must catch every one (``loopd chaos
+mutants``), and each names the invariant that must catch it and the faults that do.
+They live here, never in worker/, and never run outside a forked child.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from chaos.cases import ThenPower
+from chaos.hook import FaultKind
+from chaos.mutants import durability, epochs, reading
+
+KILL: Final = (FaultKind.KILL,)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Mutant:
+    """One broken store: the bug, how it is patched in, and what must catch it.
+
+    ``faults``, ``then_power`` and ``scenarios`` choose the cases of the quick check
+    (the test suite's); ``loopd chaos mutants`` runs every case.
+    """
+
+    name: str
+    bug: str
+    patch: Callable[[], None]
+    caught_by: str
+    faults: tuple[FaultKind, ...] = KILL
+    then_power: ThenPower = ThenPower.NONE
+    scenarios: tuple[str, ...] = ("basic",)
+
+
+_ALL: Final = (
+    Mutant(name="no-fsync", bug="never fsyncs the log", patch=durability.no_fsync,
+           caught_by="acknowledged-on-disk", faults=(FaultKind.POWER,)),
+    Mutant(name="fsync-after-memory", bug="records reach memory before the fsync",
+           patch=durability.fsync_after_memory, caught_by="acknowledged-on-disk",
+           faults=(FaultKind.IO,)),
+    Mutant(name="no-directory-fsync", bug="never fsyncs a directory after create or rename",
+           patch=durability.no_directory_fsync, caught_by="acknowledged-on-disk",
+           faults=(FaultKind.POWER,)),
+    Mutant(name="second-epoch-end-on-resume", bug="resume closes the epoch again",
+           patch=epochs.second_epoch_end_on_resume, caught_by="one-epoch-end-last"),
+    Mutant(name="silent-torn-tail-repair", bug="open cuts a torn tail off by itself",
+           patch=reading.silent_torn_tail_repair, caught_by="torn-log-refused-unchanged",
+           faults=(FaultKind.TORN,)),
+    Mutant(name="recorded-summary-rewritten",
+           bug="resume rewrites the recorded EpochEnd with the caller's summary",
+           patch=epochs.recorded_summary_rewritten, caught_by="carry-is-recorded-summary"),
+    Mutant(name="call-numbers-per-epoch", bug="tool call numbers start again in every epoch",
+           patch=epochs.call_numbers_per_epoch, caught_by="call-numbers-unique"),
+    Mutant(name="no-lock", bug="open takes no lock", patch=reading.no_lock,
+           caught_by="single-writer"),
+)  # fmt: skip
+MUTANTS: Final[dict[str, Mutant]] = {m.name: m for m in _ALL}
+
+
+def apply(name: str | None) -> None:
+    """Break the store in this process as the mutant ``name`` says (None: leave it whole)."""
+    if name is None:
+        return
+    if name not in MUTANTS:
+        raise ValueError(f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}")
+    MUTANTS[name].patch()

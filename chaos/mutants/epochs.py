@@ -1,0 +1,56 @@
+"""Mutants that break the epoch change, its resume, and what carries across epochs."""
+
+from __future__ import annotations
+
+import os
+
+from worker import durable, session
+from worker.baseline import Baseline
+from worker.records import EpochEnd, encode_records
+
+
+def second_epoch_end_on_resume() -> None:
+    original = session.Session.commit_epoch
+
+    def commit_epoch(self: session.Session, summary: str, baseline: Baseline) -> None:
+        if isinstance(self._state.records[-1], EpochEnd):
+            # The bug: close the epoch again instead of resuming with the recorded one.
+            data = encode_records([EpochEnd(next=self.epoch + 1, summary=summary)])
+            assert self._log_fd is not None
+            durable.write_all(self._log_fd, data, self._log_path)
+            durable.fdatasync(self._log_fd, self._log_path)
+        original(self, summary, baseline)
+
+    session.Session.commit_epoch = commit_epoch  # type: ignore[method-assign]
+
+
+def recorded_summary_rewritten() -> None:
+    original = session.Session.commit_epoch
+
+    def commit_epoch(self: session.Session, summary: str, baseline: Baseline) -> None:
+        last = self._state.records[-1]
+        if isinstance(last, EpochEnd) and last.summary != summary:
+            # The bug: "refresh" the recorded summary with the caller's, in place.
+            line = encode_records([EpochEnd(time=last.time, next=last.next, summary=summary)])
+            old = encode_records([last])
+            assert self._log_fd is not None
+            os.ftruncate(self._log_fd, self._size - len(old))
+            os.write(self._log_fd, line)
+            os.fsync(self._log_fd)
+            self._size += len(line) - len(old)
+            self._state.records[-1] = EpochEnd(time=last.time, next=last.next, summary=summary)
+        original(self, summary, baseline)
+
+    session.Session.commit_epoch = commit_epoch  # type: ignore[method-assign]
+
+
+def call_numbers_per_epoch() -> None:
+    original = session.Session.commit_epoch
+
+    def commit_epoch(self: session.Session, summary: str, baseline: Baseline) -> None:
+        original(self, summary, baseline)
+        # The bug: tool call numbers start again in every epoch.
+        self._state.max_call = 0
+        self._next_call = 1
+
+    session.Session.commit_epoch = commit_epoch  # type: ignore[method-assign]
