@@ -12,12 +12,13 @@ from typing import Final
 
 import click
 
-from chaos.cases import Case, CaseResult, ThenPower
+from chaos.cases import Case, CaseResult
 from chaos.hook import FaultKind
 from chaos.mutants import MUTANTS
 from chaos.parallel import case_workdir, run_cases
 from chaos.runner import clean_steps, run_case
 from chaos.scenarios import SCENARIOS
+from chaos.scoring import score_mutant
 from chaos.supervised import run_supervised
 from chaos.sweep import ALL_FAULTS, build_cases
 
@@ -96,7 +97,10 @@ def chaos() -> None:
 @chaos.command()
 @scenarios_option
 @click.option(
-    "--faults", default="kill,torn,power,io", show_default=True, help="comma-separated fault kinds."
+    "--faults",
+    default="kill,torn,power,io,short",
+    show_default=True,
+    help="comma-separated fault kinds.",
 )
 @click.option(
     "--compound/--no-compound",
@@ -194,32 +198,22 @@ def mutants(scenarios: tuple[str, ...], jobs: int, quick: bool, base: str | None
     survivors = []
     with case_workdir(base) as workdir:
         for name, mutant in MUTANTS.items():
-            chosen = scenarios or (mutant.scenarios if quick else sorted(SCENARIOS))
-            cases = build_cases(
-                chosen,
-                mutant.faults if quick else ALL_FAULTS,
-                workdir,
-                then_power=mutant.then_power if quick else ThenPower.EVERY,
-                mutant=name,
-            )
-            results = run_cases(cases, workdir, jobs=jobs, on_result=lambda _r: None)
-            caught = [r for r in results if r.outcome != "ok"]
-            invariants = Counter(v.split(":")[0] for r in caught for v in r.violations)
-            if mutant.caught_by not in invariants:
+            score = score_mutant(name, workdir, jobs=jobs, quick=quick, scenarios=scenarios)
+            if not score.caught_as_expected:
                 survivors.append(name)
-                seen = ", ".join(invariants) or "no invariant"
+                seen = ", ".join(score.invariants) or "no invariant"
                 click.echo(
-                    f"SURVIVED {name}: {len(cases)} cases; {mutant.caught_by} held "
+                    f"SURVIVED {name}: {score.cases} cases; {mutant.caught_by} held "
                     f"(caught only by {seen})"
                 )
                 continue
-            first = next(r for r in caught if any(
-                v.startswith(mutant.caught_by + ":") for v in r.violations))  # fmt: skip
             click.echo(
-                f"caught   {name} by {mutant.caught_by}: {len(caught)}/{len(cases)} cases; "
-                + ", ".join(f"{inv} ({n})" for inv, n in invariants.most_common())
+                f"caught   {name} by {mutant.caught_by}: {len(score.caught)}/{score.cases} "
+                "cases; " + ", ".join(f"{i} ({n})" for i, n in score.invariants.most_common())
             )
-            click.echo(f"         e.g. {first.case} ({first.boundary}): {first.violations[0]}")
+            first = score.example()
+            if first is not None:
+                click.echo(f"         e.g. {first.case} ({first.boundary}): {first.violations[0]}")
     click.echo(f"score: {len(MUTANTS) - len(survivors)}/{len(MUTANTS)} mutants caught")
     if survivors:
         sys.exit(EXIT_VIOLATION)

@@ -3,8 +3,8 @@
 It counts the store's durable steps, records each one *before* the step runs and hands
 the records to the rig over a pipe (at the latest just before the hook's own SIGKILL,
 or at exit), so the rig knows exactly which steps completed when the process died; and
-at boundary k it injects the case's fault: a SIGKILL, a torn write then a SIGKILL, or an
-errno raised from the step.
+at boundary k it injects the case's fault: a SIGKILL, a torn write then a SIGKILL, an
+errno raised from the step, or a file size limit that makes the real write short.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import enum
 import errno
 import json
 import os
+import resource
 import signal
 from typing import Final
 
@@ -29,6 +30,7 @@ class FaultKind(enum.Enum):
     TORN = "torn"
     POWER = "power"
     IO = "io"
+    SHORT = "short"
 
 
 TORN_VARIANTS: Final = ("1byte", "half", "allbutlast")
@@ -51,12 +53,14 @@ IO_VARIANTS_BY_STEP: Final = {
     Step.TRUNCATE: ("eio", "erofs"),
 }
 IO_VARIANTS: Final = tuple(IO_ERRNOS)
+SHORT_VARIANTS: Final = ("fsize",)
 VARIANTS: Final = {
     FaultKind.NONE: ("-",),
     FaultKind.KILL: ("-",),
     FaultKind.TORN: TORN_VARIANTS,
     FaultKind.POWER: POWER_VARIANTS,
     FaultKind.IO: IO_VARIANTS,
+    FaultKind.SHORT: SHORT_VARIANTS,
 }
 
 
@@ -69,8 +73,8 @@ def variants_at(kind: FaultKind, step: Step) -> tuple[str, ...]:
     """The variants of ``kind`` that can happen at a boundary of ``step`` (none: empty)."""
     if kind is FaultKind.NONE:
         return ()
-    if kind is FaultKind.TORN:
-        return TORN_VARIANTS if step is Step.WRITE else ()
+    if kind in (FaultKind.TORN, FaultKind.SHORT):
+        return VARIANTS[kind] if step is Step.WRITE else ()
     if kind is FaultKind.IO:
         return IO_VARIANTS_BY_STEP[step]
     return VARIANTS[kind]
@@ -142,6 +146,11 @@ class ChaosHook:
             written = os.write(boundary.fd, data[:keep]) if keep > 0 else 0
             self.events.send({**event, "n": written, "torn": True})
             self._die()
+        if self.kind is FaultKind.SHORT:
+            assert boundary.fd is not None
+            self.events.send(event)
+            _limit_file_size(os.fstat(boundary.fd).st_size + len(boundary.data) // 2)
+            return
         if self.kind is FaultKind.IO:
             code = IO_ERRNOS[self.variant]
             if boundary.step is Step.WRITE and code in _FULL and boundary.fd is not None:
@@ -157,6 +166,18 @@ class ChaosHook:
         self.events.flush()
         os.kill(os.getpid(), signal.SIGKILL)
         raise AssertionError("SIGKILL did not kill the process")
+
+
+def _limit_file_size(limit: int) -> None:
+    """Make the real ``write`` stop at ``limit`` bytes of any file from now on.
+
+    With RLIMIT_FSIZE the kernel cuts a write that crosses the limit short (returning
+    the count it wrote) and fails the next one with EFBIG; SIGXFSZ, which would kill the
+    process, is ignored so the store sees both as a real short write and a full file.
+    """
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
 
 
 def _content_or_none(path: str | None) -> str | None:

@@ -15,7 +15,7 @@ from chaos.scenarios import SCENARIOS
 from worker.durable import Step
 
 ALL_FAULTS: tuple[FaultKind, ...] = (FaultKind.KILL, FaultKind.TORN, FaultKind.POWER,
-                                     FaultKind.IO)  # fmt: skip
+                                     FaultKind.IO, FaultKind.SHORT)  # fmt: skip
 
 
 # The first faults of the "then power loss" compounds: a kill anywhere, and an I/O error

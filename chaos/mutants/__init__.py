@@ -56,6 +56,28 @@ _ALL: Final = (
            patch=epochs.call_numbers_per_epoch, caught_by="call-numbers-unique"),
     Mutant(name="no-lock", bug="open takes no lock", patch=reading.no_lock,
            caught_by="single-writer"),
+    # Caught only because a failed fsync loses its bytes for good in the power-loss model.
+    Mutant(name="fsync-retried-and-trusted",
+           bug="a failed fdatasync is retried and its success trusted (fsyncgate)",
+           patch=durability.fsync_retried_and_trusted, caught_by="acknowledged-on-disk",
+           faults=(), then_power=ThenPower.END),
+    # Caught only by I/O errors at the steps beyond write and fsync.
+    Mutant(name="directory-fsync-error-ignored",
+           bug="a failed fsync of a directory is ignored, its names taken as durable",
+           patch=durability.directory_fsync_error_ignored, caught_by="acknowledged-on-disk",
+           faults=(), then_power=ThenPower.END),
+    Mutant(name="rename-error-ignored", bug="a failed rename of an atomic write is ignored",
+           patch=durability.rename_error_ignored, caught_by="final-state-opens",
+           faults=(FaultKind.IO,)),
+    # Caught only by real short writes (RLIMIT_FSIZE).
+    Mutant(name="short-write-not-looped", bug="a short write is taken as the whole buffer",
+           patch=durability.short_write_not_looped, caught_by="acknowledged-on-disk",
+           faults=(FaultKind.SHORT,)),
+    # Caught only by the power loss that makes names durable before data.
+    Mutant(name="rename-before-data-fsync",
+           bug="an atomic write renames its tmp file before fsyncing the data",
+           patch=durability.rename_before_data_fsync, caught_by="final-state-opens",
+           faults=(FaultKind.POWER,)),
 )  # fmt: skip
 MUTANTS: Final[dict[str, Mutant]] = {m.name: m for m in _ALL}
 

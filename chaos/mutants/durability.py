@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from worker import durable, loader, session
 from worker.errors import SessionIOError
 from worker.records import Record, encode_records
@@ -36,3 +38,68 @@ def fsync_after_memory() -> None:
 
 def no_directory_fsync() -> None:
     durable.fsync_dir = lambda path: None
+
+
+def fsync_retried_and_trusted() -> None:
+    original = durable.fdatasync
+
+    def fdatasync(fd: int, path: str) -> None:
+        try:
+            original(fd, path)
+        except SessionIOError:
+            original(fd, path)  # the bug: a second fsync "succeeds" on pages already lost
+
+    durable.fdatasync = fdatasync
+
+
+def directory_fsync_error_ignored() -> None:
+    original = durable.fsync_dir
+
+    def fsync_dir(path: str) -> None:
+        try:
+            original(path)
+        except SessionIOError:
+            return  # the bug: the names are taken as durable anyway
+
+    durable.fsync_dir = fsync_dir
+
+
+def rename_error_ignored() -> None:
+    original = durable.rename
+
+    def rename(source: str, target: str) -> None:
+        try:
+            original(source, target)
+        except SessionIOError:
+            return  # the bug: the new file is taken as in place
+
+    durable.rename = rename
+
+
+def short_write_not_looped() -> None:
+    def write_all(fd: int, data: bytes, path: str) -> None:
+        hook = durable._hook
+        try:
+            if hook is not None:
+                hook(durable.Boundary(durable.Step.WRITE, path, fd, data))
+            os.write(fd, data)  # the bug: a short count is taken as the whole buffer
+        except OSError as exc:
+            raise SessionIOError(path, exc.errno or 0, "write") from exc
+
+    durable.write_all = write_all
+
+
+def rename_before_data_fsync() -> None:
+    def write_file_atomic(path: str, data: bytes, *, sync_dir: bool = True) -> None:
+        tmp = path + durable.TMP_SUFFIX
+        fd = durable.create(tmp)
+        try:
+            durable.write_all(fd, data, tmp)
+            durable.rename(tmp, path)  # the bug: the name before the data is durable
+            durable.fdatasync(fd, path)
+        finally:
+            durable.close(fd)
+        if sync_dir:
+            durable.fsync_dir(os.path.dirname(path) or ".")
+
+    durable.write_file_atomic = write_file_atomic
