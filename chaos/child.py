@@ -11,11 +11,13 @@ import os
 
 from chaos.hook import EventPipe
 from chaos.scenarios import RETRY_SUMMARY, SESSION, SLOT, Scenario, apply_op, baseline_for
+from worker import durable
 from worker.errors import (
     BaselineError,
     InvalidLog,
     LogError,
     SessionError,
+    SessionLocked,
     SessionNotFound,
     TornLog,
 )
@@ -34,7 +36,10 @@ def store_child(
         except (TornLog, InvalidLog, BaselineError, SessionNotFound) as exc:
             events.send(refusal(exc))
             return 0
-        events.send({"e": "opened"}, flush=True)
+        events.send(
+            {"e": "opened", "second_open": second_open_gets_in(home), "state": report(session)},
+            flush=True,
+        )
         os.read(go_fd, 1)  # the rig checks that it cannot open the session meanwhile
     for index, op in enumerate(scenario.ops):
         events.send({"e": "start", "op": index, "key": op.key})
@@ -64,6 +69,34 @@ def open_for_resume(home: str, scenario: Scenario) -> Session:
     if isinstance(last, EpochEnd):
         session.commit_epoch(RETRY_SUMMARY, baseline_for(last.summary))
     return session
+
+
+def second_open_gets_in(home: str) -> bool:
+    """Whether a second ``Session.open`` gets the session a worker of ours holds.
+
+    The boundary hook is off meanwhile: the probe is not a step of the scenario.
+    """
+    hook = durable.set_hook(None)
+    try:
+        Session.open(home, SESSION).close()
+    except SessionLocked:
+        return False
+    finally:
+        durable.set_hook(hook)
+    return True
+
+
+def report(session: Session) -> dict[str, object]:
+    """The state the store's API reports (``next_call`` hands out a number: a gap follows)."""
+    return {
+        "epoch": session.epoch,
+        "slot": session.slot,
+        "records": len(session.records),
+        "carry": session.carry,
+        "prior_users": session.prior_users,
+        "prior_untrusted": session.prior_untrusted,
+        "next_call": session.next_call(),
+    }
 
 
 def refusal(exc: SessionError) -> dict[str, object]:

@@ -17,15 +17,16 @@ from worker.wire import Channel, Message
 class RequestsClient:
     """Sends the scenario's keyed requests one at a time; a failed one is retried once.
 
-    ``on_event`` gets the worker's trace events, ``on_ready`` runs when the worker says
-    it is ready (the rig's second-writer probe), ``on_refused`` when it says it exits.
+    ``on_event`` gets the worker's trace events, ``on_ready`` gets the worker's ready
+    message (the rig's second-writer probe and its state check), ``on_refused`` runs when
+    it says it exits.
     """
 
     scenario: Scenario
     log: ClientLog
     channel: Channel
     on_event: Callable[[dict[str, object]], None]
-    on_ready: Callable[[], None]
+    on_ready: Callable[[Message], None]
     on_refused: Callable[[dict[str, object]], None]
     pending: list[tuple[str, str]] = field(default_factory=list)
     sent: str | None = None
@@ -63,7 +64,7 @@ class RequestsClient:
     def _on_message(self, message: Message) -> None:
         op = message.get("op")
         if op == "ready":
-            self.on_ready()
+            self.on_ready(message)
         elif op == "exiting":
             self.on_refused(
                 {"e": "refused", "error": message.get("code"), "why": message.get("message")}

@@ -8,21 +8,15 @@ the files to the oracle.
 from __future__ import annotations
 
 import copy
-import fcntl
-import gc
-import json
 import os
 import shutil
-import signal
-import socket
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
-from chaos import mutants
+from chaos.api_state import check_api_state
 from chaos.cases import Case, CaseResult
-from chaos.child import store_child, worker_child
-from chaos.hook import ChaosHook, EventPipe, FaultKind
+from chaos.hook import FaultKind
 from chaos.model import DurableModel, PowerVariant
 from chaos.oracle import (
     ClientLog,
@@ -30,155 +24,15 @@ from chaos.oracle import (
     check_after_fault,
     check_final,
     file_digests,
-    session_path,
     snapshot_logs,
 )
-from chaos.requests_client import RequestsClient
 from chaos.scenarios import SCENARIOS, SESSION, Scenario
 from chaos.torn import describe, expected_torn_place, torn_refusal_checked
-from worker import durable
+from chaos.worker_run import ChildRun, fork_child
 from worker.errors import SessionError
 from worker.repair import repair_torn_tail
-from worker.wire import Channel
 
 MAX_RESUMES: Final = 4
-
-
-@dataclass(slots=True)
-class ChildRun:
-    """What the rig saw of one child: its boundaries, a refusal, how it ended."""
-
-    steps: list[dict[str, object]] = field(default_factory=list)
-    code: int = 0
-    refused: dict[str, object] | None = None
-    two_writers: bool = False
-
-    @property
-    def killed(self) -> bool:
-        return self.code == -signal.SIGKILL
-
-
-def fork_child(
-    home: str,
-    scenario: Scenario,
-    log: ClientLog,
-    *,
-    resume: bool,
-    fault: FaultKind = FaultKind.NONE,
-    variant: str = "-",
-    at: int = 0,
-    mutant: str | None = None,
-    output: str = os.devnull,
-    trace: bool = True,
-) -> ChildRun:
-    """Fork a worker for ``scenario`` with its hook armed; act as its client until it ends."""
-    event_r, event_w = os.pipe()
-    go_r, go_w = os.pipe()
-    ours, theirs = socket.socketpair() if scenario.worker_level else (None, None)
-    # Objects that exist now are never collected by the cyclic GC of this process or its
-    # children: a collection would touch (and so copy) every page the child shares.
-    gc.freeze()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        code = 1
-        gc.disable()  # a short-lived child: no collection, fewer copied pages
-        try:
-            os.close(event_r)
-            os.close(go_w)
-            sink = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            os.dup2(sink, 1)
-            os.dup2(sink, 2)
-            if ours is not None:
-                ours.close()
-            mutants.apply(mutant)
-            events = EventPipe(event_w)
-            durable.set_hook(ChaosHook(events, fault, variant, at, trace=trace))
-            if theirs is not None:
-                code = worker_child(home, scenario, theirs.fileno())
-            else:
-                code = store_child(home, scenario, resume=resume, events=events, go_fd=go_r)
-            events.flush()
-        finally:
-            os._exit(code)
-    os.close(event_w)
-    os.close(go_r)
-    run = ChildRun()
-    try:
-        if theirs is not None and ours is not None:
-            theirs.close()
-            RequestsClient(
-                scenario=scenario,
-                log=log,
-                channel=Channel(ours),
-                on_event=lambda event: _on_event(home, log, run, event, None),
-                on_ready=lambda: _probe(run, home),
-                on_refused=lambda event: _refused(run, event),
-            ).run(event_r)
-        else:
-            _read_events(home, log, run, event_r, go_w)
-    finally:
-        os.close(event_r)
-        os.close(go_w)
-        if ours is not None:
-            ours.close()
-        _pid, status = os.waitpid(pid, 0)
-        run.code = os.waitstatus_to_exitcode(status)
-    return run
-
-
-def _on_event(
-    home: str, log: ClientLog, run: ChildRun, event: dict[str, object], go_w: int | None
-) -> None:
-    kind = event.get("e")
-    if kind == "step":
-        run.steps.append(event)
-    elif kind == "start":
-        log.start(str(event.get("key") or ""))
-    elif kind == "ack":
-        log.ack(str(event.get("key") or ""), int(str(event.get("epoch", 0))))
-    elif kind == "refused":
-        run.refused = event
-    elif kind == "opened" and go_w is not None:
-        run.two_writers = _second_writer_gets_in(home)
-        os.write(go_w, b"g")
-
-
-def _probe(run: ChildRun, home: str) -> None:
-    run.two_writers = _second_writer_gets_in(home)
-
-
-def _refused(run: ChildRun, event: dict[str, object]) -> None:
-    run.refused = event
-
-
-def _second_writer_gets_in(home: str) -> bool:
-    """While the resumed worker holds the session, a second writer's lock must fail.
-
-    The probe is the kernel lock a second ``Session.open`` would take (the same flock
-    on the session directory), without the store's lookup of the holder's pid.
-    """
-    fd = os.open(session_path(home), os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-    return True
-
-
-def _read_events(home: str, log: ClientLog, run: ChildRun, fd: int, go_w: int) -> None:
-    buffer = b""
-    while True:
-        data = os.read(fd, 65536)
-        if not data:
-            return
-        buffer += data
-        *lines, buffer = buffer.split(b"\n")
-        if lines:
-            # One JSON document for the batch: a single parse instead of one per line.
-            for event in json.loads(b"[" + b",".join(lines) + b"]"):
-                _on_event(home, log, run, event, go_w)
 
 
 @dataclass(slots=True)
@@ -307,7 +161,7 @@ def _resume_then_power_loss(
         output=output,
         trace=True,
     )
-    _check_single_writer(result, resumed)
+    _check_resumed(result, resumed)
     for step in resumed.steps:
         model.apply(step)
     model.power_loss(PowerVariant.DROP)
@@ -315,10 +169,15 @@ def _resume_then_power_loss(
     result.notes.append(f"a fresh worker resumed; the power failed at {where}")
 
 
-def _check_single_writer(result: CaseResult, run: ChildRun) -> None:
+def _check_resumed(result: CaseResult, run: ChildRun) -> None:
+    """What a resumed worker must hold while it runs: the lock alone, the disk's state."""
     result.checked.append("single-writer")
-    if run.two_writers:
-        result.violate("single-writer", "a second opener got the session while a worker held it")
+    if run.intruders:
+        result.violate(
+            "single-writer",
+            f"{' and '.join(run.intruders)} got the session while a worker held it",
+        )
+    check_api_state(result, run.reported, run.implied)
 
 
 def _resume_and_check(
@@ -346,7 +205,7 @@ def _resume_and_check(
             output=output,
             trace=False,
         )
-        _check_single_writer(result, resumed)
+        _check_resumed(result, resumed)
         if torn is not None:
             result.checked.append("torn-log-refused-unchanged")
             if file_digests(home) != before:

@@ -10,8 +10,9 @@ from typing import Final
 from chaos.cases import Case, ThenPower, enumerate_cases
 from chaos.hook import FaultKind
 from chaos.oracle import ClientLog, snapshot_logs
-from chaos.runner import clean_steps, fork_child
+from chaos.runner import clean_steps
 from chaos.scenarios import SCENARIOS
+from chaos.worker_run import fork_child
 from worker.durable import Step
 
 ALL_FAULTS: tuple[FaultKind, ...] = (FaultKind.KILL, FaultKind.TORN, FaultKind.POWER,

@@ -78,6 +78,18 @@ _ALL: Final = (
            bug="an atomic write renames its tmp file before fsyncing the data",
            patch=durability.rename_before_data_fsync, caught_by="final-state-opens",
            faults=(FaultKind.POWER,)),
+    # Caught only by the probes with a shared lock and a real second Session.open.
+    Mutant(name="writer-takes-shared-lock", bug="a writer takes a shared lock",
+           patch=reading.writer_takes_shared_lock, caught_by="single-writer"),
+    Mutant(name="held-lock-taken-as-stale",
+           bug="an opener that finds the lock held goes on without it",
+           patch=reading.held_lock_taken_as_stale, caught_by="single-writer"),
+    # Caught only by comparing the resumed worker's reported state with the disk.
+    Mutant(name="open-forgets-prior-counts", bug="open reports no prior users",
+           patch=reading.open_forgets_prior_counts, caught_by="api-state-matches-disk"),
+    Mutant(name="open-carries-oldest-summary",
+           bug="open carries the first epoch's summary, not the last one's",
+           patch=reading.open_carries_oldest_summary, caught_by="api-state-matches-disk"),
 )  # fmt: skip
 MUTANTS: Final[dict[str, Mutant]] = {m.name: m for m in _ALL}
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 from worker import layout, loader, lock, session
-from worker.errors import TornLog
-from worker.records import Record
+from worker.errors import SessionLocked, TornLog
+from worker.records import EpochEnd, Record
 
 
 def silent_torn_tail_repair() -> None:
@@ -29,7 +31,59 @@ def no_lock() -> None:
     def lock_directory(path: str, *, shared: bool = False) -> int:
         return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
 
+    _patch_lock(lock_directory)
+
+
+def _patch_lock(lock_directory: Callable[..., int]) -> None:
     # Every module that took the name at import time.
     session.lock_directory = lock_directory  # type: ignore[attr-defined]
     layout.lock_directory = lock_directory  # type: ignore[attr-defined]
     lock.lock_directory = lock_directory
+
+
+def writer_takes_shared_lock() -> None:
+    original = lock.lock_directory
+
+    def lock_directory(path: str, *, shared: bool = False) -> int:
+        return original(path, shared=True)  # the bug: a writer shares the lock
+
+    _patch_lock(lock_directory)
+
+
+def held_lock_taken_as_stale() -> None:
+    original = lock.lock_directory
+
+    def lock_directory(path: str, *, shared: bool = False) -> int:
+        try:
+            return original(path, shared=shared)
+        except SessionLocked:
+            # The bug: a held lock is taken for a stale one and the opener goes on.
+            return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+
+    _patch_lock(lock_directory)
+
+
+def open_forgets_prior_counts() -> None:
+    original = loader.load_session
+
+    def load_session(session_dir: str, session_id: str, **kwargs: Any) -> loader.SessionState:
+        state = original(session_dir, session_id, **kwargs)
+        state.prior_users = state.prior_untrusted = 0  # the bug: counted in memory only
+        return state
+
+    session.load_session = load_session  # type: ignore[attr-defined]
+
+
+def open_carries_oldest_summary() -> None:
+    original = loader.load_session
+
+    def load_session(session_dir: str, session_id: str, **kwargs: Any) -> loader.SessionState:
+        state = original(session_dir, session_id, **kwargs)
+        if state.epoch >= 2:
+            first = loader.log_path(session_dir, 0)
+            last = loader.decode_log(first, loader.read_file(first))[-1]
+            if isinstance(last, EpochEnd):
+                state.carry = last.summary  # the bug: the first epoch's summary
+        return state
+
+    session.load_session = load_session  # type: ignore[attr-defined]
