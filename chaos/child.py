@@ -108,11 +108,16 @@ def refusal(exc: SessionError) -> dict[str, object]:
     return event
 
 
-def worker_child(home: str, scenario: Scenario, channel_fd: int) -> int:
-    """Run the real worker process code on the inherited channel."""
+def worker_child(home: str, scenario: Scenario, channel_fd: int, *, create: bool) -> int:
+    """Run the real worker process code on the inherited channel, started as the
+    supervisor starts it: with ``--create`` only until a worker of the session was ready.
+    """
     from worker.process import main  # noqa: PLC0415 - only a worker-level child needs it
 
-    return main([
-        "--home", home, "--session", SESSION, "--channel-fd", str(channel_fd),
-        "--create", "--slot", str(SLOT), "--budget", str(scenario.budget),
-    ])  # fmt: skip
+    argv = ["--home", home, "--session", SESSION, "--channel-fd", str(channel_fd),
+            "--budget", str(scenario.budget)]  # fmt: skip
+    if create:
+        argv += ["--create", "--slot", str(SLOT)]
+    if scenario.app is not None:
+        argv += ["--app", scenario.app]
+    return main(argv)

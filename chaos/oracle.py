@@ -29,6 +29,8 @@ class ClientLog:
     acked: set[str] = field(default_factory=set)
     in_flight: set[str] = field(default_factory=set)
     acked_epoch: int = -1  # the newest epoch a client was told about; -1: none yet
+    started: bool = False  # a worker said it was ready: later ones start without --create
+    compacted: bool = False  # the operator's compaction was acknowledged
 
     def start(self, key: str) -> None:
         if key:
@@ -199,6 +201,14 @@ def check_final(
         result.violate("final-state-opens", str(exc))
         state = None
     _check_keys(result, scenario, log, view)
+    if scenario.compact is not None and log.compacted:
+        result.checked.append("operator-summary-recorded")
+        summaries = [view.closing_summary(n) for n in view.epochs]
+        if scenario.compact[1] not in summaries:
+            result.violate(
+                "operator-summary-recorded",
+                f"the operator's summary {scenario.compact[1]!r} closes no epoch: {summaries}",
+            )
     _check_epochs(result, view)
     _check_resume(result, after_fault, view)
     if state is not None and state.epoch >= 1:

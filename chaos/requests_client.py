@@ -7,15 +7,21 @@ import os
 import selectors
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Final
 
 from chaos.oracle import ClientLog
 from chaos.scenarios import Scenario
 from worker.wire import Channel, Message
 
+_COMPACT: Final = "\0compact"  # what ``sent`` holds while the operator's compact is out
+
 
 @dataclass(slots=True)
 class RequestsClient:
     """Sends the scenario's keyed requests one at a time; a failed one is retried once.
+
+    A scenario with ``compact`` has the operator compact with its own summary once the
+    request it names is acknowledged.
 
     ``on_event`` gets the worker's trace events, ``on_ready`` gets the worker's ready
     message (the rig's second-writer probe and its state check), ``on_refused`` runs when
@@ -64,6 +70,7 @@ class RequestsClient:
     def _on_message(self, message: Message) -> None:
         op = message.get("op")
         if op == "ready":
+            self.log.started = True
             self.on_ready(message)
         elif op == "exiting":
             self.on_refused(
@@ -73,8 +80,12 @@ class RequestsClient:
         elif message.get("ok") is True and self.sent is not None:
             result = message.get("result")
             state = result.get("state", {}) if isinstance(result, dict) else {}
-            self.log.ack(self.sent, int(state.get("epoch", 0)))
-            self.pending.pop(0)
+            if self.sent == _COMPACT:
+                self.log.compacted = True
+                self.log.ack("", int(state.get("epoch", 0)))
+            else:
+                self.log.ack(self.sent, int(state.get("epoch", 0)))
+                self.pending.pop(0)
             self.tries = 0
         elif self.sent is not None:
             self.tries += 1
@@ -82,6 +93,13 @@ class RequestsClient:
                 self.sent = None
                 self._send({"id": 0, "op": "stop"})
                 return
+        compact = self.scenario.compact
+        if compact is not None and compact[0] in self.log.acked and not self.log.compacted:
+            # The operator's compaction, once its request is acknowledged; not repeated
+            # after a crash once acknowledged (in flight, it may be: operators retry).
+            self.sent = _COMPACT
+            self._send({"id": 0, "op": "compact", "summary": compact[1]})
+            return
         if self.pending:
             key, text = self.pending[0]
             self.log.start(key)

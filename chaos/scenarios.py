@@ -51,6 +51,8 @@ class Scenario:
     prepare: Callable[[str], None] | None = None
     requests: tuple[tuple[str, str], ...] = ()  # (key, text) for the worker-level scenario
     budget: int = 0
+    app: str | None = None  # the worker's app (module:attribute), else the default app
+    compact: tuple[str, str] | None = None  # (after which key, the operator's summary)
 
     @property
     def worker_level(self) -> bool:
@@ -114,6 +116,16 @@ SCENARIOS: Final = {
             ops=(),
             requests=tuple((f"q{n}", f"request number {n} " + "x" * 30) for n in range(6)),
             budget=50,
+        ),
+        Scenario(
+            name="operator",
+            doc="requests to an app whose summaries never repeat, and an operator's compact "
+            "with its own summary, through the real worker loop",
+            ops=(),
+            requests=tuple((f"o{n}", f"operator scenario {n} " + "y" * 30) for n in range(5)),
+            budget=50,
+            app="chaos.apps:UnrepeatableSummaryApp",
+            compact=("o2", "the operator's own summary"),
         ),
     )
 }

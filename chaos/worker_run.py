@@ -79,7 +79,7 @@ def fork_child(
             events = EventPipe(event_w)
             durable.set_hook(ChaosHook(events, fault, variant, at, trace=trace))
             if theirs is not None:
-                code = worker_child(home, scenario, theirs.fileno())
+                code = worker_child(home, scenario, theirs.fileno(), create=not log.started)
             else:
                 code = store_child(home, scenario, resume=resume, events=events, go_fd=go_r)
             events.flush()

@@ -90,6 +90,15 @@ _ALL: Final = (
     Mutant(name="open-carries-oldest-summary",
            bug="open carries the first epoch's summary, not the last one's",
            patch=reading.open_carries_oldest_summary, caught_by="api-state-matches-disk"),
+    # Caught only by an app whose summaries never repeat, and by the operator's compact.
+    Mutant(name="resume-recomputes-summary",
+           bug="the worker's resume builds the next baseline from a summary computed again",
+           patch=epochs.resume_recomputes_summary, caught_by="carry-is-recorded-summary",
+           scenarios=("operator",)),
+    Mutant(name="operator-summary-ignored",
+           bug="the worker's compact ignores the operator's summary",
+           patch=epochs.operator_summary_ignored, caught_by="operator-summary-recorded",
+           scenarios=("operator",)),
 )  # fmt: skip
 MUTANTS: Final[dict[str, Mutant]] = {m.name: m for m in _ALL}
 

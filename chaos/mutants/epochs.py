@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 
 from worker import durable, session
+from worker.app import App
 from worker.baseline import Baseline
 from worker.records import EpochEnd, encode_records
+from worker.session import Session
+from worker.wire import Channel, Message
 
 
 def second_epoch_end_on_resume() -> None:
@@ -54,3 +58,42 @@ def call_numbers_per_epoch() -> None:
         self._next_call = 1
 
     session.Session.commit_epoch = commit_epoch  # type: ignore[method-assign]
+
+
+def resume_recomputes_summary() -> None:
+    from worker import process  # noqa: PLC0415 - only worker-level children load it
+
+    def open_session(args: argparse.Namespace, app: App) -> session.Session:
+        if args.create:
+            opened = session.Session.open_or_create(
+                args.home, args.session, app.initial_baseline(args.session), args.slot
+            )
+        else:
+            opened = session.Session.open(args.home, args.session)
+        if isinstance(opened.records[-1], EpochEnd):
+            # The bug: the next baseline from a summary computed again, not the recorded one.
+            summary = app.summarize(opened)
+            opened.commit_epoch(summary, app.next_baseline(opened, summary))
+        return opened
+
+    process.open_session = open_session
+
+
+def operator_summary_ignored() -> None:
+    from worker import process  # noqa: PLC0415 - only worker-level children load it
+
+    original = process.serve
+
+    def serve(session: Session, app: App, channel: Channel) -> None:
+        receive = channel.recv
+
+        def recv() -> Message | None:
+            message = receive()
+            if message is not None and message.get("op") == "compact":
+                message.pop("summary", None)  # the bug: the app summarizes instead
+            return message
+
+        channel.recv = recv  # type: ignore[method-assign]
+        original(session, app, channel)
+
+    process.serve = serve
