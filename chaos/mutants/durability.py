@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from worker import durable, loader, session
+from worker.baseline import Baseline
 from worker.errors import SessionIOError
 from worker.records import Record, encode_records
 
@@ -101,5 +102,64 @@ def rename_before_data_fsync() -> None:
             durable.close(fd)
         if sync_dir:
             durable.fsync_dir(os.path.dirname(path) or ".")
+
+    durable.write_file_atomic = write_file_atomic
+
+
+def no_cut_back_after_failed_write() -> None:
+    def cut_back(self: session.Session, fd: int, why_broken: str) -> None:
+        return  # the bug: what a failed write left stays in the log
+
+    session.Session._cut_back = cut_back  # type: ignore[method-assign]
+
+
+def parent_fsync_skipped_on_create() -> None:
+    original = durable.fsync_dir
+
+    def fsync_dir(path: str) -> None:
+        if os.path.basename(path) == "sessions":
+            return  # the bug: the new session directory's name is never made durable
+        original(path)
+
+    durable.fsync_dir = fsync_dir
+
+
+def epoch_end_not_fsynced() -> None:
+    original = session.Session.commit_epoch
+
+    def commit_epoch(self: session.Session, summary: str, baseline: Baseline) -> None:
+        sync = durable.fdatasync
+        if not self.epoch_closed:
+            durable.fdatasync = lambda fd, path: None  # the bug: EpochEnd is not synced
+        try:
+            original(self, summary, baseline)
+        finally:
+            durable.fdatasync = sync
+
+    session.Session.commit_epoch = commit_epoch  # type: ignore[method-assign]
+
+
+def group_commit_split() -> None:
+    original = durable.write_all
+
+    def write_all(fd: int, data: bytes, path: str) -> None:
+        lines = data.splitlines(keepends=True)
+        for line in lines:
+            original(fd, line, path)  # the bug: one write per line of a group
+
+    durable.write_all = write_all
+
+
+def baseline_after_log() -> None:
+    original = durable.write_file_atomic
+    waiting: list[tuple[str, bytes]] = []
+
+    def write_file_atomic(path: str, data: bytes, *, sync_dir: bool = True) -> None:
+        if path.endswith(".baseline.json") and not path.endswith("/0.baseline.json"):
+            waiting.append((path, data))  # the bug: the new baseline after the new log
+            return
+        original(path, data, sync_dir=sync_dir)
+        while waiting:
+            original(*waiting.pop(0))
 
     durable.write_file_atomic = write_file_atomic

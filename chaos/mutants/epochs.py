@@ -97,3 +97,22 @@ def operator_summary_ignored() -> None:
         original(session, app, channel)
 
     process.serve = serve
+
+
+def slot_reset_on_epoch() -> None:
+    original = session.Session.commit_epoch
+
+    def commit_epoch(self: session.Session, summary: str, baseline: Baseline) -> None:
+        self._state.slot = 0  # the bug: the new epoch starts in slot 0
+        original(self, summary, baseline)
+
+    session.Session.commit_epoch = commit_epoch  # type: ignore[method-assign]
+
+
+def next_baseline_ignores_summary() -> None:
+    original = session.Session.commit_epoch
+
+    def commit_epoch(self: session.Session, summary: str, baseline: Baseline) -> None:
+        original(self, summary, self.baseline)  # the bug: the old baseline goes on
+
+    session.Session.commit_epoch = commit_epoch  # type: ignore[method-assign]

@@ -7,8 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 from worker import layout, loader, lock, session
+from worker.baseline import Baseline
 from worker.errors import SessionLocked, TornLog
-from worker.records import EpochEnd, Record
+from worker.records import EpochEnd, Record, ToolResult
 
 
 def silent_torn_tail_repair() -> None:
@@ -87,3 +88,64 @@ def open_carries_oldest_summary() -> None:
         return state
 
     session.load_session = load_session  # type: ignore[attr-defined]
+
+
+def key_index_current_epoch_only() -> None:
+    original = session.Session.find_key
+
+    def find_key(self: session.Session, key: str) -> loader.KeyRef | None:
+        ref = original(self, key)
+        return ref if ref is not None and ref.epoch == self.epoch else None  # the bug
+
+    session.Session.find_key = find_key  # type: ignore[method-assign]
+
+
+def torn_tail_ignored() -> None:
+    original = loader.decode_log
+
+    def decode_log(path: str, data: bytes) -> list[Record]:
+        # The bug: an unterminated last line is skipped, not refused (and later appends
+        # land after it).
+        return original(path, data[: data.rfind(b"\n") + 1])
+
+    loader.decode_log = decode_log
+
+
+def lock_released_after_open() -> None:
+    original = session.Session.open
+
+    def open_session(home: str, session_id: str) -> session.Session:
+        opened = original(home, session_id)
+        lock_fd, opened._lock_fd = opened._lock_fd, None
+        if lock_fd is not None:
+            os.close(lock_fd)  # the bug: the lock is dropped once the files are read
+        return opened
+
+    session.Session.open = staticmethod(open_session)  # type: ignore[method-assign,assignment]
+
+
+def next_call_from_newest_epoch() -> None:
+    original = loader.load_session
+
+    def load_session(session_dir: str, session_id: str, **kwargs: Any) -> loader.SessionState:
+        state = original(session_dir, session_id, **kwargs)
+        # The bug: only the newest epoch's tool calls are counted.
+        calls = [r.call for r in state.records if isinstance(r, ToolResult)]
+        state.max_call = max(calls, default=0)
+        return state
+
+    session.load_session = load_session  # type: ignore[attr-defined]
+
+
+def open_or_create_always_initializes() -> None:
+    def open_or_create(
+        home: str, session_id: str, baseline: Baseline, slot: int = 0
+    ) -> session.Session:
+        directory = layout.session_dir(home, session_id)
+        if not os.path.isdir(directory):
+            return session.Session.create(home, session_id, baseline, slot)
+        # The bug: an existing session is written afresh instead of opened.
+        lock_fd = layout.lock_existing(directory)
+        return session.Session._initialize(directory, session_id, baseline, slot, lock_fd)
+
+    session.Session.open_or_create = staticmethod(open_or_create)  # type: ignore[method-assign,assignment]
