@@ -26,9 +26,19 @@ from worker.session import Session
 
 
 def store_child(
-    home: str, scenario: Scenario, *, resume: bool, events: EventPipe, go_fd: int
+    home: str,
+    scenario: Scenario,
+    *,
+    resume: bool,
+    events: EventPipe,
+    go_fd: int,
+    probe_open: bool = False,
 ) -> int:
-    """Run the scenario's operations against the store, reporting each acknowledgement."""
+    """Run the scenario's operations against the store, reporting each acknowledgement.
+
+    With ``probe_open`` a resumed child also tries a second ``Session.open`` of its own
+    (the rig makes that probe itself when the child's store is the rig's).
+    """
     session: Session | None = None
     if resume:
         try:
@@ -37,7 +47,11 @@ def store_child(
             events.send(refusal(exc))
             return 0
         events.send(
-            {"e": "opened", "second_open": second_open_gets_in(home), "state": report(session)},
+            {
+                "e": "opened",
+                "second_open": probe_open and second_open_gets_in(home),
+                "state": report(session),
+            },
             flush=True,
         )
         os.read(go_fd, 1)  # the rig checks that it cannot open the session meanwhile

@@ -81,7 +81,8 @@ def fork_child(
             if theirs is not None:
                 code = worker_child(home, scenario, theirs.fileno(), create=not log.started)
             else:
-                code = store_child(home, scenario, resume=resume, events=events, go_fd=go_r)
+                code = store_child(home, scenario, resume=resume, events=events, go_fd=go_r,
+                                   probe_open=mutant is not None)  # fmt: skip
             events.flush()
         finally:
             os._exit(code)
@@ -95,12 +96,12 @@ def fork_child(
                 scenario=scenario,
                 log=log,
                 channel=Channel(ours),
-                on_event=lambda event: _on_event(home, log, run, event, None),
+                on_event=lambda event: _on_event(home, log, run, event, None, mutant),
                 on_ready=lambda message: _on_ready(run, home, mutant, message),
                 on_refused=lambda event: _refused(run, event),
             ).run(event_r)
         else:
-            _read_events(home, log, run, event_r, go_w)
+            _read_events(home, log, run, event_r, go_w, mutant)
     finally:
         os.close(event_r)
         os.close(go_w)
@@ -112,7 +113,12 @@ def fork_child(
 
 
 def _on_event(
-    home: str, log: ClientLog, run: ChildRun, event: dict[str, object], go_w: int | None
+    home: str,
+    log: ClientLog,
+    run: ChildRun,
+    event: dict[str, object],
+    go_w: int | None,
+    mutant: str | None,
 ) -> None:
     kind = event.get("e")
     if kind == "step":
@@ -125,7 +131,7 @@ def _on_event(
         run.refused = event
     elif kind == "opened" and go_w is not None:
         run.intruders = _second_writers_getting_in(home)
-        if event.get("second_open"):
+        if event.get("second_open") or (mutant is None and second_open_gets_in(home)):
             run.intruders.append("a second Session.open")
         state = event.get("state")
         run.reported = state if isinstance(state, dict) else None
@@ -172,9 +178,12 @@ def _second_writers_getting_in(home: str) -> list[str]:
 def _second_open_gets_in(home: str, mutant: str | None) -> bool:
     """Whether a real ``Session.open`` of the (possibly mutated) store gets the session.
 
-    It runs in a forked process with the case's mutant applied, as a second worker
-    would; a store-level child makes the same probe itself (``chaos.child``).
+    With a mutant it runs in a forked process with the mutant applied, as a second
+    worker would (a store-level child makes the same probe itself, ``chaos.child``);
+    the real store is the rig's own, so the rig's warm process probes it at once.
     """
+    if mutant is None:
+        return second_open_gets_in(home)
     pid = os.fork()
     if pid == 0:  # the probe: never returns
         code = 2
@@ -187,7 +196,9 @@ def _second_open_gets_in(home: str, mutant: str | None) -> bool:
     return os.waitstatus_to_exitcode(status) == 1
 
 
-def _read_events(home: str, log: ClientLog, run: ChildRun, fd: int, go_w: int) -> None:
+def _read_events(
+    home: str, log: ClientLog, run: ChildRun, fd: int, go_w: int, mutant: str | None
+) -> None:
     buffer = b""
     while True:
         data = os.read(fd, 65536)
@@ -198,4 +209,4 @@ def _read_events(home: str, log: ClientLog, run: ChildRun, fd: int, go_w: int) -
         if lines:
             # One JSON document for the batch: a single parse instead of one per line.
             for event in json.loads(b"[" + b",".join(lines) + b"]"):
-                _on_event(home, log, run, event, go_w)
+                _on_event(home, log, run, event, go_w, mutant)
