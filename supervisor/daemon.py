@@ -172,6 +172,12 @@ class Supervisor:
                     if hosted.state is State.STOPPED and not self._shutting_down:
                         hosted.start()
             for key, _events in self.selector.select(timeout):
+                if self.selector.get_map().get(key.fd) is not key:
+                    # An earlier callback of this batch unregistered (and closed) this
+                    # file: a worker's pidfd and its channel's end of stream often land in
+                    # one batch, and reaping the worker closes the channel. The event is
+                    # stale; its fd number may already belong to someone else.
+                    continue
                 callback: Callable[[], None] = key.data
                 callback()
             now = time.monotonic()
@@ -221,16 +227,22 @@ class Supervisor:
 
     def _listen(self) -> None:
         path = os.path.join(self.home, SOCKET_NAME)
-        if os.path.exists(path):
-            os.unlink(path)  # stale: we hold the home lock, so no live daemon owns it
+        # Bound under another name and renamed into place once listening: a client that
+        # waits for the socket file never finds one that refuses it (ECONNREFUSED
+        # between bind and listen).
+        staging = path + ".new"
+        for stale in (path, staging):
+            if os.path.exists(stale):
+                os.unlink(stale)  # we hold the home lock, so no live daemon owns it
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)  # the socket is born 0600: no window where it is wider
         try:
-            listener.bind(path)
+            listener.bind(staging)
         finally:
             os.umask(old_umask)
-        os.chmod(path, 0o600)
+        os.chmod(staging, 0o600)
         listener.listen(64)
+        os.rename(staging, path)
         listener.setblocking(False)
         self._listener = listener
         self.selector.register(listener, selectors.EVENT_READ, self._on_accept)

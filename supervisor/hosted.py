@@ -12,11 +12,20 @@ from typing import Final, Protocol
 
 from supervisor.spawn import WorkerProcess, WorkerSpec
 from supervisor.states import RestartPolicy, State, StateMachine
-from worker.process import EXIT_CLEAN, EXIT_LOCKED, EXIT_NOT_FOUND, EXIT_REFUSED
+from worker.process import (
+    EXIT_CANNOT_OPEN,
+    EXIT_CLEAN,
+    EXIT_LOCKED,
+    EXIT_NOT_FOUND,
+    EXIT_REFUSED,
+    bounded,
+)
 from worker.wire import Channel, Message, WireError, error
 
 STOP_DEADLINE: Final = 5.0
 MAX_QUEUED: Final = 1000
+MAX_LAST_ERROR: Final = 4000
+"""Characters of ``last_error``: the worker's words (at most 2,000) and our next step."""
 
 
 class Client(Protocol):
@@ -66,7 +75,8 @@ class HostedSession:
         self.worker: WorkerProcess | None = None
         self.restarts = 0
         self.started_at: float | None = None
-        self.last_error: str | None = None
+        self._last_error: str | None = None
+        self._said: str | None = None  # why the current worker says it exits, if it said
         self.epoch: int | None = None
         self.records: int | None = None
         self.in_flight: dict[int, Waiter] = {}
@@ -81,12 +91,22 @@ class HostedSession:
     def state(self) -> State:
         return self.machine.state
 
+    @property
+    def last_error(self) -> str | None:
+        """Why the last worker ended, and what to do; bounded so a status row stays small."""
+        return self._last_error
+
+    @last_error.setter
+    def last_error(self, why: str | None) -> None:
+        self._last_error = None if why is None else bounded(why, MAX_LAST_ERROR)
+
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
         """Spawn the worker (from STOPPED, EXITED, FATAL or BACKOFF)."""
         self._cancel_timer()
         self.machine.move(State.STARTING)
+        self._said = None
         try:
             worker = WorkerProcess(self.spec)
         except OSError as exc:
@@ -130,7 +150,7 @@ class HostedSession:
         try:
             messages = channel.read_nowait()
         except (WireError, OSError) as exc:
-            self.last_error = f"bad frame from worker: {exc}"
+            self._said = bounded(f"bad frame from worker: {exc}")
             if self.worker is not None:
                 self.worker.kill()
             return
@@ -154,10 +174,11 @@ class HostedSession:
                 for waiter, request in queued:
                     self.forward(waiter, request)
         elif op == "exiting":
-            self.last_error = str(message.get("message"))
+            # Bounded again here: a worker of another version may send any length.
+            self._said = bounded(str(message.get("message")))
             holder = message.get("holder")
             if message.get("code") == "locked" and isinstance(holder, int):
-                self.last_error += f" (pid {holder} holds it; it is not ours: not fighting it)"
+                self._said += f" (pid {holder} holds it; it is not ours: not fighting it)"
         else:
             request_id = _int_or_none(message.get("id"))
             answered = self.in_flight.pop(request_id, None) if request_id is not None else None
@@ -179,7 +200,8 @@ class HostedSession:
             for message in worker.channel.drain_nowait():
                 self._on_worker_message(message)
         except (WireError, OSError) as exc:
-            self.last_error = f"bad frame from the dying worker: {exc}"
+            self._said = bounded(f"bad frame from the dying worker: {exc}")
+        said = self._said
         code = worker.reap()
         self.loop.unwatch_worker(worker)
         worker.close()
@@ -204,20 +226,29 @@ class HostedSession:
             return
         if code == EXIT_REFUSED:
             self._fatal(
-                f"{self.last_error or 'log refused'} -- the log is refused and will not be "
+                f"{said or 'log refused'} -- the log is refused and will not be "
                 f"restarted. Next: `loopd inspect --home {self.spec.home} {self.id}`; if the "
                 f"last line is torn, `loopd repair --home {self.spec.home} {self.id}`, then "
                 f"`loopd start {self.id}`"
             )
+        elif code == EXIT_CANNOT_OPEN:
+            self._fatal(
+                f"{said or 'the session cannot be opened'} -- opening the session failed in "
+                f"a way a restart will not fix, so it is not restarted. Next: fix the file "
+                f"or directory named (its type, owner, mode, or the free space), then "
+                f"`loopd start {self.id}`"
+            )
         elif code == EXIT_LOCKED:
-            self._fatal(self.last_error or "the session is locked by another process")
+            self._fatal(said or "the session is locked by another process")
         elif code == EXIT_NOT_FOUND:
-            self._fatal(self.last_error or "no such session")
+            self._fatal(said or "no such session")
         elif code == EXIT_CLEAN:
             self.machine.move(State.EXITED)
             self._fail_waiting("exited", f"the worker of session {self.id} exited")
         else:
-            self.last_error = f"worker {how}" + (f": {self.last_error}" if self.last_error else "")
+            # Only this worker's words: the previous exits' are not chained on, or the
+            # text would grow with every restart.
+            self.last_error = f"worker {how}" + (f": {said}" if said else "")
             self._crashed(now)
 
     def _crashed(self, now: float) -> None:

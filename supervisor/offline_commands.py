@@ -9,13 +9,36 @@ from typing import Final
 
 import click
 
-from supervisor.options import home_option
+from supervisor.options import existing_home_option
 from worker.errors import InvalidSessionId, LogError, SessionError
 from worker.inspection import Inspection, inspect_session
 from worker.layout import SESSIONS_DIR
 from worker.repair import repair_torn_tail
 
 EXIT_REFUSED: Final = 1
+EXIT_NO_HOME: Final = 2  # as for any other bad argument: distinct from "a log is refused"
+
+
+def home_problem(home: str) -> str | None:
+    """Why ``home`` is not a loopd home (in a few words), or None if it is one."""
+    if not os.path.exists(home):
+        return "no such directory"
+    if not os.path.isdir(home):
+        return "not a directory"
+    if not os.path.isdir(os.path.join(home, SESSIONS_DIR)):
+        return f"not a loopd home (no {SESSIONS_DIR}/ folder in it)"
+    return None
+
+
+def require_home(command: str, home: str) -> None:
+    """Exit EXIT_NO_HOME with one line on stderr unless ``home`` is a loopd home.
+
+    Without this, a mistyped ``--home`` looks like an empty, healthy home to verify.
+    """
+    problem = home_problem(home)
+    if problem is not None:
+        click.echo(f"loopd {command}: {home}: {problem}", err=True)
+        sys.exit(EXIT_NO_HOME)
 
 
 def _describe(found: Inspection) -> str:
@@ -41,7 +64,7 @@ def _describe(found: Inspection) -> str:
 
 
 @click.command()
-@home_option
+@existing_home_option
 @click.argument("session_id", metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def inspect(home: str, session_id: str, as_json: bool) -> None:
@@ -49,6 +72,7 @@ def inspect(home: str, session_id: str, as_json: bool) -> None:
 
     A refused log prints ``path:line: why`` on stderr and exits 1.
     """
+    require_home("inspect", home)
     try:
         found = inspect_session(home, session_id)
     except SessionError as exc:
@@ -58,14 +82,15 @@ def inspect(home: str, session_id: str, as_json: bool) -> None:
 
 
 @click.command()
-@home_option
+@existing_home_option
 def verify(home: str) -> None:
-    """Check every session of the home; a line each; exit 1 if any is refused."""
+    """Check every session of the home; a line each; exit 1 if any is refused.
+
+    Exits 2 with one line on stderr if ``--home`` is missing or not a loopd home.
+    """
+    require_home("verify", home)
     sessions = os.path.join(home, SESSIONS_DIR)
-    try:
-        names = sorted(os.listdir(sessions))
-    except FileNotFoundError:
-        names = []
+    names = sorted(os.listdir(sessions))
     refused = 0
     for name in names:
         try:
@@ -85,23 +110,34 @@ def verify(home: str) -> None:
 
 
 @click.command()
-@home_option
+@existing_home_option
 @click.argument("session_id", metavar="ID")
 def repair(home: str, session_id: str) -> None:
-    """Move an unterminated last line of ID's newest log into <home>/quarantine/ID/.
+    """Move a damaged last group of ID's newest log into <home>/quarantine/ID/.
 
     Explicit and narrow: it refuses while a worker holds the session, refuses a clean
-    log, and never touches a bad line in the middle of a log.
+    log, never touches a bad line in the middle of a log, and changes nothing unless
+    the session will open afterwards.
     """
+    require_home("repair", home)
     try:
         result = repair_torn_tail(home, session_id)
     except SessionError as exc:
         click.echo(f"loopd repair: refused: {exc}", err=True)
         sys.exit(EXIT_REFUSED)
+    lines = (
+        f"line {result.line}"
+        if result.line == result.last_line
+        else f"lines {result.line}-{result.last_line}"
+    )
     click.echo(
-        f"moved {result.moved_bytes} bytes (the unterminated line {result.line}) of "
-        f"{result.log}\n   to {result.quarantine}\n"
-        f"the log now ends after its last whole line ({result.kept_bytes} bytes) and opens "
+        f"moved {result.moved_bytes} bytes ({lines}, the damaged last group, never "
+        f"acknowledged) of {result.log}\n   to {result.quarantine}"
+    )
+    for what in result.readable:
+        click.echo(f"   {what}")
+    click.echo(
+        f"the log now ends after its last whole group ({result.kept_bytes} bytes) and opens "
         f"cleanly; next: loopd start {session_id}"
     )
 

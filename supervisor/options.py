@@ -15,3 +15,13 @@ home_option = click.option(
     type=click.Path(file_okay=False),
     help=f"The loopd home directory (or ${HOME_ENV}).",
 )
+
+existing_home_option = click.option(
+    "--home",
+    envvar=HOME_ENV,
+    required=True,
+    # Checked by the command itself, so that a missing home, a file and a directory
+    # without sessions/ each get one line saying which.
+    type=click.Path(),
+    help=f"An existing loopd home directory (or ${HOME_ENV}).",
+)

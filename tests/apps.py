@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
 
+from worker import durable
 from worker.app import DefaultApp
+from worker.durable import Boundary, Step
 from worker.session import Session
 from worker.wire import Message, field, optional_field
 
@@ -43,3 +46,37 @@ def crashing_app(budget: int) -> DefaultApp:
     with open(os.environ["LOOPD_TEST_CRASH_LOG"], "a") as log:
         log.write(f"{time.monotonic()}\n")
     raise RuntimeError("this app always crashes at start")
+
+
+def _fail(step: Step, error: int, matches: str, *, skip: int = 0) -> None:
+    """Make every ``step`` whose file name starts with ``matches`` fail with ``error``,
+    after the first ``skip`` of them."""
+    seen = []
+
+    def hook(boundary: Boundary) -> None:
+        if boundary.step is step and os.path.basename(boundary.path).startswith(matches):
+            seen.append(boundary)
+            if len(seen) > skip:
+                raise OSError(error, os.strerror(error), boundary.path)
+
+    durable.set_hook(hook)
+
+
+def no_space_for_epoch_1_app(budget: int) -> DefaultApp:
+    """The default app in a worker whose writes of epoch 1's files fail with ENOSPC."""
+    _fail(Step.WRITE, errno.ENOSPC, "1.")
+    return DefaultApp(budget)
+
+
+def failing_log_fsync_app(budget: int) -> DefaultApp:
+    """The default app in a worker whose fdatasyncs of epoch 0's log fail with EIO, once
+    open has made what it read durable (the first one)."""
+    _fail(Step.FSYNC, errno.EIO, "0.jsonl", skip=1)
+    return DefaultApp(budget)
+
+
+def eio_syncing_the_session_directory_app(budget: int) -> DefaultApp:
+    """The default app in a worker whose fsyncs of the session directory ``s1`` fail with
+    EIO: open cannot make what it read durable, and no restart will change that."""
+    _fail(Step.FSYNC_DIR, errno.EIO, "s1")
+    return DefaultApp(budget)

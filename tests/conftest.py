@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,9 @@ from worker import Baseline, Session
 from worker.app import DefaultApp
 
 __all__ = ["file_digests"]
+
+HUGE_LINE = b'{"type":' + json.dumps("x" * (2 << 20)).encode() + b"}\n"
+"""A log line refused as an unknown record type whose name, quoted in the error, is 2 MiB."""
 
 
 @pytest.fixture(autouse=True)

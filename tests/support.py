@@ -70,13 +70,19 @@ def wait_state(home: Path, session: str, state: str, **more: object) -> dict[str
 
 
 class Daemon:
-    """A real ``loopd serve`` process for one test."""
+    """A real ``loopd serve`` process for one test (``module`` is what ``python -m`` runs)."""
 
-    def __init__(self, home: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+        module: str = "supervisor",
+    ) -> None:
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "supervisor", "serve", "--home", str(home), *args],
+            [sys.executable, "-m", module, "serve", "--home", str(home), *args],
             cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
             stdout=subprocess.PIPE,
@@ -118,8 +124,10 @@ class Daemon:
 
 
 @contextmanager
-def running_daemon(home: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Daemon]:
-    daemon = Daemon(home, *args, env=env)
+def running_daemon(
+    home: Path, *args: str, env: dict[str, str] | None = None, module: str = "supervisor"
+) -> Iterator[Daemon]:
+    daemon = Daemon(home, *args, env=env, module=module)
     try:
         yield daemon
     finally:

@@ -89,7 +89,7 @@ def test_repair_moves_only_an_unterminated_last_line_into_quarantine(
     log.write_bytes(whole + b'{"type":"User","te')
     repaired = loopd("repair", "--home", str(home), "s1")
     assert repaired.returncode == 0, repaired.stderr
-    assert "moved 18 bytes (the unterminated line 4)" in repaired.stdout
+    assert "moved 18 bytes (line 4, the damaged last group" in repaired.stdout
     assert log.read_bytes() == whole
     moved = list((home / "quarantine" / "s1").iterdir())
     assert len(moved) == 1
@@ -125,7 +125,49 @@ def test_repair_refuses_a_bad_middle_line_a_clean_log_and_a_held_session(
 
 
 def test_invalid_ids_get_a_clear_error_not_a_traceback(home: Path) -> None:
+    (home / "sessions").mkdir(parents=True)
     shown = loopd("inspect", "--home", str(home), "../etc")
     assert shown.returncode == 1
     assert "invalid session id '../etc'" in shown.stderr
     assert "Traceback" not in shown.stderr
+
+
+def _not_a_home(tmp_path: Path, kind: str) -> tuple[Path, str]:
+    """A --home that is not a loopd home, and the reason the commands must give."""
+    if kind == "missing":
+        return tmp_path / "no-such-home", "no such directory"
+    if kind == "file":
+        path = tmp_path / "a-file"
+        path.write_text("not a home\n")
+        return path, "not a directory"
+    path = tmp_path / "some-folder"
+    (path / "other").mkdir(parents=True)
+    return path, "not a loopd home (no sessions/ folder in it)"
+
+
+@pytest.mark.parametrize("kind", ["missing", "file", "no-sessions-folder"])
+def test_verify_of_a_missing_home_exits_non_zero_and_says_why(tmp_path: Path, kind: str) -> None:
+    path, why = _not_a_home(tmp_path, kind)
+    checked = loopd("verify", "--home", str(path))
+    assert checked.returncode == 2
+    assert checked.stderr == f"loopd verify: {path}: {why}\n"
+    assert checked.stdout == ""
+
+
+@pytest.mark.parametrize("command", ["inspect", "repair"])
+@pytest.mark.parametrize("kind", ["missing", "file", "no-sessions-folder"])
+def test_inspect_and_repair_of_a_missing_home_exit_non_zero_with_one_line_saying_why(
+    tmp_path: Path, command: str, kind: str
+) -> None:
+    path, why = _not_a_home(tmp_path, kind)
+    ran = loopd(command, "--home", str(path), "s1")
+    assert ran.returncode == 2
+    assert ran.stderr == f"loopd {command}: {path}: {why}\n"
+    assert not (tmp_path / "no-such-home").exists()
+
+
+def test_verify_of_an_empty_home_passes_with_zero_sessions(tmp_path: Path) -> None:
+    (tmp_path / "home" / "sessions").mkdir(parents=True)
+    checked = loopd("verify", "--home", str(tmp_path / "home"))
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout == "0 sessions, 0 refused\n"

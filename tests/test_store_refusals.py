@@ -76,7 +76,7 @@ def test_an_unparsable_line_in_the_middle_is_refused_with_its_line_number(
     [
         (b'{"type":"Nope","time":"' + T.encode() + b'"}\n', "unknown record type"),
         (b'{"type":"Assistant","time":"' + T.encode() + b'"}\n', "missing text"),
-        (b'{"type":"Assistant","time":"t","text":"x","extra":1}\n', "unknown extra"),
+        (b'{"type":"Assistant","time":"t","text":"x","extra":1}\n', "unknown 'extra'"),
         (
             b'{"type":"Usage","time":"t","prompt_tokens":1.5,"completion_tokens":1,'
             b'"context_tokens":1}\n',

@@ -178,7 +178,7 @@ def test_a_second_worker_for_a_live_session_gets_lock_held(tmp_path: Path) -> No
         try:
             proc = psutil.Popen(
                 [
-                    psutil.Process().exe(),
+                    sys.executable,  # the venv's interpreter; exe() resolves to the base one
                     "-m",
                     "worker",
                     "--home",

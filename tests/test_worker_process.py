@@ -14,11 +14,18 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from tests.conftest import torn_session
+from tests.conftest import HUGE_LINE, torn_session
 from tests.support import REPO
 from worker import Session
 from worker.app import DefaultApp
-from worker.process import EXIT_CLEAN, EXIT_LOCKED, EXIT_REFUSED
+from worker.process import (
+    EXIT_CANNOT_OPEN,
+    EXIT_CLEAN,
+    EXIT_CRASH,
+    EXIT_LOCKED,
+    EXIT_REFUSED,
+    MAX_REPORT,
+)
 from worker.records import EpochEnd, encode_record
 from worker.wire import Channel, Message
 
@@ -205,3 +212,77 @@ def test_a_bad_frame_gets_an_error_reply_and_the_worker_keeps_serving(tmp_path: 
         assert _request(w, "still here", "k1")["text"] == "echo: still here"
         w.ask("stop")
         assert w.proc.wait(timeout=20) == EXIT_CLEAN
+
+
+def _unopenable(home: Path, damage: str) -> tuple[Path, str, tuple[str, ...]]:
+    """A session that fails to open the same way every time: the path named, the errno
+    name, and the worker's extra arguments."""
+    app = DefaultApp()
+    with Session.create(home, "s1", app.initial_baseline("s1")) as session:
+        directory = Path(session.dir)
+    if damage == "enospc-while-resuming":
+        with (directory / "0.jsonl").open("ab") as f:
+            f.write(encode_record(EpochEnd(next=1, summary="s")))
+        return directory, "ENOSPC", ("--app", "tests.apps:no_space_for_epoch_1_app")
+    # Open cannot make what it read durable: a restart meets the same failing disk.
+    return directory, "EIO", ("--app", "tests.apps:eio_syncing_the_session_directory_app")
+
+
+@pytest.mark.parametrize("damage", ["eio-syncing-at-open", "enospc-while-resuming"])
+def test_a_worker_that_cannot_open_its_session_exits_6_and_says_where_and_why(
+    tmp_path: Path, damage: str
+) -> None:
+    home = tmp_path / "home"
+    path, errno_name, args = _unopenable(home, damage)
+    with worker(home, "s1", *args) as w:
+        said = w.channel.recv()
+        assert w.proc.wait(timeout=20) == EXIT_CANNOT_OPEN
+        assert w.proc.stderr is not None
+        printed = w.proc.stderr.read().decode()
+    assert said is not None
+    assert (said["op"], said["code"]) == ("exiting", "cannot_open")
+    message = said["message"]
+    assert isinstance(message, str)
+    assert message.startswith(f"{path}")
+    assert f"[{errno_name}]" in message
+    assert printed == f"cannot open: {message}\n"
+
+
+def test_a_worker_whose_session_breaks_while_serving_still_exits_as_a_crash(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    Session.create(home, "s1", DefaultApp().initial_baseline("s1")).close()
+    with worker(home, "s1", "--app", "tests.apps:failing_log_fsync_app") as w:
+        ready = w.channel.recv()
+        assert ready is not None
+        assert ready["op"] == "ready"
+        failed = w.ask("request", request={"text": "hello", "key": "k1"})
+        assert failed["ok"] is False
+        said = w.channel.recv()
+        # Broken by a failed fsync: exit as a crash, to be restarted and reopen from disk.
+        assert w.proc.wait(timeout=20) == EXIT_CRASH
+    assert said is not None
+    assert said["code"] == "crash"
+
+
+def test_a_worker_refusing_a_line_that_quotes_a_huge_value_exits_4_with_a_bounded_report(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    Session.create(home, "s1", DefaultApp().initial_baseline("s1")).close()
+    log = home / "sessions" / "s1" / "0.jsonl"
+    with log.open("ab") as f:
+        f.write(HUGE_LINE)
+    with worker(home, "s1") as w:
+        said = w.channel.recv()
+        assert w.proc.wait(timeout=20) == EXIT_REFUSED
+        assert w.proc.stderr is not None
+        printed = w.proc.stderr.read().decode()
+    assert said is not None
+    assert said["code"] == "refused"
+    message = said["message"]
+    assert isinstance(message, str)
+    assert message.startswith(f"{log}:2: ")
+    assert len(message) <= MAX_REPORT
+    assert printed == f"{message}\n"

@@ -42,6 +42,8 @@ class Baseline:
         """Parse baseline bytes; raise ValueError naming what is wrong."""
         try:
             document = json.loads(data)
+        except RecursionError as exc:
+            raise ValueError("not valid JSON: values nested too deeply") from exc
         except ValueError as exc:
             raise ValueError(f"not valid JSON: {exc}") from exc
         if type(document) is not dict:

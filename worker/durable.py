@@ -51,8 +51,11 @@ class BoundaryHook(Protocol):
 
 _hook: BoundaryHook | None = None
 
-_CREATE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-_APPEND_FLAGS: Final = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
+# O_NOFOLLOW: a link planted in a session directory (say ``1.jsonl.tmp`` pointing at a
+# file elsewhere) is refused (ELOOP) instead of being truncated or appended to.
+_CREATE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+_APPEND_FLAGS: Final = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+_SYNC_FLAGS: Final = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 TMP_SUFFIX: Final = ".tmp"
 
 
@@ -119,6 +122,25 @@ def fdatasync(fd: int, path: str) -> None:
         if _hook is not None:
             _hook(Boundary(Step.FSYNC, path, fd))
         os.fdatasync(fd)
+    except OSError as exc:
+        raise SessionIOError(path, exc.errno or 0, "fdatasync") from exc
+
+
+def fsync_file(path: str) -> None:
+    """Make the data of the file ``path`` durable (one already written, e.g. a baseline).
+
+    Open calls this for the files it read: a worker killed before its fsync leaves the
+    bytes in the page cache, where the next worker reads them; they must be durable
+    before that worker acknowledges anything built on them.
+    """
+    try:
+        if _hook is not None:
+            _hook(Boundary(Step.FSYNC, path))
+        fd = os.open(path, _SYNC_FLAGS)
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise SessionIOError(path, exc.errno or 0, "fdatasync") from exc
 

@@ -8,6 +8,25 @@ from __future__ import annotations
 
 import errno as errno_codes
 import os
+from typing import Final
+
+QUOTE_LIMIT: Final = 200
+"""How many characters of a bad value an error text quotes before cutting it with ``...``."""
+
+
+def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """Return ``repr(value)`` cut to about ``limit`` characters, so no error text grows unbounded.
+
+    A log line or a request can hold megabytes; quoting it whole would make one error
+    larger than a wire frame and an operator's terminal. A cut value ends in ``...``
+    and says how long it was.
+    """
+    if isinstance(value, str | bytes) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    text = repr(value)
+    if len(text) > limit:
+        return f"{text[:limit]}... ({len(text)} characters)"
+    return text
 
 
 class SessionError(Exception):
@@ -23,7 +42,7 @@ class InvalidSessionId(SessionError):
         self.why = why
 
     def __str__(self) -> str:
-        return f"invalid session id {self.session_id!r}: {self.why}"
+        return f"invalid session id {quote(self.session_id)}: {self.why}"
 
 
 class SessionExists(SessionError):
@@ -87,6 +106,10 @@ class PathError(SessionError):
         return f"{self.path}: {self.why}"
 
 
+class UnsafeFile(PathError):
+    """A session's file or directory is a link, a FIFO, a device or a directory: never read."""
+
+
 class SessionBroken(PathError):
     """The session refused an append because an earlier write or fsync failed."""
 
@@ -143,5 +166,5 @@ class InvalidRecord(SessionError, ValueError):
         return f"invalid {self.record_type} record: {self.why}"
 
 
-LOG_REFUSED: tuple[type[SessionError], ...] = (TornLog, InvalidLog, BaselineError)
+LOG_REFUSED: tuple[type[SessionError], ...] = (TornLog, InvalidLog, BaselineError, UnsafeFile)
 """The errors that mean "the log on disk is refused" (the worker's distinct exit code)."""

@@ -85,7 +85,7 @@ def inspect_session(home: str | os.PathLike[str], session_id: str) -> Inspection
         counts.append(dict(Counter(r.TYPE for r in records)))
 
     try:
-        state = load_session(directory, session_id, on_epoch=count_epoch)
+        state = load_session(directory, session_id, on_epoch=count_epoch, dir_fd=lock_fd)
     finally:
         if lock_fd is not None:
             unlock_directory(lock_fd)

@@ -33,7 +33,11 @@ def lock_existing(directory: str) -> int:
 
 
 def ensure_sessions_dir(sessions: str) -> None:
-    """Make ``<home>/sessions`` (and ``<home>``) if missing, durably."""
+    """Make ``<home>/sessions`` (and ``<home>``) if missing.
+
+    The new names are made durable by the caller's fsync of ``sessions/`` and the home
+    (``Session.create`` always does both, so a failed fsync here is redone there).
+    """
     if os.path.isdir(sessions):
         return
     home = os.path.dirname(sessions)
@@ -44,5 +48,3 @@ def ensure_sessions_dir(sessions: str) -> None:
     except SessionIOError as exc:
         if exc.errno not in _EXISTS:
             raise
-        return
-    durable.fsync_dir(home)

@@ -7,9 +7,10 @@ import fcntl
 import os
 from typing import Final
 
-from worker.errors import SessionIOError, SessionLocked
+from worker.errors import SessionIOError, SessionLocked, UnsafeFile
 
 _WOULD_BLOCK: Final = frozenset({errno.EWOULDBLOCK, errno.EAGAIN})
+_LINK: Final = frozenset({errno.ELOOP})
 _PROC_LOCKS: Final = "/proc/locks"
 
 
@@ -20,8 +21,13 @@ def lock_directory(path: str, *, shared: bool = False) -> int:
     open file description holds a conflicting lock.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        # O_NOFOLLOW: a session directory that is a link (to another session, or out of
+        # the home) is never served; the lock fd is also the fd every file is read through.
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
+        if exc.errno in _LINK or (exc.errno == errno.ENOTDIR and os.path.islink(path)):
+            # With O_DIRECTORY, Linux reports a final link as ENOTDIR rather than ELOOP.
+            raise UnsafeFile(path, "is a symbolic link; loopd never follows a link") from exc
         raise SessionIOError(path, exc.errno or 0, "open directory") from exc
     try:
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)

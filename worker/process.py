@@ -2,13 +2,18 @@
 
 Exit codes are part of the contract (docs/operations.md):
 0 clean stop; 3 lock held by another process; 4 log refused (torn, invalid, baseline;
-``path:line: why`` printed on stderr first); 5 session not found; anything else is a
-crash (1 for an unexpected exception, 2 for bad arguments, -N for a signal).
+``path:line: why`` printed on stderr first); 5 session not found; 6 cannot open: the
+store failed while opening or resuming (a directory where a file must be, EACCES,
+ENOSPC while finishing an interrupted epoch change), which a restart will not fix;
+anything else is a crash (1 for an unexpected exception, 2 for bad arguments, -N for a
+signal). The reason goes to stderr and, in an ``exiting`` report, to the supervisor,
+both cut at MAX_REPORT characters so the report always fits a frame.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import socket
@@ -18,7 +23,13 @@ from types import FrameType
 from typing import Final
 
 from worker.app import DEFAULT_APP, DEFAULT_BUDGET, App, load_app
-from worker.errors import LOG_REFUSED, SessionError, SessionLocked, SessionNotFound
+from worker.errors import (
+    LOG_REFUSED,
+    SessionError,
+    SessionIOError,
+    SessionLocked,
+    SessionNotFound,
+)
 from worker.records import EpochEnd
 from worker.session import Session
 from worker.wire import Channel, Message, WireError, error, field, ok
@@ -28,10 +39,51 @@ EXIT_CRASH: Final = 1
 EXIT_LOCKED: Final = 3
 EXIT_REFUSED: Final = 4
 EXIT_NOT_FOUND: Final = 5
+EXIT_CANNOT_OPEN: Final = 6
+MAX_REPORT: Final = 2000
+"""Characters of an error text sent in the exit report or printed (a frame is 1 MiB)."""
+
+# Open failures a later attempt may well not meet again (the machine was short of
+# descriptors or memory for a moment): these stay crashes, restarted with backoff.
+_TRANSIENT_OPEN: Final = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EAGAIN, errno.EINTR}
+)
 
 
 class StopRequested(Exception):
     """Raised by the SIGTERM handler to leave the serving loop cleanly."""
+
+
+class CannotOpen(SessionError):
+    """Opening or resuming the session failed in a way a restart will not fix."""
+
+    def __init__(self, cause: SessionError) -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+    def __str__(self) -> str:
+        return str(self.cause)
+
+
+def bounded(text: str, limit: int = MAX_REPORT) -> str:
+    """Return ``text``, cut to ``limit`` characters ending in ``...`` if it is longer."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _opened(args: argparse.Namespace, app: App) -> Session:
+    """``open_session``, with a deterministic store failure raised as CannotOpen."""
+    try:
+        return open_session(args, app)
+    except LOG_REFUSED:
+        raise  # each of these has its own exit code
+    except (SessionLocked, SessionNotFound):
+        raise
+    except SessionIOError as exc:
+        if exc.errno in _TRANSIENT_OPEN:
+            raise
+        raise CannotOpen(exc) from exc
+    except SessionError as exc:
+        raise CannotOpen(exc) from exc
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -135,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     session: Session | None = None
     try:
         app = load_app(args.app, args.budget)
-        session = open_session(args, app)
+        session = _opened(args, app)
         channel.send({"op": "ready", **describe(session)})
         serve(session, app, channel)
     except (StopRequested, BrokenPipeError, ConnectionResetError):
@@ -145,14 +197,21 @@ def main(argv: list[str] | None = None) -> int:
         _report(channel, "locked", str(exc), pid=exc.pid)
         return EXIT_LOCKED
     except LOG_REFUSED as exc:
-        print(str(exc), file=sys.stderr, flush=True)
+        print(bounded(str(exc)), file=sys.stderr, flush=True)
         _report(channel, "refused", str(exc))
         return EXIT_REFUSED
     except SessionNotFound as exc:
         _report(channel, "not_found", str(exc))
         return EXIT_NOT_FOUND
+    except CannotOpen as exc:
+        print(f"cannot open: {bounded(str(exc))}", file=sys.stderr, flush=True)
+        _report(channel, "cannot_open", str(exc))
+        return EXIT_CANNOT_OPEN
     except BaseException as exc:  # noqa: BLE001 - main() turns anything into an exit code
-        traceback.print_exc()
+        # Each part of the traceback is cut, not the whole: the frames stay readable
+        # when the exception's text quotes a huge value.
+        parts = traceback.format_exception(exc)
+        print("".join(bounded(part) for part in parts), end="", file=sys.stderr, flush=True)
         _report(channel, "crash", f"{type(exc).__name__}: {exc}")
         return EXIT_CRASH
     else:
@@ -164,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _report(channel: Channel, code: str, message: str, pid: int | None = None) -> None:
     """Tell the supervisor why the worker is about to exit, if it is still listening."""
+    report: Message = {"op": "exiting", "code": code, "message": bounded(message), "holder": pid}
     try:
-        channel.send({"op": "exiting", "code": code, "message": message, "holder": pid})
+        channel.send(report)
     except OSError:
         return  # the supervisor is gone; the exit code says it all

@@ -21,6 +21,7 @@ from worker.errors import (
     SessionBroken,
     SessionExists,
     SessionIOError,
+    quote,
 )
 from worker.layout import ensure_sessions_dir, lock_existing, session_dir
 from worker.loader import KeyRef, SessionState, baseline_path, load_session, log_path
@@ -71,7 +72,10 @@ class Session:
             if exc.errno in _EXISTS:
                 raise SessionExists(directory) from exc
             raise
-        durable.fsync_dir(os.path.dirname(directory))
+        # Every name on the way is fsynced, not only the new one: an earlier create may
+        # have made sessions/ and failed to make its name durable (a failed directory
+        # fsync is not retried by anyone else).
+        sync_parents(directory)
         return cls._initialize(directory, session_id, baseline, slot, lock_directory(directory))
 
     @classmethod
@@ -80,9 +84,15 @@ class Session:
         directory = session_dir(home, session_id)
         lock_fd = lock_existing(directory)
         try:
-            state = load_session(directory, session_id)
+            state = load_session(directory, session_id, dir_fd=lock_fd)
             log_fd = durable.open_append(log_path(directory, state.epoch))
         except BaseException:
+            unlock_directory(lock_fd)
+            raise
+        try:
+            _make_durable(state, log_fd)
+        except BaseException:
+            durable.close(log_fd)
             unlock_directory(lock_fd)
             raise
         return cls(state, lock_fd, log_fd)
@@ -105,9 +115,16 @@ class Session:
             except SessionExists:
                 pass  # a concurrent creator won the mkdir; open what it made
         lock_fd = lock_existing(directory)
-        if any(name.endswith(".jsonl") for name in os.listdir(directory)):
+        if any(name.endswith(".jsonl") for name in os.listdir(lock_fd)):
             unlock_directory(lock_fd)
             return cls.open(home, session_id)
+        try:
+            # The create that was cut short may have died before its directory's name
+            # was made durable, or its fsync may have failed: redo it before writing.
+            sync_parents(directory)
+        except BaseException:
+            unlock_directory(lock_fd)
+            raise
         return cls._initialize(directory, session_id, baseline, slot, lock_fd)
 
     @classmethod
@@ -244,7 +261,7 @@ class Session:
             summary = last.summary
         else:
             if type(summary) is not str:
-                raise InvalidRecord("EpochEnd", f"summary must be a string, got {summary!r}")
+                raise InvalidRecord("EpochEnd", f"summary must be a string, got {quote(summary)}")
             self._append_durably([EpochEnd(next=state.epoch + 1, summary=summary)])
         following = state.epoch + 1
         start = SessionStart(
@@ -300,7 +317,7 @@ class Session:
                 highest = record.call
             elif isinstance(record, User) and record.key is not None:
                 if record.key in state.keys or record.key in new_keys:
-                    raise InvalidRecord("User", f"key {record.key!r} is already in the log")
+                    raise InvalidRecord("User", f"key {quote(record.key)} is already in the log")
                 new_keys.add(record.key)
         fd = self._log_fd
         assert fd is not None  # _check_writable
@@ -363,9 +380,33 @@ class Session:
         return f"Session(id={self.id!r}, epoch={self.epoch}, records={len(self._state.records)})"
 
 
+def sync_parents(directory: str) -> None:
+    """Make the session directory's name durable: fsync ``sessions/`` and the home."""
+    sessions = os.path.dirname(directory)
+    durable.fsync_dir(sessions)
+    durable.fsync_dir(os.path.dirname(sessions))
+
+
+def _make_durable(state: SessionState, log_fd: int) -> None:
+    """Make everything open read and will build on durable, before anything is acknowledged.
+
+    A worker killed before an fsync leaves written bytes and names in the page cache; the
+    next worker reads them there. Were the machine then to lose power, whatever it
+    acknowledged on top of them (a retry answered as a duplicate, a resumed epoch
+    change) would be gone. So, as recovery in RocksDB, LevelDB and etcd does: the
+    newest log, its baseline, the session directory, ``sessions/`` and the home are
+    fsynced first. A failure here is raised: nothing read is trusted.
+    """
+    log = log_path(state.directory, state.epoch)
+    durable.fdatasync(log_fd, log)
+    durable.fsync_file(baseline_path(state.directory, state.epoch))
+    durable.fsync_dir(state.directory)
+    sync_parents(state.directory)
+
+
 def _check_slot(slot: int) -> None:
     if type(slot) is not int or slot < 0:
-        raise InvalidRecord("SessionStart", f"slot must be an integer >= 0, got {slot!r}")
+        raise InvalidRecord("SessionStart", f"slot must be an integer >= 0, got {quote(slot)}")
 
 
 def _newest_usage(records: list[Record]) -> Usage | None:

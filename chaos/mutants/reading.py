@@ -9,13 +9,13 @@ from typing import Any
 from worker import layout, loader, lock, session
 from worker.baseline import Baseline
 from worker.errors import SessionLocked, TornLog
-from worker.records import EpochEnd, Record, ToolResult
+from worker.records import EpochEnd, ToolResult
 
 
 def silent_torn_tail_repair() -> None:
     original = loader.decode_log
 
-    def decode_log(path: str, data: bytes) -> list[Record]:
+    def decode_log(path: str, data: bytes) -> loader.DecodedLog:
         try:
             return original(path, data)
         except TornLog:
@@ -82,7 +82,8 @@ def open_carries_oldest_summary() -> None:
         state = original(session_dir, session_id, **kwargs)
         if state.epoch >= 2:
             first = loader.log_path(session_dir, 0)
-            last = loader.decode_log(first, loader.read_file(first))[-1]
+            with open(first, "rb") as f:
+                last = loader.decode_log(first, f.read()).records[-1]
             if isinstance(last, EpochEnd):
                 state.carry = last.summary  # the bug: the first epoch's summary
         return state
@@ -103,7 +104,7 @@ def key_index_current_epoch_only() -> None:
 def torn_tail_ignored() -> None:
     original = loader.decode_log
 
-    def decode_log(path: str, data: bytes) -> list[Record]:
+    def decode_log(path: str, data: bytes) -> loader.DecodedLog:
         # The bug: an unterminated last line is skipped, not refused (and later appends
         # land after it).
         return original(path, data[: data.rfind(b"\n") + 1])
