@@ -17,6 +17,7 @@ class ThenPower(enum.Enum):
 
     NONE = "none"
     END = "end"  # the power fails once the resumed worker finished
+    FIRST = "first"  # ... and at its first boundary, before it made anything durable
     EVERY = "every"  # ... and at every boundary of the resumed worker
 
 

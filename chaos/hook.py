@@ -33,7 +33,7 @@ class FaultKind(enum.Enum):
     SHORT = "short"
 
 
-TORN_VARIANTS: Final = ("1byte", "half", "allbutlast")
+TORN_VARIANTS: Final = ("1byte", "half", "allbutlast", "lines")
 POWER_VARIANTS: Final = ("drop", "prefix", "zeros", "names")
 IO_ERRNOS: Final = {
     "eio": errno.EIO,
@@ -142,7 +142,7 @@ class ChaosHook:
         if self.kind is FaultKind.TORN:
             assert boundary.fd is not None
             data = boundary.data
-            keep = {"1byte": 1, "half": len(data) // 2, "allbutlast": len(data) - 1}[self.variant]
+            keep = _torn_keep(data, self.variant)
             written = os.write(boundary.fd, data[:keep]) if keep > 0 else 0
             self.events.send({**event, "n": written, "torn": True})
             self._die()
@@ -166,6 +166,17 @@ class ChaosHook:
         self.events.flush()
         os.kill(os.getpid(), signal.SIGKILL)
         raise AssertionError("SIGKILL did not kill the process")
+
+
+def _torn_keep(data: bytes, variant: str) -> int:
+    """How many bytes of ``data`` a torn write of ``variant`` leaves.
+
+    ``lines`` is a tear that lands on a line boundary: the whole lines of the first
+    half (at least the first line), so a group commit cut short reads as whole lines.
+    """
+    if variant == "lines":
+        return max(data.rfind(b"\n", 0, len(data) // 2), data.find(b"\n")) + 1
+    return {"1byte": 1, "half": len(data) // 2, "allbutlast": len(data) - 1}[variant]
 
 
 def _limit_file_size(limit: int) -> None:

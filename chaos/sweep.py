@@ -61,15 +61,16 @@ def power_compounds(
     mutant: str | None = None,
 ) -> dict[tuple[FaultKind, str, int], int]:
     """The first faults of the "then power loss" compounds, each with the number of
-    boundaries of the worker that resumes after it (0 when only the end is wanted)."""
+    boundaries of the worker that resumes after it (0 when only the end is wanted, 1
+    when the first boundary and the end are)."""
     if then_power is ThenPower.NONE:
         return {}
     firsts = [(FaultKind.KILL, "-", k) for k in range(1, len(steps) + 1)]
     firsts += [
         (FaultKind.IO, "eio", k) for k, step in enumerate(steps, start=1) if step in _POWER_AFTER_IO
     ]
-    if then_power is ThenPower.END:
-        return dict.fromkeys(firsts, 0)
+    if then_power in (ThenPower.END, ThenPower.FIRST):
+        return dict.fromkeys(firsts, int(then_power is ThenPower.FIRST))
     return {first: _resume_count(scenario, *first, workdir, mutant) for first in firsts}
 
 

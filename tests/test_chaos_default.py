@@ -69,6 +69,7 @@ def test_the_default_slice_covers_every_boundary_of_the_basic_scenario() -> None
         "1byte",
         "half",
         "allbutlast",
+        "lines",
     }
 
 

@@ -139,17 +139,6 @@ def epoch_end_not_fsynced() -> None:
     session.Session.commit_epoch = commit_epoch  # type: ignore[method-assign]
 
 
-def group_commit_split() -> None:
-    original = durable.write_all
-
-    def write_all(fd: int, data: bytes, path: str) -> None:
-        lines = data.splitlines(keepends=True)
-        for line in lines:
-            original(fd, line, path)  # the bug: one write per line of a group
-
-    durable.write_all = write_all
-
-
 def baseline_after_log() -> None:
     original = durable.write_file_atomic
     waiting: list[tuple[str, bytes]] = []
