@@ -8,19 +8,13 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Final
 
 import pytest
 
 from chaos.cases import Case
-from chaos.hook import FaultKind
 from chaos.runner import clean_steps, run_case
 from chaos.scenarios import SCENARIOS
 from chaos.sweep import ALL_FAULTS, build_cases
-from worker import records
-
-# As in tests/test_chaos_default.py: the store closes issue 7 once it has decode_line.
-STORE_CLOSES_ISSUE_7: Final = hasattr(records, "decode_line")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -30,17 +24,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "sweep" in str(metafunc.config.getoption("markexpr")).replace("not sweep", ""):
         with tempfile.TemporaryDirectory(prefix="loopd-collect-") as workdir:
             cases = build_cases(sorted(SCENARIOS), ALL_FAULTS, workdir, compound=True)
-    metafunc.parametrize("sweep_case", [_param(c) for c in cases])
-
-
-def _param(case: Case) -> object:
-    # Before the store closes issue 7, the rig finds its holes in these kinds of case
-    # (tests/test_chaos_default.py lists the exact ones of the default slice).
-    open_hole = case.power_at is not None or case.fault in (FaultKind.TORN, FaultKind.POWER)
-    if open_hole and not STORE_CLOSES_ISSUE_7:
-        return pytest.param(case, id=case.id, marks=pytest.mark.xfail(
-            reason="may hit a hole of the store before issue 7", strict=False))  # fmt: skip
-    return pytest.param(case, id=case.id)
+    metafunc.parametrize("sweep_case", cases, ids=[c.id for c in cases])
 
 
 @pytest.mark.sweep

@@ -99,6 +99,11 @@ _ALL: Final = (
            bug="the worker's compact ignores the operator's summary",
            patch=epochs.operator_summary_ignored, caught_by="operator-summary-recorded",
            scenarios=("operator",)),
+    # Caught only by a power loss after a resumed worker acknowledged more work.
+    Mutant(name="open-makes-nothing-durable",
+           bug="open does not fsync the files and directories it read",
+           patch=reading.open_makes_nothing_durable, caught_by="acknowledged-on-disk",
+           faults=(), then_power=ThenPower.END),
     # More broken rules, each caught by the invariant it breaks.
     Mutant(name="no-cut-back-after-failed-write",
            bug="what a failed write left stays in the log",
