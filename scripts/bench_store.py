@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from worker import Assistant, Baseline, Session, ToolResult, Usage, User, durable
+from worker import Assistant, Baseline, Session, SessionStart, ToolResult, Usage, User, durable
+from worker import session as session_module
 from worker.records import Record, encode_record
 
 BASELINE = Baseline(system="bench", memory="", tools=[])
@@ -157,6 +158,92 @@ def bench_open(root: str, sizes: list[int], rounds: int) -> dict[str, object]:
     return results
 
 
+def _make_history(home: str, epochs: int, per_epoch: int) -> str:
+    """A session of ``epochs`` epochs of ``per_epoch`` records each; return its directory."""
+    with Session.create(home, "big", BASELINE) as session:
+        for epoch in range(epochs):
+            batch: list[Record] = []
+            for n in range(per_epoch - 1 - (epoch > 0)):
+                if n % 2:
+                    batch.append(Assistant(text="a" * 80))
+                else:
+                    batch.append(User(text="u" * 40, key=f"k{epoch}-{n}"))
+            session.append_many(batch)
+            if epoch < epochs - 1:
+                session.commit_epoch(f"summary {epoch}", BASELINE)
+        return session.dir
+
+
+def _strip_carried(directory: str) -> None:
+    """Rewrite every SessionStart as a writer from before carried state would have."""
+    for name in os.listdir(directory):
+        if not name.endswith(".jsonl") or name == "0.jsonl":
+            continue
+        path = os.path.join(directory, name)
+        with open(path, "rb") as f:
+            first, rest = f.read().split(b"\n", 1)
+        start = json.loads(first)
+        for key in SessionStart.CARRIED:
+            del start[key]
+        with open(path, "wb") as f:
+            f.write(json.dumps(start, separators=(",", ":")).encode() + b"\n" + rest)
+
+
+def bench_history(root: str, epochs: int, per_epoch: int, rounds: int) -> dict[str, object]:
+    """Open with a long history vs the same current epoch alone (issue: restart cost)."""
+    alone = tempfile.mkdtemp(dir=root)
+    _make_history(alone, 1, per_epoch)
+    long = tempfile.mkdtemp(dir=root)
+    _make_history(long, epochs, per_epoch)
+    old = tempfile.mkdtemp(dir=root)
+    shutil.copytree(os.path.join(long, "sessions"), os.path.join(old, "sessions"))
+    _strip_carried(os.path.join(old, "sessions", "big"))
+
+    def opener(home: str) -> Callable[[], float]:
+        def run() -> float:
+            start = time.perf_counter()
+            Session.open(home, "big").close()
+            return time.perf_counter() - start
+
+        return run
+
+    t_alone, t_long, t_old = _fastest_of(rounds, opener(alone), opener(long), opener(old))
+    return {
+        "history_epochs": float(epochs),
+        "history_alone_s": t_alone,
+        "history_long_vs_alone": t_long / t_alone,
+        "history_old_format_vs_alone": t_old / t_alone,
+    }
+
+
+def bench_open_durability(root: str, records: int, rounds: int) -> dict[str, object]:
+    """What open's fsync of everything it read costs: open vs the same open without it."""
+    home = tempfile.mkdtemp(dir=root)
+    _make_session(home, records)
+    real = session_module._make_durable
+
+    def with_sync() -> float:
+        start = time.perf_counter()
+        Session.open(home, "big").close()
+        return time.perf_counter() - start
+
+    def without_sync() -> float:
+        session_module._make_durable = lambda state, log_fd: None
+        try:
+            start = time.perf_counter()
+            Session.open(home, "big").close()
+            return time.perf_counter() - start
+        finally:
+            session_module._make_durable = real
+
+    t_with, t_without = _fastest_of(rounds, with_sync, without_sync)
+    return {
+        "open_sync_records": float(records),
+        "open_sync_s": t_with - t_without,
+        "open_sync_vs_open": t_with / t_without,
+    }
+
+
 def _markdown(figures: dict[str, object], command: str) -> str:
     def f(key: str, fmt: str = "{:.2f}") -> str:
         value = figures[key]
@@ -186,6 +273,13 @@ def _markdown(figures: dict[str, object], command: str) -> str:
             f"{f('bare_per_record_growth')}x) | ~1 (linear) |",
             f"| boundary seam with no hook, share of `append` time | "
             f"{float(str(figures['hook_unset_cost_of_append'])) * 100:.2f}% | <= 2% |",
+            f"| `Session.open`, {f('history_epochs', '{:.0f}')} epochs of 1,000 records / "
+            f"the same current epoch alone ({f('history_alone_s', '{:.4f}')} s) | "
+            f"{f('history_long_vs_alone')}x (written before state was carried: "
+            f"{f('history_old_format_vs_alone', '{:.1f}')}x) | <= 1.2x |",
+            f"| `Session.open` of {f('open_sync_records', '{:,.0f}')} records, with / "
+            f"without its fsync of what it read | {f('open_sync_vs_open')}x "
+            f"(+{float(str(figures['open_sync_s'])) * 1000:.1f} ms) | restart within 10% |",
             "",
             "<!-- store-bench:end -->",
         ]
@@ -205,6 +299,8 @@ def main() -> int:
         figures.update(bench_append(root, 2000 if args.quick else 20_000, 40))
         sizes = [1000, 10_000, 100_000]
         figures.update(bench_open(root, sizes, rounds))
+        figures.update(bench_history(root, 20 if args.quick else 100, 1000, rounds))
+        figures.update(bench_open_durability(root, 10_000, rounds))
         figures["fs"] = _filesystem(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)

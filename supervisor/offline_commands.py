@@ -56,7 +56,7 @@ def _describe(found: Inspection) -> str:
     if found.writer_live:
         holder = f"pid {found.writer_pid}" if found.writer_pid is not None else "another process"
         lines.append(f"writer     live ({holder}); figures may move while you read")
-    lines.append("epochs:")
+    lines.append("epochs:" if found.epochs[0].epoch == 0 else "epochs (the newest; --all for all):")
     for e in found.epochs:
         counts = ", ".join(f"{name} {n}" for name, n in sorted(e.counts.items()))
         lines.append(f"  {e.epoch:>4}  {e.size:>10} bytes  {counts}")
@@ -67,14 +67,18 @@ def _describe(found: Inspection) -> str:
 @existing_home_option
 @click.argument("session_id", metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def inspect(home: str, session_id: str, as_json: bool) -> None:
+@click.option(
+    "--all", "history", is_flag=True, help="Read and check every epoch, not only the newest."
+)
+def inspect(home: str, session_id: str, as_json: bool, history: bool) -> None:
     """Show a session's epochs, record counts, carry and next_call (read-only).
 
+    Reads the newest epoch (what a worker's open reads); ``--all`` reads the history.
     A refused log prints ``path:line: why`` on stderr and exits 1.
     """
     require_home("inspect", home)
     try:
-        found = inspect_session(home, session_id)
+        found = inspect_session(home, session_id, history=history)
     except SessionError as exc:
         click.echo(f"refused: {exc}" if not isinstance(exc, LogError) else str(exc), err=True)
         sys.exit(EXIT_REFUSED)
@@ -84,7 +88,7 @@ def inspect(home: str, session_id: str, as_json: bool) -> None:
 @click.command()
 @existing_home_option
 def verify(home: str) -> None:
-    """Check every session of the home; a line each; exit 1 if any is refused.
+    """Check every session of the home, every epoch; a line each; exit 1 if any is refused.
 
     Exits 2 with one line on stderr if ``--home`` is missing or not a loopd home.
     """
@@ -94,7 +98,7 @@ def verify(home: str) -> None:
     refused = 0
     for name in names:
         try:
-            found = inspect_session(home, name)
+            found = inspect_session(home, name, history=True)
         except InvalidSessionId as exc:
             refused += 1
             click.echo(f"REFUSED  {os.path.join(sessions, name)}: {exc}")

@@ -27,7 +27,14 @@ def test_inspect_shows_epochs_counts_carry_and_next_call_as_json(
     _session(home, "s1", baseline, epochs=2)
     shown = loopd("inspect", "--home", str(home), "s1", "--json")
     assert shown.returncode == 0, shown.stderr
+    newest = json.loads(shown.stdout)
+    assert [e["epoch"] for e in newest["epochs"]] == [1]  # what a worker's open reads
+    shown = loopd("inspect", "--home", str(home), "s1", "--json", "--all")
+    assert shown.returncode == 0, shown.stderr
     found = json.loads(shown.stdout)
+    assert {k: v for k, v in found.items() if k != "epochs"} == {
+        k: v for k, v in newest.items() if k != "epochs"
+    }
     assert (found["epoch"], found["carry"], found["next_call"]) == (1, "sum 0", 1)
     assert found["epochs"][0]["counts"] == {
         "SessionStart": 1,

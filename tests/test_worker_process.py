@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import HUGE_LINE, torn_session
 from tests.support import REPO
-from worker import Session
+from worker import KeyExpired, Session
 from worker.app import DefaultApp
 from worker.process import (
     EXIT_CANNOT_OPEN,
@@ -130,7 +130,11 @@ def test_the_default_app_commits_an_epoch_when_the_context_passes_the_budget(
         assert session.carry is not None
         assert session.carry.startswith("epoch 2: 1 requests")
         assert session.baseline.memory == session.carry
-        assert session.find_key("k0") is not None
+        # The retry window is the current and the previous epoch: k2 is in it, and a
+        # retry of k0 (first sent at epoch 0) is refused rather than applied again.
+        assert session.find_key("k2") is not None
+        with pytest.raises(KeyExpired, match="left the retry window"):
+            session.find_key("k0", seen_epoch=0)
 
 
 def test_sigterm_stops_a_worker_with_exit_code_0(tmp_path: Path) -> None:

@@ -154,6 +154,25 @@ class EpochClosed(SessionError):
         return f"{self.path}: epoch {self.epoch} is closed by EpochEnd; commit_epoch first"
 
 
+class KeyExpired(SessionError):
+    """A keyed request that may have been applied in an epoch the key index no longer sees."""
+
+    def __init__(self, key: str, seen_epoch: int, epoch: int) -> None:
+        super().__init__(key, seen_epoch, epoch)
+        self.key = key
+        self.seen_epoch = seen_epoch
+        self.epoch = epoch
+
+    def __str__(self) -> str:
+        return (
+            f"request key {quote(self.key, 80)} has left the retry window: it was first sent "
+            f"when the session was at epoch {self.seen_epoch}, it is now at epoch {self.epoch}, "
+            "and only the keys of the current and the previous epoch are indexed. It may "
+            "have been applied; look for it with `loopd inspect --all` before sending it "
+            "again under a new key"
+        )
+
+
 class InvalidRecord(SessionError, ValueError):
     """A record handed to ``append`` cannot be written as a valid log line."""
 

@@ -63,10 +63,14 @@ class Inspection:
         }
 
 
-def inspect_session(home: str | os.PathLike[str], session_id: str) -> Inspection:
+def inspect_session(
+    home: str | os.PathLike[str], session_id: str, *, history: bool = False
+) -> Inspection:
     """Load a session read-only under LOCK_SH; say so when a writer holds it.
 
-    Raises what ``Session.open`` would (TornLog, InvalidLog, BaselineError, ...).
+    Raises what ``Session.open`` would (TornLog, InvalidLog, BaselineError, ...). Reads
+    what open reads (the newest epoch, when it carries the state of the older ones), or
+    with ``history`` every epoch, checking every carried field.
     While a writer is live its last line may be mid-write, so a TornLog then can be
     a false alarm; ``writer_live`` lets the caller say so.
     """
@@ -85,7 +89,9 @@ def inspect_session(home: str | os.PathLike[str], session_id: str) -> Inspection
         counts.append(dict(Counter(r.TYPE for r in records)))
 
     try:
-        state = load_session(directory, session_id, on_epoch=count_epoch, dir_fd=lock_fd)
+        state = load_session(
+            directory, session_id, on_epoch=count_epoch, dir_fd=lock_fd, history=history
+        )
     finally:
         if lock_fd is not None:
             unlock_directory(lock_fd)
@@ -95,7 +101,7 @@ def inspect_session(home: str | os.PathLike[str], session_id: str) -> Inspection
         epoch=state.epoch,
         slot=state.slot,
         carry=state.carry,
-        next_call=state.max_call + 1,
+        next_call=state.next_call,
         prior_users=state.prior_users,
         prior_untrusted=state.prior_untrusted,
         records=len(state.records),
@@ -103,7 +109,7 @@ def inspect_session(home: str | os.PathLike[str], session_id: str) -> Inspection
         writer_pid=writer_pid,
         writer_live=writer_live,
         epochs=[
-            EpochSummary(epoch=n, path=log_path(directory, n), size=size, counts=counts[n])
-            for n, size in enumerate(state.epoch_sizes)
+            EpochSummary(epoch=n, path=log_path(directory, n), size=size, counts=counts[i])
+            for i, (n, size) in enumerate(enumerate(state.epoch_sizes, start=state.first_read))
         ],
     )

@@ -1,41 +1,44 @@
 """Read and validate a session directory without changing a byte of it.
 
-``load_session`` is the whole of ``open``'s reading: every epoch log is decoded and
-checked line by line, the structure of the epochs is checked, and the newest epoch's
-baseline is hashed. Nothing is repaired: the first problem is raised as TornLog,
-InvalidLog or BaselineError with its place.
+``load_session`` is the whole of ``open``'s reading. A session whose newest
+``SessionStart`` carries the state of the older epochs (next call, prior counters, the
+previous epoch's request keys) is opened from its newest epoch alone, plus the last
+line of the previous log (its ``EpochEnd``: the carry, and the chain between them).
+A session written before that state was carried, or a reader asking for the history
+(``loopd verify``, ``inspect --all``), reads every epoch and, where a ``SessionStart``
+carries state, checks it against what the older epochs hold. Nothing is repaired: the
+first problem is raised as TornLog, InvalidLog or BaselineError with its place.
 """
 
 from __future__ import annotations
 
 import errno
-import gc
+import json
 import os
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
 from worker.baseline import Baseline, hash_bytes
-from worker.errors import (
-    BaselineError,
-    InvalidLog,
-    SessionIOError,
-    SessionNotFound,
-    TornLog,
-    quote,
-)
+from worker.epoch_log import DecodedLog, check_epoch, check_groups, decode_log
+from worker.errors import BaselineError, InvalidLog, SessionIOError, SessionNotFound, quote
 from worker.files import open_directory, read_file
-from worker.records import (
-    EpochEnd,
-    Record,
-    SessionStart,
-    ToolResult,
-    User,
-    decode_line,
-    decode_lines_fast,
-)
+from worker.records import EpochEnd, Record, SessionStart, ToolResult, User, decode_line
+
+__all__ = [
+    "DecodedLog",
+    "KeyRef",
+    "SessionState",
+    "baseline_path",
+    "check_epoch",
+    "check_groups",
+    "decode_log",
+    "list_epochs",
+    "load_baseline",
+    "load_session",
+    "log_path",
+]
 
 _LOG_NAME: Final = re.compile(r"(0|[1-9][0-9]*)\.jsonl")
 _DIGITS_LOG: Final = re.compile(r"[0-9]+\.jsonl")
@@ -76,7 +79,9 @@ class SessionState:
     prior_untrusted: int = 0
     max_call: int = 0
     keys: dict[str, KeyRef] = field(default_factory=dict)
-    epoch_sizes: list[int] = field(default_factory=list)
+    epoch_sizes: list[int] = field(default_factory=list)  # of the epochs read, oldest first
+    first_read: int = 0  # the oldest epoch whose log was read
+    next_call: int = 1  # the next tool call number (> max_call, maybe more: reserved ones)
 
 
 def list_epochs(session_dir: str, dir_fd: int | None = None) -> list[int]:
@@ -110,144 +115,6 @@ def list_epochs(session_dir: str, dir_fd: int | None = None) -> list[int]:
     return epochs
 
 
-@contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC while a log is decoded, then restore its previous state.
-
-    Decoding allocates one container per line and keeps them all; each allocation
-    burst would trigger collections that rescan every record kept so far, making a
-    large open superlinear. Records reference only strings and numbers, so no cycle
-    can form while the collector is paused.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-@dataclass(slots=True)
-class DecodedLog:
-    """One epoch log's records, and ``(index, part, parts)`` for each line of a group."""
-
-    records: list[Record]
-    framed: list[tuple[int, int, int]]
-
-
-def decode_log(path: str, data: bytes) -> DecodedLog:
-    """Decode every line of a log; TornLog with the line number of the first bad one.
-
-    A last line without its newline is reported only when every line before it decodes:
-    the error always names the first bad line of the file.
-    """
-    if not data:
-        return DecodedLog([], [])
-    lines = data.split(b"\n")
-    tail = lines.pop()  # b"" when the data ends in a newline
-    if not tail:
-        with _cyclic_gc_paused():
-            fast = decode_lines_fast(lines)
-        if fast is not None:
-            return DecodedLog(*fast)
-    records: list[Record] = []
-    framed: list[tuple[int, int, int]] = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            record, part = decode_line(line)
-        except ValueError as exc:
-            raise TornLog(path, number, f"undecodable record: {exc}") from exc
-        if part is not None:
-            framed.append((number - 1, *part))
-        records.append(record)
-    if tail:
-        raise TornLog(path, len(lines) + 1, "last line has no newline (torn write)")
-    return DecodedLog(records, framed)
-
-
-def check_groups(path: str, records: list[Record], framed: list[tuple[int, int, int]]) -> None:
-    """Check that every group commit in the log is whole: parts 1..n on consecutive lines.
-
-    A group cut short at the end of the log is what a torn or lost write leaves:
-    TornLog at its first line. Any other break (a part out of place, a SessionStart or
-    EpochEnd inside a group) is InvalidLog.
-    """
-    expected_index = expected_part = parts = 0  # the next line of an open group
-    start = 0
-    for index, part, size in framed:
-        if expected_part:
-            if index != expected_index:
-                raise InvalidLog(
-                    path,
-                    expected_index + 1,
-                    f"line {start + 1} starts a group of {parts} lines, but this line is "
-                    "not its next part",
-                )
-            if part != expected_part or size != parts:
-                raise InvalidLog(
-                    path, index + 1, f"part {part} of {size} where part {expected_part} of "
-                    f"{parts} (the group of line {start + 1}) belongs",
-                )  # fmt: skip
-        elif part != 1:
-            raise InvalidLog(
-                path, index + 1, f"part {part} of {size} of a group whose first part is missing"
-            )
-        else:
-            start, parts = index, size
-        record = records[index]
-        if isinstance(record, SessionStart | EpochEnd):
-            raise InvalidLog(path, index + 1, f"{record.TYPE} is written alone, never in a group")
-        if part == size:
-            expected_part = 0
-        else:
-            expected_index, expected_part = index + 1, part + 1
-            if expected_index == len(records):
-                raise TornLog(
-                    path,
-                    start + 1,
-                    f"incomplete group: lines {start + 1}-{index + 1} are parts 1-{part} of "
-                    f"{parts} written together (torn write); the group was never acknowledged",
-                )
-    if expected_part:
-        raise InvalidLog(
-            path,
-            expected_index + 1,
-            f"line {start + 1} starts a group of {parts} lines, but this line is not its next part",
-        )
-
-
-def check_epoch(
-    path: str, session_id: str, epoch: int, records: list[Record], *, newest: bool
-) -> None:
-    """Check one epoch's structure; InvalidLog with the offending line."""
-    if not records:
-        raise InvalidLog(path, 1, "empty log: the first record must be SessionStart")
-    first = records[0]
-    if not isinstance(first, SessionStart):
-        raise InvalidLog(path, 1, f"first record is {first.TYPE}, not SessionStart")
-    if first.epoch != epoch:
-        raise InvalidLog(path, 1, f"SessionStart.epoch is {first.epoch}, file is epoch {epoch}")
-    if first.session != session_id:
-        raise InvalidLog(
-            path, 1, f"SessionStart.session is {quote(first.session)}, directory is {session_id!r}"
-        )
-    for number, record in enumerate(records[1:], start=2):
-        if isinstance(record, SessionStart):
-            raise InvalidLog(path, number, "a second SessionStart")
-        if isinstance(record, EpochEnd):
-            if number != len(records):
-                raise InvalidLog(path, number, "EpochEnd is not the last record")
-            if record.next != epoch + 1:
-                raise InvalidLog(
-                    path, number, f"EpochEnd.next is {record.next}, expected {epoch + 1}"
-                )
-    if not newest and not isinstance(records[-1], EpochEnd):
-        raise InvalidLog(
-            path, len(records), f"epoch {epoch} is not the newest but does not end with EpochEnd"
-        )
-
-
 def load_baseline(dir_fd: int, path: str, expected_hash: str) -> Baseline:
     """Read, hash and parse a baseline; BaselineError if missing, unparsable or mismatched."""
     try:
@@ -275,94 +142,209 @@ def load_session(
     on_epoch: Callable[[list[Record]], None] | None = None,
     dir_fd: int | None = None,
     newest_data: bytes | None = None,
+    history: bool = False,
 ) -> SessionState:
-    """Read and check every epoch of the session in ``session_dir``; change nothing.
+    """Read and check the session in ``session_dir``; change nothing.
 
     Files are read relative to ``dir_fd`` (the session directory's open fd, e.g. the
     one holding its lock), or to an fd of ``session_dir`` opened without following a
-    link. ``on_epoch`` sees each epoch's checked records, oldest first. With
-    ``newest_data`` those bytes stand for the newest log's (repair checks a cut with it).
+    link. ``on_epoch`` sees each epoch read, oldest first. With ``newest_data`` those
+    bytes stand for the newest log's (repair checks a cut with it). With ``history``
+    every epoch is read and every carried field checked against it.
     """
     if dir_fd is not None:
-        return _load(session_dir, session_id, on_epoch, dir_fd, newest_data)
+        return _Reader(session_dir, session_id, dir_fd, on_epoch, newest_data).load(history)
     own_fd = open_directory(session_dir)
     try:
-        return _load(session_dir, session_id, on_epoch, own_fd, newest_data)
+        return _Reader(session_dir, session_id, own_fd, on_epoch, newest_data).load(history)
     finally:
         os.close(own_fd)
 
 
-def _load(
-    session_dir: str,
-    session_id: str,
-    on_epoch: Callable[[list[Record]], None] | None,
-    dir_fd: int,
-    newest_data: bytes | None,
-) -> SessionState:
-    epochs = list_epochs(session_dir, dir_fd)
-    newest = epochs[-1]
-    carry: str | None = None
-    prior_users = prior_untrusted = max_call = 0
-    keys: dict[str, KeyRef] = {}
-    sizes: list[int] = []
-    records: list[Record] = []
-    for epoch in epochs:
-        path = log_path(session_dir, epoch)
-        if newest_data is not None and epoch == newest:
-            data = newest_data
+class _Reader:
+    """One reading of a session: the epochs it reads and what they add up to."""
+
+    def __init__(
+        self,
+        directory: str,
+        session_id: str,
+        dir_fd: int,
+        on_epoch: Callable[[list[Record]], None] | None,
+        newest_data: bytes | None,
+    ) -> None:
+        self.directory = directory
+        self.session_id = session_id
+        self.dir_fd = dir_fd
+        self.on_epoch = on_epoch
+        self.newest_data = newest_data
+        self.sizes: list[int] = []
+        self.keys: dict[str, KeyRef] = {}
+        self.max_call = 0
+        self.next_call = 1
+        self.prior_users = self.prior_untrusted = 0
+        self.carry: str | None = None
+
+    def load(self, history: bool) -> SessionState:
+        epochs = list_epochs(self.directory, self.dir_fd)
+        newest = epochs[-1]
+        path, records = self._read(newest, newest=True)
+        first = records[0]
+        assert isinstance(first, SessionStart)  # check_epoch guarantees it
+        if newest > 0 and first.carries_state and not history:
+            first_read = newest
+            self._take_carried(path, first, newest)
+            self.carry = self._previous_summary(newest)
+            self._count(path, newest, records, newest=True, check_carried=False)
         else:
-            data = read_file(dir_fd, os.path.basename(path), path)
-        sizes.append(len(data))
+            first_read = 0
+            newest_size = self.sizes.pop()
+            for epoch in epochs[:-1]:
+                older_path, older = self._read(epoch, newest=False)
+                self._count(older_path, epoch, older, newest=False, check_carried=epoch > 0)
+                last = older[-1]
+                assert isinstance(last, EpochEnd)  # check_epoch guarantees it
+                self.carry = last.summary
+            self.sizes.append(newest_size)
+            self._count(path, newest, records, newest=True, check_carried=newest > 0)
+        baseline = load_baseline(self.dir_fd, baseline_path(self.directory, newest), first.baseline)
+        return SessionState(
+            session_id=self.session_id,
+            directory=self.directory,
+            epoch=newest,
+            slot=first.slot,
+            baseline=baseline,
+            records=records,
+            log_size=self.sizes[-1],
+            carry=self.carry,
+            prior_users=self.prior_users,
+            prior_untrusted=self.prior_untrusted,
+            max_call=self.max_call,
+            keys=self.keys,
+            epoch_sizes=self.sizes,
+            first_read=first_read,
+            next_call=max(self.next_call, self.max_call + 1),
+        )
+
+    def _read(self, epoch: int, *, newest: bool) -> tuple[str, list[Record]]:
+        path = log_path(self.directory, epoch)
+        if newest and self.newest_data is not None:
+            data = self.newest_data
+        else:
+            data = read_file(self.dir_fd, os.path.basename(path), path)
+        self.sizes.append(len(data))
         decoded = decode_log(path, data)
-        records = decoded.records
-        check_epoch(path, session_id, epoch, records, newest=epoch == newest)
-        check_groups(path, records, decoded.framed)
-        if on_epoch is not None:
-            on_epoch(records)
+        check_epoch(path, self.session_id, epoch, decoded.records, newest=newest)
+        check_groups(path, decoded.records, decoded.framed)
+        return path, decoded.records
+
+    def _take_carried(self, path: str, first: SessionStart, epoch: int) -> None:
+        """Take the state the newest SessionStart carries; its keys are the previous epoch's."""
+        assert first.next_call is not None
+        assert first.recent_keys is not None
+        assert first.prior_users is not None
+        assert first.prior_untrusted is not None
+        self.next_call = first.next_call
+        self.max_call = first.next_call - 1
+        self.prior_users = first.prior_users
+        self.prior_untrusted = first.prior_untrusted
+        for key, line in _recent_keys(path, first.recent_keys).items():
+            self.keys[key] = KeyRef(epoch - 1, line)
+
+    def _previous_summary(self, epoch: int) -> str:
+        """Read the previous log's last line: it must be the EpochEnd leading to ``epoch``."""
+        path = log_path(self.directory, epoch - 1)
+        data = read_file(self.dir_fd, os.path.basename(path), path)
+        lines = data.count(b"\n")
+        start = data.rfind(b"\n", 0, len(data) - 1) + 1
+        try:
+            last, _part = decode_line(data[start:-1]) if data.endswith(b"\n") else (None, None)
+        except ValueError as exc:
+            raise InvalidLog(path, lines, f"undecodable last record: {exc}") from exc
+        if not isinstance(last, EpochEnd) or last.next != epoch:
+            raise InvalidLog(
+                path,
+                max(lines, 1),
+                f"epoch {epoch - 1} does not end with EpochEnd (the one leading to epoch {epoch})",
+            )
+        return last.summary
+
+    def _count(
+        self, path: str, epoch: int, records: list[Record], *, newest: bool, check_carried: bool
+    ) -> None:
+        """Check one epoch's calls and keys against what came before, and add them up."""
+        first = records[0]
+        assert isinstance(first, SessionStart)
+        if check_carried and first.carries_state:
+            self._check_carried(path, first, epoch)
+        if self.on_epoch is not None:
+            self.on_epoch(records)
+        window = epoch - 1  # keys of older epochs than this have left the retry window
+        users = untrusted = 0
         for number, record in enumerate(records, start=1):
             if isinstance(record, ToolResult):
-                if record.call <= max_call:
+                if record.call <= self.max_call or record.call < self.next_call:
                     raise InvalidLog(
                         path,
                         number,
-                        f"ToolResult.call {record.call} reuses a call number "
-                        f"(the highest before it is {max_call})",
+                        f"ToolResult.call {record.call} reuses a call number (the next free "
+                        f"one is {max(self.max_call + 1, self.next_call)})",
                     )
-                max_call = record.call
+                self.max_call = record.call
             elif isinstance(record, User):
+                users += 1
+                untrusted += record.untrusted
                 if record.key is not None:
-                    first_use = keys.get(record.key)
-                    if first_use is not None:
+                    applied = self.keys.get(record.key)
+                    if applied is not None and applied.epoch >= window:
                         raise InvalidLog(
                             path,
                             number,
                             f"request key {quote(record.key, 80)} was already applied "
-                            f"(epoch {first_use.epoch}, line {first_use.line}): a request is "
+                            f"(epoch {applied.epoch}, line {applied.line}): a request is "
                             "applied once",
                         )
-                    keys[record.key] = KeyRef(epoch, number)
-                if epoch != newest:
-                    prior_users += 1
-                    prior_untrusted += record.untrusted
-        if epoch != newest:
-            last = records[-1]
-            assert isinstance(last, EpochEnd)  # check_epoch guarantees it
-            carry = last.summary
-    first = records[0]
-    assert isinstance(first, SessionStart)  # check_epoch guarantees it
-    baseline = load_baseline(dir_fd, baseline_path(session_dir, newest), first.baseline)
-    return SessionState(
-        session_id=session_id,
-        directory=session_dir,
-        epoch=newest,
-        slot=first.slot,
-        baseline=baseline,
-        records=records,
-        log_size=sizes[-1],
-        carry=carry,
-        prior_users=prior_users,
-        prior_untrusted=prior_untrusted,
-        max_call=max_call,
-        keys=keys,
-        epoch_sizes=sizes,
-    )
+                    self.keys[record.key] = KeyRef(epoch, number)
+        if not newest:
+            self.prior_users += users
+            self.prior_untrusted += untrusted
+
+    def _check_carried(self, path: str, first: SessionStart, epoch: int) -> None:
+        """Check a SessionStart's carried state against the older epochs just read."""
+        previous = {k: ref.line for k, ref in self.keys.items() if ref.epoch == epoch - 1}
+        carried = _recent_keys(path, str(first.recent_keys))
+        problems = [
+            (first.prior_users, self.prior_users, "prior_users"),
+            (first.prior_untrusted, self.prior_untrusted, "prior_untrusted"),
+        ]
+        for said, held, name in problems:
+            if said != held:
+                raise InvalidLog(
+                    path, 1, f"SessionStart.{name} is {said}, the older epochs hold {held}"
+                )
+        if first.next_call is None or first.next_call <= self.max_call:
+            raise InvalidLog(
+                path,
+                1,
+                f"SessionStart.next_call is {first.next_call}, but call {self.max_call} "
+                "was already used",
+            )
+        if carried != previous:
+            raise InvalidLog(
+                path,
+                1,
+                f"SessionStart.recent_keys does not match the request keys of epoch {epoch - 1}",
+            )
+        self.next_call = first.next_call
+
+
+def _recent_keys(path: str, text: str) -> dict[str, int]:
+    """Parse SessionStart.recent_keys: a JSON object of request key -> line."""
+    try:
+        keys = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidLog(path, 1, f"SessionStart.recent_keys is not JSON: {exc}") from exc
+    if type(keys) is not dict or not all(type(line) is int and line >= 1 for line in keys.values()):
+        raise InvalidLog(
+            path, 1, "SessionStart.recent_keys must be a JSON object of request key -> line"
+        )
+    return keys

@@ -12,101 +12,40 @@ refused with a reason, so that ``open`` can report ``path:line: why``.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, fields
-from typing import ClassVar, Final
+from dataclasses import fields
+from typing import Final
 
 from worker.errors import InvalidRecord, quote
-
-
-def utc_now() -> str:
-    """Return the current time as RFC 3339 UTC with microseconds, e.g. ``...T20:17:57.123456Z``."""
-    # time.gmtime + an f-string is about four times cheaper than datetime.strftime, and
-    # every record pays for it on the append path.
-    now_ns = time.time_ns()
-    seconds, nanos = divmod(now_ns, 1_000_000_000)
-    t = time.gmtime(seconds)
-    return (
-        f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T"
-        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}.{nanos // 1000:06d}Z"
-    )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SessionStart:
-    """First record of every epoch log: names the session, the epoch, slot and baseline hash."""
-
-    TYPE: ClassVar[str] = "SessionStart"
-    time: str = field(default_factory=utc_now)
-    session: str
-    epoch: int
-    slot: int
-    baseline: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class User:
-    """A user's message; ``key`` is the client's request key (None when it gave none)."""
-
-    TYPE: ClassVar[str] = "User"
-    time: str = field(default_factory=utc_now)
-    text: str
-    untrusted: bool = False
-    key: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Assistant:
-    """The assistant's reply text."""
-
-    TYPE: ClassVar[str] = "Assistant"
-    time: str = field(default_factory=utc_now)
-    text: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ToolResult:
-    """The result of tool call number ``call`` (>= 1, unique across all epochs)."""
-
-    TYPE: ClassVar[str] = "ToolResult"
-    time: str = field(default_factory=utc_now)
-    call: int
-    tool: str
-    output: str
-    ok: bool
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Usage:
-    """Token accounting after a turn; ``context_tokens`` drives the automatic epoch commit."""
-
-    TYPE: ClassVar[str] = "Usage"
-    time: str = field(default_factory=utc_now)
-    prompt_tokens: int
-    completion_tokens: int
-    context_tokens: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EpochEnd:
-    """Last record of a closed epoch: the next epoch's number and the carried summary."""
-
-    TYPE: ClassVar[str] = "EpochEnd"
-    time: str = field(default_factory=utc_now)
-    next: int
-    summary: str
-
-
-Record = SessionStart | User | Assistant | ToolResult | Usage | EpochEnd
-RECORD_TYPES: Final[tuple[type[Record], ...]] = (
-    SessionStart,
-    User,
+from worker.record_types import (
+    RECORD_TYPES,
     Assistant,
+    EpochEnd,
+    Record,
+    SessionStart,
     ToolResult,
     Usage,
-    EpochEnd,
+    User,
+    utc_now,
 )
+
+__all__ = [
+    "RECORD_TYPES",
+    "Assistant",
+    "EpochEnd",
+    "Record",
+    "SessionStart",
+    "ToolResult",
+    "Usage",
+    "User",
+    "decode_line",
+    "decode_lines_fast",
+    "decode_record",
+    "encode_record",
+    "encode_records",
+    "utc_now",
+]
+
 
 _Check = Callable[[object], bool]
 
@@ -143,23 +82,55 @@ _CHECKS: Final[dict[str, tuple[_Check, str, str]]] = {
 }
 
 
+def _carried(cls: type[Record]) -> tuple[str, ...]:
+    """The fields of ``cls`` written all together or not at all (SessionStart's carried state)."""
+    carried: tuple[str, ...] = getattr(cls, "CARRIED", ())
+    return carried
+
+
 def _kinds(cls: type[Record]) -> tuple[tuple[str, str], ...]:
-    """Return (field name, check kind) for each field of ``cls``, in order."""
-    return tuple(
-        (f.name, "call" if (cls is ToolResult and f.name == "call") else str(f.type))
-        for f in fields(cls)
-    )
+    """Return (field name, check kind) for each field of ``cls``, in order.
+
+    A carried field's kind is that of its value when present (``int | None`` -> ``int``):
+    absent, the whole carried block is left out of the line.
+    """
+    carried = _carried(cls)
+    kinds = []
+    for f in fields(cls):
+        kind = str(f.type)
+        if cls is ToolResult and f.name == "call":
+            kind = "call"
+        elif f.name in carried:
+            kind = kind.removesuffix(" | None")
+        kinds.append((f.name, kind))
+    return tuple(kinds)
 
 
 _FIELD_KINDS: Final = {cls.TYPE: (cls, _kinds(cls)) for cls in RECORD_TYPES}
 GROUP_KEYS: Final = ("part", "parts")
 """The keys that frame a line of a group commit: its place (from 1) and the group's size."""
+WRITTEN_ALONE: Final = (SessionStart, EpochEnd)
+"""Records that are always written alone, never in a group commit."""
 
 Part = tuple[int, int]
 """A framed line's ``(part, parts)``; None stands for a line written alone."""
 
 _Decoder = Callable[[dict[str, object]], Record | None]
 _Encoder = Callable[[Record], dict[str, object] | None]
+_FRAME_OK: Final = (
+    'type(d["part"]) is int and type(d["parts"]) is int '
+    'and 1 <= d["part"] <= d["parts"] and d["parts"] >= 2'
+)
+
+
+def _shape(kinds: list[tuple[int, str, str]]) -> tuple[str, str, str, str]:
+    """Source fragments (loads, tests, build, dict) for the fields ``(index, name, kind)``."""
+    return (
+        "; ".join(f"a{i} = d[{name!r}]" for i, name, _kind in kinds),
+        " and ".join(_CHECKS[kind][2].replace("v", f"a{i}") for i, _name, kind in kinds),
+        ", ".join(f"{name}=a{i}" for i, name, _kind in kinds),
+        ", ".join(f"{name!r}: a{i}" for i, name, _kind in kinds),
+    )
 
 
 def _compile_codecs(cls: type[Record]) -> tuple[_Decoder, _Encoder]:
@@ -167,40 +138,71 @@ def _compile_codecs(cls: type[Record]) -> tuple[_Decoder, _Encoder]:
 
     Both return None when a value does not fit; the slow path then says why. Inlined
     checks make ``open`` of a large log cost little more than its ``json.loads``. The
-    decoder also requires the canonical key order, alone or followed by the group keys.
+    decoder also requires the canonical key order, alone or followed by the group keys;
+    a carried block (SessionStart's) is in the line whole or not at all.
     """
-    kinds = _kinds(cls)
-    names = [name for name, _kind in kinds]
-    tests = " and ".join(
-        _CHECKS[kind][2].replace("v", f"a{i}") for i, (_name, kind) in enumerate(kinds)
+    carried = _carried(cls)
+    every = [(i, name, kind) for i, (name, kind) in enumerate(_kinds(cls))]
+    base = [f for f in every if f[1] not in carried]
+    loads, tests, build, as_dict = _shape(every)
+    base_loads, base_tests, base_build, base_dict = _shape(base)
+    gets = "; ".join(f"a{i} = r.{name}" for i, name, _kind in every)
+    full = f"""
+        {loads}
+        if not ({tests}):
+            return None
+        return cls({build})"""
+    short = f"""
+        {base_loads}
+        if not ({base_tests}):
+            return None
+        return cls({base_build})"""
+    without = (
+        f"""
+    elif keys == BASE:{short}
+    elif keys == BASE_FRAMED:
+        if not ({_FRAME_OK}):
+            return None{short}"""
+        if carried
+        else ""
     )
-    loads = "; ".join(f"a{i} = d[{name!r}]" for i, name in enumerate(names))
-    gets = "; ".join(f"a{i} = r.{name}" for i, name in enumerate(names))
-    build = ", ".join(f"{name}=a{i}" for i, name in enumerate(names))
-    as_dict = ", ".join(f"{name!r}: a{i}" for i, name in enumerate(names))
+    absent = " and ".join(f"a{i} is None" for i, name, _kind in every if name in carried)
+    encode_short = (
+        f"""
+    if {absent}:
+        if not ({base_tests}):
+            return None
+        return {{"type": {cls.TYPE!r}, {base_dict}}}"""
+        if carried
+        else ""
+    )
     source = f"""
 def decode(d):
     keys = tuple(d)
-    if keys != KEYS:
-        if keys != FRAMED:
-            return None
-        p = d["part"]
-        n = d["parts"]
-        if not (type(p) is int and type(n) is int and 1 <= p <= n and n >= 2):
-            return None
-    {loads}
-    if not ({tests}):
-        return None
-    return cls({build})
+    if keys == KEYS:{full}
+    elif keys == FRAMED:
+        if not ({_FRAME_OK}):
+            return None{full}{without}
+    return None
 
 def encode(r):
-    {gets}
+    {gets}{encode_short}
     if not ({tests}):
         return None
     return {{"type": {cls.TYPE!r}, {as_dict}}}
 """
-    keys = ("type", *names)
-    namespace: dict[str, object] = {"cls": cls, "KEYS": keys, "FRAMED": keys + GROUP_KEYS}
+    keys = ("type", *(name for _i, name, _kind in every))
+    base_keys = ("type", *(name for _i, name, _kind in base))
+    # SessionStart and EpochEnd are written alone, never in a group: no framed shape.
+    group = () if cls in WRITTEN_ALONE else GROUP_KEYS
+    never = ("",)  # matches no line's keys
+    namespace: dict[str, object] = {
+        "cls": cls,
+        "KEYS": keys,
+        "FRAMED": keys + group if group else never,
+        "BASE": base_keys,
+        "BASE_FRAMED": base_keys + group if group else never,
+    }
     exec(compile(source, f"<codec {cls.TYPE}>", "exec"), namespace)  # noqa: S102 - built above from field names only
     decode, encode = namespace["decode"], namespace["encode"]
     return decode, encode  # type: ignore[return-value]
@@ -215,28 +217,35 @@ _JSON_LINE: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 def _why_fields_wrong(type_name: str, values: dict[str, object]) -> str:
     """Return why ``values`` (without "type") do not fit the record type ``type_name``."""
-    _cls, kinds = _FIELD_KINDS[type_name]
+    cls, kinds = _FIELD_KINDS[type_name]
+    if cls in WRITTEN_ALONE and "part" in values:
+        return f"{type_name} is written alone, never in a group"
+    carried = _carried(cls)
     names = [name for name, _kind in kinds]
-    framed = [*names, *GROUP_KEYS]
+    shapes = [names, [name for name in names if name not in carried]]
+    accepted = [shape + extra for shape in shapes for extra in ([], [*GROUP_KEYS])]
     keys = list(values)
-    if set(keys) not in ({*names}, {*framed}):
-        missing = sorted({*names} - values.keys())
-        extra = sorted(values.keys() - {*framed})
-        if not extra and not missing:
-            return f"{type_name}: 'part' and 'parts' come together or not at all"
+    if {*keys} not in [{*shape} for shape in accepted]:
+        missing = sorted({*shapes[1]} - values.keys())
+        extra = sorted(values.keys() - {*names, *GROUP_KEYS})
         parts = []
         if missing:
             parts.append("missing " + ", ".join(missing))
         if extra:
             parts.append("unknown " + ", ".join(quote(name, 40) for name in extra[:5]))
+        if not parts:
+            parts.append(
+                "'part' and 'parts' come together or not at all"
+                + (f", and so do {', '.join(carried)}" if carried else "")
+            )
         return f"{type_name}: " + "; ".join(parts)
-    if keys not in (names, framed):
+    if keys not in accepted:
         return f"{type_name}: fields are not in the writer's order ({', '.join(names)})"
     for name, kind in kinds:
         check, what, _expression = _CHECKS[kind]
-        if not check(values[name]):
+        if name in values and not check(values[name]):
             return f"{type_name}.{name} must be {what}, got {quote(values[name])}"
-    if keys == framed:
+    if keys[-1] == "parts":
         place, size = values["part"], values["parts"]
         if not (type(place) is int and type(size) is int and 1 <= place <= size and size >= 2):
             return (
@@ -347,10 +356,12 @@ def _record_from(values: object) -> Record:
     return record
 
 
-def decode_lines_fast(lines: list[bytes]) -> tuple[list[Record], list[tuple[int, int, int]]] | None:
+def decode_lines_fast(lines: list[bytes]) -> list[Record] | None:
     """Decode many lines with one ``json.loads``; None when the caller must go line by line.
 
-    Returns the records and, for each framed line, ``(index, part, parts)``.
+    Returns the records only when every line is canonical and every group commit in
+    the lines is whole (parts 1..n on consecutive lines); otherwise the line-by-line
+    path finds and names the first problem.
 
     Joining with ``,\\n`` keeps each line's attribution sound: JSON strings cannot hold a
     raw newline, so every join point is a comma between tokens, and a line starting with
@@ -370,23 +381,33 @@ def decode_lines_fast(lines: list[bytes]) -> tuple[list[Record], list[tuple[int,
         return None
     if len(values) != len(lines):
         return None
-    records = []
-    framed: list[tuple[int, int, int]] = []
+    records: list[Record] = []
+    append = records.append
     decoders = _DECODERS
-    for index, value in enumerate(values):
-        if type(value) is not dict:
-            return None
-        decoder = decoders.get(value.get("type", ""))
+    expect = size = 0  # the next part of the open group, and its size (0: none open)
+    # Every element is an object: each starts a line, and every line starts with "{".
+    for value in values:
+        decoder = decoders.get(value["type"])
         record = decoder(value) if decoder is not None else None
         if record is None:
             return None
-        if "part" in value:
-            framed.append((index, value["part"], value["parts"]))
-        records.append(record)
+        append(record)
+        part = value.get("part")
+        if part is None:
+            if expect:
+                return None
+        elif part == 1 and not expect:
+            size, expect = value["parts"], 2
+        elif part == expect and value["parts"] == size:
+            expect = 0 if part == size else part + 1
+        else:
+            return None
+    if expect:
+        return None
     try:
         canonical = _JSON_LINE.encode(values).encode("utf-8")
     except UnicodeEncodeError:
         return None
     if canonical != b"[" + b",".join(lines) + b"]":
         return None
-    return records, framed
+    return records

@@ -8,6 +8,7 @@ breaks the session (a failed fsync is never retried and trusted).
 from __future__ import annotations
 
 import errno
+import json
 import os
 from collections.abc import Iterable, Sequence
 from types import TracebackType
@@ -18,6 +19,7 @@ from worker.baseline import Baseline
 from worker.errors import (
     EpochClosed,
     InvalidRecord,
+    KeyExpired,
     SessionBroken,
     SessionExists,
     SessionIOError,
@@ -52,7 +54,7 @@ class Session:
         self._log_fd: int | None = log_fd
         self._log_path = log_path(state.directory, state.epoch)
         self._size = state.log_size
-        self._next_call = state.max_call + 1
+        self._next_call = state.next_call
         self._broken: str | None = None
         self._last_usage = _newest_usage(state.records)
 
@@ -217,9 +219,20 @@ class Session:
         """True when the current epoch ends with EpochEnd (commit_epoch must follow)."""
         return isinstance(self._state.records[-1], EpochEnd)
 
-    def find_key(self, key: str) -> KeyRef | None:
-        """Return where the request ``key`` was applied, in any epoch, or None."""
-        return self._state.keys.get(key)
+    def find_key(self, key: str, seen_epoch: int | None = None) -> KeyRef | None:
+        """Return where the request ``key`` was applied within the retry window, or None.
+
+        The window is the current epoch and the previous one: their keys are indexed
+        (the previous epoch's carried forward by the commit). ``seen_epoch`` is the
+        newest epoch the client knew of before it first sent the request; if the key is
+        not in the window and that epoch is older than the window, the request may have
+        been applied where the index no longer sees it: KeyExpired, never a second
+        application.
+        """
+        ref = self._state.keys.get(key)
+        if ref is None and seen_epoch is not None and seen_epoch < self._state.epoch - 1:
+            raise KeyExpired(key, seen_epoch, self._state.epoch)
+        return ref
 
     def next_call(self) -> int:
         """Hand out the next tool call number: 1, 2, 3 ... across epochs, never reused."""
@@ -264,8 +277,19 @@ class Session:
                 raise InvalidRecord("EpochEnd", f"summary must be a string, got {quote(summary)}")
             self._append_durably([EpochEnd(next=state.epoch + 1, summary=summary)])
         following = state.epoch + 1
+        users = [r for r in state.records if isinstance(r, User)]
+        recent = {k: ref.line for k, ref in state.keys.items() if ref.epoch == state.epoch}
+        # The next epoch's SessionStart carries what open needs from this one and all
+        # before it, so that open reads the newest epoch alone.
         start = SessionStart(
-            session=state.session_id, epoch=following, slot=state.slot, baseline=baseline.hash()
+            session=state.session_id,
+            epoch=following,
+            slot=state.slot,
+            baseline=baseline.hash(),
+            next_call=self._next_call,
+            prior_users=state.prior_users + len(users),
+            prior_untrusted=state.prior_untrusted + sum(u.untrusted for u in users),
+            recent_keys=json.dumps(recent, ensure_ascii=False, separators=(",", ":")),
         )
         line = encode_record(start)
         new_log = log_path(state.directory, following)
@@ -277,10 +301,12 @@ class Session:
             # What reached the disk is unknown after a failed step; the next open reads it.
             self._broken = f"epoch change to {following} failed: {exc}"
             raise
-        for record in state.records:
-            if isinstance(record, User):
-                state.prior_users += 1
-                state.prior_untrusted += record.untrusted
+        assert start.prior_users is not None
+        assert start.prior_untrusted is not None
+        state.prior_users = start.prior_users
+        state.prior_untrusted = start.prior_untrusted
+        # Keys older than the previous epoch leave the retry window (find_key).
+        state.keys = {k: ref for k, ref in state.keys.items() if ref.epoch == state.epoch}
         old_fd, self._log_fd = self._log_fd, new_fd
         if old_fd is not None:
             durable.close(old_fd)

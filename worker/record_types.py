@@ -1,0 +1,118 @@
+"""The six log records: frozen dataclasses built with keyword arguments.
+
+Their encoding lives beside them in ``worker.records`` (which re-exports them); no
+other module touches the bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import ClassVar, Final
+
+
+def utc_now() -> str:
+    """Return the current time as RFC 3339 UTC with microseconds, e.g. ``...T20:17:57.123456Z``."""
+    # time.gmtime + an f-string is about four times cheaper than datetime.strftime, and
+    # every record pays for it on the append path.
+    now_ns = time.time_ns()
+    seconds, nanos = divmod(now_ns, 1_000_000_000)
+    t = time.gmtime(seconds)
+    return (
+        f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T"
+        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}.{nanos // 1000:06d}Z"
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionStart:
+    """First record of every epoch log: names the session, the epoch, slot and baseline hash."""
+
+    TYPE: ClassVar[str] = "SessionStart"
+    CARRIED: ClassVar[tuple[str, ...]] = (
+        "next_call",
+        "prior_users",
+        "prior_untrusted",
+        "recent_keys",
+    )
+    time: str = field(default_factory=utc_now)
+    session: str
+    epoch: int
+    slot: int
+    baseline: str
+    # What open needs from the older epochs, carried forward by the epoch commit so
+    # that open reads the newest epoch only (docs/format.md). All four or none: epoch 0
+    # and logs written before they existed have none.
+    next_call: int | None = None
+    prior_users: int | None = None
+    prior_untrusted: int | None = None
+    recent_keys: str | None = None  # JSON object {key: line} of the previous epoch's keys
+
+    @property
+    def carries_state(self) -> bool:
+        """True when this SessionStart carries the cumulative state of the older epochs."""
+        return self.next_call is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class User:
+    """A user's message; ``key`` is the client's request key (None when it gave none)."""
+
+    TYPE: ClassVar[str] = "User"
+    time: str = field(default_factory=utc_now)
+    text: str
+    untrusted: bool = False
+    key: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Assistant:
+    """The assistant's reply text."""
+
+    TYPE: ClassVar[str] = "Assistant"
+    time: str = field(default_factory=utc_now)
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolResult:
+    """The result of tool call number ``call`` (>= 1, unique across all epochs)."""
+
+    TYPE: ClassVar[str] = "ToolResult"
+    time: str = field(default_factory=utc_now)
+    call: int
+    tool: str
+    output: str
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Usage:
+    """Token accounting after a turn; ``context_tokens`` drives the automatic epoch commit."""
+
+    TYPE: ClassVar[str] = "Usage"
+    time: str = field(default_factory=utc_now)
+    prompt_tokens: int
+    completion_tokens: int
+    context_tokens: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpochEnd:
+    """Last record of a closed epoch: the next epoch's number and the carried summary."""
+
+    TYPE: ClassVar[str] = "EpochEnd"
+    time: str = field(default_factory=utc_now)
+    next: int
+    summary: str
+
+
+Record = SessionStart | User | Assistant | ToolResult | Usage | EpochEnd
+RECORD_TYPES: Final[tuple[type[Record], ...]] = (
+    SessionStart,
+    User,
+    Assistant,
+    ToolResult,
+    Usage,
+    EpochEnd,
+)
