@@ -94,8 +94,10 @@ def open_carries_oldest_summary() -> None:
 def key_index_current_epoch_only() -> None:
     original = session.Session.find_key
 
-    def find_key(self: session.Session, key: str) -> loader.KeyRef | None:
-        ref = original(self, key)
+    def find_key(
+        self: session.Session, key: str, seen_epoch: int | None = None
+    ) -> loader.KeyRef | None:
+        ref = original(self, key, seen_epoch)
         return ref if ref is not None and ref.epoch == self.epoch else None  # the bug
 
     session.Session.find_key = find_key  # type: ignore[method-assign]
