@@ -25,6 +25,12 @@ def implied_state(view: LogsView) -> dict[str, object]:
         for r in rs
         if r.get("type") == "ToolResult"
     ]
+    # A SessionStart may carry the next call number: numbers handed out and never used
+    # (a failed append) leave a gap, never a reuse.
+    carried = records[0].get("next_call") if records else None
+    next_call = max(calls, default=0) + 1
+    if isinstance(carried, int):
+        next_call = max(next_call, carried)
     return {
         "epoch": newest,
         "slot": records[0].get("slot") if records else None,
@@ -32,7 +38,7 @@ def implied_state(view: LogsView) -> dict[str, object]:
         "carry": view.closing_summary(newest - 1) if newest else None,
         "prior_users": len(users),
         "prior_untrusted": sum(1 for r in users if r.get("untrusted") is True),
-        "next_call": max(calls, default=0) + 1,
+        "next_call": next_call,
     }
 
 

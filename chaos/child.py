@@ -32,11 +32,14 @@ def store_child(
     resume: bool,
     events: EventPipe,
     go_fd: int,
+    acknowledged: frozenset[str] = frozenset(),
     probe_open: bool = False,
 ) -> int:
     """Run the scenario's operations against the store, reporting each acknowledgement.
 
-    With ``probe_open`` a resumed child also tries a second ``Session.open`` of its own
+    Requests already ``acknowledged`` are not sent again: a client retries only what it
+    got no answer for (the store recognizes a key only within its retry window of two
+    epochs). With ``probe_open`` a resumed child also tries a second ``Session.open`` of its own
     (the rig makes that probe itself when the child's store is the rig's).
     """
     session: Session | None = None
@@ -56,6 +59,8 @@ def store_child(
         )
         os.read(go_fd, 1)  # the rig checks that it cannot open the session meanwhile
     for index, op in enumerate(scenario.ops):
+        if op.key and op.key in acknowledged:
+            continue  # a client never sends again what it was told is done
         events.send({"e": "start", "op": index, "key": op.key})
         try:
             session = apply_op(session, home, op, retry=resume)

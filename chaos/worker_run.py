@@ -82,6 +82,7 @@ def fork_child(
                 code = worker_child(home, scenario, theirs.fileno(), create=not log.started)
             else:
                 code = store_child(home, scenario, resume=resume, events=events, go_fd=go_r,
+                                   acknowledged=frozenset(log.acked),
                                    probe_open=mutant is not None)  # fmt: skip
             events.flush()
         finally:
