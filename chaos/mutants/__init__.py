@@ -122,11 +122,13 @@ _ALL: Final = (
            faults=(FaultKind.TORN,)),
     Mutant(name="baseline-after-log", bug="an epoch change writes its log before its baseline",
            patch=durability.baseline_after_log, caught_by="final-state-opens"),
-    # The store's own guard refuses to apply the key again, so the client's retry never
-    # completes: caught as a request that is not on disk after the resume.
+    # A request in flight when its epoch closed is retried in the next; the store's own
+    # guard refuses to apply it again, so the client's retry never completes: caught as
+    # requests missing after the resume.
     Mutant(name="key-index-current-epoch-only",
            bug="a request key is looked up in the current epoch only",
-           patch=reading.key_index_current_epoch_only, caught_by="acknowledged-on-disk"),
+           patch=reading.key_index_current_epoch_only, caught_by="acknowledged-on-disk",
+           scenarios=("requests",)),
     Mutant(name="torn-tail-ignored", bug="open skips an unterminated last line",
            patch=reading.torn_tail_ignored, caught_by="torn-log-refused-unchanged",
            faults=(FaultKind.TORN,)),

@@ -132,9 +132,11 @@ def next_call_from_newest_epoch() -> None:
 
     def load_session(session_dir: str, session_id: str, **kwargs: Any) -> loader.SessionState:
         state = original(session_dir, session_id, **kwargs)
-        # The bug: only the newest epoch's tool calls are counted.
+        # The bug: only the newest epoch's tool calls are counted (the number the epoch's
+        # SessionStart carries, and every older epoch, are ignored).
         calls = [r.call for r in state.records if isinstance(r, ToolResult)]
         state.max_call = max(calls, default=0)
+        state.next_call = state.max_call + 1
         return state
 
     session.load_session = load_session  # type: ignore[attr-defined]
