@@ -196,7 +196,7 @@ def check_final(
     check_requests_complete(result, scenario, view)
     result.checked.append("final-state-opens")
     try:
-        state = load_session(session_path(home), SESSION)
+        state = load_session(session_path(home), SESSION, history=True)
     except SessionError as exc:
         result.violate("final-state-opens", str(exc))
         state = None

@@ -189,7 +189,7 @@ def _check(home: str, report: SupervisedReport) -> None:
             keys.extend(r.key for r in records if isinstance(r, User) and r.key)
 
         try:
-            load_session(session_dir(home, session), session, on_epoch=collect)
+            load_session(session_dir(home, session), session, on_epoch=collect, history=True)
         except SessionError as exc:
             report.violations.append(f"{session} does not verify: {exc}")
             continue
