@@ -9,8 +9,7 @@ from worker import durable, session
 from worker.app import App
 from worker.baseline import Baseline
 from worker.records import EpochEnd, encode_records
-from worker.session import Session
-from worker.wire import Channel, Message
+from worker.wire import Message
 
 
 def second_epoch_end_on_resume() -> None:
@@ -80,23 +79,15 @@ def resume_recomputes_summary() -> None:
 
 
 def operator_summary_ignored() -> None:
-    from worker import process  # noqa: PLC0415 - only worker-level children load it
+    from worker import server  # noqa: PLC0415 - only worker-level children load it
 
-    original = process.serve
+    original = server.Server._compact
 
-    def serve(session: Session, app: App, channel: Channel) -> None:
-        receive = channel.recv
+    def compact(self: server.Server, request_id: object, message: Message) -> None:
+        message = {k: v for k, v in message.items() if k != "summary"}  # the bug
+        original(self, request_id, message)
 
-        def recv() -> Message | None:
-            message = receive()
-            if message is not None and message.get("op") == "compact":
-                message.pop("summary", None)  # the bug: the app summarizes instead
-            return message
-
-        channel.recv = recv  # type: ignore[method-assign]
-        original(session, app, channel)
-
-    process.serve = serve
+    server.Server._compact = compact  # type: ignore[method-assign]
 
 
 def slot_reset_on_epoch() -> None:
