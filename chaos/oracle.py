@@ -31,6 +31,7 @@ class ClientLog:
     acked_epoch: int = -1  # the newest epoch a client was told about; -1: none yet
     started: bool = False  # a worker said it was ready: later ones start without --create
     compacted: bool = False  # the operator's compaction was acknowledged
+    seen: dict[str, int] = field(default_factory=dict)  # key: epoch known when first sent
 
     def start(self, key: str) -> None:
         if key:

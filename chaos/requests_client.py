@@ -105,8 +105,11 @@ class RequestsClient:
             key, text = self.pending[0]
             self.log.start(key)
             self.sent = key
+            # The newest epoch seen before the key was first sent, as a client says it:
+            # a retry from beyond the store's window is refused, never applied twice.
+            seen = self.log.seen.setdefault(key, max(self.log.acked_epoch, 0))
             self._send({"id": len(self.pending), "op": "request",
-                        "request": {"text": text, "key": key}})  # fmt: skip
+                        "request": {"text": text, "key": key, "epoch": seen}})  # fmt: skip
             return
         self.sent = None
         self._send({"id": 0, "op": "stop"})
