@@ -123,6 +123,10 @@ WRITER_AFTER_KILL_BEFORE = {
 """Who can write after the mover was killed just before each step (docs/scaling.md 6)."""
 
 
+MOVE_SCENARIO = Scenario(name="cluster-move", ops=(), doc="default-app requests, moved")
+"""The oracle's view of these tests: keyed requests of the default app, no store ops."""
+
+
 @pytest.mark.parametrize("step", list(MoveStep), ids=[s.value for s in MoveStep])
 def test_a_mover_killed_before_each_step_leaves_one_writer_and_a_rerun_finishes_the_move(
     client: EtcdClient, nodes: list[Node], step: MoveStep
@@ -140,7 +144,7 @@ def test_a_mover_killed_before_each_step_leaves_one_writer_and_a_rerun_finishes_
     home = b.home if able == ["b"] else a.home
     after_fault = snapshot_logs(str(home))
     result = CaseResult(case=f"move:{step.value}", fault="kill", boundary=step.value)
-    check_after_fault(result, log, after_fault)
+    check_after_fault(result, MOVE_SCENARIO, log, after_fault)
 
     _kill_mover_before(client, None)  # the rerun
     assert writers(client, {n.name: n.home for n in nodes}, SESSION) == ["b"]

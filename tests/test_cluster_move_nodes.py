@@ -76,6 +76,10 @@ def _moved(client: EtcdClient) -> bool:
     return True
 
 
+MOVE_SCENARIO = Scenario(name="cluster-move", ops=(), doc="default-app requests, moved")
+"""The oracle's view of these tests: keyed requests of the default app, no store ops."""
+
+
 @pytest.mark.parametrize(("role", "step"), CASES)
 def test_a_node_killed_before_a_move_step_leaves_one_writer_and_the_move_completes(
     etcd: EtcdServer, client: EtcdClient, tmp_path: Path, role: str, step: MoveStep
@@ -106,7 +110,7 @@ def test_a_node_killed_before_a_move_step_leaves_one_writer_and_the_move_complet
         )
         after_fault = snapshot_logs(str(holder))
         result = CaseResult(case=f"move-{role}:{step.value}", fault="kill", boundary=step.value)
-        check_after_fault(result, load.log, after_fault)
+        check_after_fault(result, MOVE_SCENARIO, load.log, after_fault)
 
         processes[victim] = NodeProcess(etcd.url, victim, homes[victim])
         poll_until(lambda: _moved(client), timeout=TTL * 10, what="the rerun of the move")
