@@ -27,6 +27,7 @@ COMMANDS: Final = {
     "inspect": "supervisor.offline_commands:inspect",
     "verify": "supervisor.offline_commands:verify",
     "repair": "supervisor.offline_commands:repair",
+    "logs": "supervisor.hosting.log_commands:logs",
     "demo": "supervisor.demo:demo",
 }
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import select
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from supervisor.hosting.log_reader import follow, last_lines
@@ -90,3 +94,45 @@ def test_follow_yields_new_lines_and_goes_on_across_a_rotation(tmp_path: Path) -
     assert b"before" not in seen  # following starts at the end
     assert b"first" in seen
     assert b"after-rotation" in seen
+
+
+def _loopd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "supervisor", *args]
+
+
+def test_loopd_logs_prints_the_last_lines_and_follows_new_ones(tmp_path: Path) -> None:
+    path = log_path(str(tmp_path), "s1")
+    log = SessionLog(path, max_bytes=1 << 20, backups=1)
+    log.feed(b"".join(b"old %d\n" % n for n in range(10)))
+    done = subprocess.run(
+        _loopd("logs", "--home", str(tmp_path), "s1", "-n", "2"),
+        capture_output=True, check=True, timeout=30,
+    )  # fmt: skip
+    assert [re.sub(STAMP, b"", line) for line in done.stdout.splitlines()] == [b"old 8", b"old 9"]
+    follower = subprocess.Popen(
+        _loopd("logs", "--home", str(tmp_path), "s1", "-n", "0", "-f"), stdout=subprocess.PIPE
+    )
+    try:
+        assert follower.stdout is not None
+        deadline = time.monotonic() + 20
+        line = b""
+        while b"fresh" not in line and time.monotonic() < deadline:
+            log.feed(b"fresh\n")  # until the follower, started meanwhile, sees one
+            ready, _, _ = select.select([follower.stdout], [], [], 0.5)
+            if ready:
+                line = follower.stdout.readline()
+        assert re.fullmatch(STAMP + rb"fresh\n", line)
+    finally:
+        follower.terminate()
+        follower.wait(timeout=10)
+        assert follower.stdout is not None
+        follower.stdout.close()
+        log.close()
+
+
+def test_loopd_logs_of_a_session_without_a_log_says_so(tmp_path: Path) -> None:
+    done = subprocess.run(
+        _loopd("logs", "--home", str(tmp_path), "s1"), check=False, capture_output=True, timeout=30
+    )
+    assert done.returncode == 1
+    assert b"no log yet" in done.stderr

@@ -16,9 +16,19 @@ FOLLOW_INTERVAL: Final = 0.2
 _CHUNK: Final = 64 * 1024
 
 
-def last_lines(path: str, count: int, backups: int = 1) -> list[bytes]:
-    """The last ``count`` lines of the log, reaching into its newest backups if it is short."""
-    wanted: deque[bytes] = deque(maxlen=count)
+def existing_backups(path: str) -> int:
+    """How many numbered backups (``.1``, ``.2``, ...) of the log exist, without a gap."""
+    n = 0
+    while os.path.exists(backup_path(path, n + 1)):
+        n += 1
+    return n
+
+
+def last_lines(path: str, count: int, backups: int | None = None) -> list[bytes]:
+    """The last ``count`` lines of the log, reaching into its backups if it is short."""
+    if backups is None:
+        backups = existing_backups(path)
+    wanted: deque[bytes] = deque(maxlen=max(count, 0))
     for name in [backup_path(path, n) for n in range(backups, 0, -1)] + [path]:
         try:
             with open(name, "rb") as file:
