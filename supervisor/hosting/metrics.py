@@ -14,11 +14,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from worker.stats import LATENCY_BUCKETS
+
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
-LATENCY_BUCKETS: Final = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-)  # fmt: skip
-"""Seconds; the same buckets on both sides of the channel, so counts add up."""
 
 Labels = tuple[tuple[str, str], ...]
 
