@@ -1,0 +1,36 @@
+"""Choosing whom to hibernate: idle past the limit, or the least recently used past the cap."""
+
+from __future__ import annotations
+
+from supervisor.hosting.hibernation import UsageClock
+
+
+def test_sessions_unused_for_the_idle_limit_are_found_oldest_first() -> None:
+    clock = UsageClock(idle_stop=10.0, max_live=None)
+    clock.used("a", 0.0)
+    clock.used("b", 5.0)
+    clock.used("c", 8.0)
+    clock.used("a", 9.0)  # a use moves a session to the back
+    assert clock.next_idle_check() == 15.0
+    assert clock.idle(16.0) == ["b"]
+    assert clock.idle(19.0) == ["b", "c", "a"]
+    clock.forget("b")
+    assert clock.next_idle_check() == 18.0
+
+
+def test_past_the_cap_the_least_recently_used_idle_sessions_make_room() -> None:
+    clock = UsageClock(idle_stop=None, max_live=2)
+    for n, session in enumerate(["a", "b", "c"]):
+        clock.used(session, float(n))
+    assert clock.over_cap(busy=lambda s: False) == ["a"]
+    assert clock.over_cap(busy=lambda s: s == "a") == ["b"]  # a request waits on a
+    assert clock.over_cap(busy=lambda s: False, room_for=1) == ["a", "b"]
+    assert clock.idle(100.0) == []  # no idle limit set
+
+
+def test_with_neither_limit_nothing_is_ever_hibernated() -> None:
+    clock = UsageClock(idle_stop=None, max_live=None)
+    clock.used("a", 0.0)
+    assert not clock.enabled
+    assert clock.over_cap(busy=lambda s: False) == []
+    assert clock.next_idle_check() is None
