@@ -6,9 +6,11 @@ import asyncio
 
 import pytest
 
+from supervisor.hosting.daemon_metrics import DaemonMetrics
 from supervisor.hosting.metrics import Registry
 from supervisor.hosting.metrics_http import parse_listen, serve_metrics
 from tests.promtext import ExpositionError, parse
+from worker.stats import WorkerStats
 
 
 def test_an_exposition_of_every_kind_parses_and_reads_back() -> None:
@@ -108,3 +110,26 @@ def test_the_http_endpoint_serves_the_exposition_and_refuses_other_paths() -> No
 def test_a_bad_listen_address_is_refused_with_an_example(text: str) -> None:
     with pytest.raises(ValueError, match="expected HOST:PORT"):
         parse_listen(text)
+
+
+def test_worker_counters_survive_the_worker_and_add_across_workers() -> None:
+    states = ["RUNNING", "IDLE", "IDLE"]
+    metrics = DaemonMetrics(lambda: states, lambda: [1000, 2000], ["RUNNING", "IDLE", "FATAL"])
+    first = WorkerStats(requests=3, bytes_written=300)
+    first.fsync.observe(0.002)
+    metrics.on_report("a", first.snapshot())
+    metrics.on_worker_gone("a")  # hibernated: its counts are kept
+    second = WorkerStats(requests=2, bytes_written=50)
+    second.fsync.observe(0.02)
+    metrics.on_report("b", second.snapshot())
+    metrics.restarts += 1
+    families = parse(metrics.render())
+    assert families["loopd_requests_total"].value() == 5
+    assert families["loopd_appended_bytes_total"].value() == 350
+    assert families["loopd_fsync_seconds"].total("_count") == 2
+    assert families["loopd_restarts_total"].value() == 1
+    assert families["loopd_sessions"].value(state="IDLE") == 2
+    assert families["loopd_sessions"].value(state="FATAL") == 0
+    assert families["loopd_live_workers"].value() == 2
+    assert families["loopd_workers_rss_bytes"].value() == 3000
+    assert families["loopd_supervisor_rss_bytes"].value() > 0
