@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
+from supervisor.errors import IllegalTransition
 from supervisor.hosting.hibernation import UsageClock
+from supervisor.states import State, StateMachine
 
 
 def test_sessions_unused_for_the_idle_limit_are_found_oldest_first() -> None:
@@ -34,3 +38,17 @@ def test_with_neither_limit_nothing_is_ever_hibernated() -> None:
     assert not clock.enabled
     assert clock.over_cap(busy=lambda s: False) == []
     assert clock.next_idle_check() is None
+
+
+def test_a_session_hibernates_through_stopping_and_wakes_only_by_starting() -> None:
+    moves: list[tuple[State, State]] = []
+    machine = StateMachine("s1", State.RUNNING, observer=lambda a, b: moves.append((a, b)))
+    machine.move(State.STOPPING)
+    machine.move(State.IDLE)
+    with pytest.raises(IllegalTransition, match="no move from IDLE to RUNNING"):
+        machine.move(State.RUNNING)
+    machine.move(State.STARTING)
+    assert moves == [
+        (State.RUNNING, State.STOPPING), (State.STOPPING, State.IDLE),
+        (State.IDLE, State.STARTING),
+    ]  # fmt: skip

@@ -1,0 +1,319 @@
+"""The hosting features inside the daemon's loop: events, metrics, logs, hibernation,
+memory caps and systemd, fed by the hosted sessions' state changes and reports.
+
+Everything here runs in the daemon's one asyncio loop: worker output arrives through
+``add_reader`` on a non-blocking pipe, the idle check is one timer for the least
+recently used session, the RSS check is one slow timer plus a look at each report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Final, Protocol
+
+from supervisor.hosting.daemon_metrics import DaemonMetrics
+from supervisor.hosting.events import Event, EventHub
+from supervisor.hosting.hibernation import UsageClock
+from supervisor.hosting.intent import IntentFile
+from supervisor.hosting.sd_notify import Notifier
+from supervisor.hosting.session_log import SessionLog, log_path
+from supervisor.hosting.settings import HostingSettings
+from supervisor.states import State
+
+READ_SIZE: Final = 64 * 1024
+RSS_SAMPLE_GAP: Final = 1.0
+"""Seconds between two RSS samples of one worker taken at its reports."""
+STATUS_GAP: Final = 2.0
+"""Seconds between two STATUS= lines to systemd."""
+_AGAIN: Final = frozenset({errno.EAGAIN, errno.EINTR})
+
+
+class Worker(Protocol):
+    @property
+    def pid(self) -> int: ...
+    def rss_bytes(self) -> int | None: ...
+    def kill(self) -> bool: ...
+
+
+class Hosted(Protocol):
+    """What the hosting features need of a hosted session."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def state(self) -> State: ...
+    @property
+    def worker(self) -> Worker | None: ...
+    @property
+    def last_error(self) -> str | None: ...
+    @property
+    def busy(self) -> bool: ...
+    def hibernate(self) -> None: ...
+    def restart_for_memory(self, why: str) -> None: ...
+
+
+class Hosting:
+    """One per daemon: receives state changes and reports, runs the hosting timers."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        home: str,
+        settings: HostingSettings,
+        sessions: Mapping[str, Hosted],
+        report: Callable[[str], None],
+        notifier: Notifier | None = None,
+    ) -> None:
+        self.loop = loop
+        self.home = home
+        self.settings = settings
+        self.sessions = sessions
+        self.report = report
+        self.notifier = notifier or Notifier.from_environ()
+        self.intent = IntentFile(home)
+        self.events = EventHub(report)
+        self.clock = UsageClock(idle_stop=settings.idle_stop, max_live=settings.max_live)
+        self.metrics = DaemonMetrics(
+            lambda: (h.state.value for h in sessions.values()),
+            self._live_rss,
+            [s.value for s in State],
+        )
+        self._logs: dict[str, SessionLog] = {}
+        self._requests: dict[str, int] = {}
+        self._sampled: dict[str, float] = {}
+        self._epochs: dict[str, int] = {}
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._ready_sent = False
+        self._last_status = 0.0
+
+    # -- lifecycle of the daemon ---------------------------------------------------------
+
+    def begin(self) -> None:
+        """Start the slow timers (after the socket listens)."""
+        interval = self.notifier.watchdog_interval()
+        if interval is not None:
+            self._every("watchdog", interval, self.notifier.watchdog)
+        if self.settings.max_rss_mb is not None:
+            self._every("rss", self.settings.rss_check_interval, self._check_all_rss)
+
+    def all_started(self) -> None:
+        """Every existing session has been started or hibernated: READY=1, once."""
+        if not self._ready_sent:
+            self._ready_sent = True
+            self.notifier.ready(self.summary())
+
+    def stopping(self) -> None:
+        self.notifier.stopping("stopping every worker")
+
+    def close(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        for log in self._logs.values():
+            log.close()
+        self._logs.clear()
+        self.notifier.close()
+
+    def summary(self) -> str:
+        counts: dict[str, int] = {}
+        for hosted in self.sessions.values():
+            counts[hosted.state.value] = counts.get(hosted.state.value, 0) + 1
+        shown = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
+        return f"{len(self.sessions)} sessions" + (f": {shown}" if shown else "")
+
+    # -- state changes -------------------------------------------------------------------
+
+    def on_move(self, hosted: Hosted, old: State, new: State, reason: str = "") -> None:
+        worker = hosted.worker
+        self.metrics.events += 1
+        if new is State.BACKOFF:
+            self.metrics.restarts += 1
+        elif new is State.IDLE:
+            self.metrics.hibernations += 1
+        elif new is State.STARTING and old is State.IDLE:
+            self.metrics.wakeups += 1
+        self.events.publish(
+            Event(session=hosted.id, from_state=old.value, to_state=new.value,
+                  reason=reason or _reason(old, new, hosted.last_error),
+                  pid=worker.pid if worker is not None else None)
+        )  # fmt: skip
+        if new is State.RUNNING:
+            self._used(hosted.id)
+        elif old is State.RUNNING:
+            self.clock.forget(hosted.id)
+            self._arm_idle_timer()
+        if new is State.STARTING and self.settings.max_live is not None:
+            for session in self.clock.over_cap(self._busy, room_for=1):
+                self.sessions[session].hibernate()
+        now = time.monotonic()
+        if self._ready_sent and now - self._last_status >= STATUS_GAP:
+            self._last_status = now
+            self.notifier.status(self.summary())
+
+    def on_exit(self, hosted: Hosted, pid: int, code: int) -> None:
+        """A worker was reaped: its exit goes to the events, its counters to the totals."""
+        self.metrics.on_worker_gone(hosted.id)
+        self._requests.pop(hosted.id, None)
+        self._sampled.pop(hosted.id, None)
+        exit_code, signal = (None, -code) if code < 0 else (code, None)
+        self.events.publish(
+            Event(session=hosted.id, from_state=hosted.state.value, to_state=hosted.state.value,
+                  reason="worker exited", pid=pid, exit_code=exit_code, signal=signal)
+        )  # fmt: skip
+        log = self._logs.get(hosted.id)
+        if log is not None:
+            log.note(f"worker {pid} exited: " + (f"signal {signal}" if signal else f"code {code}"))
+
+    def on_report(self, hosted: Hosted, message: Mapping[str, object]) -> None:
+        """A worker's heartbeat or reply carried its state and counters."""
+        stats = message.get("stats")
+        if isinstance(stats, dict):
+            self.metrics.on_report(hosted.id, stats)
+            requests = stats.get("requests")
+            if isinstance(requests, int) and requests != self._requests.get(hosted.id):
+                self._requests[hosted.id] = requests
+                self._used(hosted.id)
+                self._sample_rss(hosted)
+        state = message.get("state")
+        epoch = state.get("epoch") if isinstance(state, dict) else None
+        if isinstance(epoch, int):
+            before = self._epochs.get(hosted.id)
+            if before is not None and epoch > before:
+                self.metrics.epoch_changes += epoch - before
+            self._epochs[hosted.id] = epoch
+
+    def on_attach(self, hosted: Hosted) -> None:
+        """A client asked for a connection: the session is in use."""
+        if hosted.id in self.clock:
+            self._used(hosted.id)
+
+    # -- worker output -------------------------------------------------------------------
+
+    def watch_output(self, session: str, fd: int) -> None:
+        """Read a worker's stdout and stderr (one pipe) into its log file."""
+        os.set_blocking(fd, False)
+        log = self._logs.get(session)
+        if log is None:
+            log = self._logs[session] = SessionLog(
+                log_path(self.home, session), max_bytes=self.settings.log_max_bytes,
+                backups=self.settings.log_backups,
+            )  # fmt: skip
+        self.loop.add_reader(fd, self._read_output, session, fd, log)
+
+    def _read_output(self, session: str, fd: int, log: SessionLog) -> None:
+        try:
+            data = os.read(fd, READ_SIZE)
+        except OSError as exc:
+            if exc.errno in _AGAIN:
+                return
+            data = b""
+        if data:
+            try:
+                log.feed(data)
+            except OSError as exc:
+                self.report(f"session {session}: cannot write its log: {exc}")
+            return
+        # End of the pipe: every holder of its write end (the worker) is gone.
+        self.loop.remove_reader(fd)
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            log.close()
+        if self._logs.get(session) is log:
+            del self._logs[session]
+
+    # -- hibernation ---------------------------------------------------------------------
+
+    def _used(self, session: str) -> None:
+        first = session not in self.clock
+        self.clock.used(session, time.monotonic())
+        if first:
+            self._arm_idle_timer()
+
+    def _busy(self, session: str) -> bool:
+        hosted = self.sessions.get(session)
+        return hosted is None or hosted.busy or hosted.state is not State.RUNNING
+
+    def _arm_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        when = self.clock.next_idle_check()
+        if when is not None:
+            self._idle_timer = self.loop.call_at(when, self._idle_check)
+
+    def _idle_check(self) -> None:
+        self._idle_timer = None
+        for session in self.clock.idle(time.monotonic()):
+            hosted = self.sessions.get(session)
+            if hosted is None or self._busy(session):
+                self._used(session)  # look again a full period later
+            else:
+                self.clock.forget(session)
+                hosted.hibernate()
+        self._arm_idle_timer()
+
+    # -- memory caps -----------------------------------------------------------------------
+
+    def _sample_rss(self, hosted: Hosted) -> None:
+        if self.settings.max_rss_mb is None:
+            return
+        now = time.monotonic()
+        if now - self._sampled.get(hosted.id, 0.0) < RSS_SAMPLE_GAP:
+            return
+        self._sampled[hosted.id] = now
+        self._check_rss(hosted)
+
+    def _check_all_rss(self) -> None:
+        for hosted in list(self.sessions.values()):
+            if hosted.state is State.RUNNING:
+                self._check_rss(hosted)
+
+    def _check_rss(self, hosted: Hosted) -> None:
+        limit = self.settings.max_rss_mb
+        worker = hosted.worker
+        if limit is None or worker is None:
+            return
+        rss = worker.rss_bytes()
+        if rss is not None and rss > limit * 2**20:
+            self.metrics.memory_restarts += 1
+            hosted.restart_for_memory(
+                f"rss {rss / 2**20:.0f} MiB past --max-rss {limit} MiB: restarted"
+            )
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _live_rss(self) -> list[int]:
+        found = []
+        for hosted in self.sessions.values():
+            worker = hosted.worker
+            rss = worker.rss_bytes() if worker is not None else None
+            if rss is not None:
+                found.append(rss)
+        return found
+
+    def _every(self, name: str, interval: float, action: Callable[[], object]) -> None:
+        def tick() -> None:
+            action()
+            self._timers[name] = self.loop.call_later(interval, tick)
+
+        self._timers[name] = self.loop.call_later(interval, tick)
+
+
+def _reason(old: State, new: State, last_error: str | None) -> str:
+    if new in (State.BACKOFF, State.FATAL) and last_error:
+        return last_error
+    return {
+        State.STARTING: "woken by a request" if old is State.IDLE else "starting",
+        State.RUNNING: "ready",
+        State.STOPPING: "stopping",
+        State.STOPPED: "stopped",
+        State.IDLE: "hibernated",
+        State.EXITED: "worker exited by itself",
+    }.get(new, "")
