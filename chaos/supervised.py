@@ -20,7 +20,7 @@ from typing import Final
 
 import psutil
 
-from supervisor.client import call, call_with_retry
+from supervisor.client import Client, call, call_with_retry
 from supervisor.daemon import SOCKET_NAME
 from supervisor.errors import ControlError
 from worker import durable
@@ -149,15 +149,17 @@ def _wait_listening(home: str, daemon: subprocess.Popen[bytes], deadline: float)
 def _client(
     home: str, session: str, requests: int, deadline: float, report: SupervisedReport
 ) -> None:
-    for n in range(requests):
-        key = f"{session}-req-{n}"
-        try:
-            call_with_retry(home, "send", session=session, text=f"load {key}", key=key,
-                            deadline=deadline)  # fmt: skip
-        except ControlError as exc:
-            report.failures.append(f"{key}: {exc}")
-            return
-        report.acknowledged[session].append(key)
+    # Straight to the worker (the data path); after a death the client reconnects
+    # through the daemon and sends the unanswered request again with its key.
+    with Client(home, retry_for=max(1.0, deadline - time.monotonic())) as client:
+        for n in range(requests):
+            key = f"{session}-req-{n}"
+            try:
+                client.send(session, f"load {key}", key=key)
+            except ControlError as exc:
+                report.failures.append(f"{key}: {exc}")
+                return
+            report.acknowledged[session].append(key)
 
 
 def _killer(
@@ -189,7 +191,7 @@ def _check(home: str, report: SupervisedReport) -> None:
             keys.extend(r.key for r in records if isinstance(r, User) and r.key)
 
         try:
-            load_session(session_dir(home, session), session, on_epoch=collect)
+            load_session(session_dir(home, session), session, on_epoch=collect, history=True)
         except SessionError as exc:
             report.violations.append(f"{session} does not verify: {exc}")
             continue

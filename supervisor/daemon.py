@@ -1,40 +1,48 @@
-"""``loopd serve``: one supervisor per home, one worker per session, one selector loop.
+"""``loopd serve``: one supervisor per home, one worker per session, one asyncio loop.
 
-Deaths are noticed through each worker's pidfd becoming readable; timers exist only for
-backoff and stop deadlines, so an idle supervisor sleeps in ``select`` with no timeout.
+Everything the daemon does is a callback of one single-threaded asyncio loop: control
+connections are transports with bounded buffers and flow control, worker deaths arrive
+through each worker's pidfd (``add_reader``), timers exist only for backoff, stop
+deadlines and hang checks, and signals come through ``add_signal_handler``. Nothing in a
+callback blocks, so no client and no worker can stall the others; an idle supervisor
+sleeps in ``epoll_wait`` and uses no CPU.
 """
 
 from __future__ import annotations
 
-import contextlib
-import heapq
-import itertools
+import asyncio
 import os
 import random
-import selectors
 import signal
 import socket
-import struct
-import time
+import sys
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from supervisor.errors import HomeLocked
-from supervisor.hosted import HostedSession, Waiter
+from supervisor.connection import FramedConnection, connect
+from supervisor.endpoints import Waiter
+from supervisor.errors import HomeLocked, ServeError
+from supervisor.hosted import HostedSession
+from supervisor.listener import SOCKET_NAME, Listener
 from supervisor.operations import dispatch
+from supervisor.peer import make_private_dirs
 from supervisor.spawn import StartMethod, WorkerProcess, WorkerSpec
 from supervisor.states import RestartPolicy, State
-from worker.errors import InvalidSessionId, SessionLocked
+from worker.errors import InvalidSessionId, SessionIOError, SessionLocked
 from worker.layout import SESSIONS_DIR
 from worker.lock import lock_directory
 from worker.session_id import validate_session_id
-from worker.wire import Channel, Message, WireError, error
+from worker.wire import Message, WireError, error
 
-SOCKET_NAME: Final = "loopd.sock"
+__all__ = ["SOCKET_NAME", "ClientConnection", "ServeConfig", "Supervisor"]
+
 STARTS_PER_TURN: Final = 8
-_PEERCRED: Final = struct.Struct("3i")  # pid, uid, gid
+MAX_PENDING: Final = 256
+"""Requests of one connection awaiting their reply before the daemon stops reading it."""
+LINK_GRACE: Final = 1.0
+"""Seconds to wait, after a worker's death, for the end of its channel (its last words)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,6 +57,8 @@ class ServeConfig:
     backoff_base: float = 0.1
     backoff_cap: float = 5.0
     stable_after: float = 5.0
+    hang_timeout: float = 30.0
+    request_deadline: float | None = None
     seed: int | None = None
     worker_env: dict[str, str] = field(default_factory=dict)
     start_method: StartMethod = StartMethod.FORK
@@ -60,20 +70,73 @@ class ServeConfig:
         )  # fmt: skip
 
 
-class ClientConnection:
-    """One control connection (a peer of our own uid)."""
+class ClientConnection(FramedConnection):
+    """One control connection (a peer of our own uid); every request gets one reply."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        sock.settimeout(5.0)  # a client that stops reading cannot stall the daemon for long
-        self.channel = Channel(sock)
+    def __init__(self, sock: socket.socket, daemon: Supervisor) -> None:
+        super().__init__(sock)
+        self.daemon = daemon
+        self.pending = 0
+
+    def on_message(self, message: Message) -> None:
+        self.pending += 1
+        if self.pending >= MAX_PENDING:
+            self.pause_reading_for("pending")  # answer what it asked before reading more
+        dispatch(self.daemon, self, message)
+
+    def _answered(self) -> None:
+        if self.pending:
+            self.pending -= 1
+        if self.pending <= MAX_PENDING // 2:
+            self.resume_reading_for("pending")
 
     def reply(self, message: Message) -> None:
-        if self.channel.closed:
-            return
+        self._answered()
         try:
-            self.channel.send(message)
-        except (OSError, WireError):
-            self.channel.close()
+            self.send(message)
+        except WireError as exc:
+            self.send(error(message.get("id"), "too_large", str(exc)))
+
+    def reply_with_fd(self, message: Message, fd: int) -> bool:
+        """Reply with a descriptor attached; False (nothing sent) if it cannot go now."""
+        if not self.send_with_fd(message, fd):
+            return False
+        self._answered()
+        return True
+
+    def on_closed(self) -> None:
+        self.daemon.clients.discard(self)
+
+
+class WorkerLink(FramedConnection):
+    """The daemon's end of a worker's control channel."""
+
+    def __init__(self, sock: socket.socket, hosted: HostedSession) -> None:
+        super().__init__(sock)
+        self.hosted = hosted
+        self.on_end: Callable[[], None] = lambda: None
+
+    def on_message(self, message: Message) -> None:
+        self.hosted.on_worker_message(message)
+
+    def on_bad_frame(self, exc: WireError) -> None:
+        self.hosted.on_worker_broke_protocol(str(exc))
+        self.abort()
+
+    def on_closed(self) -> None:
+        self.on_end()
+
+
+@dataclass(slots=True)
+class _Watch:
+    """A worker's two ends: its pidfd firing and its channel's end of stream."""
+
+    hosted: HostedSession
+    worker: WorkerProcess
+    link: WorkerLink
+    died: bool = False
+    link_ended: bool = False
+    grace: asyncio.TimerHandle | None = None
 
 
 class Supervisor:
@@ -82,135 +145,152 @@ class Supervisor:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.home = os.path.abspath(config.home)
-        self.selector = selectors.DefaultSelector()
+        self.loop = asyncio.new_event_loop()
         self.sessions: dict[str, HostedSession] = {}
+        self.clients: set[ClientConnection] = set()
         self.rng = random.Random(config.seed)
-        self._timers: list[tuple[float, int, Callable[[], None]]] = []
-        self._cancelled: set[int] = set()
-        self._counter = itertools.count()
+        self._tasks: set[asyncio.Task[object]] = set()
         self._shutting_down = False
-        self._home_fd: int | None = None
-        self._listener: socket.socket | None = None
+        self._done: asyncio.Future[None] = self.loop.create_future()
+        self._listener = Listener(self.loop, self.home, self._on_client, self.report)
         self._to_start: deque[HostedSession] = deque()
 
     # -- the Loop protocol of HostedSession ---------------------------------------------
 
-    def watch_worker(self, hosted: HostedSession, worker: WorkerProcess) -> None:
-        self.selector.register(worker.pidfd, selectors.EVENT_READ, hosted.on_exit)
-        self.selector.register(
-            worker.channel, selectors.EVENT_READ,
-            lambda: self._on_worker_channel(hosted, worker),
-        )  # fmt: skip
+    def watch_worker(self, hosted: HostedSession, worker: WorkerProcess) -> WorkerLink:
+        link = WorkerLink(worker.sock, hosted)
+        watch = _Watch(hosted, worker, link)
+        link.on_end = lambda: self._link_ended(watch)
+        connect(self.loop, link, self._tasks, lambda _exc: self._link_ended(watch))
+        self.loop.add_reader(worker.pidfd, self._worker_died, watch)
+        return link
 
     def unwatch_worker(self, worker: WorkerProcess) -> None:
-        self.selector.unregister(worker.pidfd)
-        # The channel is unregistered at its end of stream, unless the final drain in
-        # on_exit saw that end first: then it is still registered here.
-        with contextlib.suppress(KeyError):
-            self.selector.unregister(worker.channel)
+        """Nothing left to do: the pidfd reader went at the death, the channel at its end."""
 
     def call_at(self, when: float, callback: Callable[[], None]) -> object:
-        ticket = next(self._counter)
-        heapq.heappush(self._timers, (when, ticket, callback))
-        return ticket
+        return self.loop.call_at(when, callback)  # loop.time() is time.monotonic()
 
     def cancel(self, timer: object) -> None:
-        if isinstance(timer, int):
-            self._cancelled.add(timer)
+        if isinstance(timer, asyncio.TimerHandle):
+            timer.cancel()
 
-    def _on_worker_channel(self, hosted: HostedSession, worker: WorkerProcess) -> None:
-        hosted.on_channel_readable(worker.channel)
-        if worker.channel.closed:
-            # End of stream: stop watching the socket; the pidfd reports the death.
-            self.selector.unregister(worker.channel)
+    def _worker_died(self, watch: _Watch) -> None:
+        self.loop.remove_reader(watch.worker.pidfd)
+        watch.died = True
+        if watch.link_ended:
+            self._finish(watch)
+        else:
+            # Its last words (an "exiting" reason, late replies) are still in the socket:
+            # wait for their end of stream, but not forever (a grandchild may hold it).
+            watch.grace = self.loop.call_later(LINK_GRACE, self._give_up_on_link, watch)
+
+    def _give_up_on_link(self, watch: _Watch) -> None:
+        if watch.link.transport is None:
+            watch.link.sock.close()
+            self._link_ended(watch)
+        else:
+            watch.link.abort()  # connection_lost follows and ends the link
+
+    def _link_ended(self, watch: _Watch) -> None:
+        if watch.link_ended:
+            return
+        watch.link_ended = True
+        if watch.died:
+            self._finish(watch)
+
+    def _finish(self, watch: _Watch) -> None:
+        if watch.grace is not None:
+            watch.grace.cancel()
+        watch.hosted.on_exit()
+        self._check_done()
 
     # -- running -----------------------------------------------------------------------
 
     def run(self) -> int:
         """Serve until SIGTERM or SIGINT; then stop every worker and return 0."""
-        os.makedirs(os.path.join(self.home, SESSIONS_DIR), mode=0o700, exist_ok=True)
         try:
-            self._home_fd = lock_directory(self.home)
-        except SessionLocked as exc:
-            raise HomeLocked(self.home, exc.pid) from exc
-        wake_read, wake_write = socket.socketpair()
-        wake_read.setblocking(False)
-        wake_write.setblocking(False)
-        previous = signal.set_wakeup_fd(wake_write.fileno(), warn_on_full_buffer=False)
-        handlers = {
-            sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)
-        }
+            home_fd = self._claim_home()
+        except BaseException:
+            self.loop.close()
+            raise
         try:
-            self._listen()
-            self.selector.register(
-                wake_read, selectors.EVENT_READ, lambda: self._on_signal(wake_read)
-            )
-            # Started a few per loop turn, so the control socket answers during a mass start.
+            self._listener.open()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.loop.add_signal_handler(sig, self._on_signal)
             self._to_start.extend(self._host(self._spec(s)) for s in self._existing_sessions())
-            self._loop()
+            self.loop.call_soon(self._start_some)
+            self.loop.run_until_complete(self._done)
         finally:
-            signal.set_wakeup_fd(previous)
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
-            wake_read.close()
-            wake_write.close()
-            self._close_listener()
-            os.close(self._home_fd)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.loop.remove_signal_handler(sig)
+            self._listener.close()
+            for client in list(self.clients):
+                client.abort()
+            for task in self._tasks:
+                task.cancel()  # connections still being set up
+            self.loop.run_until_complete(asyncio.sleep(0))  # let the transports close
+            self.loop.close()
+            os.close(home_fd)
         return 0
 
-    def _loop(self) -> None:
-        while not (self._shutting_down and self._all_down()):
-            timeout = None
-            while self._timers and self._timers[0][1] in self._cancelled:
-                self._cancelled.discard(heapq.heappop(self._timers)[1])
-            if self._timers:
-                timeout = max(0.0, self._timers[0][0] - time.monotonic())
-            if self._to_start:
-                timeout = 0.0
-                for _ in range(min(STARTS_PER_TURN, len(self._to_start))):
-                    hosted = self._to_start.popleft()
-                    if hosted.state is State.STOPPED and not self._shutting_down:
-                        hosted.start()
-            for key, _events in self.selector.select(timeout):
-                if self.selector.get_map().get(key.fd) is not key:
-                    # An earlier callback of this batch unregistered (and closed) this
-                    # file: a worker's pidfd and its channel's end of stream often land in
-                    # one batch, and reaping the worker closes the channel. The event is
-                    # stale; its fd number may already belong to someone else.
-                    continue
-                callback: Callable[[], None] = key.data
-                callback()
-            now = time.monotonic()
-            while self._timers and self._timers[0][0] <= now:
-                _when, ticket, callback = heapq.heappop(self._timers)
-                if ticket in self._cancelled:
-                    self._cancelled.discard(ticket)
-                else:
-                    callback()
+    def _claim_home(self) -> int:
+        """Make the home (0700 whatever the umask) and take its lock; return the lock's fd."""
+        sessions = os.path.join(self.home, SESSIONS_DIR)
+        try:
+            make_private_dirs(self.home)
+            make_private_dirs(sessions)
+            return lock_directory(self.home)
+        except SessionLocked as exc:
+            raise HomeLocked(self.home, exc.pid) from exc
+        except SessionIOError as exc:
+            raise ServeError(f"{exc}; choose a directory you own on a local file system") from exc
+        except OSError as exc:
+            raise ServeError(
+                f"{exc.filename or self.home}: cannot use this home: {exc.strerror}; "
+                "choose a directory you own on a local file system"
+            ) from exc
+
+    def report(self, line: str) -> None:
+        """One line on stderr for the operator (serve's output is its log)."""
+        print(f"loopd serve: {line}", file=sys.stderr, flush=True)
+
+    def _start_some(self) -> None:
+        """Start a few sessions a loop turn, so the control socket answers a mass start."""
+        for _ in range(min(STARTS_PER_TURN, len(self._to_start))):
+            hosted = self._to_start.popleft()
+            if hosted.state is State.STOPPED and not self._shutting_down:
+                hosted.start()
+        if self._to_start:
+            self.loop.call_soon(self._start_some)
+
+    def _check_done(self) -> None:
+        if self._shutting_down and self._all_down() and not self._done.done():
+            self._done.set_result(None)
 
     def _all_down(self) -> bool:
         return all(h.worker is None for h in self.sessions.values())
 
-    def _on_signal(self, wake: socket.socket) -> None:
-        try:
-            wake.recv(4096)
-        except BlockingIOError:
-            return
+    def _on_signal(self) -> None:
         if not self._shutting_down:
             self._shutting_down = True
-            self._close_listener()
+            self._listener.close()
             for hosted in self.sessions.values():
                 hosted.stop()
+        self._check_done()
 
     def _spec(self, session_id: str, *, create: bool = False, slot: int = 0) -> WorkerSpec:
         return WorkerSpec(
             home=self.home, session=session_id, create=create, slot=slot, app=self.config.app,
             budget=self.config.budget, extra_env=dict(self.config.worker_env),
-            start_method=self.config.start_method,
+            start_method=self.config.start_method, heartbeat=self.config.hang_timeout / 4,
+            request_deadline=self.config.request_deadline,
         )  # fmt: skip
 
     def _host(self, spec: WorkerSpec) -> HostedSession:
-        hosted = HostedSession(self, spec, self.config.policy(), self.rng)
+        hosted = HostedSession(
+            self, spec, self.config.policy(), self.rng, hang_timeout=self.config.hang_timeout
+        )
         self.sessions[spec.session] = hosted
         return hosted
 
@@ -225,70 +305,10 @@ class Supervisor:
 
     # -- the control socket ---------------------------------------------------------------
 
-    def _listen(self) -> None:
-        path = os.path.join(self.home, SOCKET_NAME)
-        # Bound under another name and renamed into place once listening: a client that
-        # waits for the socket file never finds one that refuses it (ECONNREFUSED
-        # between bind and listen).
-        staging = path + ".new"
-        for stale in (path, staging):
-            if os.path.exists(stale):
-                os.unlink(stale)  # we hold the home lock, so no live daemon owns it
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old_umask = os.umask(0o177)  # the socket is born 0600: no window where it is wider
-        try:
-            listener.bind(staging)
-        finally:
-            os.umask(old_umask)
-        os.chmod(staging, 0o600)
-        listener.listen(64)
-        os.rename(staging, path)
-        listener.setblocking(False)
-        self._listener = listener
-        self.selector.register(listener, selectors.EVENT_READ, self._on_accept)
-
-    def _close_listener(self) -> None:
-        if self._listener is not None:
-            self.selector.unregister(self._listener)
-            self._listener.close()
-            self._listener = None
-            path = os.path.join(self.home, SOCKET_NAME)
-            if os.path.exists(path):
-                os.unlink(path)
-
-    def _on_accept(self) -> None:
-        assert self._listener is not None
-        try:
-            sock, _addr = self._listener.accept()
-        except BlockingIOError:
-            return
-        _pid, uid, _gid = _PEERCRED.unpack(
-            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-        )
-        if uid != os.getuid():
-            sock.close()  # peers of another uid are refused
-            return
-        client = ClientConnection(sock)
-        self.selector.register(
-            client.channel, selectors.EVENT_READ, lambda: self._on_client(client)
-        )
-
-    def _on_client(self, client: ClientConnection) -> None:
-        try:
-            messages = client.channel.read_nowait()
-        except (WireError, OSError) as exc:
-            client.reply(error(None, "bad_frame", str(exc)))
-            self.selector.unregister(client.channel)
-            client.channel.close()
-            return
-        for message in messages:
-            self._dispatch(client, message)
-        if client.channel.closed:
-            self.selector.unregister(client.channel)
-            client.channel.close()
-
-    def _dispatch(self, client: ClientConnection, message: Message) -> None:
-        dispatch(self, client, message)
+    def _on_client(self, sock: socket.socket) -> None:
+        client = ClientConnection(sock, self)
+        self.clients.add(client)
+        connect(self.loop, client, self._tasks, lambda _exc: self.clients.discard(client))
 
     # -- used by operations -------------------------------------------------------------
 
@@ -310,6 +330,13 @@ class Supervisor:
 
     def statuses(self) -> list[Message]:
         return [h.status() for _, h in sorted(self.sessions.items())]
+
+    def daemon_status(self) -> Message:
+        return {
+            "pid": os.getpid(),
+            "clients": len(self.clients),
+            "accept_exhausted": self._listener.exhausted,
+        }
 
     def is_running(self, session_id: str) -> bool:
         hosted = self.sessions.get(session_id)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Final
+from typing import Final, NoReturn
 
 import click
 
-from supervisor.client import call
+from supervisor.client import Client, call
 from supervisor.daemon import ServeConfig, Supervisor
-from supervisor.errors import ControlError, HomeLocked
-from supervisor.options import home_option
+from supervisor.errors import ControlError, HomeLocked, ServeError
+from supervisor.options import home_option, timeout_option
 from supervisor.spawn import StartMethod
 from supervisor.status_table import status_lines
 
@@ -23,12 +23,16 @@ STATUS_COLUMNS: Final = (
 )  # fmt: skip
 
 
-def _call(home: str, op: str, **fields: object) -> object:
+def _call(home: str, op: str, timeout: float, **fields: object) -> object:
     try:
-        return call(home, op, timeout=60.0, **fields)
+        return call(home, op, timeout=timeout, **fields)
     except ControlError as exc:
-        click.echo(f"loopd {op}: {exc.message} [{exc.code}]", err=True)
-        sys.exit(EXIT_ERROR)
+        _fail(op, exc)
+
+
+def _fail(op: str, exc: ControlError) -> NoReturn:
+    click.echo(f"loopd {op}: {exc.message} [{exc.code}]", err=True)
+    sys.exit(EXIT_ERROR)
 
 
 @click.command()
@@ -67,6 +71,20 @@ def _call(home: str, op: str, **fields: object) -> object:
     help="uptime, seconds, after which the backoff streak is forgotten.",
 )
 @click.option(
+    "--hang-timeout",
+    type=click.FloatRange(min=0.1),
+    default=30.0,
+    show_default=True,
+    help="seconds without a heartbeat from a worker's loop before it is killed and restarted.",
+)
+@click.option(
+    "--request-deadline",
+    type=click.FloatRange(min=0.01),
+    default=None,
+    help="seconds a worker may spend on one batch of requests before it is killed "
+    "(default: no deadline).",
+)
+@click.option(
     "--start-method",
     type=click.Choice([m.value for m in StartMethod]),
     default=StartMethod.FORK.value,
@@ -83,17 +101,20 @@ def serve(
     backoff_base: float,
     backoff_max: float,
     stable_after: float,
+    hang_timeout: float,
+    request_deadline: float | None,
     start_method: str,
 ) -> None:
     """Run the supervisor for HOME until SIGTERM or SIGINT (then stop every worker, exit 0)."""
     config = ServeConfig(
         home=home, app=app, budget=budget, max_restarts=max_restarts, window=restart_window,
         backoff_base=backoff_base, backoff_cap=backoff_max, stable_after=stable_after,
-        start_method=StartMethod(start_method),
+        start_method=StartMethod(start_method), hang_timeout=hang_timeout,
+        request_deadline=request_deadline,
     )  # fmt: skip
     try:
         code = Supervisor(config).run()
-    except HomeLocked as exc:
+    except (HomeLocked, ServeError) as exc:
         click.echo(f"loopd serve: {exc}", err=True)
         sys.exit(EXIT_ERROR)
     sys.exit(code)
@@ -101,24 +122,32 @@ def serve(
 
 @click.command()
 @home_option
+@timeout_option
 @click.argument("session_id", metavar="ID")
 @click.option("--slot", type=click.IntRange(min=0), default=0, show_default=True)
-def create(home: str, session_id: str, slot: int) -> None:
+def create(home: str, timeout: float, session_id: str, slot: int) -> None:
     """Create session ID and start its worker."""
-    _print_status([_call(home, "create", session=session_id, slot=slot)])
+    _print_status([_call(home, "create", timeout, session=session_id, slot=slot)])
 
 
 @click.command()
 @home_option
+@timeout_option
 @click.argument("session_id", metavar="ID")
 @click.argument("text")
-@click.option("--key", default=None, help="request key: a retry with it applies once.")
+@click.option(
+    "--key", default=None, help="request key: a retry with it applies once (default: a new one)."
+)
 @click.option("--untrusted", is_flag=True, help="mark the text as untrusted input.")
-def send(home: str, session_id: str, text: str, key: str | None, untrusted: bool) -> None:
-    """Send TEXT to session ID and print the reply."""
-    result = _call(
-        home, "send", session=session_id, text=text, key=key, untrusted=True if untrusted else None
-    )
+def send(
+    home: str, timeout: float, session_id: str, text: str, key: str | None, untrusted: bool
+) -> None:
+    """Send TEXT to session ID (straight to its worker) and print the reply."""
+    try:
+        with Client(home, timeout=timeout, retry_for=timeout) as client:
+            result = client.send(session_id, text, key=key, untrusted=untrusted)
+    except ControlError as exc:
+        _fail("send", exc)
     click.echo(json.dumps(result, sort_keys=True))
 
 
@@ -126,17 +155,19 @@ def send(home: str, session_id: str, text: str, key: str | None, untrusted: bool
 @home_option
 @click.argument("session_id", metavar="ID")
 @click.option("--summary", default=None, help="the epoch's summary (default: the app's).")
-def compact(home: str, session_id: str, summary: str | None) -> None:
+@timeout_option
+def compact(home: str, session_id: str, summary: str | None, timeout: float) -> None:
     """Close session ID's epoch now and start the next one."""
-    click.echo(json.dumps(_call(home, "compact", session=session_id, summary=summary)))
+    click.echo(json.dumps(_call(home, "compact", timeout, session=session_id, summary=summary)))
 
 
 def _lifecycle(op: str, doc: str) -> click.Command:
     @click.command(name=op, help=doc)
     @home_option
+    @timeout_option
     @click.argument("session_id", metavar="ID")
-    def command(home: str, session_id: str) -> None:
-        _print_status([_call(home, op, session=session_id)])
+    def command(home: str, timeout: float, session_id: str) -> None:
+        _print_status([_call(home, op, timeout, session=session_id)])
 
     return command
 
@@ -150,9 +181,10 @@ restart = _lifecycle("restart", "Stop, then start, session ID's worker.")
 @home_option
 @click.argument("session_id", metavar="[ID]", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object a session.")
-def status(home: str, session_id: str | None, as_json: bool) -> None:
+@timeout_option
+def status(home: str, session_id: str | None, as_json: bool, timeout: float) -> None:
     """Show each session: state, pid, epoch, records, restarts, uptime, rss, last error."""
-    result = _call(home, "status", session=session_id)
+    result = _call(home, "status", timeout, session=session_id)
     rows = result if isinstance(result, list) else []
     if as_json:
         click.echo(json.dumps(rows, indent=2))

@@ -14,7 +14,7 @@ from typing import Final
 import click
 import psutil
 
-from supervisor.client import call, call_with_retry
+from supervisor.client import Client, call
 from supervisor.daemon import SOCKET_NAME
 from supervisor.demo_checks import DemoChecks
 from supervisor.errors import ControlError
@@ -51,15 +51,17 @@ def _row(home: str, session: str) -> dict[str, object]:
 def _traffic(
     home: str, session: str, acknowledged: dict[str, list[str]], failures: list[str]
 ) -> None:
-    for n in range(REQUESTS):
-        key = f"{session}-{n}"
-        try:
-            call_with_retry(home, "send", session=session, text=f"request {n} for {session}",
-                            key=key, deadline=time.monotonic() + DEADLINE)  # fmt: skip
-        except ControlError as exc:
-            failures.append(f"{key}: {exc}")
-            return
-        acknowledged[session].append(key)
+    # Straight to the worker: the daemon only hands over the connection, and after a
+    # SIGKILL the client reconnects and sends what was unanswered again, by key.
+    with Client(home, retry_for=DEADLINE) as client:
+        for n in range(REQUESTS):
+            key = f"{session}-{n}"
+            try:
+                client.send(session, f"request {n} for {session}", key=key)
+            except ControlError as exc:
+                failures.append(f"{key}: {exc}")
+                return
+            acknowledged[session].append(key)
 
 
 def _print_table(rows: list[dict[str, object]]) -> None:
@@ -203,7 +205,7 @@ def _check_logs(home: str, acknowledged: dict[str, list[str]], checks: DemoCheck
         def collect(records: list[Record], seen: list[str] = seen) -> None:
             seen.extend(r.key for r in records if isinstance(r, User) and r.key)
 
-        load_session(session_dir(home, session), session, on_epoch=collect)
+        load_session(session_dir(home, session), session, on_epoch=collect, history=True)
         exact = exact and sorted(seen) == sorted(keys)
     checks.check("every acknowledged request is in its log exactly once", exact)
     verified = subprocess.run(

@@ -43,3 +43,14 @@ class ControlError(SupervisorError):
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
+
+
+class ServeError(SupervisorError):
+    """``loopd serve`` cannot run on this home; the message says what to do."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message

@@ -7,9 +7,11 @@ import random
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final, Protocol
 
+from supervisor.endpoints import Waiter, WorkerChannel
+from supervisor.handover import hand_over
+from supervisor.hang import HangWatch
 from supervisor.spawn import WorkerProcess, WorkerSpec
 from supervisor.states import RestartPolicy, State, StateMachine
 from worker.process import (
@@ -20,38 +22,28 @@ from worker.process import (
     EXIT_REFUSED,
     bounded,
 )
-from worker.wire import Channel, Message, WireError, error
+from worker.wire import Message, WireError, error
 
 STOP_DEADLINE: Final = 5.0
 MAX_QUEUED: Final = 1000
 MAX_LAST_ERROR: Final = 4000
 """Characters of ``last_error``: the worker's words (at most 2,000) and our next step."""
-
-
-class Client(Protocol):
-    """Where a reply goes (a control connection)."""
-
-    def reply(self, message: Message) -> None: ...
+MAX_WORKER_BACKLOG: Final = 8 << 20
+"""Bytes queued to a worker that is not reading before new requests are refused (busy)."""
 
 
 class Loop(Protocol):
     """What a hosted session needs from the event loop."""
 
-    def watch_worker(self, hosted: HostedSession, worker: WorkerProcess) -> None: ...
+    def watch_worker(self, hosted: HostedSession, worker: WorkerProcess) -> WorkerChannel: ...
     def unwatch_worker(self, worker: WorkerProcess) -> None: ...
     def call_at(self, when: float, callback: Callable[[], None]) -> object: ...
     def cancel(self, timer: object) -> None: ...
 
 
-@dataclass(slots=True)
-class Waiter:
-    """A client waiting for a reply: its connection and its request id."""
-
-    client: Client
-    request_id: object
-
-
 def describe_exit(code: int) -> str:
+    if code == -signal.SIGALRM:
+        return "killed by SIGALRM: a request ran past --request-deadline"
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
@@ -64,7 +56,13 @@ class HostedSession:
     """A session the supervisor hosts; every state change goes through its StateMachine."""
 
     def __init__(
-        self, loop: Loop, spec: WorkerSpec, policy: RestartPolicy, rng: random.Random
+        self,
+        loop: Loop,
+        spec: WorkerSpec,
+        policy: RestartPolicy,
+        rng: random.Random,
+        *,
+        hang_timeout: float | None = None,
     ) -> None:
         self.loop = loop
         self.spec = spec
@@ -73,6 +71,8 @@ class HostedSession:
         self.policy = policy
         self.rng = rng
         self.worker: WorkerProcess | None = None
+        self.link: WorkerChannel | None = None
+        self.hang = HangWatch(loop, hang_timeout, self._hung, self._last_beat)
         self.restarts = 0
         self.started_at: float | None = None
         self._last_error: str | None = None
@@ -115,7 +115,8 @@ class HostedSession:
             return
         self.worker = worker
         self.started_at = time.monotonic()
-        self.loop.watch_worker(self, worker)
+        self.hang.heard()
+        self.link = self.loop.watch_worker(self, worker)
 
     def operator_start(self) -> None:
         """An explicit start: forget the restart history, then start."""
@@ -146,20 +147,17 @@ class HostedSession:
 
     # -- events from the worker --------------------------------------------------------
 
-    def on_channel_readable(self, channel: Channel) -> None:
-        try:
-            messages = channel.read_nowait()
-        except (WireError, OSError) as exc:
-            self._said = bounded(f"bad frame from worker: {exc}")
-            if self.worker is not None:
-                self.worker.kill()
-            return
-        for message in messages:
-            self._on_worker_message(message)
+    def on_worker_broke_protocol(self, why: str) -> None:
+        self._said = bounded(f"bad frame from worker: {why}")
+        if self.worker is not None:
+            self.worker.kill()
 
-    def _on_worker_message(self, message: Message) -> None:
+    def on_worker_message(self, message: Message) -> None:
+        self.hang.heard()  # any message shows that the worker's loop turns
         op = message.get("op")
-        if op == "ready":
+        if op == "state":
+            self._take_state(message.get("state"))
+        elif op == "ready":
             self.epoch = _int_or_none(message.get("epoch"))
             self.records = _int_or_none(message.get("records"))
             if self.state is State.STARTING:
@@ -170,9 +168,10 @@ class HostedSession:
                         {"id": waiter.request_id, "ok": True, "result": self.status()}
                     )
                 self.ready_waiters.clear()
+                self.hang.arm()
                 queued, self.queued = self.queued, []
                 for waiter, request in queued:
-                    self.forward(waiter, request)
+                    self._act(waiter, request)
         elif op == "exiting":
             # Bounded again here: a worker of another version may send any length.
             self._said = bounded(str(message.get("message")))
@@ -183,10 +182,8 @@ class HostedSession:
             request_id = _int_or_none(message.get("id"))
             answered = self.in_flight.pop(request_id, None) if request_id is not None else None
             result = message.get("result")
-            if isinstance(result, dict) and isinstance(result.get("state"), dict):
-                state = result["state"]
-                self.epoch = _int_or_none(state.get("epoch"))
-                self.records = _int_or_none(state.get("records"))
+            if isinstance(result, dict):
+                self._take_state(result.get("state"))
             if answered is not None:
                 message["id"] = answered.request_id
                 answered.client.reply(message)
@@ -195,18 +192,16 @@ class HostedSession:
         """The pidfd says the worker died: reap, answer what was in flight, decide."""
         worker = self.worker
         assert worker is not None
-        # Take what the worker said before dying (its "exiting" reason, late replies).
-        try:
-            for message in worker.channel.drain_nowait():
-                self._on_worker_message(message)
-        except (WireError, OSError) as exc:
-            self._said = bounded(f"bad frame from the dying worker: {exc}")
+        # What the worker said before dying (its "exiting" reason, late replies) has been
+        # read already: the loop calls this only after its channel's end of stream.
         said = self._said
         code = worker.reap()
         self.loop.unwatch_worker(worker)
         worker.close()
         self.worker = None
+        self.link = None
         self._cancel_timer()
+        self.hang.cancel()
         now = time.monotonic()
         how = describe_exit(code)
         self._fail_in_flight(
@@ -276,9 +271,9 @@ class HostedSession:
     # -- requests ------------------------------------------------------------------------
 
     def submit(self, waiter: Waiter, request: Message) -> None:
-        """Forward a request now, queue it while the worker starts, or refuse it."""
+        """Act on a request now, queue it while the worker starts, or refuse it."""
         if self.state is State.RUNNING:
-            self.forward(waiter, request)
+            self._act(waiter, request)
         elif self.state in (State.STARTING, State.BACKOFF) and len(self.queued) < MAX_QUEUED:
             self.queued.append((waiter, request))
         else:
@@ -291,16 +286,42 @@ class HostedSession:
                 )
             )
 
+    def _act(self, waiter: Waiter, request: Message) -> None:
+        if request.get("op") == "connect":
+            self.connect(waiter)
+        else:
+            self.forward(waiter, request)
+
     def forward(self, waiter: Waiter, request: Message) -> None:
-        worker = self.worker
-        assert worker is not None
-        self._next_id += 1
-        self.in_flight[self._next_id] = waiter
-        try:
-            worker.channel.send({**request, "id": self._next_id})
-        except OSError:
-            # The worker is dying; its pidfd will fire and answer this request.
+        """Relay a request to the worker; exactly one reply reaches the waiter."""
+        link = self.link
+        assert link is not None
+        if link.backlog > MAX_WORKER_BACKLOG:
+            waiter.client.reply(
+                error(waiter.request_id, "busy", f"the worker of session {self.id} is not "
+                      "reading its requests; retry later")
+            )  # fmt: skip
             return
+        self._next_id += 1
+        try:
+            sent = link.send({**request, "id": self._next_id})
+        except WireError as exc:
+            # Never forwarded: answered here, and no in-flight entry answers it again.
+            waiter.client.reply(error(waiter.request_id, "too_large", str(exc)))
+            return
+        if sent:
+            self.in_flight[self._next_id] = waiter
+        else:
+            waiter.client.reply(
+                error(waiter.request_id, "worker_died", f"the worker of session {self.id} "
+                      "is gone; nothing was applied: retry with the same key")
+            )  # fmt: skip
+
+    def connect(self, waiter: Waiter) -> None:
+        """Give the client a connection of its own to the worker (the direct data path)."""
+        assert self.link is not None
+        assert self.worker is not None
+        hand_over(self.link, waiter, self.id, self.worker.pid, self.epoch)
 
     def _fail_in_flight(self, code: str, message: str) -> None:
         in_flight, self.in_flight = self.in_flight, {}
@@ -324,6 +345,24 @@ class HostedSession:
     def _kill_worker(self) -> None:
         if self.worker is not None:
             self.worker.kill()
+
+    def _last_beat(self) -> float:
+        return self.worker.heartbeat.last() if self.worker is not None else 0.0
+
+    def _hung(self, silent: float) -> None:
+        """No message within the hang timeout: the worker's loop is stuck (or stopped)."""
+        if self.state is not State.RUNNING or self.worker is None:
+            return
+        # Said for this worker: on_exit reports it as the reason of the kill that follows.
+        self._said = (
+            f"hang: no heartbeat for {silent:.1f} s (--hang-timeout {self.hang.timeout:g}); killed"
+        )
+        self.worker.kill()
+
+    def _take_state(self, state: object) -> None:
+        if isinstance(state, dict):
+            self.epoch = _int_or_none(state.get("epoch"))
+            self.records = _int_or_none(state.get("records"))
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

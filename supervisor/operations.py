@@ -2,30 +2,43 @@
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from supervisor.hosted import HostedSession, Waiter
+from supervisor.endpoints import Client, Waiter
+from supervisor.hosted import HostedSession
 from supervisor.states import State
 from worker.errors import InvalidSessionId
 from worker.session_id import validate_session_id
-from worker.wire import Message, WireError, error, field, ok, optional_field
-
-if TYPE_CHECKING:
-    from supervisor.daemon import ClientConnection, Supervisor
+from worker.wire import MAX_REQUEST_ID, Message, WireError, error, field, ok, optional_field
 
 
-def dispatch(daemon: Supervisor, client: ClientConnection, message: Message) -> None:
+class Daemon(Protocol):
+    """What the operations need of the daemon (passed in, so neither imports the other)."""
+
+    @property
+    def sessions(self) -> dict[str, HostedSession]: ...
+    def create_session(self, waiter: Waiter, session_id: str, slot: int) -> None: ...
+    def forget_pending_start(self, hosted: HostedSession) -> None: ...
+    def statuses(self) -> list[Message]: ...
+    def daemon_status(self) -> Message: ...
+
+
+def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
     """Answer one control request; a malformed one gets an error reply, never a crash."""
     request_id = message.get("id")
-    if type(request_id) not in (int, str):
-        client.reply(error(None, "bad_request", "field 'id' must be an int or a string"))
+    if type(request_id) not in (int, str) or (
+        isinstance(request_id, str) and len(request_id) > MAX_REQUEST_ID
+    ):
+        client.reply(
+            error(None, "bad_request", f"field 'id' must be an int or a string of at most "
+                  f"{MAX_REQUEST_ID} characters")
+        )  # fmt: skip
         return
     waiter = Waiter(client, request_id)
     try:
         op = field(message, "op", str)
         if op == "ping":
-            client.reply(ok(request_id, {"pid": os.getpid()}))
+            client.reply(ok(request_id, daemon.daemon_status()))
         elif op == "status":
             wanted = optional_field(message, "session", str)
             statuses = daemon.statuses()
@@ -41,6 +54,8 @@ def dispatch(daemon: Supervisor, client: ClientConnection, message: Message) -> 
             if slot < 0:
                 raise WireError("field 'slot' must be >= 0")
             daemon.create_session(waiter, session_id, slot)
+        elif op == "connect":
+            _hosted(daemon, message).submit(waiter, {"op": "connect"})
         elif op in ("send", "compact"):
             hosted = _hosted(daemon, message)
             if op == "send":
@@ -95,7 +110,7 @@ def _session_id(message: Message) -> str:
     return validate_session_id(field(message, "session", str))
 
 
-def _hosted(daemon: Supervisor, message: Message) -> HostedSession:
+def _hosted(daemon: Daemon, message: Message) -> HostedSession:
     session_id = _session_id(message)
     hosted = daemon.sessions.get(session_id)
     if hosted is None:

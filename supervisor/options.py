@@ -25,3 +25,14 @@ existing_home_option = click.option(
     type=click.Path(),
     help=f"An existing loopd home directory (or ${HOME_ENV}).",
 )
+
+TIMEOUT_ENV: Final = "LOOPD_TIMEOUT"
+
+timeout_option = click.option(
+    "--timeout",
+    envvar=TIMEOUT_ENV,
+    type=click.FloatRange(min=0.1),
+    default=60.0,
+    show_default=True,
+    help=f"Seconds to wait for the supervisor's answer (or ${TIMEOUT_ENV}).",
+)

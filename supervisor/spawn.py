@@ -18,7 +18,7 @@ from typing import Final
 
 import psutil
 
-from worker.wire import Channel
+from worker.heartbeat import HeartbeatCell
 
 _GONE: Final = frozenset({errno.ESRCH})
 
@@ -49,8 +49,10 @@ class WorkerSpec:
     budget: int | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     start_method: StartMethod = StartMethod.FORK
+    heartbeat: float | None = None
+    request_deadline: float | None = None
 
-    def argv(self, channel_fd: int) -> list[str]:
+    def argv(self, channel_fd: int, heartbeat_fd: int | None = None) -> list[str]:
         argv = [
             sys.executable, "-m", "worker",
             "--home", self.home, "--session", self.session, "--channel-fd", str(channel_fd),
@@ -61,39 +63,58 @@ class WorkerSpec:
             argv += ["--app", self.app]
         if self.budget is not None:
             argv += ["--budget", str(self.budget)]
+        if self.heartbeat is not None:
+            argv += ["--heartbeat", repr(self.heartbeat)]
+        if heartbeat_fd is not None:
+            argv += ["--heartbeat-fd", str(heartbeat_fd)]
+        if self.request_deadline is not None:
+            argv += ["--request-deadline", repr(self.request_deadline)]
         return argv
 
 
 class WorkerProcess:
-    """A running worker: its pid, a pidfd that becomes readable at its death, its channel."""
+    """A running worker: its pid, a pidfd that becomes readable at its death, its channel.
+
+    ``sock`` is the supervisor's end of the channel; the loop's transport owns and
+    closes it.
+    """
 
     def __init__(self, spec: WorkerSpec) -> None:
         """Start the worker without a shell, in its own process group."""
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.heartbeat, beat_fd = HeartbeatCell.create()
+        try:
+            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        except BaseException:
+            os.close(beat_fd)
+            self.heartbeat.close()
+            raise
         self._popen: subprocess.Popen[bytes] | None = None
         try:
             if spec.start_method is StartMethod.EXEC:
                 self._popen = subprocess.Popen(
-                    spec.argv(child.fileno()),
-                    pass_fds=(child.fileno(),),
+                    spec.argv(child.fileno(), beat_fd),
+                    pass_fds=(child.fileno(), beat_fd),
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,  # its own process group, for killpg
                     env={**os.environ, **spec.extra_env},
                 )
                 self.pid = self._popen.pid
             else:
-                self.pid = _fork_worker(spec, child.fileno())
+                self.pid = _fork_worker(spec, child.fileno(), beat_fd)
         except BaseException:
             parent.close()
+            self.heartbeat.close()
             raise
         finally:
             child.close()
+            os.close(beat_fd)  # the mapping stays; the worker has its own descriptor
         self.pidfd = os.pidfd_open(self.pid)
         try:
             self.create_time: float | None = psutil.Process(self.pid).create_time()
         except psutil.NoSuchProcess:
             self.create_time = None  # already gone; the pidfd reports its exit
-        self.channel = Channel(parent)
+        parent.setblocking(False)
+        self.sock = parent
         self.returncode: int | None = None
 
     def is_same_process(self) -> bool:
@@ -153,12 +174,13 @@ class WorkerProcess:
         return round(times.user + times.system, 3)
 
     def close(self) -> None:
-        """Release the pidfd and the channel."""
+        """Release the pidfd and the heartbeat cell (the channel's socket belongs to the
+        loop's transport)."""
         os.close(self.pidfd)
-        self.channel.close()
+        self.heartbeat.close()
 
 
-def _fork_worker(spec: WorkerSpec, channel_fd: int) -> int:
+def _fork_worker(spec: WorkerSpec, channel_fd: int, beat_fd: int) -> int:
     """Fork; in the child, become the worker and exit with its code. Return the child pid."""
     for stream in (sys.stdout, sys.stderr):
         # Anything still buffered would otherwise be written twice, once by the child.
@@ -179,12 +201,11 @@ def _fork_worker(spec: WorkerSpec, channel_fd: int) -> int:
         gc.freeze()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-        os.closerange(3, channel_fd)
-        os.closerange(channel_fd + 1, _max_fd())
+        _close_all_but(channel_fd, beat_fd)
         os.environ.update(spec.extra_env)
         from worker.process import main  # noqa: PLC0415 - only the child runs the worker
 
-        code = main(spec.argv(channel_fd)[3:])
+        code = main(spec.argv(channel_fd, beat_fd)[3:])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - nothing may unwind into the supervisor's code
@@ -195,6 +216,15 @@ def _fork_worker(spec: WorkerSpec, channel_fd: int) -> int:
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
         os._exit(code)
+
+
+def _close_all_but(*keep: int) -> None:
+    """Close every descriptor from 3 up, except ``keep`` (the worker's own)."""
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, _max_fd())
 
 
 def _name_process(name: str) -> None:

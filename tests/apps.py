@@ -51,7 +51,7 @@ def crashing_app(budget: int) -> DefaultApp:
 def _fail(step: Step, error: int, matches: str, *, skip: int = 0) -> None:
     """Make every ``step`` whose file name starts with ``matches`` fail with ``error``,
     after the first ``skip`` of them."""
-    seen = []
+    seen: list[Boundary] = []
 
     def hook(boundary: Boundary) -> None:
         if boundary.step is step and os.path.basename(boundary.path).startswith(matches):
@@ -80,3 +80,38 @@ def eio_syncing_the_session_directory_app(budget: int) -> DefaultApp:
     EIO: open cannot make what it read durable, and no restart will change that."""
     _fail(Step.FSYNC_DIR, errno.EIO, "s1")
     return DefaultApp(budget)
+
+
+def enospc_on_epoch_end_app(budget: int) -> DefaultApp:
+    """The default app in a worker whose first write of an EpochEnd fails with ENOSPC.
+
+    The failure is injected at the store's real seam (the durable write boundary), for
+    that one write only; the store cuts the file back and the session stays usable.
+    """
+    failed: list[Boundary] = []
+
+    def hook(boundary: Boundary) -> None:
+        if boundary.step is Step.WRITE and b'"EpochEnd"' in boundary.data and not failed:
+            failed.append(boundary)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    durable.set_hook(hook)
+    return DefaultApp(budget)
+
+
+class SpinningApp(DefaultApp):
+    """The default app, except that the first ``spin`` request loops forever (no syscall).
+
+    It writes ``<home>/spinning-<pid>`` first; once that marker exists, ``spin`` is an
+    ordinary request, so the retry after the restart is answered.
+    """
+
+    def handle(self, session: Session, request: Message) -> Message:
+        home = os.path.dirname(os.path.dirname(session.dir))
+        spun = any(name.startswith("spinning-") for name in os.listdir(home))
+        if field(request, "text", str) == "spin" and not spun:
+            with open(os.path.join(home, f"spinning-{os.getpid()}"), "w") as marker:
+                marker.write("spin")
+            while True:
+                pass
+        return super().handle(session, request)

@@ -137,6 +137,37 @@ def test_the_default_app_commits_an_epoch_when_the_context_passes_the_budget(
             session.find_key("k0", seen_epoch=0)
 
 
+def test_a_retry_from_before_the_key_window_is_refused_as_expired_and_applied_once(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    with worker(home, "s1", "--create", "--budget", "30") as w:
+        assert w.channel.recv() is not None
+        for n in range(3):  # each request passes the budget: epochs 1, 2, 3
+            assert _request(w, "x" * 80, f"k{n}")["committed"] is True
+
+        def retry(key: str, epoch: int) -> dict[str, object]:
+            return w.ask("request", request={"text": "x" * 80, "key": key, "epoch": epoch})
+
+        inside = retry("k2", 2)  # applied in epoch 2, the previous one: answered from it
+        assert inside["ok"] is True, inside
+        assert isinstance(inside["result"], dict)
+        assert inside["result"]["duplicate"] is True
+        expired = retry("k0", 0)  # first sent at epoch 0: it may be in epoch 0 or 1
+        assert expired["ok"] is False
+        assert isinstance(expired["error"], dict)
+        assert expired["error"]["code"] == "key_expired"
+        assert "left the retry window" in str(expired["error"]["message"])
+        w.ask("stop")
+        assert w.proc.wait(timeout=20) == EXIT_CLEAN
+    keys = [
+        json.loads(line).get("key")
+        for log in sorted((home / "sessions" / "s1").glob("*.jsonl"))
+        for line in log.read_bytes().splitlines()
+    ]
+    assert [k for k in keys if k] == ["k0", "k1", "k2"]
+
+
 def test_sigterm_stops_a_worker_with_exit_code_0(tmp_path: Path) -> None:
     home = tmp_path / "home"
     with worker(home, "s1", "--create") as w:

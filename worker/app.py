@@ -11,7 +11,8 @@ import importlib
 from typing import Final, Protocol
 
 from worker.baseline import Baseline
-from worker.records import Assistant, ToolResult, Usage, User
+from worker.errors import KeyExpired, SessionError
+from worker.records import Assistant, Record, ToolResult, Usage, User, utc_now
 from worker.session import Session
 from worker.wire import Message, WireError, field, optional_field
 
@@ -90,41 +91,141 @@ class DefaultApp:
         return f"epoch {session.epoch}: {len(users)} requests, last {last!r}"
 
     def handle(self, session: Session, request: Message) -> Message:
-        text = field(request, "text", str)
-        key = optional_field(request, "key", str)
-        untrusted = bool(optional_field(request, "untrusted", bool))
-        if key is not None:
-            ref = session.find_key(key)
-            if ref is not None:
-                return {"duplicate": True, "key": key, "epoch": ref.epoch, "line": ref.line}
-        call = session.next_call()
-        reply = f"echo: {text}"
-        previous = session.last_usage()
-        prompt, completion = _tokens(text), _tokens(reply)
-        context = (previous.context_tokens if previous else 0) + prompt + completion
-        usage = Usage(prompt_tokens=prompt, completion_tokens=completion, context_tokens=context)
-        session.append_many(
-            [
-                User(text=text, untrusted=untrusted, key=key),
-                ToolResult(call=call, tool="echo", output=text, ok=True),
-                Assistant(text=reply),
-                usage,
-            ]
-        )
-        result: Message = {
-            "duplicate": False,
-            "key": key,
-            "epoch": session.epoch,
-            "call": call,
-            "text": reply,
-            "context_tokens": context,
-            "committed": False,
-        }
-        if context > self.budget:
+        result = self._apply_many(session, [request])[0]
+        if isinstance(result, SessionError):
+            raise result
+        return result
+
+    def handle_many(
+        self, session: Session, requests: list[Message]
+    ) -> list[Message | SessionError]:
+        """Apply requests in order with one group commit; each result or its error."""
+        if type(self).handle is not DefaultApp.handle:
+            # A subclass that changed handle() keeps its behaviour: one request at a time.
+            results: list[Message | SessionError] = []
+            for request in requests:
+                try:
+                    results.append(self.handle(session, request))
+                except SessionError as exc:
+                    results.append(exc)
+            return results
+        return self._apply_many(session, requests)
+
+    def _apply_many(
+        self, session: Session, requests: list[Message]
+    ) -> list[Message | SessionError]:
+        batch = _Batch(session)
+        for index, request in enumerate(requests):
+            try:
+                text = field(request, "text", str)
+                key = optional_field(request, "key", str)
+                untrusted = bool(optional_field(request, "untrusted", bool))
+                seen_epoch = optional_field(request, "epoch", int)
+            except WireError as exc:
+                batch.results[index] = exc
+                continue
+            if key is not None and key in batch.keys:
+                batch.flush()  # a repeated key is answered from the log, as a retry is
+            if key is not None:
+                try:
+                    ref = session.find_key(key, seen_epoch)
+                except KeyExpired as exc:
+                    batch.results[index] = exc  # may have been applied: never twice
+                    continue
+                if ref is not None:
+                    batch.results[index] = {
+                        "duplicate": True, "key": key, "epoch": ref.epoch, "line": ref.line,
+                    }  # fmt: skip
+                    continue
+            call = session.next_call()
+            reply = f"echo: {text}"
+            prompt, completion = _tokens(text), _tokens(reply)
+            batch.context += prompt + completion
+            now = utc_now()  # one clock read for the request's four records
+            usage = Usage(
+                time=now,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                context_tokens=batch.context,
+            )
+            batch.add(
+                index,
+                key,
+                [
+                    User(time=now, text=text, untrusted=untrusted, key=key),
+                    ToolResult(time=now, call=call, tool="echo", output=text, ok=True),
+                    Assistant(time=now, text=reply),
+                    usage,
+                ],
+                {
+                    "duplicate": False, "key": key, "epoch": session.epoch, "call": call,
+                    "text": reply, "context_tokens": batch.context, "committed": False,
+                },
+            )  # fmt: skip
+            if batch.context > self.budget:
+                batch.flush()
+                result = batch.results[index]
+                if isinstance(result, dict):
+                    self._commit(session, result)
+                batch.context = _context(session)
+        batch.flush()
+        return [batch.results[index] for index in range(len(requests))]
+
+    def _commit(self, session: Session, result: Message) -> None:
+        """Commit an epoch after the request that passed the budget; it stays applied."""
+        try:
             summary = self.summarize(session)
             session.commit_epoch(summary, self.next_baseline(session, summary))
-            result["committed"] = True
-        return result
+        except SessionError as exc:
+            # The request is on disk: it is answered as applied, never as failed (a
+            # retry without a key would apply it twice). The epoch change is retried
+            # later, or completed by the restart if the session is now broken.
+            result["commit_error"] = str(exc)
+            return
+        result["committed"] = True
+
+
+def _context(session: Session) -> int:
+    previous = session.last_usage()
+    return previous.context_tokens if previous else 0
+
+
+class _Batch:
+    """Records of several requests waiting for one append_many, and their results."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.context = _context(session)
+        self.results: dict[int, Message | SessionError] = {}
+        self.keys: set[str] = set()
+        self._records: list[Record] = []
+        self._waiting: list[int] = []
+
+    def add(self, index: int, key: str | None, records: list[Record], result: Message) -> None:
+        self._records += records
+        self._waiting.append(index)
+        self.results[index] = result
+        if key is not None:
+            self.keys.add(key)
+
+    def flush(self) -> None:
+        """Write what waits with one write and one fdatasync; on failure none is applied."""
+        if not self._records:
+            return
+        try:
+            self.session.append_many(self._records)
+        except SessionError as exc:
+            for index in self._waiting:
+                self.results[index] = exc
+            self.context = _context(self.session)
+        else:
+            for index in self._waiting:
+                result = self.results[index]
+                if isinstance(result, dict):
+                    result["group"] = len(self._waiting)  # requests that shared the fsync
+        self._records = []
+        self._waiting = []
+        self.keys.clear()
 
 
 __all__ = ["DEFAULT_APP", "App", "AppFactory", "DefaultApp", "WireError", "load_app"]

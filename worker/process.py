@@ -30,9 +30,11 @@ from worker.errors import (
     SessionLocked,
     SessionNotFound,
 )
+from worker.heartbeat import HeartbeatCell
 from worker.records import EpochEnd
+from worker.server import Server, describe
 from worker.session import Session
-from worker.wire import Channel, Message, WireError, error, field, ok
+from worker.wire import Channel, Message
 
 EXIT_CLEAN: Final = 0
 EXIT_CRASH: Final = 1
@@ -104,6 +106,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--slot", type=int, default=0)
     parser.add_argument("--app", default=DEFAULT_APP, help="module:attribute of the app")
     parser.add_argument("--budget", type=int, default=DEFAULT_BUDGET)
+    parser.add_argument(
+        "--heartbeat", type=float, default=None, help="seconds between heartbeats (none: off)"
+    )
+    parser.add_argument(
+        "--heartbeat-fd", type=int, default=None, help="memfd of the heartbeat cell (inherited)"
+    )
+    parser.add_argument(
+        "--request-deadline",
+        type=float,
+        default=None,
+        help="seconds a batch of requests may take before SIGALRM ends the worker",
+    )
     return parser.parse_args(argv)
 
 
@@ -127,69 +141,25 @@ def open_session(args: argparse.Namespace, app: App) -> Session:
     return session
 
 
-def describe(session: Session) -> Message:
-    return {
-        "pid": os.getpid(),
-        "session": session.id,
-        "epoch": session.epoch,
-        "records": len(session.records),
-        "slot": session.slot,
-    }
-
-
-def serve(session: Session, app: App, channel: Channel) -> None:
-    """Answer requests until told to stop or until the channel closes."""
-    while True:
-        try:
-            message = channel.recv()
-        except WireError as exc:
-            # A bad frame gets an error reply, never a crash; what was buffered with it
-            # is dropped so the next frame is read from a clean state.
-            channel.reset()
-            channel.send(error(None, "bad_frame", str(exc)))
-            continue
-        if message is None:
-            return  # the supervisor is gone: never leave an orphan behind
-        request_id = message.get("id")
-        op = message.get("op")
-        try:
-            if op == "request":
-                payload = field(message, "request", dict)
-                result = app.handle(session, payload)
-                result["state"] = describe(session)
-                channel.send(ok(request_id, result))
-            elif op == "compact":
-                summary = message.get("summary")
-                if not isinstance(summary, str):
-                    summary = app.summarize(session)
-                session.commit_epoch(summary, app.next_baseline(session, summary))
-                channel.send(ok(request_id, {"state": describe(session), "summary": summary}))
-            elif op == "status":
-                channel.send(ok(request_id, {"state": describe(session)}))
-            elif op == "stop":
-                channel.send(ok(request_id, {"state": describe(session)}))
-                return
-            else:
-                channel.send(error(request_id, "bad_request", f"unknown op {op!r}"))
-        except WireError as exc:
-            channel.send(error(request_id, "bad_request", str(exc)))
-        except SessionError as exc:
-            channel.send(error(request_id, type(exc).__name__, str(exc)))
-            if session.broken is not None:
-                raise  # a broken session refuses every append: exit, reopen from disk
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run one worker; turn every outcome into the documented exit code."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
-    channel = Channel(socket.socket(fileno=args.channel_fd))
+    control = socket.socket(fileno=args.channel_fd)
+    channel = Channel(control)
     session: Session | None = None
     try:
         app = load_app(args.app, args.budget)
         session = _opened(args, app)
         channel.send({"op": "ready", **describe(session)})
-        serve(session, app, channel)
+        Server(
+            session,
+            app,
+            control,
+            heartbeat=args.heartbeat,
+            heartbeat_cell=_heartbeat_cell(args.heartbeat_fd),
+            request_deadline=args.request_deadline,
+        ).run()
     except (StopRequested, BrokenPipeError, ConnectionResetError):
         # SIGTERM, or the supervisor vanished while we wrote to it: a clean stop.
         return EXIT_CLEAN
@@ -219,6 +189,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if session is not None:
             session.close()
+
+
+def _heartbeat_cell(fd: int | None) -> HeartbeatCell | None:
+    if fd is None:
+        return None
+    try:
+        return HeartbeatCell(fd)
+    finally:
+        os.close(fd)  # the mapping stays
 
 
 def _report(channel: Channel, code: str, message: str, pid: int | None = None) -> None:

@@ -16,7 +16,10 @@ import msgpack
 from worker.errors import SessionError
 
 MAX_FRAME: Final = 1 << 20
+MAX_REQUEST_ID: Final = 256
+"""The longest string a request id may be: a reply must never outgrow its request."""
 _READ_SIZE: Final = 65536
+_FEED_SIZE: Final = 1 << 18
 Message = dict[str, object]
 _T = TypeVar("_T")
 
@@ -57,7 +60,7 @@ def encode(message: Message) -> bytes:
     """Return the frame of one message."""
     frame: bytes = msgpack.packb(message, use_bin_type=True)
     if len(frame) > MAX_FRAME:
-        raise WireError(f"message of {len(frame)} bytes exceeds the {MAX_FRAME}-byte limit")
+        raise WireError(_too_large(len(frame), MAX_FRAME))
     return frame
 
 
@@ -71,15 +74,85 @@ def error(request_id: object, code: str, message: str) -> Message:
     return {"id": request_id, "ok": False, "error": {"code": code, "message": message}}
 
 
+class FrameReader:
+    """Turns the bytes of a stream into messages, refusing any frame over ``max_frame``.
+
+    The limit is exact: a frame of ``max_frame`` bytes is admitted, one byte more is
+    refused, whether it arrives whole or a byte at a time.
+    """
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._unpacker = self._new_unpacker()
+        self._fed = 0
+        self._consumed = 0
+
+    def _new_unpacker(self) -> msgpack.Unpacker:
+        # Room for one whole frame plus one fed chunk: the frame limit itself is checked
+        # below against the unpacker's offsets, so it is exact.
+        return msgpack.Unpacker(
+            raw=False,
+            max_buffer_size=self.max_frame + 2 * _FEED_SIZE,
+            strict_map_key=True,
+            use_list=True,
+        )
+
+    def feed(self, data: bytes) -> list[Message]:
+        """Add bytes; return the messages they complete. WireError on a bad frame."""
+        ready: list[Message] = []
+        if len(data) <= _FEED_SIZE:
+            self._feed_chunk(data, ready)
+        else:
+            view = memoryview(data)
+            for start in range(0, len(view), _FEED_SIZE):
+                self._feed_chunk(view[start : start + _FEED_SIZE], ready)
+        return ready
+
+    def _feed_chunk(self, chunk: bytes | memoryview, ready: list[Message]) -> None:
+        try:
+            self._unpacker.feed(chunk)
+            self._fed += len(chunk)
+            for message in self._unpacker:
+                end = self._unpacker.tell()
+                if end - self._consumed > self.max_frame:
+                    raise WireError(_too_large(end - self._consumed, self.max_frame))
+                self._consumed = end
+                if type(message) is not dict:
+                    raise WireError(f"a frame must be a map, got {type(message).__name__}")
+                ready.append(message)
+        except msgpack.BufferFull as exc:
+            raise WireError(_too_large(None, self.max_frame)) from exc
+        except msgpack.StackError as exc:
+            raise WireError("undecodable frame: it nests too deeply") from exc
+        except (msgpack.ExtraData, msgpack.FormatError, ValueError) as exc:
+            # ValueError covers invalid UTF-8 and non-string map keys (strict_map_key).
+            raise WireError(f"undecodable frame: {exc or type(exc).__name__}") from exc
+        if self._fed - self._consumed > self.max_frame:
+            raise WireError(_too_large(None, self.max_frame))
+
+    def reset(self) -> None:
+        """Drop whatever is buffered after a bad frame, so the next frame starts clean."""
+        self._unpacker = self._new_unpacker()
+        self._fed = 0
+        self._consumed = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet part of a whole message."""
+        return self._fed - self._consumed
+
+
+def _too_large(size: int | None, limit: int) -> str:
+    what = f"a frame of {size} bytes" if size is not None else "a frame"
+    return f"{what} exceeds the size limit of {limit} bytes"
+
+
 class Channel:
     """One end of a stream socket carrying msgpack messages."""
 
     def __init__(self, sock: socket.socket, max_frame: int = MAX_FRAME) -> None:
         self.sock = sock
-        self._max_frame = max_frame
-        self._unpacker = msgpack.Unpacker(
-            raw=False, max_buffer_size=max_frame, strict_map_key=True, use_list=True
-        )
+        self._reader = FrameReader(max_frame)
         self._ready: list[Message] = []
         self.closed = False
 
@@ -103,19 +176,6 @@ class Channel:
         self._feed(data)
         return self._take()
 
-    def drain_nowait(self) -> list[Message]:
-        """Read everything the socket holds right now, without blocking; return messages."""
-        while not self.closed:
-            try:
-                data = self._recv_or_reset(socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                break
-            if not data:
-                self.closed = True
-                break
-            self._feed(data)
-        return self._take()
-
     def recv(self) -> Message | None:
         """Block until one whole message arrives; None at end of stream (or a reset)."""
         while not self._ready:
@@ -135,23 +195,11 @@ class Channel:
             return b""  # the peer died with data unread: as good as end of stream
 
     def _feed(self, data: bytes) -> None:
-        try:
-            self._unpacker.feed(data)
-            for message in self._unpacker:
-                if type(message) is not dict:
-                    raise WireError(f"a frame must be a map, got {type(message).__name__}")
-                self._ready.append(message)
-        except msgpack.BufferFull as exc:
-            raise WireError("frame exceeds the size limit") from exc
-        except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as exc:
-            # ValueError covers invalid UTF-8 and non-string map keys (strict_map_key).
-            raise WireError(f"undecodable frame: {exc}") from exc
+        self._ready.extend(self._reader.feed(data))
 
     def reset(self) -> None:
         """Drop whatever is buffered after a bad frame, so the next frame starts clean."""
-        self._unpacker = msgpack.Unpacker(
-            raw=False, max_buffer_size=self._max_frame, strict_map_key=True, use_list=True
-        )
+        self._reader.reset()
         self._ready.clear()
 
     def _take(self) -> list[Message]:

@@ -1,0 +1,195 @@
+"""One framed connection of the daemon's loop: msgpack messages, bounded both ways.
+
+Each connection is an asyncio Protocol on a non-blocking transport. Output is bounded:
+above the high-water mark the transport calls ``pause_writing`` and the connection
+stops reading from its peer (a peer that does not read gets nothing more to answer);
+past a hard limit the connection is aborted. Input is bounded by the frame limit. The
+transport owns the socket and closes it once; ``connection_lost`` is the one place
+where a connection ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import socket
+from collections import deque
+from collections.abc import Callable
+from typing import Final
+
+from worker.wire import FrameReader, Message, WireError, encode, error
+
+HIGH_WATER: Final = 1 << 20
+LOW_WATER: Final = 256 << 10
+MAX_OUTPUT: Final = 32 << 20
+"""Bytes buffered for a peer that does not read before its connection is dropped."""
+MESSAGES_PER_TURN: Final = 64
+"""Messages of one connection acted on per loop turn: a pipelining peer waits its turn."""
+_FULL: Final = frozenset({errno.EAGAIN, errno.ENOBUFS})
+_GONE: Final = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN})
+
+
+class FramedConnection(asyncio.Protocol):
+    """A stream of messages in both directions; subclasses say what a message does."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock  # kept for passing descriptors (sendmsg); the transport owns it
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._reader = FrameReader()
+        self._paused_for: set[str] = set()
+        self._inbox: deque[Message] = deque()
+        self._scheduled = False
+
+    # -- asyncio.Protocol -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
+        if self._paused_for:
+            transport.pause_reading()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._inbox.extend(self._reader.feed(data))
+        except WireError as exc:
+            self._inbox.clear()
+            self.on_bad_frame(exc)
+            return
+        self._work()
+
+    def _work(self) -> None:
+        """Act on a few waiting messages; read more only once all are taken."""
+        self._scheduled = False
+        for _ in range(MESSAGES_PER_TURN):
+            if not self._inbox or self.closed or self._paused_for - {"inbox"}:
+                break
+            self.on_message(self._inbox.popleft())
+        if self._inbox and not self.closed:
+            self.pause_reading_for("inbox")
+            if not self._paused_for - {"inbox"} and not self._scheduled:
+                self._scheduled = True
+                asyncio.get_running_loop().call_soon(self._work)
+        else:
+            self.resume_reading_for("inbox")
+
+    def eof_received(self) -> bool | None:
+        return False  # close our side too: a half-closed peer gets no further replies
+
+    def pause_writing(self) -> None:
+        self.pause_reading_for("output")
+
+    def resume_writing(self) -> None:
+        self.resume_reading_for("output")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.on_closed()
+
+    # -- for subclasses ---------------------------------------------------------------
+
+    def on_message(self, message: Message) -> None:
+        raise NotImplementedError
+
+    def on_bad_frame(self, exc: WireError) -> None:
+        """Answer a broken frame with an error, then close (what follows cannot be read)."""
+        self.send(error(None, "bad_frame", str(exc)))
+        self.close()
+
+    def on_closed(self) -> None:
+        """Called once, when the connection has ended."""
+
+    # -- sending ------------------------------------------------------------------------
+
+    @property
+    def backlog(self) -> int:
+        """Bytes written but not yet taken by the peer's socket."""
+        if self.transport is None or self.closed or self.transport.is_closing():
+            return 0
+        return self.transport.get_write_buffer_size()
+
+    def send(self, message: Message) -> bool:
+        """Queue one message; False if the connection is gone or was dropped for backlog.
+
+        Raises WireError if the message cannot be encoded (too large): nothing is sent.
+        """
+        frame = encode(message)
+        if self.closed or self.transport is None or self.transport.is_closing():
+            return False  # its end is on the way (connection_lost follows); nobody reads
+        if self.backlog + len(frame) > MAX_OUTPUT:
+            self.abort()  # it stopped reading long ago: drop it rather than grow without end
+            return False
+        self.transport.write(frame)
+        return True
+
+    def send_with_fd(self, message: Message, fd: int) -> bool:
+        """Send one message carrying a descriptor (SCM_RIGHTS); False if it cannot go now.
+
+        Only on an idle connection (nothing buffered), so the descriptor travels with the
+        first byte of its own message and never overtakes earlier messages.
+        """
+        frame = encode(message)
+        if self.closed or self.transport is None or self.transport.is_closing() or self.backlog:
+            return False
+        try:
+            sent = socket.send_fds(self.sock, [frame], [fd])
+        except OSError as exc:
+            if exc.errno in _FULL or exc.errno in _GONE:
+                return False  # full for now, or the peer died: its transport sees the end
+            raise
+        if sent < len(frame):
+            self.transport.write(frame[sent:])
+        return True
+
+    def pause_reading_for(self, reason: str) -> None:
+        if not self._paused_for and self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+        self._paused_for.add(reason)
+
+    def resume_reading_for(self, reason: str) -> None:
+        if reason not in self._paused_for:
+            return
+        self._paused_for.discard(reason)
+        if self.closed or self.transport is None:
+            return
+        if not self._paused_for:
+            self.transport.resume_reading()
+        elif self._paused_for == {"inbox"} and not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._work)
+
+    def close(self) -> None:
+        """Close after what is queued has been written."""
+        if self.transport is not None and not self.closed:
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Close now, dropping what is queued."""
+        if self.transport is not None and not self.closed:
+            self.transport.abort()
+
+
+def connect(
+    loop: asyncio.AbstractEventLoop,
+    conn: FramedConnection,
+    tasks: set[asyncio.Task[object]],
+    on_error: Callable[[BaseException], None],
+) -> None:
+    """Put ``conn`` on the loop over its socket; the task is kept until it is done."""
+
+    async def attach() -> object:
+        return await loop.connect_accepted_socket(lambda: conn, conn.sock)
+
+    task: asyncio.Task[object] = loop.create_task(attach())
+    tasks.add(task)
+
+    def done(finished: asyncio.Task[object]) -> None:
+        tasks.discard(finished)
+        if finished.cancelled():
+            conn.sock.close()  # the daemon is shutting down
+        elif finished.exception() is not None:
+            conn.sock.close()
+            on_error(finished.exception())  # type: ignore[arg-type]
+
+    task.add_done_callback(done)

@@ -1,0 +1,135 @@
+"""A bounded soak: many clients and sessions under random SIGKILLs, SIGSTOPs, disconnects.
+
+30 s by default; ``pytest -m long_soak`` runs the same for 60 s. Afterwards the daemon
+is alive, every acknowledged key is in its log exactly once, and the daemon holds the
+same descriptors and the same number of workers as before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+
+from supervisor.client import call
+from tests.support import REPO, poll_until, running_daemon, status
+
+SESSIONS = ("s0", "s1", "s2", "s3", "s4")
+CLIENTS = 4
+
+
+def _log_keys(home: Path, session: str) -> list[str]:
+    keys = []
+    for log in (home / "sessions" / session).glob("*.jsonl"):
+        for line in log.read_bytes().splitlines():
+            record = json.loads(line)
+            if record["type"] == "User" and record["key"]:
+                keys.append(record["key"])
+    return keys
+
+
+def _all_running(home: Path) -> bool:
+    return all(status(home, s)["state"] == "RUNNING" for s in SESSIONS)
+
+
+def _chaos(home: Path, rng: random.Random, until: float) -> Counter[str]:
+    """SIGKILL or SIGSTOP a random running worker every few tenths of a second."""
+    done: Counter[str] = Counter()
+    while time.monotonic() < until:
+        time.sleep(rng.uniform(0.2, 0.6))  # the pace of the faults, not a wait for a state
+        row = status(home, rng.choice(SESSIONS))
+        pid = row["pid"]
+        if row["state"] != "RUNNING" or not isinstance(pid, int):
+            continue
+        kind = rng.choice(["SIGKILL", "SIGKILL", "SIGSTOP"])
+        try:
+            os.kill(pid, getattr(signal, kind))
+        except ProcessLookupError:
+            continue
+        done[kind] += 1
+    return done
+
+
+def _soak(tmp_path: Path, seconds: float) -> None:
+    home = tmp_path / "home"
+    rng = random.Random(8)
+    args = ("--hang-timeout", "1", "--backoff-base", "0.01", "--backoff-max", "0.05",
+            "--max-restarts", "100000", "--stable-after", "0.2", "--budget", "3000")  # fmt: skip
+    with running_daemon(home, *args) as daemon:
+        for session in SESSIONS:
+            call(str(home), "create", session=session)
+        supervisor = psutil.Process(daemon.proc.pid)
+        fds_before = supervisor.num_fds()
+        outs = [tmp_path / f"acked-{n}" for n in range(CLIENTS)]
+        clients = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.soak_client",
+                    str(home),
+                    str(out),
+                    str(n),
+                    str(seconds),
+                    *SESSIONS,
+                ],
+                cwd=REPO,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for n, out in enumerate(outs)
+        ]
+        try:
+            faults = _chaos(home, rng, time.monotonic() + seconds)
+            codes = [c.wait(timeout=seconds + 60) for c in clients]
+        finally:
+            for client in clients:
+                if client.poll() is None:
+                    client.kill()
+                    client.wait()
+        stderr = [c.stderr.read() if c.stderr else "" for c in clients]
+        for client in clients:
+            if client.stderr is not None:
+                client.stderr.close()
+        assert codes == [0] * CLIENTS, stderr
+        assert faults["SIGKILL"] > 0
+        assert faults["SIGSTOP"] > 0
+        assert daemon.proc.poll() is None
+        poll_until(lambda: _all_running(home), timeout=30, what="every session to run again")
+        # Stopped workers were killed and reaped; nothing else was left behind.
+        poll_until(
+            lambda: supervisor.num_fds() == fds_before,
+            timeout=10,
+            what=f"the daemon's descriptors to return to {fds_before}",
+        )
+        assert len(supervisor.children()) == len(SESSIONS)
+        assert call(str(home), "ping")
+        assert daemon.stop() == 0
+    acknowledged: dict[str, list[str]] = {s: [] for s in SESSIONS}
+    for out in outs:
+        for line in out.read_text().splitlines():
+            session, key = line.split()
+            acknowledged[session].append(key)
+    assert sum(len(keys) for keys in acknowledged.values()) > 50
+    for session, keys in acknowledged.items():
+        on_disk = Counter(_log_keys(home, session))
+        assert [k for k, n in on_disk.items() if n > 1] == []  # no key applied twice
+        assert set(keys) <= set(on_disk), f"{session}: acknowledged keys missing from the log"
+
+
+def test_a_30_second_soak_loses_nothing_acknowledged_and_leaks_nothing(tmp_path: Path) -> None:
+    _soak(tmp_path, 30.0)
+
+
+@pytest.mark.long_soak
+def test_a_60_second_soak_loses_nothing_acknowledged_and_leaks_nothing(tmp_path: Path) -> None:
+    _soak(tmp_path, 60.0)

@@ -1,0 +1,281 @@
+"""The worker's loop: its control channel and its clients' direct connections, one selector.
+
+The supervisor hands the worker one end of a socketpair per client (``attach``, the
+descriptor travelling by SCM_RIGHTS), so requests go from client to worker without a
+relay. Requests that arrive together, from any connections, are applied as one batch:
+the app writes their records with one write and one fdatasync, and each reply is queued
+only after that fsync returned. At every turn the loop stamps the time into a heartbeat
+cell shared with the supervisor (a store to memory, no message), so a worker that stops
+(SIGSTOP) or spins is noticed and replaced without waking an idle supervisor.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import selectors
+import signal
+import socket
+import time
+from collections.abc import Callable
+from typing import Final, Protocol, runtime_checkable
+
+from worker.app import App
+from worker.errors import KeyExpired, SessionBroken, SessionError
+from worker.heartbeat import HeartbeatCell
+from worker.peer import Peer
+from worker.session import Session
+from worker.wire import Message, WireError, error, field, ok
+
+STATE_REPORT_DELAY: Final = 0.05
+"""After requests change the session, its state (epoch, records) reaches the supervisor
+within this many seconds, at most once per interval."""
+
+
+@runtime_checkable
+class BatchApp(Protocol):
+    """An app that applies several requests with one group commit (optional seam)."""
+
+    def handle_many(
+        self, session: Session, requests: list[Message]
+    ) -> list[Message | SessionError]: ...
+
+
+def describe(session: Session) -> Message:
+    return {
+        "pid": os.getpid(),
+        "session": session.id,
+        "epoch": session.epoch,
+        "records": len(session.records),
+        "slot": session.slot,
+    }
+
+
+def error_code(exc: SessionError) -> str:
+    """The wire's error code for a store error: its class name, but ``key_expired``."""
+    return "key_expired" if isinstance(exc, KeyExpired) else type(exc).__name__
+
+
+def handle_batch(
+    app: App, session: Session, requests: list[Message]
+) -> list[Message | SessionError]:
+    """Apply requests in order: one group commit if the app can, else one by one."""
+    if isinstance(app, BatchApp):
+        return app.handle_many(session, requests)
+    results: list[Message | SessionError] = []
+    for request in requests:
+        try:
+            results.append(app.handle(session, request))
+        except SessionError as exc:
+            results.append(exc)
+    return results
+
+
+class Server:
+    """Answers requests until told to stop or until the control channel closes."""
+
+    def __init__(
+        self,
+        session: Session,
+        app: App,
+        control: socket.socket,
+        *,
+        heartbeat: float | None = None,
+        heartbeat_cell: HeartbeatCell | None = None,
+        request_deadline: float | None = None,
+    ) -> None:
+        self.session = session
+        self.app = app
+        self.control = Peer(control, takes_fds=True)
+        self.heartbeat = heartbeat
+        self.heartbeat_cell = heartbeat_cell
+        self.request_deadline = request_deadline
+        # The runtime Protocol check is slow: made once, not per batch.
+        self._handle: Callable[[Session, list[Message]], list[Message | SessionError]] = (
+            app.handle_many if isinstance(app, BatchApp) else functools.partial(handle_batch, app)
+        )
+        self.selector = selectors.DefaultSelector()
+        self.peers: dict[int, Peer] = {}
+        self._events: dict[int, int] = {}
+        self._stop = False
+        self._report_due: float | None = None
+
+    def run(self) -> None:
+        self._add(self.control)
+        try:
+            while not self._stop:
+                batch: list[tuple[Peer, object, Message]] = []
+                for key, mask in self.selector.select(self._timeout()):
+                    peer: Peer = key.data
+                    if mask & selectors.EVENT_WRITE:
+                        peer.flush()
+                    if mask & selectors.EVENT_READ and not peer.closed:
+                        self._read(peer, batch)
+                    if self._stop:
+                        break
+                self._apply(batch)
+                for peer in list(self.peers.values()):
+                    peer.flush()
+                    self._update(peer)
+                if self.heartbeat_cell is not None:
+                    self.heartbeat_cell.beat()  # a store to shared memory: it wakes no one
+                self._report_state()
+        finally:
+            self.control.flush()
+            for peer in list(self.peers.values()):
+                self._remove(peer)
+            self.selector.close()
+
+    # -- connections --------------------------------------------------------------------
+
+    def _add(self, peer: Peer) -> None:
+        self.peers[peer.fileno()] = peer
+        self._events[peer.fileno()] = selectors.EVENT_READ
+        self.selector.register(peer.sock, selectors.EVENT_READ, peer)
+
+    def _remove(self, peer: Peer) -> None:
+        fd = peer.fileno()
+        if self.peers.pop(fd, None) is not None:
+            self.selector.unregister(peer.sock)
+            del self._events[fd]
+        if peer is not self.control:
+            peer.close()
+
+    def _update(self, peer: Peer) -> None:
+        """Read only from a peer that reads its replies; watch for writability if owed."""
+        if peer.closed or peer.fileno() not in self.peers:
+            return
+        events = 0 if peer.backed_up else selectors.EVENT_READ
+        if peer.out:
+            events |= selectors.EVENT_WRITE
+        if events == 0:
+            events = selectors.EVENT_WRITE
+        if events != self._events[peer.fileno()]:
+            self._events[peer.fileno()] = events
+            self.selector.modify(peer.sock, events, peer)
+
+    def _read(self, peer: Peer, batch: list[tuple[Peer, object, Message]]) -> None:
+        try:
+            messages = peer.read()
+        except WireError as exc:
+            # A bad frame gets an error reply, never a crash; what was buffered with it
+            # is dropped so the next frame is read from a clean state.
+            peer.reader.reset()
+            peer.queue(error(None, "bad_frame", str(exc)))
+            return
+        if messages is None:
+            if peer is self.control:
+                self._stop = True  # the supervisor is gone: never leave an orphan behind
+            else:
+                self._remove(peer)
+            return
+        for message in messages:
+            request_id = message.get("id")
+            op = message.get("op")
+            if op == "request":
+                try:
+                    batch.append((peer, request_id, field(message, "request", dict)))
+                except WireError as exc:
+                    peer.queue(error(request_id, "bad_request", str(exc)))
+                continue
+            self._apply(batch)  # what came before this message is answered first
+            batch.clear()
+            self._control_op(peer, message)
+            if self._stop:
+                return
+
+    def _control_op(self, peer: Peer, message: Message) -> None:
+        session = self.session
+        request_id = message.get("id")
+        op = message.get("op")
+        if op == "status":
+            peer.queue(ok(request_id, {"state": describe(session)}))
+        elif peer is not self.control:
+            peer.queue(error(request_id, "bad_request", f"unknown op {op!r}"))
+        elif op == "attach":
+            fd = self.control.take_fd()
+            if fd is not None:
+                self._add(Peer(socket.socket(fileno=fd)))
+        elif op == "compact":
+            self._compact(request_id, message)
+        elif op == "stop":
+            peer.queue(ok(request_id, {"state": describe(session)}))
+            self._stop = True
+        else:
+            peer.queue(error(request_id, "bad_request", f"unknown op {op!r}"))
+
+    # -- requests -------------------------------------------------------------------------
+
+    def _apply(self, batch: list[tuple[Peer, object, Message]]) -> None:
+        if not batch:
+            return
+        if self.request_deadline is not None:
+            # Past the deadline the default action of SIGALRM ends the process; the
+            # supervisor restarts it and its clients retry with their keys.
+            signal.setitimer(signal.ITIMER_REAL, self.request_deadline)
+        try:
+            results = self._handle(self.session, [payload for _, _, payload in batch])
+        finally:
+            if self.request_deadline is not None:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        state = describe(self.session)
+        for (peer, request_id, _), result in zip(batch, results, strict=True):
+            if isinstance(result, WireError):
+                peer.queue(error(request_id, "bad_request", str(result)))
+            elif isinstance(result, SessionError):
+                peer.queue(error(request_id, error_code(result), str(result)))
+            else:
+                result["state"] = state
+                peer.queue(ok(request_id, result))
+        self._state_changed()
+        if self.session.broken is not None:
+            for peer in list(self.peers.values()):
+                peer.flush()
+            # A broken session refuses every append: exit, and be reopened from disk.
+            raise SessionBroken(self.session.log_path, self.session.broken)
+
+    def _compact(self, request_id: object, message: Message) -> None:
+        """Close the epoch now; an EpochEnd that reached the disk is answered as applied."""
+        session = self.session
+        summary = message.get("summary")
+        if not isinstance(summary, str):
+            summary = self.app.summarize(session)
+        try:
+            session.commit_epoch(summary, self.app.next_baseline(session, summary))
+        except SessionError as exc:
+            if not session.epoch_closed:
+                self.control.queue(error(request_id, type(exc).__name__, str(exc)))
+                if session.broken is None:
+                    return
+                raise
+            # The EpochEnd is durable: the change is decided, and the restart that
+            # follows completes it with this summary (resume never writes a second one).
+            self.control.queue(
+                ok(request_id, {"state": describe(session), "summary": summary,
+                                "completes_on_restart": True})
+            )  # fmt: skip
+            self.control.flush()
+            raise
+        self._state_changed()
+        self.control.queue(ok(request_id, {"state": describe(session), "summary": summary}))
+
+    # -- the supervisor -------------------------------------------------------------------
+
+    def _state_changed(self) -> None:
+        if self._report_due is None and self.heartbeat_cell is not None:
+            self._report_due = time.monotonic() + STATE_REPORT_DELAY
+
+    def _timeout(self) -> float | None:
+        """Turn at least every heartbeat interval (to beat), and when a report is due."""
+        due = [] if self.heartbeat is None else [self.heartbeat]
+        if self._report_due is not None:
+            due.append(max(0.0, self._report_due - time.monotonic()))
+        return min(due) if due else None
+
+    def _report_state(self) -> None:
+        """Tell the supervisor the new epoch and record count, at most once an interval."""
+        if self._report_due is None or time.monotonic() < self._report_due:
+            return
+        self._report_due = None
+        self.control.queue({"op": "state", "state": describe(self.session)})
+        self.control.flush()
