@@ -28,6 +28,8 @@ COMMANDS: Final = {
     "verify": "supervisor.offline_commands:verify",
     "repair": "supervisor.offline_commands:repair",
     "logs": "supervisor.hosting.log_commands:logs",
+    "events": "supervisor.hosting.stream_commands:events",
+    "metrics": "supervisor.hosting.stream_commands:metrics",
     "demo": "supervisor.demo:demo",
 }
 

@@ -38,6 +38,13 @@ class WorkerStats:
     fsync: Histogram = field(default_factory=Histogram)
     request_latency: Histogram = field(default_factory=Histogram)
 
+    def reset(self) -> None:
+        """Start counting from zero (a forked worker inherits its parent's counts)."""
+        self.requests = 0
+        self.bytes_written = 0
+        self.fsync = Histogram()
+        self.request_latency = Histogram()
+
     def snapshot(self) -> dict[str, object]:
         """The counters as a wire-ready map (sent with each heartbeat)."""
         return {

@@ -16,16 +16,19 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Final, Protocol
 
+from supervisor.errors import ServeError
 from supervisor.hosting.daemon_metrics import DaemonMetrics
 from supervisor.hosting.events import Event, EventHub
 from supervisor.hosting.hibernation import UsageClock
-from supervisor.hosting.intent import IntentFile
+from supervisor.hosting.intent import IntentError, IntentFile
+from supervisor.hosting.metrics_http import serve_metrics
 from supervisor.hosting.sd_notify import Notifier
 from supervisor.hosting.session_log import SessionLog, log_path
 from supervisor.hosting.settings import HostingSettings
 from supervisor.states import State
 
 READ_SIZE: Final = 64 * 1024
+_LIVE: Final = frozenset({State.STARTING, State.RUNNING, State.STOPPING})
 RSS_SAMPLE_GAP: Final = 1.0
 """Seconds between two RSS samples of one worker taken at its reports."""
 STATUS_GAP: Final = 2.0
@@ -53,6 +56,10 @@ class Hosted(Protocol):
     def last_error(self) -> str | None: ...
     @property
     def busy(self) -> bool: ...
+    @property
+    def exit_pid(self) -> int | None: ...
+    @property
+    def exit_code(self) -> int | None: ...
     def hibernate(self) -> None: ...
     def restart_for_memory(self, why: str) -> None: ...
 
@@ -85,14 +92,39 @@ class Hosting:
         )
         self._logs: dict[str, SessionLog] = {}
         self._requests: dict[str, int] = {}
+        self._why: dict[str, str] = {}
         self._sampled: dict[str, float] = {}
         self._epochs: dict[str, int] = {}
         self._idle_timer: asyncio.TimerHandle | None = None
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._metrics_server: asyncio.Server | None = None
         self._ready_sent = False
         self._last_status = 0.0
 
     # -- lifecycle of the daemon ---------------------------------------------------------
+
+    def initial_states(self, sessions: list[str]) -> dict[str, State | None]:
+        """How each session found at start is hosted: STOPPED if an operator stopped it,
+        IDLE when hibernation is on, None to start it now. ServeError if the intent file
+        cannot be read."""
+        try:
+            stopped = self.intent.load()
+        except IntentError as exc:
+            raise ServeError(f"{exc}; fix or remove it (it lists the stopped sessions)") from exc
+        resting = State.IDLE if self.settings.hibernates else None
+        return {s: State.STOPPED if s in stopped else resting for s in sessions}
+
+    def open_metrics(self) -> None:
+        """Listen for scrapes at ``--metrics-listen`` (before the loop runs)."""
+        listen = self.settings.metrics_listen
+        if listen is None:
+            return
+        try:
+            self._metrics_server = self.loop.run_until_complete(
+                serve_metrics(self.loop, listen, self.metrics.render)
+            )
+        except (OSError, ValueError) as exc:
+            raise ServeError(f"--metrics-listen {listen}: {exc}") from exc
 
     def begin(self) -> None:
         """Start the slow timers (after the socket listens)."""
@@ -112,6 +144,8 @@ class Hosting:
         self.notifier.stopping("stopping every worker")
 
     def close(self) -> None:
+        if self._metrics_server is not None:
+            self._metrics_server.close()
         for timer in self._timers.values():
             timer.cancel()
         if self._idle_timer is not None:
@@ -131,7 +165,6 @@ class Hosting:
     # -- state changes -------------------------------------------------------------------
 
     def on_move(self, hosted: Hosted, old: State, new: State, reason: str = "") -> None:
-        worker = hosted.worker
         self.metrics.events += 1
         if new is State.BACKOFF:
             self.metrics.restarts += 1
@@ -139,10 +172,16 @@ class Hosting:
             self.metrics.hibernations += 1
         elif new is State.STARTING and old is State.IDLE:
             self.metrics.wakeups += 1
+        worker = hosted.worker
+        pid = worker.pid if worker is not None else None
+        exit_code = signal = None
+        if worker is None and old in _LIVE and hosted.exit_code is not None:
+            pid, code = hosted.exit_pid, hosted.exit_code  # this move follows a reaped exit
+            exit_code, signal = (None, -code) if code < 0 else (code, None)
+        reason = reason or self._why.get(hosted.id) or _reason(old, new, hosted.last_error)
         self.events.publish(
-            Event(session=hosted.id, from_state=old.value, to_state=new.value,
-                  reason=reason or _reason(old, new, hosted.last_error),
-                  pid=worker.pid if worker is not None else None)
+            Event(session=hosted.id, from_state=old.value, to_state=new.value, reason=reason,
+                  pid=pid, exit_code=exit_code, signal=signal)
         )  # fmt: skip
         if new is State.RUNNING:
             self._used(hosted.id)
@@ -151,22 +190,19 @@ class Hosting:
             self._arm_idle_timer()
         if new is State.STARTING and self.settings.max_live is not None:
             for session in self.clock.over_cap(self._busy, room_for=1):
-                self.sessions[session].hibernate()
+                self._hibernate(session, f"least recently used past --max-live "
+                                f"{self.settings.max_live}")  # fmt: skip
         now = time.monotonic()
         if self._ready_sent and now - self._last_status >= STATUS_GAP:
             self._last_status = now
             self.notifier.status(self.summary())
 
     def on_exit(self, hosted: Hosted, pid: int, code: int) -> None:
-        """A worker was reaped: its exit goes to the events, its counters to the totals."""
+        """A worker was reaped: its counters join the totals, its log notes the exit."""
         self.metrics.on_worker_gone(hosted.id)
         self._requests.pop(hosted.id, None)
         self._sampled.pop(hosted.id, None)
-        exit_code, signal = (None, -code) if code < 0 else (code, None)
-        self.events.publish(
-            Event(session=hosted.id, from_state=hosted.state.value, to_state=hosted.state.value,
-                  reason="worker exited", pid=pid, exit_code=exit_code, signal=signal)
-        )  # fmt: skip
+        signal = -code if code < 0 else None
         log = self._logs.get(hosted.id)
         if log is not None:
             log.note(f"worker {pid} exited: " + (f"signal {signal}" if signal else f"code {code}"))
@@ -255,9 +291,14 @@ class Hosting:
             if hosted is None or self._busy(session):
                 self._used(session)  # look again a full period later
             else:
-                self.clock.forget(session)
-                hosted.hibernate()
+                self._hibernate(session, f"no request for {self.settings.idle_stop:g} s")
         self._arm_idle_timer()
+
+    def _hibernate(self, session: str, why: str) -> None:
+        self.clock.forget(session)
+        self._why[session] = why  # the reason of the STOPPING move that follows
+        self.sessions[session].hibernate()
+        self._why.pop(session, None)
 
     # -- memory caps -----------------------------------------------------------------------
 
