@@ -174,7 +174,7 @@ class Supervisor:
         connect(self.loop, link, self._tasks, lambda _exc: self._link_ended(watch))
         self.loop.add_reader(worker.pidfd, self._worker_died, watch)
         if worker.output is not None:
-            self.hosting.watch_output(hosted.id, worker.output)
+            self.hosting.watch_output(hosted.id, worker.pid, worker.output)
         return link
 
     def on_move(self, hosted: HostedSession, old: State, new: State) -> None:
@@ -372,6 +372,7 @@ class Supervisor:
             "pid": os.getpid(),
             "clients": len(self.clients),
             "accept_exhausted": self._listener.exhausted,
+            "event_followers": len(self.hosting.events.followers),
         }
 
     def remember_intent(self, session_id: str, *, stopped: bool) -> str | None:

@@ -121,23 +121,6 @@ class HostedSession:
         self.last_error = None
         self.start()
 
-    def hibernate(self) -> None:
-        """Stop an unused worker the ordinary way; the session rests IDLE until next used."""
-        if self.state is State.RUNNING and not self.busy:
-            self.hibernating = True
-            self.stop()
-
-    def restart_for_memory(self, why: str) -> None:
-        """Kill a worker past its memory cap; the restart policy brings it back."""
-        if self.worker is not None and self.state is State.RUNNING:
-            self.last_error = why
-            self.worker.kill()
-
-    @property
-    def busy(self) -> bool:
-        """Requests or clients are waiting on this session's worker."""
-        return bool(self.in_flight or self.queued or self.ready_waiters)
-
     def stop(self, *, restart: bool = False) -> None:
         """SIGTERM the worker's group, SIGKILL it at the deadline; STOPPED when reaped."""
         self.restart_after_stop = restart
@@ -162,7 +145,11 @@ class HostedSession:
     # -- events from the worker --------------------------------------------------------
 
     def on_worker_broke_protocol(self, why: str) -> None:
-        self._said = bounded(f"bad frame from worker: {why}")
+        self.kill_for(f"bad frame from worker: {why}")
+
+    def kill_for(self, why: str) -> None:
+        """SIGKILL the worker; ``why`` is the reason on_exit gives for its death."""
+        self._said = bounded(why)
         if self.worker is not None:
             self.worker.kill()
 
@@ -380,11 +367,9 @@ class HostedSession:
         """No message within the hang timeout: the worker's loop is stuck (or stopped)."""
         if self.state is not State.RUNNING or self.worker is None:
             return
-        # Said for this worker: on_exit reports it as the reason of the kill that follows.
-        self._said = (
+        self.kill_for(
             f"hang: no heartbeat for {silent:.1f} s (--hang-timeout {self.hang.timeout:g}); killed"
         )
-        self.worker.kill()
 
     def _take_state(self, state: object) -> None:
         if isinstance(state, dict):

@@ -14,7 +14,7 @@ import errno
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Final, Protocol
+from typing import Final
 
 from supervisor.errors import ServeError
 from supervisor.hosting.daemon_metrics import DaemonMetrics
@@ -23,6 +23,7 @@ from supervisor.hosting.hibernation import UsageClock
 from supervisor.hosting.intent import IntentError, IntentFile
 from supervisor.hosting.metrics_http import serve_metrics
 from supervisor.hosting.sd_notify import Notifier
+from supervisor.hosting.session_actions import Hosted, hibernate, is_busy, restart_for_memory
 from supervisor.hosting.session_log import SessionLog, log_path
 from supervisor.hosting.settings import HostingSettings
 from supervisor.states import State
@@ -34,34 +35,6 @@ RSS_SAMPLE_GAP: Final = 1.0
 STATUS_GAP: Final = 2.0
 """Seconds between two STATUS= lines to systemd."""
 _AGAIN: Final = frozenset({errno.EAGAIN, errno.EINTR})
-
-
-class Worker(Protocol):
-    @property
-    def pid(self) -> int: ...
-    def rss_bytes(self) -> int | None: ...
-    def kill(self) -> bool: ...
-
-
-class Hosted(Protocol):
-    """What the hosting features need of a hosted session."""
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def state(self) -> State: ...
-    @property
-    def worker(self) -> Worker | None: ...
-    @property
-    def last_error(self) -> str | None: ...
-    @property
-    def busy(self) -> bool: ...
-    @property
-    def exit_pid(self) -> int | None: ...
-    @property
-    def exit_code(self) -> int | None: ...
-    def hibernate(self) -> None: ...
-    def restart_for_memory(self, why: str) -> None: ...
 
 
 class Hosting:
@@ -93,6 +66,7 @@ class Hosting:
         self._logs: dict[str, SessionLog] = {}
         self._requests: dict[str, int] = {}
         self._why: dict[str, str] = {}
+        self._capped: set[int] = set()  # workers killed for their RSS, not yet reaped
         self._sampled: dict[str, float] = {}
         self._epochs: dict[str, int] = {}
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -185,6 +159,8 @@ class Hosting:
         )  # fmt: skip
         if new is State.RUNNING:
             self._used(hosted.id)
+            if hosted.epoch is not None:
+                self._epochs[hosted.id] = hosted.epoch  # as opened: later changes count
         elif old is State.RUNNING:
             self.clock.forget(hosted.id)
             self._arm_idle_timer()
@@ -202,10 +178,12 @@ class Hosting:
         self.metrics.on_worker_gone(hosted.id)
         self._requests.pop(hosted.id, None)
         self._sampled.pop(hosted.id, None)
-        signal = -code if code < 0 else None
-        log = self._logs.get(hosted.id)
-        if log is not None:
-            log.note(f"worker {pid} exited: " + (f"signal {signal}" if signal else f"code {code}"))
+        self._capped.discard(pid)
+        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        log = self._log(hosted.id)
+        self._note(hosted.id, log, f"worker {pid} {how}")
+        with contextlib.suppress(OSError):
+            log.close()
 
     def on_report(self, hosted: Hosted, message: Mapping[str, object]) -> None:
         """A worker's heartbeat or reply carried its state and counters."""
@@ -225,23 +203,31 @@ class Hosting:
                 self.metrics.epoch_changes += epoch - before
             self._epochs[hosted.id] = epoch
 
-    def on_attach(self, hosted: Hosted) -> None:
-        """A client asked for a connection: the session is in use."""
-        if hosted.id in self.clock:
-            self._used(hosted.id)
-
     # -- worker output -------------------------------------------------------------------
 
-    def watch_output(self, session: str, fd: int) -> None:
+    def watch_output(self, session: str, pid: int, fd: int) -> None:
         """Read a worker's stdout and stderr (one pipe) into its log file."""
         os.set_blocking(fd, False)
+        log = self._log(session)
+        self._note(session, log, f"worker {pid} started")
+        self.loop.add_reader(fd, self._read_output, session, fd, log)
+
+    def _log(self, session: str) -> SessionLog:
+        # The object stays (a few hundred bytes); its file is open only while written to.
         log = self._logs.get(session)
         if log is None:
             log = self._logs[session] = SessionLog(
                 log_path(self.home, session), max_bytes=self.settings.log_max_bytes,
                 backups=self.settings.log_backups,
             )  # fmt: skip
-        self.loop.add_reader(fd, self._read_output, session, fd, log)
+        return log
+
+    def _note(self, session: str, log: SessionLog, text: str) -> None:
+        try:
+            log.note(text)
+            log.release()
+        except OSError as exc:
+            self.report(f"session {session}: cannot write its log: {exc}")
 
     def _read_output(self, session: str, fd: int, log: SessionLog) -> None:
         try:
@@ -252,7 +238,10 @@ class Hosting:
             data = b""
         if data:
             try:
+                # Written and closed at once: a worker that says little (most do) costs
+                # the supervisor no descriptor between its lines.
                 log.feed(data)
+                log.release()
             except OSError as exc:
                 self.report(f"session {session}: cannot write its log: {exc}")
             return
@@ -261,8 +250,6 @@ class Hosting:
         os.close(fd)
         with contextlib.suppress(OSError):
             log.close()
-        if self._logs.get(session) is log:
-            del self._logs[session]
 
     # -- hibernation ---------------------------------------------------------------------
 
@@ -274,7 +261,7 @@ class Hosting:
 
     def _busy(self, session: str) -> bool:
         hosted = self.sessions.get(session)
-        return hosted is None or hosted.busy or hosted.state is not State.RUNNING
+        return hosted is None or is_busy(hosted) or hosted.state is not State.RUNNING
 
     def _arm_idle_timer(self) -> None:
         if self._idle_timer is not None:
@@ -297,7 +284,7 @@ class Hosting:
     def _hibernate(self, session: str, why: str) -> None:
         self.clock.forget(session)
         self._why[session] = why  # the reason of the STOPPING move that follows
-        self.sessions[session].hibernate()
+        hibernate(self.sessions[session])
         self._why.pop(session, None)
 
     # -- memory caps -----------------------------------------------------------------------
@@ -319,13 +306,14 @@ class Hosting:
     def _check_rss(self, hosted: Hosted) -> None:
         limit = self.settings.max_rss_mb
         worker = hosted.worker
-        if limit is None or worker is None:
+        if limit is None or worker is None or worker.pid in self._capped:
             return
         rss = worker.rss_bytes()
         if rss is not None and rss > limit * 2**20:
             self.metrics.memory_restarts += 1
-            hosted.restart_for_memory(
-                f"rss {rss / 2**20:.0f} MiB past --max-rss {limit} MiB: restarted"
+            self._capped.add(worker.pid)
+            restart_for_memory(
+                hosted, f"rss {rss / 2**20:.0f} MiB past --max-rss {limit} MiB: restarted"
             )
 
     # -- helpers ---------------------------------------------------------------------------

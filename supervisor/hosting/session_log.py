@@ -40,10 +40,11 @@ def _stamp() -> bytes:
 class SessionLog:
     """Appends timestamped lines to one session's log file, rotating at ``max_bytes``.
 
-    The file is opened at the first line and closed by ``close``, so a session without a
-    live worker holds no descriptor. When a line would take the file past ``max_bytes``,
-    ``<id>.log`` becomes ``<id>.log.1`` (``.1`` becomes ``.2``, and so on; the oldest
-    beyond ``backups`` is deleted) and a new file is started.
+    The file is opened at the first line and closed by ``release`` or ``close``, so a
+    session without a live worker (or a worker that is not writing) holds no descriptor.
+    When a line would take the file past ``max_bytes``, ``<id>.log`` becomes
+    ``<id>.log.1`` (``.1`` becomes ``.2``, and so on; the oldest beyond ``backups`` is
+    deleted) and a new file is started.
     """
 
     def __init__(self, path: str, *, max_bytes: int, backups: int) -> None:
@@ -68,6 +69,12 @@ class SessionLog:
     def note(self, text: str) -> None:
         """A line of the supervisor's own about this session (start, exit, reason)."""
         self._write_lines([f"[loopd] {text}".encode()])
+
+    def release(self) -> None:
+        """Close the file until the next write (a pending partial line is kept)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def close(self) -> None:
         """Write a pending partial line and close the file."""
