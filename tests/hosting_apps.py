@@ -6,17 +6,18 @@ import sys
 
 from worker.app import DefaultApp
 from worker.session import Session
-from worker.wire import Message, field
+from worker.wire import Message, field, optional_field
 
 _HOARD: list[bytes] = []
 
 
 class AllocatingApp(DefaultApp):
-    """The default app; a text ``grow N`` first keeps N MiB of touched memory alive."""
+    """The default app; a new text ``grow N`` first keeps N MiB of touched memory alive."""
 
     def handle(self, session: Session, request: Message) -> Message:
         text = field(request, "text", str)
-        if text.startswith("grow "):
+        key = optional_field(request, "key", str)
+        if text.startswith("grow ") and not (key and session.find_key(key)):
             mib = int(text.split()[1])
             _HOARD.extend(b"\x01" * (1 << 20) for _ in range(mib))  # touched pages: RSS
         return super().handle(session, request)
