@@ -21,7 +21,7 @@ from supervisor.hosting.config import (
 
 @click.command()
 @click.option("--home", required=True)
-@click.option("--max-live", type=int, default=None)
+@click.option("--max-live", type=click.IntRange(min=1), default=None)
 @click.option("--idle-stop", type=float, default=None)
 @click.option("--start-method", type=click.Choice(["fork", "exec"]), default="fork")
 @click.option("--app", default=None)
@@ -68,6 +68,7 @@ def test_an_unknown_key_is_refused_naming_the_key(tmp_path: Path) -> None:
         pytest.param("max-live = true", "key 'max-live' must be an integer", id="bool-for-int"),
         pytest.param('start-method = "spawn"', "must be one of fork, exec", id="choice"),
         pytest.param("max-live = ", "not TOML", id="syntax"),
+        pytest.param("max-live = 0", r"key 'max-live': 0 is not in the range x>=1", id="range"),
     ],
 )
 def test_an_ill_typed_value_is_refused_naming_the_key(tmp_path: Path, text: str, why: str) -> None:

@@ -44,6 +44,8 @@ class OptionSpec:
     name: str
     kind: type
     choices: tuple[str, ...] = ()
+    param_type: click.IntRange | click.FloatRange | None = None
+    """The option's own type, so a file's value meets the same bounds as a flag's."""
 
     def check(self, value: object, path: str) -> object:
         """The value as the command expects it; ConfigError naming the key otherwise."""
@@ -55,7 +57,20 @@ class OptionSpec:
             )
         if self.choices and value not in self.choices:
             raise ConfigError(path, f"key {self.key!r} must be one of {', '.join(self.choices)}")
+        try:
+            value = _within_bounds(self.param_type, value)
+        except click.BadParameter as exc:
+            raise ConfigError(path, f"key {self.key!r}: {exc.message}") from exc
         return value
+
+
+def _within_bounds(bounds: click.IntRange | click.FloatRange | None, value: object) -> object:
+    """The value, checked against the option's range; click.BadParameter if outside it."""
+    if isinstance(bounds, click.IntRange) and isinstance(value, int):
+        return bounds.convert(value, None, None)
+    if isinstance(bounds, click.FloatRange) and isinstance(value, float):
+        return bounds.convert(value, None, None)
+    return value
 
 
 _KIND_NAMES: Final[dict[type, str]] = {
@@ -83,7 +98,8 @@ def option_specs(command: click.Command, *, exclude: frozenset[str]) -> dict[str
             kind = float
         else:
             kind = str
-        specs[key] = OptionSpec(key, param.name, kind, choices)
+        bounded = param.type if isinstance(param.type, click.IntRange | click.FloatRange) else None
+        specs[key] = OptionSpec(key, param.name, kind, choices, bounded)
     return specs
 
 
