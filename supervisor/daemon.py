@@ -376,7 +376,8 @@ class Supervisor:
         }
 
     def remember_intent(self, session_id: str, *, stopped: bool) -> str | None:
-        """Keep an operator's stop (or start) across restarts; the problem, if it cannot."""
+        """Keep an operator's stop (or start) across restarts; the problem, if it cannot.
+        Fsynced in the loop before the reply (rare, never on the data path)."""
         try:
             self.hosting.intent.mark(session_id, stopped=stopped)
         except IntentError as exc:
