@@ -1,7 +1,7 @@
 """A worker's counters for the supervisor's metrics: fsync latency, bytes written, requests.
 
 Kept in plain integers and one list of bucket counts so that recording costs a few
-additions; the supervisor receives a snapshot with each heartbeat and adds the workers'
+additions; the supervisor receives a snapshot with each state report and adds the workers'
 histograms bucket by bucket, which is why the bounds are fixed here, once.
 """
 
@@ -46,7 +46,7 @@ class WorkerStats:
         self.request_latency = Histogram()
 
     def snapshot(self) -> dict[str, object]:
-        """The counters as a wire-ready map (sent with each heartbeat)."""
+        """The counters as a wire-ready map (sent with each state report)."""
         return {
             "requests": self.requests,
             "bytes_written": self.bytes_written,

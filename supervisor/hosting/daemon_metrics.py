@@ -1,9 +1,9 @@
-"""The daemon's metrics: its own counters plus what its workers report with each heartbeat.
+"""The daemon's metrics: its own counters plus what its workers report after their requests.
 
 A worker's counters run from its start; the daemon keeps each live worker's latest
 snapshot and, when a worker goes, folds that snapshot into the totals of the departed,
 so a counter never goes backwards across restarts and hibernations (a worker's last
-interval between its final heartbeat and its death is the only thing not counted).
+interval between its final report and its death is the only thing not counted).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class DaemonMetrics:
         self._me = psutil.Process(os.getpid())
 
     def on_report(self, session: str, stats: object) -> None:
-        """A worker's heartbeat carried its counters."""
+        """A worker's state report carried its counters."""
         if isinstance(stats, dict):
             self._latest[session] = stats
 

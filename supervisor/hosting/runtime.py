@@ -186,7 +186,7 @@ class Hosting:
             log.close()
 
     def on_report(self, hosted: Hosted, message: Mapping[str, object]) -> None:
-        """A worker's heartbeat or reply carried its state and counters."""
+        """A worker's state report (after requests) carried its state and counters."""
         stats = message.get("stats")
         if isinstance(stats, dict):
             self.metrics.on_report(hosted.id, stats)
