@@ -129,7 +129,7 @@ def test_worker_output_goes_to_its_log_stamped_and_rotated_at_the_byte_limit(
 
 def test_an_events_follower_sees_a_session_hibernate_and_wake(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    with running_daemon(home, "--idle-stop", "0.5"):
+    with running_daemon(home, "--idle-stop", "0.5") as daemon:
         follower = subprocess.Popen(
             [sys.executable, "-m", "supervisor", "events", "--home", str(home), "--json"],
             stdout=subprocess.PIPE, text=True,
@@ -140,6 +140,10 @@ def test_an_events_follower_sees_a_session_hibernate_and_wake(tmp_path: Path) ->
             wait_state(home, "s", "IDLE")
             assert loopd("send", "--home", str(home), "s", "hi", "--key", "k").returncode == 0
             events = _read_events(follower, 8)
+            # Hibernated: no worker process, and no file of the session open in the daemon.
+            assert daemon.workers() == []
+            held = [f.path for f in psutil.Process(daemon.proc.pid).open_files()]
+            assert not [path for path in held if "/logs/" in path or "/sessions/" in path]
         finally:
             follower.terminate()
             follower.communicate(timeout=20)
