@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+from typing import Final
 
-from chaos.hook import VARIANTS, FaultKind, applies
+from chaos.hook import VARIANTS, FaultKind, variants_at
 from worker.durable import Step
+
+POWER_AT_END: Final = 0  # ``power_at`` of a case whose power fails after the resume finished
+
+
+class ThenPower(enum.Enum):
+    """Which "fault, resume, then power loss" compounds to list."""
+
+    NONE = "none"
+    END = "end"  # the power fails once the resumed worker finished
+    FIRST = "first"  # ... and at its first boundary, before it made anything durable
+    EVERY = "every"  # ... and at every boundary of the resumed worker
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -13,7 +26,10 @@ class Case:
     """One crash case; ``id`` is the line that replays it (``loopd chaos replay ID``).
 
     ``recovery_at`` > 0 makes it compound: the first resume is killed at that boundary
-    of the recovery, then a clean resume follows.
+    of the recovery, then a clean resume follows. ``power_at`` not None makes it the
+    other compound: a fresh worker resumes after the fault and acknowledges more work,
+    then the power fails at that boundary of it (``POWER_AT_END``: after it finished),
+    with everything since the case began judged by the durability model.
     """
 
     scenario: str
@@ -21,6 +37,7 @@ class Case:
     variant: str = "-"
     at: int = 0
     recovery_at: int = 0
+    power_at: int | None = None
     mutant: str | None = None
 
     @property
@@ -28,6 +45,8 @@ class Case:
         text = f"{self.scenario}:{self.fault.value}:{self.variant}:{self.at}"
         if self.recovery_at:
             text += f":r{self.recovery_at}"
+        if self.power_at is not None:
+            text += f":p{self.power_at or 'end'}"
         if self.mutant:
             text += f"@{self.mutant}"
         return text
@@ -38,10 +57,20 @@ class Case:
         body, _, mutant = text.partition("@")
         parts = body.split(":")
         if len(parts) not in (4, 5):
-            raise ValueError(f"case id {text!r} is not scenario:fault:variant:k[:rJ][@mutant]")
+            raise ValueError(
+                f"case id {text!r} is not scenario:fault:variant:k[:rJ|:pJ|:pend][@mutant]"
+            )
         scenario, fault, variant, at = parts[:4]
-        recovery = parts[4] if len(parts) == 5 else "r0"
-        if not at.isdigit() or not recovery.startswith("r") or not recovery[1:].isdigit():
+        recovery, power = 0, None
+        if len(parts) == 5:
+            then = parts[4]
+            if then == "pend":
+                power = POWER_AT_END
+            elif then[:1] in ("r", "p") and then[1:].isdigit() and int(then[1:]) > 0:
+                recovery, power = (int(then[1:]), None) if then[0] == "r" else (0, int(then[1:]))
+            else:
+                raise ValueError(f"case id {text!r}: {then!r} is not rJ, pJ or pend")
+        if not at.isdigit():
             raise ValueError(f"case id {text!r}: boundary numbers must be integers")
         try:
             kind = FaultKind(fault)
@@ -50,7 +79,7 @@ class Case:
         if variant not in VARIANTS[kind]:
             raise ValueError(f"case id {text!r}: fault {fault} has no variant {variant!r}")
         return cls(scenario=scenario, fault=kind, variant=variant, at=int(at),
-                   recovery_at=int(recovery[1:]), mutant=mutant or None)  # fmt: skip
+                   recovery_at=recovery, power_at=power, mutant=mutant or None)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -84,24 +113,31 @@ def enumerate_cases(
     *,
     mutant: str | None = None,
     recovery_steps: dict[int, int] | None = None,
+    resume_steps: dict[tuple[FaultKind, str, int], int] | None = None,
 ) -> list[Case]:
     """Every case of ``scenario`` whose clean run had ``steps`` (boundary k = steps[k-1]).
 
     ``recovery_steps`` maps a kill boundary k to how many boundaries the recovery after
     it has, for the compound cases (a kill at every boundary of that recovery).
+    ``resume_steps`` maps a first fault (kind, variant, k) to how many boundaries the
+    worker resuming after it has, for the "then power loss" cases: the power fails at
+    each of them and after the last (a count of -1: only after the last).
     """
     cases: list[Case] = []
     for kind in faults:
         for k, step in enumerate(steps, start=1):
-            if not applies(kind, step):
-                continue
             cases.extend(
                 Case(scenario=scenario, fault=kind, variant=v, at=k, mutant=mutant)
-                for v in VARIANTS[kind]
+                for v in variants_at(kind, step)
             )
     for k, count in sorted((recovery_steps or {}).items()):
         cases.extend(
             Case(scenario=scenario, fault=FaultKind.KILL, at=k, recovery_at=j, mutant=mutant)
             for j in range(1, count + 1)
+        )
+    for (kind, variant, k), count in (resume_steps or {}).items():
+        cases.extend(
+            Case(scenario=scenario, fault=kind, variant=variant, at=k, power_at=j, mutant=mutant)
+            for j in [*range(1, count + 1), POWER_AT_END]
         )
     return cases

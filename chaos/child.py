@@ -11,11 +11,13 @@ import os
 
 from chaos.hook import EventPipe
 from chaos.scenarios import RETRY_SUMMARY, SESSION, SLOT, Scenario, apply_op, baseline_for
+from worker import durable
 from worker.errors import (
     BaselineError,
     InvalidLog,
     LogError,
     SessionError,
+    SessionLocked,
     SessionNotFound,
     TornLog,
 )
@@ -24,9 +26,22 @@ from worker.session import Session
 
 
 def store_child(
-    home: str, scenario: Scenario, *, resume: bool, events: EventPipe, go_fd: int
+    home: str,
+    scenario: Scenario,
+    *,
+    resume: bool,
+    events: EventPipe,
+    go_fd: int,
+    acknowledged: frozenset[str] = frozenset(),
+    probe_open: bool = False,
 ) -> int:
-    """Run the scenario's operations against the store, reporting each acknowledgement."""
+    """Run the scenario's operations against the store, reporting each acknowledgement.
+
+    Requests already ``acknowledged`` are not sent again: a client retries only what it
+    got no answer for (the store recognizes a key only within its retry window of two
+    epochs). With ``probe_open`` a resumed child also tries a second ``Session.open`` of its own
+    (the rig makes that probe itself when the child's store is the rig's).
+    """
     session: Session | None = None
     if resume:
         try:
@@ -34,9 +49,18 @@ def store_child(
         except (TornLog, InvalidLog, BaselineError, SessionNotFound) as exc:
             events.send(refusal(exc))
             return 0
-        events.send({"e": "opened"}, flush=True)
+        events.send(
+            {
+                "e": "opened",
+                "second_open": probe_open and second_open_gets_in(home),
+                "state": report(session),
+            },
+            flush=True,
+        )
         os.read(go_fd, 1)  # the rig checks that it cannot open the session meanwhile
     for index, op in enumerate(scenario.ops):
+        if op.key and op.key in acknowledged:
+            continue  # a client never sends again what it was told is done
         events.send({"e": "start", "op": index, "key": op.key})
         try:
             session = apply_op(session, home, op, retry=resume)
@@ -66,6 +90,34 @@ def open_for_resume(home: str, scenario: Scenario) -> Session:
     return session
 
 
+def second_open_gets_in(home: str) -> bool:
+    """Whether a second ``Session.open`` gets the session a worker of ours holds.
+
+    The boundary hook is off meanwhile: the probe is not a step of the scenario.
+    """
+    hook = durable.set_hook(None)
+    try:
+        Session.open(home, SESSION).close()
+    except SessionLocked:
+        return False
+    finally:
+        durable.set_hook(hook)
+    return True
+
+
+def report(session: Session) -> dict[str, object]:
+    """The state the store's API reports (``next_call`` hands out a number: a gap follows)."""
+    return {
+        "epoch": session.epoch,
+        "slot": session.slot,
+        "records": len(session.records),
+        "carry": session.carry,
+        "prior_users": session.prior_users,
+        "prior_untrusted": session.prior_untrusted,
+        "next_call": session.next_call(),
+    }
+
+
 def refusal(exc: SessionError) -> dict[str, object]:
     """The event that reports a refusal to open, with its place when it has one."""
     event: dict[str, object] = {"e": "refused", "error": type(exc).__name__, "why": str(exc)}
@@ -75,11 +127,16 @@ def refusal(exc: SessionError) -> dict[str, object]:
     return event
 
 
-def worker_child(home: str, scenario: Scenario, channel_fd: int) -> int:
-    """Run the real worker process code on the inherited channel."""
+def worker_child(home: str, scenario: Scenario, channel_fd: int, *, create: bool) -> int:
+    """Run the real worker process code on the inherited channel, started as the
+    supervisor starts it: with ``--create`` only until a worker of the session was ready.
+    """
     from worker.process import main  # noqa: PLC0415 - only a worker-level child needs it
 
-    return main([
-        "--home", home, "--session", SESSION, "--channel-fd", str(channel_fd),
-        "--create", "--slot", str(SLOT), "--budget", str(scenario.budget),
-    ])  # fmt: skip
+    argv = ["--home", home, "--session", SESSION, "--channel-fd", str(channel_fd),
+            "--budget", str(scenario.budget)]  # fmt: skip
+    if create:
+        argv += ["--create", "--slot", str(SLOT)]
+    if scenario.app is not None:
+        argv += ["--app", scenario.app]
+    return main(argv)

@@ -18,6 +18,7 @@ from chaos.mutants import MUTANTS
 from chaos.parallel import case_workdir, run_cases
 from chaos.runner import clean_steps, run_case
 from chaos.scenarios import SCENARIOS
+from chaos.scoring import score_mutant
 from chaos.supervised import run_supervised
 from chaos.sweep import ALL_FAULTS, build_cases
 
@@ -96,7 +97,10 @@ def chaos() -> None:
 @chaos.command()
 @scenarios_option
 @click.option(
-    "--faults", default="kill,torn,power,io", show_default=True, help="comma-separated fault kinds."
+    "--faults",
+    default="kill,torn,power,io,short",
+    show_default=True,
+    help="comma-separated fault kinds.",
 )
 @click.option(
     "--compound/--no-compound",
@@ -179,26 +183,38 @@ def replay(case_id: str, base: str | None) -> None:
 @chaos.command()
 @scenarios_option
 @jobs_option
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="only each mutant's own selection of cases (the test suite's), not every case.",
+)
 @dir_option
-def mutants(scenarios: tuple[str, ...], jobs: int, base: str | None) -> None:
-    """Run the rig against each deliberately broken store; exit 1 if one survives."""
+def mutants(scenarios: tuple[str, ...], jobs: int, quick: bool, base: str | None) -> None:
+    """Run the rig against each deliberately broken store; exit 1 if one survives.
+
+    Prints, per mutant, the invariants that caught it, whether the one it must break is
+    among them, an example case, and at the end the score.
+    """
     survivors = []
     with case_workdir(base) as workdir:
-        for name in MUTANTS:
-            cases = build_cases(scenarios or sorted(SCENARIOS), ALL_FAULTS, workdir, mutant=name)
-            results = run_cases(cases, workdir, jobs=jobs, on_result=lambda _r: None)
-            caught = [r for r in results if r.outcome != "ok"]
-            if not caught:
+        for name, mutant in MUTANTS.items():
+            score = score_mutant(name, workdir, jobs=jobs, quick=quick, scenarios=scenarios)
+            if not score.caught_as_expected:
                 survivors.append(name)
-                click.echo(f"SURVIVED {name}: {len(cases)} cases, no violation")
+                seen = ", ".join(score.invariants) or "no invariant"
+                click.echo(
+                    f"SURVIVED {name}: {score.cases} cases; {mutant.caught_by} held "
+                    f"(caught only by {seen})"
+                )
                 continue
-            invariants = Counter(v.split(":")[0] for r in caught for v in r.violations)
-            first = caught[0]
             click.echo(
-                f"caught   {name}: {len(caught)}/{len(cases)} cases; by "
-                + ", ".join(f"{inv} ({n})" for inv, n in invariants.most_common())
+                f"caught   {name} by {mutant.caught_by}: {len(score.caught)}/{score.cases} "
+                "cases; " + ", ".join(f"{i} ({n})" for i, n in score.invariants.most_common())
             )
-            click.echo(f"         e.g. {first.case} ({first.boundary}): {first.violations[0]}")
+            first = score.example()
+            if first is not None:
+                click.echo(f"         e.g. {first.case} ({first.boundary}): {first.violations[0]}")
+    click.echo(f"score: {len(MUTANTS) - len(survivors)}/{len(MUTANTS)} mutants caught")
     if survivors:
         sys.exit(EXIT_VIOLATION)
 

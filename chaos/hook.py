@@ -3,8 +3,8 @@
 It counts the store's durable steps, records each one *before* the step runs and hands
 the records to the rig over a pipe (at the latest just before the hook's own SIGKILL,
 or at exit), so the rig knows exactly which steps completed when the process died; and
-at boundary k it injects the case's fault: a SIGKILL, a torn write then a SIGKILL, or an
-errno raised from the step.
+at boundary k it injects the case's fault: a SIGKILL, a torn write then a SIGKILL, an
+errno raised from the step, or a file size limit that makes the real write short.
 """
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ import enum
 import errno
 import json
 import os
+import resource
 import signal
 from typing import Final
 
 from worker.durable import Boundary, Step
+
+_FULL: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class FaultKind(enum.Enum):
@@ -27,29 +30,54 @@ class FaultKind(enum.Enum):
     TORN = "torn"
     POWER = "power"
     IO = "io"
+    SHORT = "short"
 
 
-TORN_VARIANTS: Final = ("1byte", "half", "allbutlast")
-POWER_VARIANTS: Final = ("drop", "prefix", "zeros")
-IO_VARIANTS: Final = ("eio", "enospc")
+TORN_VARIANTS: Final = ("1byte", "half", "allbutlast", "lines")
+POWER_VARIANTS: Final = ("drop", "prefix", "zeros", "names")
+IO_ERRNOS: Final = {
+    "eio": errno.EIO,
+    "enospc": errno.ENOSPC,
+    "edquot": errno.EDQUOT,
+    "erofs": errno.EROFS,
+}
+# Which errors each step can really return (write(2), fsync(2), rename(2), mkdir(2),
+# open(2) with O_CREAT, ftruncate(2)); a directory fsync only reports a failed writeback.
+IO_VARIANTS_BY_STEP: Final = {
+    Step.WRITE: ("eio", "enospc", "edquot"),
+    Step.FSYNC: ("eio", "enospc", "edquot"),
+    Step.FSYNC_DIR: ("eio",),
+    Step.RENAME: ("eio", "enospc", "edquot", "erofs"),
+    Step.MKDIR: ("eio", "enospc", "edquot", "erofs"),
+    Step.CREATE: ("eio", "enospc", "edquot", "erofs"),
+    Step.TRUNCATE: ("eio", "erofs"),
+}
+IO_VARIANTS: Final = tuple(IO_ERRNOS)
+SHORT_VARIANTS: Final = ("fsize",)
 VARIANTS: Final = {
     FaultKind.NONE: ("-",),
     FaultKind.KILL: ("-",),
     FaultKind.TORN: TORN_VARIANTS,
     FaultKind.POWER: POWER_VARIANTS,
     FaultKind.IO: IO_VARIANTS,
+    FaultKind.SHORT: SHORT_VARIANTS,
 }
 
 
 def applies(kind: FaultKind, step: Step) -> bool:
     """Whether a fault of ``kind`` can happen at a boundary of ``step``."""
+    return bool(variants_at(kind, step))
+
+
+def variants_at(kind: FaultKind, step: Step) -> tuple[str, ...]:
+    """The variants of ``kind`` that can happen at a boundary of ``step`` (none: empty)."""
     if kind is FaultKind.NONE:
-        return False
-    if kind is FaultKind.TORN:
-        return step is Step.WRITE
+        return ()
+    if kind in (FaultKind.TORN, FaultKind.SHORT):
+        return VARIANTS[kind] if step is Step.WRITE else ()
     if kind is FaultKind.IO:
-        return step in (Step.WRITE, Step.FSYNC)
-    return True
+        return IO_VARIANTS_BY_STEP[step]
+    return VARIANTS[kind]
 
 
 class EventPipe:
@@ -106,7 +134,7 @@ class ChaosHook:
         elif boundary.step is Step.RENAME:
             event["target"] = boundary.target
             event["old"] = _content_or_none(boundary.target)
-        if self.count != self.at or not applies(self.kind, boundary.step):
+        if self.count != self.at or self.variant not in variants_at(self.kind, boundary.step):
             self.events.send(event)
             return
         if self.kind in (FaultKind.KILL, FaultKind.POWER):
@@ -114,14 +142,19 @@ class ChaosHook:
         if self.kind is FaultKind.TORN:
             assert boundary.fd is not None
             data = boundary.data
-            keep = {"1byte": 1, "half": len(data) // 2, "allbutlast": len(data) - 1}[self.variant]
+            keep = _torn_keep(data, self.variant)
             written = os.write(boundary.fd, data[:keep]) if keep > 0 else 0
             self.events.send({**event, "n": written, "torn": True})
             self._die()
+        if self.kind is FaultKind.SHORT:
+            assert boundary.fd is not None
+            self.events.send(event)
+            _limit_file_size(os.fstat(boundary.fd).st_size + len(boundary.data) // 2)
+            return
         if self.kind is FaultKind.IO:
-            code = errno.EIO if self.variant == "eio" else errno.ENOSPC
-            if boundary.step is Step.WRITE and code == errno.ENOSPC and boundary.fd is not None:
-                # A full disk usually takes part of the write first.
+            code = IO_ERRNOS[self.variant]
+            if boundary.step is Step.WRITE and code in _FULL and boundary.fd is not None:
+                # A full disk (or quota) usually takes part of the write first.
                 part = os.write(boundary.fd, boundary.data[: len(boundary.data) // 2])
                 self.events.send({**event, "n": part})
             else:
@@ -133,6 +166,29 @@ class ChaosHook:
         self.events.flush()
         os.kill(os.getpid(), signal.SIGKILL)
         raise AssertionError("SIGKILL did not kill the process")
+
+
+def _torn_keep(data: bytes, variant: str) -> int:
+    """How many bytes of ``data`` a torn write of ``variant`` leaves.
+
+    ``lines`` is a tear that lands on a line boundary: the whole lines of the first
+    half (at least the first line), so a group commit cut short reads as whole lines.
+    """
+    if variant == "lines":
+        return max(data.rfind(b"\n", 0, len(data) // 2), data.find(b"\n")) + 1
+    return {"1byte": 1, "half": len(data) // 2, "allbutlast": len(data) - 1}[variant]
+
+
+def _limit_file_size(limit: int) -> None:
+    """Make the real ``write`` stop at ``limit`` bytes of any file from now on.
+
+    With RLIMIT_FSIZE the kernel cuts a write that crosses the limit short (returning
+    the count it wrote) and fails the next one with EFBIG; SIGXFSZ, which would kill the
+    process, is ignored so the store sees both as a real short write and a full file.
+    """
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
 
 
 def _content_or_none(path: str | None) -> str | None:

@@ -5,10 +5,17 @@ fsync; a name (created, or renamed into place) is durable only after a later fsy
 its directory; a directory made by mkdir is durable once its parent is fsynced. The
 rig feeds it the trace of the worker's boundaries and, after the kill, rewrites the
 files on disk to one of the states a power loss could leave.
+
+Two refinements: a failed fsync loses the bytes it was to write for good (Linux marks
+the dirty pages clean after a writeback error, so a later fsync that succeeds does not
+write them: the "fsyncgate" lesson), and the ``names`` variant is a file system that
+makes creates and renames durable at once (in order) but file data only at its fsync,
+the ordering ext4's data=writeback and most copy-on-write file systems allow.
 """
 
 from __future__ import annotations
 
+import copy
 import enum
 import os
 import shutil
@@ -21,6 +28,7 @@ class PowerVariant(enum.Enum):
     DROP = "drop"  # gone
     PREFIX = "prefix"  # only the first half of them kept
     ZEROS = "zeros"  # the length kept, the bytes zeroed (a metadata-only flush)
+    NAMES = "names"  # every name durable as soon as made, data only after its fsync
 
 
 @dataclass(eq=False)
@@ -30,6 +38,8 @@ class FileState:
     size: int
     durable: int
     content: bytes | None = None  # known when the rig had to keep it (replaced, or initial)
+    # Byte ranges whose only fsync failed: never on disk, whatever a later fsync says.
+    lost: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -60,9 +70,28 @@ class DurableModel:
 
     # -- the trace ---------------------------------------------------------------------
 
+    def rebased(self, root: str) -> DurableModel:
+        """A copy of this model for the same files copied under ``root``."""
+        model = copy.deepcopy(self)
+
+        def move(path: str) -> str:
+            return root + path[len(self.root) :]
+
+        model.root = root
+        model.volatile = {move(p): s for p, s in model.volatile.items()}
+        model.durable = {move(p): s for p, s in model.durable.items()}
+        model.volatile_dirs = {move(p) for p in model.volatile_dirs}
+        model.durable_dirs = {move(p) for p in model.durable_dirs}
+        return model
+
     def apply(self, event: dict[str, object]) -> None:
         """Apply one traced step that completed (see chaos.hook for the fields)."""
         step, path = str(event["step"]), str(event["path"])
+        if event.get("failed"):
+            state = self.volatile.get(path)
+            if step == "fsync" and state is not None and state.size > state.durable:
+                state.lost.append((state.durable, state.size))  # fsyncgate
+            return  # a failed step changed nothing else
         if step == "mkdir":
             self.volatile_dirs.add(path)
         elif step == "create":
@@ -73,12 +102,13 @@ class DurableModel:
                 state.size += int(str(event["n"]))
         elif step == "fsync":
             state = self.volatile.get(path)
-            if state is not None and not event.get("failed"):
+            if state is not None:
                 state.durable = state.size
         elif step == "truncate":
             state = self.volatile.get(path)
             if state is not None:
                 state.size = state.durable = int(str(event["n"]))
+                state.lost = [(a, min(b, state.size)) for a, b in state.lost if a < state.size]
         elif step == "rename":
             target = str(event["target"])
             replaced = self.volatile.get(target)
@@ -88,7 +118,7 @@ class DurableModel:
             moved = self.volatile.pop(path, None)
             if moved is not None:
                 self.volatile[target] = moved
-        elif step == "fsync_dir" and not event.get("failed"):
+        elif step == "fsync_dir":
             self._sync_dir(path)
 
     def _sync_dir(self, directory: str) -> None:
@@ -109,9 +139,12 @@ class DurableModel:
     def durable_image(self, variant: PowerVariant) -> tuple[set[str], dict[str, bytes]]:
         """Return the directories and file bytes a power loss would leave."""
         where = {id(state): path for path, state in self.volatile.items()}
-        dirs = {d for d in self.durable_dirs if self._reachable(d)}
+        names, directories = self.durable, self.durable_dirs
+        if variant is PowerVariant.NAMES:
+            names, directories = self.volatile, self.volatile_dirs
+        dirs = {d for d in directories if self._reachable(d, directories)}
         files: dict[str, bytes] = {}
-        for path, state in self.durable.items():
+        for path, state in names.items():
             if os.path.dirname(path) not in dirs:
                 continue
             if state.content is not None and id(state) not in where:
@@ -122,12 +155,12 @@ class DurableModel:
                     continue
                 with open(current, "rb") as f:
                     data = f.read()
-            files[path] = _lose(data, state.durable, variant)
+            files[path] = _lose(data, state, variant)
         return dirs, files
 
-    def _reachable(self, directory: str) -> bool:
+    def _reachable(self, directory: str, directories: set[str]) -> bool:
         while directory != self.root:
-            if directory not in self.durable_dirs:
+            if directory not in directories:
                 return False
             directory = os.path.dirname(directory)
         return True
@@ -148,10 +181,17 @@ class DurableModel:
                 f.write(data)
 
 
-def _lose(data: bytes, durable: int, variant: PowerVariant) -> bytes:
-    kept, unsynced = data[:durable], data[durable:]
-    if variant is PowerVariant.DROP or not unsynced:
-        return kept
-    if variant is PowerVariant.PREFIX:
-        return kept + unsynced[: len(unsynced) // 2]
-    return kept + b"\x00" * len(unsynced)
+def _lose(data: bytes, state: FileState, variant: PowerVariant) -> bytes:
+    kept, unsynced = data[: state.durable], data[state.durable :]
+    if variant in (PowerVariant.DROP, PowerVariant.NAMES) or not unsynced:
+        image = kept
+    elif variant is PowerVariant.PREFIX:
+        image = kept + unsynced[: len(unsynced) // 2]
+    else:
+        image = kept + b"\x00" * len(unsynced)
+    for start, stop in state.lost:
+        # Blocks whose writeback failed read back as the never-written zeros.
+        end = min(stop, len(image))
+        if start < end:
+            image = image[:start] + b"\x00" * (end - start) + image[end:]
+    return image

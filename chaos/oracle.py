@@ -29,6 +29,9 @@ class ClientLog:
     acked: set[str] = field(default_factory=set)
     in_flight: set[str] = field(default_factory=set)
     acked_epoch: int = -1  # the newest epoch a client was told about; -1: none yet
+    started: bool = False  # a worker said it was ready: later ones start without --create
+    compacted: bool = False  # the operator's compaction was acknowledged
+    seen: dict[str, int] = field(default_factory=dict)  # key: epoch known when first sent
 
     def start(self, key: str) -> None:
         if key:
@@ -62,6 +65,29 @@ class LogsView:
         if records and records[-1].get("type") == "EpochEnd":
             return str(records[-1].get("summary"))
         return None
+
+
+def continues_group(record: dict[str, object]) -> bool:
+    """Whether a raw log line says more lines of its group follow.
+
+    A group commit marks every line but its last with ``"more":true`` (a line without
+    it ends its group, as every line written before the marker existed does). A store
+    that frames groups as ``"part":i,"parts":n`` instead is read the same way.
+    """
+    if record.get("more") is True:
+        return True
+    part, parts = record.get("part"), record.get("parts")
+    return isinstance(part, int) and isinstance(parts, int) and part < parts
+
+
+def incomplete_group_start(records: list[dict[str, object]]) -> int | None:
+    """The index of the first line of an incomplete last group, or None if it is whole."""
+    if not records or not continues_group(records[-1]):
+        return None
+    start = len(records) - 1
+    while start > 0 and continues_group(records[start - 1]):
+        start -= 1
+    return start
 
 
 def session_path(home: str) -> str:
@@ -111,9 +137,12 @@ def snapshot_logs(home: str) -> LogsView:
     return view
 
 
-def check_after_fault(result: CaseResult, log: ClientLog, view: LogsView) -> None:
-    """Right after the crash: nothing acknowledged is lost, nothing unasked is there."""
+def check_after_fault(
+    result: CaseResult, scenario: Scenario, log: ClientLog, view: LogsView
+) -> None:
+    """Right after the crash: nothing acknowledged is lost or cut, nothing unasked is there."""
     result.checked += ["acknowledged-on-disk", "on-disk-acknowledged-or-in-flight"]
+    check_requests_complete(result, scenario, view, log.acked)
     on_disk = set(view.applied_keys())
     lost = sorted(log.acked - on_disk)
     if lost:
@@ -129,18 +158,58 @@ def check_after_fault(result: CaseResult, log: ClientLog, view: LogsView) -> Non
         )
 
 
+def check_requests_complete(
+    result: CaseResult, scenario: Scenario, view: LogsView, keys: set[str] | None = None
+) -> None:
+    """Every keyed request on disk (or only ``keys``) is whole: its User is followed, in
+    its group, by exactly the records that request appends; no log's last group is open.
+    """
+    result.checked.append("keyed-request-complete")
+    for epoch, records in sorted(view.epochs.items()):
+        for index, record in enumerate(records):
+            key = record.get("key")
+            if record.get("type") != "User" or not isinstance(key, str):
+                continue
+            if keys is not None and key not in keys:
+                continue
+            shape = scenario.shape(key)
+            group = records[index : index + len(shape)]
+            types = tuple(str(r.get("type")) for r in group)
+            if types != shape or continues_group(group[-1]):
+                result.violate(
+                    "keyed-request-complete",
+                    f"request {key!r} in epoch {epoch} is {'+'.join(types)}"
+                    f"{' (group still open)' if types == shape else ''}, "
+                    f"not {'+'.join(shape)}",
+                )
+        if keys is None and incomplete_group_start(records) is not None:
+            result.violate(
+                "keyed-request-complete",
+                f"epoch {epoch}'s last group is incomplete and the session opened",
+            )
+
+
 def check_final(
     result: CaseResult, scenario: Scenario, log: ClientLog, after_fault: LogsView, home: str
 ) -> None:
     """After the resume finished the scenario: the whole session, record by record."""
     view = snapshot_logs(home)
+    check_requests_complete(result, scenario, view)
     result.checked.append("final-state-opens")
     try:
-        state = load_session(session_path(home), SESSION)
+        state = load_session(session_path(home), SESSION, history=True)
     except SessionError as exc:
         result.violate("final-state-opens", str(exc))
         state = None
     _check_keys(result, scenario, log, view)
+    if scenario.compact is not None and log.compacted:
+        result.checked.append("operator-summary-recorded")
+        summaries = [view.closing_summary(n) for n in view.epochs]
+        if scenario.compact[1] not in summaries:
+            result.violate(
+                "operator-summary-recorded",
+                f"the operator's summary {scenario.compact[1]!r} closes no epoch: {summaries}",
+            )
     _check_epochs(result, view)
     _check_resume(result, after_fault, view)
     if state is not None and state.epoch >= 1:

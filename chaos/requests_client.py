@@ -7,25 +7,32 @@ import os
 import selectors
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Final
 
 from chaos.oracle import ClientLog
 from chaos.scenarios import Scenario
 from worker.wire import Channel, Message
+
+_COMPACT: Final = "\0compact"  # what ``sent`` holds while the operator's compact is out
 
 
 @dataclass(slots=True)
 class RequestsClient:
     """Sends the scenario's keyed requests one at a time; a failed one is retried once.
 
-    ``on_event`` gets the worker's trace events, ``on_ready`` runs when the worker says
-    it is ready (the rig's second-writer probe), ``on_refused`` when it says it exits.
+    A scenario with ``compact`` has the operator compact with its own summary once the
+    request it names is acknowledged.
+
+    ``on_event`` gets the worker's trace events, ``on_ready`` gets the worker's ready
+    message (the rig's second-writer probe and its state check), ``on_refused`` runs when
+    it says it exits.
     """
 
     scenario: Scenario
     log: ClientLog
     channel: Channel
     on_event: Callable[[dict[str, object]], None]
-    on_ready: Callable[[], None]
+    on_ready: Callable[[Message], None]
     on_refused: Callable[[dict[str, object]], None]
     pending: list[tuple[str, str]] = field(default_factory=list)
     sent: str | None = None
@@ -33,7 +40,8 @@ class RequestsClient:
 
     def run(self, event_fd: int) -> None:
         """Serve until both the trace and the channel reach their end."""
-        self.pending = list(self.scenario.requests)
+        # A client never sends again what it was told is done: only what got no answer.
+        self.pending = [r for r in self.scenario.requests if r[0] not in self.log.acked]
         selector = selectors.DefaultSelector()
         selector.register(event_fd, selectors.EVENT_READ, "events")
         selector.register(self.channel.fileno(), selectors.EVENT_READ, "channel")
@@ -63,7 +71,8 @@ class RequestsClient:
     def _on_message(self, message: Message) -> None:
         op = message.get("op")
         if op == "ready":
-            self.on_ready()
+            self.log.started = True
+            self.on_ready(message)
         elif op == "exiting":
             self.on_refused(
                 {"e": "refused", "error": message.get("code"), "why": message.get("message")}
@@ -72,8 +81,12 @@ class RequestsClient:
         elif message.get("ok") is True and self.sent is not None:
             result = message.get("result")
             state = result.get("state", {}) if isinstance(result, dict) else {}
-            self.log.ack(self.sent, int(state.get("epoch", 0)))
-            self.pending.pop(0)
+            if self.sent == _COMPACT:
+                self.log.compacted = True
+                self.log.ack("", int(state.get("epoch", 0)))
+            else:
+                self.log.ack(self.sent, int(state.get("epoch", 0)))
+                self.pending.pop(0)
             self.tries = 0
         elif self.sent is not None:
             self.tries += 1
@@ -81,12 +94,22 @@ class RequestsClient:
                 self.sent = None
                 self._send({"id": 0, "op": "stop"})
                 return
+        compact = self.scenario.compact
+        if compact is not None and compact[0] in self.log.acked and not self.log.compacted:
+            # The operator's compaction, once its request is acknowledged; not repeated
+            # after a crash once acknowledged (in flight, it may be: operators retry).
+            self.sent = _COMPACT
+            self._send({"id": 0, "op": "compact", "summary": compact[1]})
+            return
         if self.pending:
             key, text = self.pending[0]
             self.log.start(key)
             self.sent = key
+            # The newest epoch seen before the key was first sent, as a client says it:
+            # a retry from beyond the store's window is refused, never applied twice.
+            seen = self.log.seen.setdefault(key, max(self.log.acked_epoch, 0))
             self._send({"id": len(self.pending), "op": "request",
-                        "request": {"text": text, "key": key}})  # fmt: skip
+                        "request": {"text": text, "key": key, "epoch": seen}})  # fmt: skip
             return
         self.sent = None
         self._send({"id": 0, "op": "stop"})

@@ -8,21 +8,15 @@ the files to the oracle.
 from __future__ import annotations
 
 import copy
-import fcntl
-import gc
-import json
 import os
 import shutil
-import signal
-import socket
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
-from chaos import mutants
+from chaos.api_state import check_api_state
 from chaos.cases import Case, CaseResult
-from chaos.child import store_child, worker_child
-from chaos.hook import ChaosHook, EventPipe, FaultKind
+from chaos.hook import FaultKind
 from chaos.model import DurableModel, PowerVariant
 from chaos.oracle import (
     ClientLog,
@@ -30,164 +24,25 @@ from chaos.oracle import (
     check_after_fault,
     check_final,
     file_digests,
-    log_files,
-    session_path,
     snapshot_logs,
 )
-from chaos.requests_client import RequestsClient
 from chaos.scenarios import SCENARIOS, SESSION, Scenario
-from worker import durable
+from chaos.torn import describe, expected_torn_place, torn_refusal_checked
+from chaos.worker_run import ChildRun, fork_child
 from worker.errors import SessionError
 from worker.repair import repair_torn_tail
-from worker.wire import Channel
 
 MAX_RESUMES: Final = 4
 
 
 @dataclass(slots=True)
-class ChildRun:
-    """What the rig saw of one child: its boundaries, a refusal, how it ended."""
-
-    steps: list[dict[str, object]] = field(default_factory=list)
-    code: int = 0
-    refused: dict[str, object] | None = None
-    two_writers: bool = False
-
-    @property
-    def killed(self) -> bool:
-        return self.code == -signal.SIGKILL
-
-
-def fork_child(
-    home: str,
-    scenario: Scenario,
-    log: ClientLog,
-    *,
-    resume: bool,
-    fault: FaultKind = FaultKind.NONE,
-    variant: str = "-",
-    at: int = 0,
-    mutant: str | None = None,
-    output: str = os.devnull,
-    trace: bool = True,
-) -> ChildRun:
-    """Fork a worker for ``scenario`` with its hook armed; act as its client until it ends."""
-    event_r, event_w = os.pipe()
-    go_r, go_w = os.pipe()
-    ours, theirs = socket.socketpair() if scenario.worker_level else (None, None)
-    # Objects that exist now are never collected by the cyclic GC of this process or its
-    # children: a collection would touch (and so copy) every page the child shares.
-    gc.freeze()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        code = 1
-        gc.disable()  # a short-lived child: no collection, fewer copied pages
-        try:
-            os.close(event_r)
-            os.close(go_w)
-            sink = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            os.dup2(sink, 1)
-            os.dup2(sink, 2)
-            if ours is not None:
-                ours.close()
-            mutants.apply(mutant)
-            events = EventPipe(event_w)
-            durable.set_hook(ChaosHook(events, fault, variant, at, trace=trace))
-            if theirs is not None:
-                code = worker_child(home, scenario, theirs.fileno())
-            else:
-                code = store_child(home, scenario, resume=resume, events=events, go_fd=go_r)
-            events.flush()
-        finally:
-            os._exit(code)
-    os.close(event_w)
-    os.close(go_r)
-    run = ChildRun()
-    try:
-        if theirs is not None and ours is not None:
-            theirs.close()
-            RequestsClient(
-                scenario=scenario,
-                log=log,
-                channel=Channel(ours),
-                on_event=lambda event: _on_event(home, log, run, event, None),
-                on_ready=lambda: _probe(run, home),
-                on_refused=lambda event: _refused(run, event),
-            ).run(event_r)
-        else:
-            _read_events(home, log, run, event_r, go_w)
-    finally:
-        os.close(event_r)
-        os.close(go_w)
-        if ours is not None:
-            ours.close()
-        _pid, status = os.waitpid(pid, 0)
-        run.code = os.waitstatus_to_exitcode(status)
-    return run
-
-
-def _on_event(
-    home: str, log: ClientLog, run: ChildRun, event: dict[str, object], go_w: int | None
-) -> None:
-    kind = event.get("e")
-    if kind == "step":
-        run.steps.append(event)
-    elif kind == "start":
-        log.start(str(event.get("key") or ""))
-    elif kind == "ack":
-        log.ack(str(event.get("key") or ""), int(str(event.get("epoch", 0))))
-    elif kind == "refused":
-        run.refused = event
-    elif kind == "opened" and go_w is not None:
-        run.two_writers = _second_writer_gets_in(home)
-        os.write(go_w, b"g")
-
-
-def _probe(run: ChildRun, home: str) -> None:
-    run.two_writers = _second_writer_gets_in(home)
-
-
-def _refused(run: ChildRun, event: dict[str, object]) -> None:
-    run.refused = event
-
-
-def _second_writer_gets_in(home: str) -> bool:
-    """While the resumed worker holds the session, a second writer's lock must fail.
-
-    The probe is the kernel lock a second ``Session.open`` would take (the same flock
-    on the session directory), without the store's lookup of the holder's pid.
-    """
-    fd = os.open(session_path(home), os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-    return True
-
-
-def _read_events(home: str, log: ClientLog, run: ChildRun, fd: int, go_w: int) -> None:
-    buffer = b""
-    while True:
-        data = os.read(fd, 65536)
-        if not data:
-            return
-        buffer += data
-        *lines, buffer = buffer.split(b"\n")
-        if lines:
-            # One JSON document for the batch: a single parse instead of one per line.
-            for event in json.loads(b"[" + b",".join(lines) + b"]"):
-                _on_event(home, log, run, event, go_w)
-
-
-@dataclass(slots=True)
 class _FirstCrash:
-    """The files and acknowledgements a kill at boundary k left, kept to be copied."""
+    """The files, acknowledgements and durability model a first fault left, to be copied."""
 
-    key: tuple[str, int, str | None]
+    key: tuple[object, ...]
     files: str
     log: ClientLog
+    model: DurableModel | None
 
 
 _first_crash: _FirstCrash | None = None
@@ -196,50 +51,66 @@ _first_crash: _FirstCrash | None = None
 def run_case(case: Case, workdir: str, *, crash_cache: str | None = None) -> CaseResult:
     """Run ``case`` in a fresh home under ``workdir`` and check every invariant.
 
-    Compound cases that share their first kill (same scenario, boundary and mutant) may
-    share its outcome: with ``crash_cache`` the files that kill really left are kept
-    there and copied for the next such case, which then only crashes the recovery.
+    Compound cases that share their first fault (same scenario, fault, boundary and
+    mutant) may share its outcome: with ``crash_cache`` the files that fault really left
+    are kept there and copied for the next such case, which then only crashes the
+    recovery (or cuts the power under the resumed worker).
     """
     scenario = SCENARIOS[case.scenario]
     result = CaseResult(case=case.id, fault=case.fault.value, boundary="")
     root = tempfile.mkdtemp(prefix="case-", dir=workdir)
     home = os.path.join(root, "home")
     output = os.path.join(root, "worker.out")
-    key = (case.scenario, case.at, case.mutant)
-    reused = _first_crash if case.recovery_at and crash_cache is not None else None
+    compound = bool(case.recovery_at) or case.power_at is not None
+    key = (case.scenario, case.fault, case.variant, case.at, case.power_at is None, case.mutant)
+    reused = _first_crash if compound and crash_cache is not None else None
     if reused is not None and reused.key == key and os.path.isdir(reused.files):
         shutil.copytree(reused.files, home, symlinks=True)
         log = copy.deepcopy(reused.log)
+        model = reused.model.rebased(home) if reused.model is not None else None
         result.boundary = boundary_name(case.scenario, case.at)
-        result.notes.append("first kill's files shared with the other recoveries of this kill")
+        result.notes.append("first fault's files shared with the other compounds of this fault")
     else:
-        log = _first_run(case, scenario, home, output, result)
-        if case.recovery_at and crash_cache is not None:
-            _keep_first_crash(key, home, log, crash_cache)
+        log, model = _first_run(case, scenario, home, output, result)
+        if compound and crash_cache is not None:
+            _keep_first_crash(key, home, log, model, crash_cache)
     after_fault = snapshot_logs(home)
-    check_after_fault(result, log, after_fault)
+    check_after_fault(result, scenario, log, after_fault)
+    if case.power_at is not None and model is not None:
+        _resume_then_power_loss(case, scenario, home, output, log, model, result)
+        after_fault = snapshot_logs(home)
+        check_after_fault(result, scenario, log, after_fault)
     return _resume_and_check(case, scenario, home, output, log, after_fault, result)
 
 
 def _keep_first_crash(
-    key: tuple[str, int, str | None], home: str, log: ClientLog, crash_cache: str
+    key: tuple[object, ...],
+    home: str,
+    log: ClientLog,
+    model: DurableModel | None,
+    crash_cache: str,
 ) -> None:
     global _first_crash  # noqa: PLW0603 - one process, one kept crash at a time
     files = os.path.join(crash_cache, f"first-crash-{os.getpid()}")  # one per process
     shutil.rmtree(files, ignore_errors=True)
     shutil.copytree(home, files, symlinks=True)
-    _first_crash = _FirstCrash(key=key, files=files, log=copy.deepcopy(log))
+    kept = model.rebased(files) if model is not None else None
+    _first_crash = _FirstCrash(key=key, files=files, log=copy.deepcopy(log), model=kept)
 
 
 def _first_run(
     case: Case, scenario: Scenario, home: str, output: str, result: CaseResult
-) -> ClientLog:
-    """Run the scenario in a worker with the case's fault armed; return what was acked."""
+) -> tuple[ClientLog, DurableModel | None]:
+    """Run the scenario in a worker with the case's fault armed; return what was acked.
+
+    The durability model is kept (and returned) for a power loss, now or later.
+    """
     os.mkdir(home)
     if scenario.prepare is not None:
         scenario.prepare(home)
-    # Only a power loss needs the model of what was durable.
-    model = DurableModel.snapshot(home) if case.fault is FaultKind.POWER else None
+    power_later = case.power_at is not None
+    traced = case.fault is FaultKind.POWER or power_later
+    model = DurableModel.snapshot(home) if traced else None
     log = ClientLog()
     for key in snapshot_logs(home).applied_keys() if scenario.prepare is not None else []:
         log.ack(key, 0)  # acknowledged before the scenario began
@@ -253,14 +124,60 @@ def _first_run(
         at=case.at,
         mutant=case.mutant,
         output=output,
-        trace=case.fault is FaultKind.POWER,
+        trace=traced,
     )
     result.boundary = boundary_name(case.scenario, case.at)
     if model is not None:
         for step in first.steps:
             model.apply(step)
-        model.power_loss(PowerVariant(case.variant))
-    return log
+        if case.fault is FaultKind.POWER:
+            model.power_loss(PowerVariant(case.variant))
+    return log, model
+
+
+def _resume_then_power_loss(
+    case: Case,
+    scenario: Scenario,
+    home: str,
+    output: str,
+    log: ClientLog,
+    model: DurableModel,
+    result: CaseResult,
+) -> None:
+    """A fresh worker resumes and acknowledges more work; then the power fails under it.
+
+    The power fails at boundary ``power_at`` of that worker (or after it finished), and
+    the files become what the model says every step since the case began made durable.
+    """
+    resumed = fork_child(
+        home,
+        scenario,
+        log,
+        resume=True,
+        fault=FaultKind.POWER,
+        variant=PowerVariant.DROP.value,
+        at=case.power_at or 0,
+        mutant=case.mutant,
+        output=output,
+        trace=True,
+    )
+    _check_resumed(result, resumed)
+    for step in resumed.steps:
+        model.apply(step)
+    model.power_loss(PowerVariant.DROP)
+    where = f"its boundary {case.power_at}" if case.power_at else "its end"
+    result.notes.append(f"a fresh worker resumed; the power failed at {where}")
+
+
+def _check_resumed(result: CaseResult, run: ChildRun) -> None:
+    """What a resumed worker must hold while it runs: the lock alone, the disk's state."""
+    result.checked.append("single-writer")
+    if run.intruders:
+        result.violate(
+            "single-writer",
+            f"{' and '.join(run.intruders)} got the session while a worker held it",
+        )
+    check_api_state(result, run.reported, run.implied)
 
 
 def _resume_and_check(
@@ -275,7 +192,7 @@ def _resume_and_check(
     """Resume with fresh workers until one finishes the scenario; then the oracle."""
     for attempt in range(MAX_RESUMES):
         compound = case.recovery_at if attempt == 0 else 0
-        torn = _expected_torn_place(home)
+        torn = expected_torn_place(home)
         before = file_digests(home) if torn is not None else {}
         resumed = fork_child(
             home,
@@ -288,27 +205,23 @@ def _resume_and_check(
             output=output,
             trace=False,
         )
-        result.checked.append("single-writer")
-        if resumed.two_writers:
-            result.violate(
-                "single-writer", "a second opener got the session while a worker held it"
-            )
+        _check_resumed(result, resumed)
         if torn is not None:
             result.checked.append("torn-log-refused-unchanged")
             if file_digests(home) != before:
                 result.violate(
                     "torn-log-refused-unchanged",
-                    f"files changed by a worker facing the torn {torn[0]}:{torn[1]}",
+                    f"files changed by a worker facing the torn {describe(torn)}",
                 )
                 break
             if resumed.refused is None:
                 result.violate(
                     "torn-log-refused-unchanged",
-                    f"{torn[0]}:{torn[1]} is torn but the worker did not refuse it",
+                    f"{describe(torn)} is torn but the worker did not refuse it",
                 )
                 break
         if resumed.refused is not None:
-            if not _torn_refusal_checked(result, torn, resumed.refused):
+            if not torn_refusal_checked(result, torn, resumed.refused):
                 break
             try:
                 repair_torn_tail(home, SESSION)  # the operator's explicit step
@@ -356,28 +269,3 @@ def boundary_name(scenario: str, at: int) -> str:
         if step.get("k") == at:
             return f"{step['step']} {os.path.basename(str(step['path']))}"
     return f"boundary {at}" if at else "-"
-
-
-def _torn_refusal_checked(
-    result: CaseResult, expected: tuple[str, int] | None, refused: dict[str, object]
-) -> bool:
-    """A refusal must be TornLog at the place the rig predicted from the bytes."""
-    why = str(refused.get("why"))
-    if expected is None:
-        result.violate("final-state-opens", f"the worker refused a log that is not torn: {why}")
-        return False
-    path, line = expected
-    if not why.startswith(f"{path}:{line}: "):
-        result.violate("torn-log-refused-unchanged", f"refused as {why!r}, expected {path}:{line}")
-        return False
-    return True
-
-
-def _expected_torn_place(home: str) -> tuple[str, int] | None:
-    """Where a log of the session has a last line without a newline, if one does."""
-    for path in log_files(home):
-        with open(path, "rb") as f:
-            data = f.read()
-        if data and not data.endswith(b"\n"):
-            return path, data.count(b"\n") + 1
-    return None

@@ -21,6 +21,9 @@ from worker.session import Session
 SESSION: Final = "chaos"
 SLOT: Final = 7
 RETRY_SUMMARY: Final = "summary given on retry"
+# The records one keyed request appends: a group commit of four, or a single User.
+GROUP_SHAPE: Final = ("User", "ToolResult", "Assistant", "Usage")
+SINGLE_SHAPE: Final = ("User",)
 
 
 def baseline_for(memory: str) -> Baseline:
@@ -48,10 +51,19 @@ class Scenario:
     prepare: Callable[[str], None] | None = None
     requests: tuple[tuple[str, str], ...] = ()  # (key, text) for the worker-level scenario
     budget: int = 0
+    app: str | None = None  # the worker's app (module:attribute), else the default app
+    compact: tuple[str, str] | None = None  # (after which key, the operator's summary)
 
     @property
     def worker_level(self) -> bool:
         return bool(self.requests)
+
+    def shape(self, key: str) -> tuple[str, ...]:
+        """The record types the request ``key`` appends, User first, in one group."""
+        for op in self.ops:
+            if op.key == key and op.kind == "append":
+                return SINGLE_SHAPE
+        return GROUP_SHAPE  # groups, the default app's requests, and prepared keys
 
 
 def _prepare_interrupted(home: str) -> None:
@@ -104,6 +116,16 @@ SCENARIOS: Final = {
             ops=(),
             requests=tuple((f"q{n}", f"request number {n} " + "x" * 30) for n in range(6)),
             budget=50,
+        ),
+        Scenario(
+            name="operator",
+            doc="requests to an app whose summaries never repeat, and an operator's compact "
+            "with its own summary, through the real worker loop",
+            ops=(),
+            requests=tuple((f"o{n}", f"operator scenario {n} " + "y" * 30) for n in range(5)),
+            budget=50,
+            app="chaos.apps:UnrepeatableSummaryApp",
+            compact=("o2", "the operator's own summary"),
         ),
     )
 }

@@ -5,16 +5,24 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterable
+from typing import Final
 
-from chaos.cases import Case, enumerate_cases
+from chaos.cases import Case, ThenPower, enumerate_cases
 from chaos.hook import FaultKind
 from chaos.oracle import ClientLog, snapshot_logs
-from chaos.runner import clean_steps, fork_child
+from chaos.runner import clean_steps
 from chaos.scenarios import SCENARIOS
+from chaos.worker_run import fork_child
 from worker.durable import Step
 
 ALL_FAULTS: tuple[FaultKind, ...] = (FaultKind.KILL, FaultKind.TORN, FaultKind.POWER,
-                                     FaultKind.IO)  # fmt: skip
+                                     FaultKind.IO, FaultKind.SHORT)  # fmt: skip
+
+
+# The first faults of the "then power loss" compounds: a kill anywhere, and an I/O error
+# at an fsync of a file or a directory (which the store must redo, never trust, before
+# it acknowledges anything).
+_POWER_AFTER_IO: Final = (Step.FSYNC, Step.FSYNC_DIR)
 
 
 def build_cases(
@@ -23,16 +31,61 @@ def build_cases(
     workdir: str,
     *,
     compound: bool = False,
+    then_power: ThenPower | None = None,
     mutant: str | None = None,
 ) -> list[Case]:
-    """Count each scenario's boundaries with a clean run, then list every case."""
+    """Count each scenario's boundaries with a clean run, then list every case.
+
+    ``compound`` lists every compound case (``then_power`` defaults to EVERY with it).
+    """
+    if then_power is None:
+        then_power = ThenPower.EVERY if compound else ThenPower.NONE
     cases: list[Case] = []
     wanted = list(faults)
     for name in scenarios:
         steps = [Step(str(s["step"])) for s in clean_steps(name, workdir)]
         recovery = recovery_counts(name, len(steps), workdir) if compound else None
-        cases += enumerate_cases(name, steps, wanted, mutant=mutant, recovery_steps=recovery)
+        resume = power_compounds(name, steps, then_power, workdir, mutant=mutant)
+        cases += enumerate_cases(
+            name, steps, wanted, mutant=mutant, recovery_steps=recovery, resume_steps=resume
+        )
     return cases
+
+
+def power_compounds(
+    scenario: str,
+    steps: list[Step],
+    then_power: ThenPower,
+    workdir: str,
+    *,
+    mutant: str | None = None,
+) -> dict[tuple[FaultKind, str, int], int]:
+    """The first faults of the "then power loss" compounds, each with the number of
+    boundaries of the worker that resumes after it (0 when only the end is wanted, 1
+    when the first boundary and the end are)."""
+    if then_power is ThenPower.NONE:
+        return {}
+    firsts = [(FaultKind.KILL, "-", k) for k in range(1, len(steps) + 1)]
+    firsts += [
+        (FaultKind.IO, "eio", k) for k, step in enumerate(steps, start=1) if step in _POWER_AFTER_IO
+    ]
+    if then_power in (ThenPower.END, ThenPower.FIRST):
+        return dict.fromkeys(firsts, int(then_power is ThenPower.FIRST))
+    return {first: _resume_count(scenario, *first, workdir, mutant) for first in firsts}
+
+
+def _resume_count(
+    scenario: str, kind: FaultKind, variant: str, at: int, workdir: str, mutant: str | None
+) -> int:
+    spec = SCENARIOS[scenario]
+    root = tempfile.mkdtemp(prefix="resume-", dir=workdir)
+    home = os.path.join(root, "home")
+    os.mkdir(home)
+    if spec.prepare is not None:
+        spec.prepare(home)
+    fork_child(home, spec, ClientLog(), resume=False, fault=kind, variant=variant, at=at,
+               mutant=mutant, trace=False)  # fmt: skip
+    return len(fork_child(home, spec, ClientLog(), resume=True, mutant=mutant).steps)
 
 
 def recovery_counts(scenario: str, boundaries: int, workdir: str) -> dict[int, int]:

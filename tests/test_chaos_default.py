@@ -1,7 +1,8 @@
-"""The default chaos slice: every boundary of scenario 1 under kill, torn and power loss.
+"""The default chaos slice: every boundary of scenario 1 under kill, torn and power loss,
+and the "fault, resume, then power loss" compounds of scenario 1 and of the worker loop.
 
 The same cases ``loopd chaos run`` runs, as pytest parameters, so ``pytest -n auto``
-shards them. The full sweep (every scenario, every fault, compound cases) is marked
+shards them. The full sweep (every scenario, every fault, every compound) is marked
 ``sweep``: ``pytest -m sweep``.
 """
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.cases import Case
+from chaos.cases import Case, ThenPower
 from chaos.hook import FaultKind
 from chaos.runner import clean_steps, run_case
 from chaos.sweep import build_cases
@@ -20,26 +21,37 @@ from chaos.sweep import build_cases
 
 def _default_cases() -> list[Case]:
     with tempfile.TemporaryDirectory(prefix="loopd-collect-") as workdir:
-        return build_cases(["basic"], [FaultKind.KILL, FaultKind.TORN, FaultKind.POWER], workdir)
+        cases = build_cases(["basic"], [FaultKind.KILL, FaultKind.TORN, FaultKind.POWER], workdir)
+        return cases + build_cases(["basic", "requests"], [], workdir, then_power=ThenPower.END)
 
 
 DEFAULT_CASES = _default_cases()
 
 
 def test_the_default_slice_covers_every_boundary_of_the_basic_scenario() -> None:
-    kills = [c for c in DEFAULT_CASES if c.fault is FaultKind.KILL]
+    kills = [c for c in DEFAULT_CASES if c.fault is FaultKind.KILL and c.power_at is None]
     assert [c.at for c in kills] == list(range(1, len(kills) + 1))
     assert len(kills) >= 40
     assert {c.variant for c in DEFAULT_CASES if c.fault is FaultKind.POWER} == {
         "drop",
         "prefix",
         "zeros",
+        "names",
     }
     assert {c.variant for c in DEFAULT_CASES if c.fault is FaultKind.TORN} == {
         "1byte",
         "half",
         "allbutlast",
+        "lines",
     }
+
+
+def test_the_default_slice_cuts_the_power_after_a_resume_from_every_kill(tmp_path: Path) -> None:
+    for scenario in ("basic", "requests"):
+        then_power = [c for c in DEFAULT_CASES if c.scenario == scenario and c.power_at == 0]
+        kills = [c.at for c in then_power if c.fault is FaultKind.KILL]
+        assert kills == list(range(1, len(clean_steps(scenario, str(tmp_path))) + 1))
+        assert len([c for c in then_power if c.fault is FaultKind.IO]) >= 8
 
 
 @pytest.mark.parametrize("case", DEFAULT_CASES, ids=[c.id for c in DEFAULT_CASES])
@@ -51,6 +63,7 @@ def test_the_store_survives_the_case_with_every_invariant_held(case: Case, tmp_p
     assert {
         "acknowledged-on-disk",
         "on-disk-acknowledged-or-in-flight",
+        "keyed-request-complete",
         "single-writer",
         "no-key-twice",
         "one-epoch-end-last",

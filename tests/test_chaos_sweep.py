@@ -1,4 +1,4 @@
-"""The full chaos sweep: every scenario, every fault kind, and the compound cases.
+"""The full chaos sweep: every scenario, every fault kind, and every compound case.
 
 Behind the ``sweep`` marker (``pytest -m sweep -n auto``); the default run leaves it out.
 Its cases are only built when the marker is selected, so the default run pays nothing.

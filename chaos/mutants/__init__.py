@@ -1,0 +1,159 @@
+"""Deliberately broken stores, applied by monkeypatching inside a case's child only.
+
+Each breaks one rule of the store; the rig must catch every one (``loopd chaos
+mutants``), and each names the invariant that must catch it and the faults that do.
+They live here, never in worker/, and never run outside a forked child.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from chaos.cases import ThenPower
+from chaos.hook import FaultKind
+from chaos.mutants import durability, epochs, reading
+
+KILL: Final = (FaultKind.KILL,)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Mutant:
+    """One broken store: the bug, how it is patched in, and what must catch it.
+
+    ``faults``, ``then_power`` and ``scenarios`` choose the cases of the quick check
+    (the test suite's); ``loopd chaos mutants`` runs every case.
+    """
+
+    name: str
+    bug: str
+    patch: Callable[[], None]
+    caught_by: str
+    faults: tuple[FaultKind, ...] = KILL
+    then_power: ThenPower = ThenPower.NONE
+    scenarios: tuple[str, ...] = ("basic",)
+
+
+_ALL: Final = (
+    Mutant(name="no-fsync", bug="never fsyncs the log", patch=durability.no_fsync,
+           caught_by="acknowledged-on-disk", faults=(FaultKind.POWER,)),
+    Mutant(name="fsync-after-memory", bug="records reach memory before the fsync",
+           patch=durability.fsync_after_memory, caught_by="acknowledged-on-disk",
+           faults=(FaultKind.IO,)),
+    Mutant(name="no-directory-fsync", bug="never fsyncs a directory after create or rename",
+           patch=durability.no_directory_fsync, caught_by="acknowledged-on-disk",
+           faults=(FaultKind.POWER,)),
+    Mutant(name="second-epoch-end-on-resume", bug="resume closes the epoch again",
+           patch=epochs.second_epoch_end_on_resume, caught_by="one-epoch-end-last"),
+    Mutant(name="silent-torn-tail-repair", bug="open cuts a torn tail off by itself",
+           patch=reading.silent_torn_tail_repair, caught_by="torn-log-refused-unchanged",
+           faults=(FaultKind.TORN,)),
+    Mutant(name="recorded-summary-rewritten",
+           bug="resume rewrites the recorded EpochEnd with the caller's summary",
+           patch=epochs.recorded_summary_rewritten, caught_by="carry-is-recorded-summary"),
+    Mutant(name="call-numbers-per-epoch", bug="tool call numbers start again in every epoch",
+           patch=epochs.call_numbers_per_epoch, caught_by="call-numbers-unique"),
+    Mutant(name="no-lock", bug="open takes no lock", patch=reading.no_lock,
+           caught_by="single-writer"),
+    # Caught only because a failed fsync loses its bytes for good in the power-loss model.
+    Mutant(name="fsync-retried-and-trusted",
+           bug="a failed fdatasync is retried and its success trusted (fsyncgate)",
+           patch=durability.fsync_retried_and_trusted, caught_by="acknowledged-on-disk",
+           faults=(), then_power=ThenPower.END),
+    # Caught only by I/O errors at the steps beyond write and fsync.
+    Mutant(name="directory-fsync-error-ignored",
+           bug="a failed fsync of a directory is ignored, its names taken as durable",
+           patch=durability.directory_fsync_error_ignored, caught_by="acknowledged-on-disk",
+           faults=(), then_power=ThenPower.FIRST),
+    Mutant(name="rename-error-ignored", bug="a failed rename of an atomic write is ignored",
+           patch=durability.rename_error_ignored, caught_by="final-state-opens",
+           faults=(FaultKind.IO,)),
+    # Caught only by real short writes (RLIMIT_FSIZE).
+    Mutant(name="short-write-not-looped", bug="a short write is taken as the whole buffer",
+           patch=durability.short_write_not_looped, caught_by="acknowledged-on-disk",
+           faults=(FaultKind.SHORT,)),
+    # Caught only by the power loss that makes names durable before data.
+    Mutant(name="rename-before-data-fsync",
+           bug="an atomic write renames its tmp file before fsyncing the data",
+           patch=durability.rename_before_data_fsync, caught_by="final-state-opens",
+           faults=(FaultKind.POWER,)),
+    # Caught only by the probes with a shared lock and a real second Session.open.
+    Mutant(name="writer-takes-shared-lock", bug="a writer takes a shared lock",
+           patch=reading.writer_takes_shared_lock, caught_by="single-writer"),
+    Mutant(name="held-lock-taken-as-stale",
+           bug="an opener that finds the lock held goes on without it",
+           patch=reading.held_lock_taken_as_stale, caught_by="single-writer"),
+    # Caught only by comparing the resumed worker's reported state with the disk.
+    Mutant(name="open-forgets-prior-counts", bug="open reports no prior users",
+           patch=reading.open_forgets_prior_counts, caught_by="api-state-matches-disk"),
+    Mutant(name="open-carries-oldest-summary",
+           bug="open carries the first epoch's summary, not the last one's",
+           patch=reading.open_carries_oldest_summary, caught_by="api-state-matches-disk"),
+    # Caught only by an app whose summaries never repeat, and by the operator's compact.
+    Mutant(name="resume-recomputes-summary",
+           bug="the worker's resume builds the next baseline from a summary computed again",
+           patch=epochs.resume_recomputes_summary, caught_by="carry-is-recorded-summary",
+           scenarios=("operator",)),
+    Mutant(name="operator-summary-ignored",
+           bug="the worker's compact ignores the operator's summary",
+           patch=epochs.operator_summary_ignored, caught_by="operator-summary-recorded",
+           scenarios=("operator",)),
+    # Caught only by a power loss after a resumed worker acknowledged more work.
+    Mutant(name="open-makes-nothing-durable",
+           bug="open does not fsync the files and directories it read",
+           patch=reading.open_makes_nothing_durable, caught_by="acknowledged-on-disk",
+           faults=(), then_power=ThenPower.END),
+    # More broken rules, each caught by the invariant it breaks.
+    Mutant(name="no-cut-back-after-failed-write",
+           bug="what a failed write left stays in the log",
+           patch=durability.no_cut_back_after_failed_write, caught_by="final-state-opens",
+           faults=(FaultKind.IO,)),
+    Mutant(name="parent-fsync-skipped-on-create",
+           bug="create never fsyncs sessions/ after making the session directory",
+           patch=durability.parent_fsync_skipped_on_create, caught_by="acknowledged-on-disk",
+           faults=(FaultKind.POWER,)),
+    Mutant(name="epoch-end-not-fsynced", bug="commit_epoch does not fsync its EpochEnd",
+           patch=durability.epoch_end_not_fsynced, caught_by="final-state-opens",
+           faults=(FaultKind.POWER,)),
+    Mutant(name="incomplete-group-accepted",
+           bug="open accepts a log whose last group commit is incomplete",
+           patch=reading.incomplete_group_accepted, caught_by="keyed-request-complete",
+           faults=(FaultKind.TORN,)),
+    Mutant(name="baseline-after-log", bug="an epoch change writes its log before its baseline",
+           patch=durability.baseline_after_log, caught_by="final-state-opens"),
+    # A request in flight when its epoch closed is retried in the next; the store's own
+    # guard refuses to apply it again, so the client's retry never completes: caught as
+    # requests missing after the resume.
+    Mutant(name="key-index-current-epoch-only",
+           bug="a request key is looked up in the current epoch only",
+           patch=reading.key_index_current_epoch_only, caught_by="acknowledged-on-disk",
+           scenarios=("requests",)),
+    Mutant(name="torn-tail-ignored", bug="open skips an unterminated last line",
+           patch=reading.torn_tail_ignored, caught_by="torn-log-refused-unchanged",
+           faults=(FaultKind.TORN,)),
+    Mutant(name="lock-released-after-open", bug="open drops the lock once it read the files",
+           patch=reading.lock_released_after_open, caught_by="single-writer"),
+    Mutant(name="next-call-from-newest-epoch",
+           bug="open counts the tool calls of the newest epoch only",
+           patch=reading.next_call_from_newest_epoch, caught_by="call-numbers-unique"),
+    Mutant(name="open-or-create-always-initializes",
+           bug="opening an existing session through open_or_create writes it afresh",
+           patch=reading.open_or_create_always_initializes,
+           caught_by="no-second-epoch-end-on-resume"),
+    Mutant(name="slot-reset-on-epoch", bug="a new epoch starts in slot 0",
+           patch=epochs.slot_reset_on_epoch, caught_by="epochs-contiguous-and-consistent"),
+    Mutant(name="next-baseline-ignores-summary",
+           bug="an epoch change keeps the old baseline instead of the one from the summary",
+           patch=epochs.next_baseline_ignores_summary, caught_by="carry-is-recorded-summary"),
+)  # fmt: skip
+MUTANTS: Final[dict[str, Mutant]] = {m.name: m for m in _ALL}
+
+
+def apply(name: str | None) -> None:
+    """Break the store in this process as the mutant ``name`` says (None: leave it whole)."""
+    if name is None:
+        return
+    if name not in MUTANTS:
+        raise ValueError(f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}")
+    MUTANTS[name].patch()

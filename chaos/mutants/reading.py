@@ -1,0 +1,168 @@
+"""Mutants that break reading a session: refusals, repairs and the lock."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from worker import layout, loader, lock, session
+from worker.baseline import Baseline
+from worker.errors import SessionLocked, TornLog
+from worker.records import EpochEnd, ToolResult
+
+
+def silent_torn_tail_repair() -> None:
+    original = loader.decode_log
+
+    def decode_log(path: str, data: bytes) -> loader.DecodedLog:
+        try:
+            return original(path, data)
+        except TornLog:
+            if data.endswith(b"\n"):
+                raise
+            keep = data[: data.rfind(b"\n") + 1]
+            os.truncate(path, len(keep))  # the bug: repair without being asked
+            return original(path, keep)
+
+    loader.decode_log = decode_log
+
+
+def no_lock() -> None:
+    def lock_directory(path: str, *, shared: bool = False) -> int:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+
+    _patch_lock(lock_directory)
+
+
+def _patch_lock(lock_directory: Callable[..., int]) -> None:
+    # Every module that took the name at import time.
+    session.lock_directory = lock_directory  # type: ignore[attr-defined]
+    layout.lock_directory = lock_directory  # type: ignore[attr-defined]
+    lock.lock_directory = lock_directory
+
+
+def writer_takes_shared_lock() -> None:
+    original = lock.lock_directory
+
+    def lock_directory(path: str, *, shared: bool = False) -> int:
+        return original(path, shared=True)  # the bug: a writer shares the lock
+
+    _patch_lock(lock_directory)
+
+
+def held_lock_taken_as_stale() -> None:
+    original = lock.lock_directory
+
+    def lock_directory(path: str, *, shared: bool = False) -> int:
+        try:
+            return original(path, shared=shared)
+        except SessionLocked:
+            # The bug: a held lock is taken for a stale one and the opener goes on.
+            return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+
+    _patch_lock(lock_directory)
+
+
+def open_forgets_prior_counts() -> None:
+    original = loader.load_session
+
+    def load_session(session_dir: str, session_id: str, **kwargs: Any) -> loader.SessionState:
+        state = original(session_dir, session_id, **kwargs)
+        state.prior_users = state.prior_untrusted = 0  # the bug: counted in memory only
+        return state
+
+    session.load_session = load_session  # type: ignore[attr-defined]
+
+
+def open_carries_oldest_summary() -> None:
+    original = loader.load_session
+
+    def load_session(session_dir: str, session_id: str, **kwargs: Any) -> loader.SessionState:
+        state = original(session_dir, session_id, **kwargs)
+        if state.epoch >= 2:
+            first = loader.log_path(session_dir, 0)
+            with open(first, "rb") as f:
+                last = loader.decode_log(first, f.read()).records[-1]
+            if isinstance(last, EpochEnd):
+                state.carry = last.summary  # the bug: the first epoch's summary
+        return state
+
+    session.load_session = load_session  # type: ignore[attr-defined]
+
+
+def key_index_current_epoch_only() -> None:
+    original = session.Session.find_key
+
+    def find_key(
+        self: session.Session, key: str, seen_epoch: int | None = None
+    ) -> loader.KeyRef | None:
+        ref = original(self, key, seen_epoch)
+        return ref if ref is not None and ref.epoch == self.epoch else None  # the bug
+
+    session.Session.find_key = find_key  # type: ignore[method-assign]
+
+
+def torn_tail_ignored() -> None:
+    original = loader.decode_log
+
+    def decode_log(path: str, data: bytes) -> loader.DecodedLog:
+        # The bug: an unterminated last line is skipped, not refused (and later appends
+        # land after it).
+        return original(path, data[: data.rfind(b"\n") + 1])
+
+    loader.decode_log = decode_log
+
+
+def lock_released_after_open() -> None:
+    original = session.Session.open
+
+    def open_session(home: str, session_id: str) -> session.Session:
+        opened = original(home, session_id)
+        lock_fd, opened._lock_fd = opened._lock_fd, None
+        if lock_fd is not None:
+            os.close(lock_fd)  # the bug: the lock is dropped once the files are read
+        return opened
+
+    session.Session.open = staticmethod(open_session)  # type: ignore[method-assign,assignment]
+
+
+def next_call_from_newest_epoch() -> None:
+    original = loader.load_session
+
+    def load_session(session_dir: str, session_id: str, **kwargs: Any) -> loader.SessionState:
+        state = original(session_dir, session_id, **kwargs)
+        # The bug: only the newest epoch's tool calls are counted (the number the epoch's
+        # SessionStart carries, and every older epoch, are ignored).
+        calls = [r.call for r in state.records if isinstance(r, ToolResult)]
+        state.max_call = max(calls, default=0)
+        state.next_call = state.max_call + 1
+        return state
+
+    session.load_session = load_session  # type: ignore[attr-defined]
+
+
+def open_or_create_always_initializes() -> None:
+    def open_or_create(
+        home: str, session_id: str, baseline: Baseline, slot: int = 0
+    ) -> session.Session:
+        directory = layout.session_dir(home, session_id)
+        if not os.path.isdir(directory):
+            return session.Session.create(home, session_id, baseline, slot)
+        # The bug: an existing session is written afresh instead of opened.
+        lock_fd = layout.lock_existing(directory)
+        return session.Session._initialize(directory, session_id, baseline, slot, lock_fd)
+
+    session.Session.open_or_create = staticmethod(open_or_create)  # type: ignore[method-assign,assignment]
+
+
+def incomplete_group_accepted() -> None:
+    # The bug: the parts of a group commit are not checked, so a group cut short by a
+    # torn write reads as whole lines, and its key as applied.
+    loader.check_groups = lambda path, records, framed: None
+
+
+def open_makes_nothing_durable() -> None:
+    # The bug (the store before issue 7): what open read stays in the page cache, so a
+    # power loss after the resumed worker acknowledged more work takes it away.
+    session._make_durable = lambda state, log_fd: None
