@@ -27,6 +27,9 @@ COMMANDS: Final = {
     "inspect": "supervisor.offline_commands:inspect",
     "verify": "supervisor.offline_commands:verify",
     "repair": "supervisor.offline_commands:repair",
+    "logs": "supervisor.hosting.log_commands:logs",
+    "events": "supervisor.hosting.stream_commands:events",
+    "metrics": "supervisor.hosting.stream_commands:metrics",
     "demo": "supervisor.demo:demo",
 }
 
