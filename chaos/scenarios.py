@@ -15,7 +15,16 @@ from typing import Final
 
 from worker import durable
 from worker.baseline import Baseline
-from worker.records import Assistant, EpochEnd, ToolResult, Usage, User, encode_record
+from worker.records import (
+    Assistant,
+    EpochEnd,
+    SessionStart,
+    ToolResult,
+    Usage,
+    User,
+    decode_record,
+    encode_record,
+)
 from worker.session import Session
 
 SESSION: Final = "chaos"
@@ -80,6 +89,33 @@ def _prepare_interrupted(home: str) -> None:
         os.close(fd)
 
 
+def _prepare_legacy(home: str) -> None:
+    """A session of two epochs written before SessionStart carried the older epochs' state.
+
+    Open reads such a session whole; its next commit writes the new form. The resumed
+    worker must read it right, and the commit must carry forward what it read.
+    """
+    with Session.create(home, SESSION, baseline_for(""), SLOT) as session:
+        apply_op(session, home, Op("group", key="old-1"), retry=False)
+        apply_op(session, home, Op("commit", epoch=1, summary="legacy summary"), retry=False)
+        apply_op(session, home, Op("group", key="old-2"), retry=False)
+        path = session.log_path
+    with open(path, "rb") as f:
+        first, rest = f.read().split(b"\n", 1)
+    start = decode_record(first)
+    assert isinstance(start, SessionStart)
+    legacy = SessionStart(
+        time=start.time, session=start.session, epoch=start.epoch, slot=start.slot,
+        baseline=start.baseline,
+    )  # fmt: skip
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd, encode_record(legacy) + rest)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 SCENARIOS: Final = {
     s.name: s
     for s in (
@@ -107,6 +143,20 @@ SCENARIOS: Final = {
                 Op("group", key="r1"),
                 Op("commit", epoch=2, summary="after resume"),
                 Op("append", key="r2"),
+            ),
+        ),
+        Scenario(
+            name="legacy",
+            doc="a session written before SessionStart carried state: read whole, then "
+            "moved to the new form by its next commit",
+            prepare=_prepare_legacy,
+            ops=(
+                Op("open"),
+                Op("group", key="l1"),
+                Op("commit", epoch=2, summary="first carried"),
+                Op("append", key="l2"),
+                Op("commit", epoch=3, summary="second carried"),
+                Op("group", key="l3"),
             ),
         ),
         Scenario(

@@ -25,9 +25,12 @@ from typing import Final
 from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.serving import ServingNode, WorkerCluster
 from supervisor.connection import FramedConnection, connect
-from supervisor.endpoints import Waiter
+from supervisor.endpoints import Client, Waiter
 from supervisor.errors import HomeLocked, ServeError
 from supervisor.hosted import HostedSession
+from supervisor.hosting.intent import IntentError
+from supervisor.hosting.runtime import Hosting
+from supervisor.hosting.settings import HostingSettings
 from supervisor.listener import SOCKET_NAME, Listener
 from supervisor.operations import dispatch
 from supervisor.peer import make_private_dirs
@@ -68,6 +71,7 @@ class ServeConfig:
     cluster: str | None = None  # etcd URL: serve as a node of a cluster (docs/scaling.md)
     node: str | None = None
     lease_ttl: int | None = None
+    hosting: HostingSettings = field(default_factory=HostingSettings)
 
     def policy(self) -> RestartPolicy:
         return RestartPolicy(
@@ -110,8 +114,13 @@ class ClientConnection(FramedConnection):
         self._answered()
         return True
 
+    def deliver(self, message: Message) -> bool:
+        """Stream one event; False (and the connection dropped) if it stopped reading."""
+        return self.send({"event": message})
+
     def on_closed(self) -> None:
         self.daemon.clients.discard(self)
+        self.daemon.hosting.events.followers.discard(self)
 
 
 class WorkerLink(FramedConnection):
@@ -161,6 +170,7 @@ class Supervisor:
         self._listener = Listener(self.loop, self.home, self._on_client, self.report)
         self._to_start: deque[HostedSession] = deque()
         self.cluster: ServingNode | None = None
+        self.hosting = Hosting(self.loop, self.home, config.hosting, self.sessions, self.report)
 
     # -- the Loop protocol of HostedSession ---------------------------------------------
 
@@ -170,7 +180,15 @@ class Supervisor:
         link.on_end = lambda: self._link_ended(watch)
         connect(self.loop, link, self._tasks, lambda _exc: self._link_ended(watch))
         self.loop.add_reader(worker.pidfd, self._worker_died, watch)
+        if worker.output is not None:
+            self.hosting.watch_output(hosted.id, worker.pid, worker.output)
         return link
+
+    def on_move(self, hosted: HostedSession, old: State, new: State) -> None:
+        self.hosting.on_move(hosted, old, new)
+
+    def on_report(self, hosted: HostedSession, message: Message) -> None:
+        self.hosting.on_report(hosted, message)
 
     def unwatch_worker(self, worker: WorkerProcess) -> None:
         """Nothing left to do: the pidfd reader went at the death, the channel at its end."""
@@ -210,6 +228,7 @@ class Supervisor:
         if watch.grace is not None:
             watch.grace.cancel()
         watch.hosted.on_exit()
+        self.hosting.on_exit(watch.hosted, watch.worker.pid, watch.hosted.exit_code or 0)
         self._check_done()
 
     # -- running -----------------------------------------------------------------------
@@ -226,14 +245,17 @@ class Supervisor:
             if self.config.cluster is not None:
                 sessions = self._join_cluster(self.config.cluster)
             self._listener.open()
+            self.hosting.open_metrics()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self.loop.add_signal_handler(sig, self._on_signal)
-            self._to_start.extend(self._host(self._spec(s)) for s in sessions)
+            self.hosting.begin()
+            self._host_existing(sessions)
             self.loop.call_soon(self._start_some)
             self.loop.run_until_complete(self._done)
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self.loop.remove_signal_handler(sig)
+            self.hosting.close()
             self._listener.close()
             for client in list(self.clients):
                 client.abort()
@@ -245,6 +267,15 @@ class Supervisor:
                 self.cluster.close()
             os.close(home_fd)
         return 0
+
+    def _host_existing(self, sessions: list[str]) -> None:
+        """Host every session found: those an operator stopped stay STOPPED, the rest start
+        (or rest IDLE when hibernation is on, to start at their first use)."""
+        initial = self.hosting.initial_states(sessions)
+        for session_id, state in initial.items():
+            hosted = self._host(self._spec(session_id), state or State.STOPPED)
+            if state is None:
+                self._to_start.append(hosted)
 
     def _claim_home(self) -> int:
         """Make the home (0700 whatever the umask) and take its lock; return the lock's fd."""
@@ -289,10 +320,12 @@ class Supervisor:
                 continue
             if args is None:
                 self.report(f"{session_id}: no longer served here (quarantined or moved)")
-                hosted.stop()
+                if hosted.worker is not None:
+                    hosted.stop()
                 continue
             hosted.spec = dataclasses.replace(hosted.spec, cluster=args)
-            hosted.stop(restart=True)
+            if hosted.worker is not None:  # an idle or stopped session starts with the new one
+                hosted.stop(restart=True)
 
     def report(self, line: str) -> None:
         """One line on stderr for the operator (serve's output is its log)."""
@@ -306,6 +339,8 @@ class Supervisor:
                 hosted.start()
         if self._to_start:
             self.loop.call_soon(self._start_some)
+        else:
+            self.hosting.all_started()
 
     def _check_done(self) -> None:
         if self._shutting_down and self._all_down() and not self._done.done():
@@ -317,9 +352,11 @@ class Supervisor:
     def _on_signal(self) -> None:
         if not self._shutting_down:
             self._shutting_down = True
+            self.hosting.stopping()
             self._listener.close()
             for hosted in self.sessions.values():
-                hosted.stop()
+                if hosted.state is not State.IDLE:  # a hibernated session has nothing to stop
+                    hosted.stop()
         self._check_done()
 
     def _spec(
@@ -336,13 +373,15 @@ class Supervisor:
             home=self.home, session=session_id, create=create, slot=slot, app=self.config.app,
             budget=self.config.budget, extra_env=dict(self.config.worker_env),
             start_method=self.config.start_method, heartbeat=self.config.hang_timeout / 4,
-            request_deadline=self.config.request_deadline, cluster=cluster,
+            request_deadline=self.config.request_deadline, capture_output=True,
+            cluster=cluster,
         )  # fmt: skip
 
-    def _host(self, spec: WorkerSpec) -> HostedSession:
+    def _host(self, spec: WorkerSpec, state: State = State.STOPPED) -> HostedSession:
         hosted = HostedSession(
-            self, spec, self.config.policy(), self.rng, hang_timeout=self.config.hang_timeout
-        )
+            self, spec, self.config.policy(), self.rng, hang_timeout=self.config.hang_timeout,
+            state=state,
+        )  # fmt: skip
         self.sessions[spec.session] = hosted
         return hosted
 
@@ -427,7 +466,26 @@ class Supervisor:
             "pid": os.getpid(),
             "clients": len(self.clients),
             "accept_exhausted": self._listener.exhausted,
+            "event_followers": len(self.hosting.events.followers),
         }
+
+    def remember_intent(self, session_id: str, *, stopped: bool) -> str | None:
+        """Keep an operator's stop (or start) across restarts; the problem, if it cannot.
+        Fsynced in the loop before the reply (rare, never on the data path)."""
+        try:
+            self.hosting.intent.mark(session_id, stopped=stopped)
+        except IntentError as exc:
+            return f"{exc}; nothing was done"
+        return None
+
+    def follow_events(self, client: Client) -> bool:
+        if not isinstance(client, ClientConnection):
+            return False
+        self.hosting.events.followers.add(client)
+        return True
+
+    def metrics_text(self) -> str:
+        return self.hosting.metrics.render()
 
     def is_running(self, session_id: str) -> bool:
         hosted = self.sessions.get(session_id)

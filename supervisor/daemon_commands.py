@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Final, NoReturn
+from typing import Final, NoReturn, cast
 
 import click
 
@@ -14,6 +14,15 @@ from supervisor.cluster.client import ClusterClient
 from supervisor.cluster.errors import ClusterError
 from supervisor.daemon import ServeConfig, Supervisor
 from supervisor.errors import ControlError, HomeLocked, ServeError
+from supervisor.hosting.config import (
+    CONFIG_NAME,
+    ConfigError,
+    config_path,
+    merge_config,
+    option_specs,
+    render_config,
+)
+from supervisor.hosting.settings import hosting_options, settings_from
 from supervisor.options import client_home_option, cluster_option, home_option, timeout_option
 from supervisor.spawn import StartMethod
 from supervisor.status_table import status_lines
@@ -94,6 +103,7 @@ def _fail(op: str, exc: ControlError) -> NoReturn:
     help="fork: workers fork from the warm supervisor (fast restarts); "
     "exec: each worker is a fresh interpreter.",
 )
+@hosting_options
 @click.option(
     "--cluster",
     envvar="LOOPD_CLUSTER",
@@ -108,28 +118,39 @@ def _fail(op: str, exc: ControlError) -> NoReturn:
     help="seconds of the node's etcd lease (default 10); writes stop after 2/3 of it "
     "without a renewal.",
 )
-def serve(
-    home: str,
-    app: str | None,
-    budget: int | None,
-    max_restarts: int,
-    restart_window: float,
-    backoff_base: float,
-    backoff_max: float,
-    stable_after: float,
-    hang_timeout: float,
-    request_deadline: float | None,
-    start_method: str,
-    cluster: str | None,
-    node: str | None,
-    lease_ttl: int | None,
-) -> None:
-    """Run the supervisor for HOME until SIGTERM or SIGINT (then stop every worker, exit 0)."""
+@click.option(
+    "--print-config",
+    is_flag=True,
+    help=f"print the settings (<home>/{CONFIG_NAME} under these flags) as TOML, and exit.",
+)
+@click.pass_context
+def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object) -> None:
+    """Run the supervisor for HOME until SIGTERM or SIGINT (then stop every worker, exit 0).
+
+    Every option may also be set in HOME/loopd.toml (key: the flag without its dashes);
+    flags given here win.
+    """
+    specs = option_specs(serve, exclude=frozenset({"home", "print_config"}))
+    try:
+        merged = merge_config(ctx, params, specs, config_path(home))
+    except ConfigError as exc:
+        click.echo(f"loopd serve: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+    if print_config:
+        click.echo(render_config(merged, specs), nl=False)
+        return
+    hosting = settings_from(merged)
+    get = merged.get
     config = ServeConfig(
-        home=home, app=app, budget=budget, max_restarts=max_restarts, window=restart_window,
-        backoff_base=backoff_base, backoff_cap=backoff_max, stable_after=stable_after,
-        start_method=StartMethod(start_method), hang_timeout=hang_timeout,
-        request_deadline=request_deadline, cluster=cluster, node=node, lease_ttl=lease_ttl,
+        home=home, app=cast("str | None", get("app")), budget=cast("int | None", get("budget")),
+        max_restarts=cast(int, get("max_restarts")), window=cast(float, get("restart_window")),
+        backoff_base=cast(float, get("backoff_base")), backoff_cap=cast(float, get("backoff_max")),
+        stable_after=cast(float, get("stable_after")),
+        start_method=StartMethod(cast(str, get("start_method"))),
+        hang_timeout=cast(float, get("hang_timeout")),
+        request_deadline=cast("float | None", get("request_deadline")), hosting=hosting,
+        cluster=cast("str | None", get("cluster")), node=cast("str | None", get("node")),
+        lease_ttl=cast("int | None", get("lease_ttl")),
     )  # fmt: skip
     try:
         code = Supervisor(config).run()

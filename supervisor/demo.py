@@ -10,6 +10,7 @@ import click
 
 from supervisor.demo_checks import DemoChecks
 from supervisor.demo_hosted import run_hosted_demo
+from supervisor.demo_hosting import run_hosting_demo
 from supervisor.demo_store import run_store_demo
 
 
@@ -25,7 +26,8 @@ def demo(home: str | None) -> None:
 
     A supervisor hosts several sessions under traffic; some workers are SIGKILLed and
     come back with every acknowledged record; a torn log goes FATAL with its path:line
-    and is repaired; the store is shown on its own first.
+    and is repaired; idle sessions rest without a process and wake on their next request,
+    with their logs and the metrics shown; the store is shown on its own first.
     """
     checks = DemoChecks()
     with tempfile.TemporaryDirectory(prefix="loopd-demo-") as tmp:
@@ -33,5 +35,6 @@ def demo(home: str | None) -> None:
         os.makedirs(root, exist_ok=True)
         run_store_demo(os.path.join(root, "store"), checks)
         run_hosted_demo(os.path.join(root, "hosted"), checks)
+        run_hosting_demo(os.path.join(root, "hosting"), checks)
     click.echo(f"\n{checks.summary()}")
     sys.exit(0 if checks.all_held else 1)

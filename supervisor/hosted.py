@@ -12,7 +12,8 @@ from typing import Final, Protocol
 from supervisor.endpoints import Waiter, WorkerChannel
 from supervisor.handover import hand_over
 from supervisor.hang import HangWatch
-from supervisor.spawn import WorkerProcess, WorkerSpec
+from supervisor.hosted_status import session_status
+from supervisor.spawn import WorkerProcess, WorkerSpec, describe_exit
 from supervisor.states import RestartPolicy, State, StateMachine
 from worker.process import (
     EXIT_CANNOT_OPEN,
@@ -39,17 +40,8 @@ class Loop(Protocol):
     def unwatch_worker(self, worker: WorkerProcess) -> None: ...
     def call_at(self, when: float, callback: Callable[[], None]) -> object: ...
     def cancel(self, timer: object) -> None: ...
-
-
-def describe_exit(code: int) -> str:
-    if code == -signal.SIGALRM:
-        return "killed by SIGALRM: a request ran past --request-deadline"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
+    def on_move(self, hosted: HostedSession, old: State, new: State) -> None: ...
+    def on_report(self, hosted: HostedSession, message: Message) -> None: ...
 
 
 class HostedSession:
@@ -63,11 +55,12 @@ class HostedSession:
         rng: random.Random,
         *,
         hang_timeout: float | None = None,
+        state: State = State.STOPPED,
     ) -> None:
         self.loop = loop
         self.spec = spec
         self.id = spec.session
-        self.machine = StateMachine(spec.session)
+        self.machine = StateMachine(spec.session, state, lambda a, b: loop.on_move(self, a, b))
         self.policy = policy
         self.rng = rng
         self.worker: WorkerProcess | None = None
@@ -84,6 +77,9 @@ class HostedSession:
         self.ready_waiters: list[Waiter] = []
         self.stop_waiters: list[Waiter] = []
         self.restart_after_stop = False
+        self.hibernating = False  # stopping to rest IDLE (supervisor.hosting decides when)
+        self.exit_pid: int | None = None
+        self.exit_code: int | None = None
         self._timer: object | None = None
         self._next_id = 0
 
@@ -105,6 +101,7 @@ class HostedSession:
     def start(self) -> None:
         """Spawn the worker (from STOPPED, EXITED, FATAL or BACKOFF)."""
         self._cancel_timer()
+        self.exit_pid = self.exit_code = None
         self.machine.move(State.STARTING)
         self._said = None
         try:
@@ -127,7 +124,7 @@ class HostedSession:
     def stop(self, *, restart: bool = False) -> None:
         """SIGTERM the worker's group, SIGKILL it at the deadline; STOPPED when reaped."""
         self.restart_after_stop = restart
-        if self.state in (State.BACKOFF, State.EXITED, State.FATAL):
+        if self.state in (State.BACKOFF, State.EXITED, State.FATAL, State.IDLE):
             self._cancel_timer()
             self.machine.move(State.STOPPED)
             self._fail_waiting("stopped", f"session {self.id} was stopped", keep_ready=restart)
@@ -148,7 +145,11 @@ class HostedSession:
     # -- events from the worker --------------------------------------------------------
 
     def on_worker_broke_protocol(self, why: str) -> None:
-        self._said = bounded(f"bad frame from worker: {why}")
+        self.kill_for(f"bad frame from worker: {why}")
+
+    def kill_for(self, why: str) -> None:
+        """SIGKILL the worker; ``why`` is the reason on_exit gives for its death."""
+        self._said = bounded(why)
         if self.worker is not None:
             self.worker.kill()
 
@@ -157,6 +158,7 @@ class HostedSession:
         op = message.get("op")
         if op == "state":
             self._take_state(message.get("state"))
+            self.loop.on_report(self, message)
         elif op == "ready":
             self.epoch = _int_or_none(message.get("epoch"))
             self.records = _int_or_none(message.get("records"))
@@ -196,6 +198,7 @@ class HostedSession:
         # read already: the loop calls this only after its channel's end of stream.
         said = self._said
         code = worker.reap()
+        self.exit_pid, self.exit_code = worker.pid, code
         self.loop.unwatch_worker(worker)
         worker.close()
         self.worker = None
@@ -209,6 +212,12 @@ class HostedSession:
             f"the worker of session {self.id} died ({how}) while the request was in flight; "
             "it may or may not have been applied: retry with the same key",
         )
+        if self.state is State.STOPPING and self.hibernating:
+            self.hibernating = False
+            self.machine.move(State.IDLE)
+            if self.queued or self.ready_waiters:
+                self.start()  # used again while it was stopping
+            return
         if self.state is State.STOPPING:
             self.machine.move(State.STOPPED)
             self._fail_waiting(
@@ -274,8 +283,13 @@ class HostedSession:
         """Act on a request now, queue it while the worker starts, or refuse it."""
         if self.state is State.RUNNING:
             self._act(waiter, request)
-        elif self.state in (State.STARTING, State.BACKOFF) and len(self.queued) < MAX_QUEUED:
+        elif (
+            self.state in (State.STARTING, State.BACKOFF, State.IDLE)
+            or (self.state is State.STOPPING and self.hibernating)
+        ) and len(self.queued) < MAX_QUEUED:
             self.queued.append((waiter, request))
+            if self.state is State.IDLE:
+                self.start()  # wake on demand: the request waits for the start
         else:
             detail = f": {self.last_error}" if self.last_error else ""
             waiter.client.reply(
@@ -353,11 +367,9 @@ class HostedSession:
         """No message within the hang timeout: the worker's loop is stuck (or stopped)."""
         if self.state is not State.RUNNING or self.worker is None:
             return
-        # Said for this worker: on_exit reports it as the reason of the kill that follows.
-        self._said = (
+        self.kill_for(
             f"hang: no heartbeat for {silent:.1f} s (--hang-timeout {self.hang.timeout:g}); killed"
         )
-        self.worker.kill()
 
     def _take_state(self, state: object) -> None:
         if isinstance(state, dict):
@@ -369,24 +381,8 @@ class HostedSession:
             self.loop.cancel(self._timer)
             self._timer = None
 
-    # -- status ----------------------------------------------------------------------------
-
     def status(self) -> Message:
-        worker = self.worker
-        running = self.state in (State.RUNNING, State.STARTING, State.STOPPING)
-        uptime = time.monotonic() - self.started_at if running and self.started_at else None
-        return {
-            "session": self.id,
-            "state": self.state.value,
-            "pid": worker.pid if worker is not None else None,
-            "epoch": self.epoch,
-            "records": self.records,
-            "restarts": self.restarts,
-            "uptime_s": round(uptime, 3) if uptime is not None else None,
-            "rss_bytes": worker.rss_bytes() if worker is not None else None,
-            "cpu_s": worker.cpu_seconds() if worker is not None else None,
-            "last_error": self.last_error,
-        }
+        return session_status(self)
 
 
 def _int_or_none(value: object) -> int | None:

@@ -23,6 +23,9 @@ class Daemon(Protocol):
     def daemon_status(self) -> Message: ...
     def adopt_session(self, waiter: Waiter, session_id: str) -> None: ...
     def forget_session(self, waiter: Waiter, session_id: str) -> None: ...
+    def remember_intent(self, session_id: str, *, stopped: bool) -> str | None: ...
+    def follow_events(self, client: Client) -> bool: ...
+    def metrics_text(self) -> str: ...
 
 
 def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
@@ -74,6 +77,17 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
                 if summary is not None:
                     forwarded["summary"] = summary
                 hosted.submit(waiter, forwarded)
+        elif op == "metrics":
+            client.reply(ok(request_id, daemon.metrics_text()))
+        elif op == "events":
+            if daemon.follow_events(client):
+                client.reply(ok(request_id, "following"))
+            else:
+                client.reply(error(request_id, "bad_request", "this connection cannot follow"))
+        elif op in ("start", "stop", "restart") and (
+            problem := daemon.remember_intent(_hosted(daemon, message).id, stopped=op == "stop")
+        ):
+            client.reply(error(request_id, "intent", problem))
         elif op == "start":
             hosted = _hosted(daemon, message)
             daemon.forget_pending_start(hosted)

@@ -52,6 +52,8 @@ class WorkerSpec:
     budget: int | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     start_method: StartMethod = StartMethod.FORK
+    capture_output: bool = False
+    """Give the worker one pipe for stdout and stderr, read by the supervisor (``output``)."""
     heartbeat: float | None = None
     request_deadline: float | None = None
     cluster: WorkerCluster | None = None  # cluster mode: token and lease (docs/scaling.md)
@@ -95,25 +97,37 @@ class WorkerProcess:
             self.heartbeat.close()
             raise
         self._popen: subprocess.Popen[bytes] | None = None
+        # The output pipe's read end is the supervisor's (``output``); the write end is
+        # the worker's stdout and stderr, and is closed here once the worker holds it.
+        self.output: int | None = None
+        output_w: int | None = None
+        if spec.capture_output:
+            self.output, output_w = os.pipe2(os.O_CLOEXEC)
         try:
             if spec.start_method is StartMethod.EXEC:
                 self._popen = subprocess.Popen(
                     spec.argv(child.fileno(), beat_fd),
                     pass_fds=(child.fileno(), beat_fd),
                     stdin=subprocess.DEVNULL,
+                    stdout=output_w,
+                    stderr=output_w,
                     start_new_session=True,  # its own process group, for killpg
                     env={**os.environ, **spec.extra_env},
                 )
                 self.pid = self._popen.pid
             else:
-                self.pid = _fork_worker(spec, child.fileno(), beat_fd)
+                self.pid = _fork_worker(spec, child.fileno(), beat_fd, output_w)
         except BaseException:
             parent.close()
             self.heartbeat.close()
+            if self.output is not None:
+                os.close(self.output)
             raise
         finally:
             child.close()
             os.close(beat_fd)  # the mapping stays; the worker has its own descriptor
+            if output_w is not None:
+                os.close(output_w)
         self.pidfd = os.pidfd_open(self.pid)
         try:
             self.create_time: float | None = psutil.Process(self.pid).create_time()
@@ -186,7 +200,7 @@ class WorkerProcess:
         self.heartbeat.close()
 
 
-def _fork_worker(spec: WorkerSpec, channel_fd: int, beat_fd: int) -> int:
+def _fork_worker(spec: WorkerSpec, channel_fd: int, beat_fd: int, output_fd: int | None) -> int:
     """Fork; in the child, become the worker and exit with its code. Return the child pid."""
     for stream in (sys.stdout, sys.stderr):
         # Anything still buffered would otherwise be written twice, once by the child.
@@ -207,6 +221,9 @@ def _fork_worker(spec: WorkerSpec, channel_fd: int, beat_fd: int) -> int:
         gc.freeze()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
+        if output_fd is not None:
+            os.dup2(output_fd, 1)  # dup2 clears close-on-exec on the copies
+            os.dup2(output_fd, 2)
         _close_all_but(channel_fd, beat_fd)
         os.environ.update(spec.extra_env)
         from worker.process import main  # noqa: PLC0415 - only the child runs the worker
@@ -242,3 +259,14 @@ def _name_process(name: str) -> None:
 def _max_fd() -> int:
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     return soft if soft != resource.RLIM_INFINITY else 65536
+
+
+def describe_exit(code: int) -> str:
+    if code == -signal.SIGALRM:
+        return "killed by SIGALRM: a request ran past --request-deadline"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

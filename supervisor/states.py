@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -21,15 +22,18 @@ class State(enum.Enum):
     STOPPING = "STOPPING"
     EXITED = "EXITED"
     FATAL = "FATAL"
+    IDLE = "IDLE"
 
 
 S = State
 TRANSITIONS: Final[dict[State, frozenset[State]]] = {
     S.STOPPED: frozenset({S.STARTING}),
+    # Hibernated: no process, no descriptor; the next request or attach starts it.
+    S.IDLE: frozenset({S.STARTING, S.STOPPED}),
     S.STARTING: frozenset({S.RUNNING, S.BACKOFF, S.FATAL, S.STOPPING, S.EXITED}),
     S.RUNNING: frozenset({S.STOPPING, S.BACKOFF, S.FATAL, S.EXITED}),
     S.BACKOFF: frozenset({S.STARTING, S.STOPPED, S.FATAL}),
-    S.STOPPING: frozenset({S.STOPPED}),
+    S.STOPPING: frozenset({S.STOPPED, S.IDLE}),
     S.EXITED: frozenset({S.STARTING, S.STOPPED}),
     S.FATAL: frozenset({S.STARTING, S.STOPPED}),
 }
@@ -37,16 +41,25 @@ TRANSITIONS: Final[dict[State, frozenset[State]]] = {
 
 
 class StateMachine:
-    """A session's current state; ``move`` checks every change against TRANSITIONS."""
+    """A session's current state; ``move`` checks every change against TRANSITIONS and
+    tells the observer (events, metrics) of each one."""
 
-    def __init__(self, session: str, state: State = State.STOPPED) -> None:
+    def __init__(
+        self,
+        session: str,
+        state: State = State.STOPPED,
+        observer: Callable[[State, State], None] | None = None,
+    ) -> None:
         self.session = session
         self.state = state
+        self.observer = observer
 
     def move(self, wanted: State) -> None:
         if wanted not in TRANSITIONS[self.state]:
             raise IllegalTransition(self.session, self.state.value, wanted.value)
-        self.state = wanted
+        old, self.state = self.state, wanted
+        if self.observer is not None:
+            self.observer(old, wanted)
 
 
 @dataclass(slots=True)

@@ -81,18 +81,22 @@ class Daemon:
     ) -> None:
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, "serve", "--home", str(home), *args],
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
+        # The supervisor's log goes to a file, not a pipe nobody reads: its event lines
+        # could otherwise fill the pipe and block it.
+        self.log_path = home.parent / f"{home.name}.serve.log"
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", module, "serve", "--home", str(home), *args],
+                cwd=REPO,
+                env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         poll_until(self._answers, what="the supervisor to listen")
 
     def _answers(self) -> bool:
         if self.proc.poll() is not None:
-            out = self.proc.stdout.read().decode() if self.proc.stdout else ""
+            out = self.log_path.read_text(errors="replace")
             raise AssertionError(f"supervisor exited with {self.proc.returncode}: {out}")
         if not (self.home / SOCKET_NAME).exists():
             return False
@@ -118,8 +122,6 @@ class Daemon:
         _gone, alive = psutil.wait_procs(workers, timeout=10)
         for proc in alive:
             proc.kill()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
         return code
 
 

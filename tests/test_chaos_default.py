@@ -1,5 +1,6 @@
 """The default chaos slice: every boundary of scenario 1 under kill, torn and power loss,
-and the "fault, resume, then power loss" compounds of scenario 1 and of the worker loop.
+every boundary of a session written before SessionStart carried state under kill, and
+the "fault, resume, then power loss" compounds of scenario 1 and of the worker loop.
 
 The same cases ``loopd chaos run`` runs, as pytest parameters, so ``pytest -n auto``
 shards them. The full sweep (every scenario, every fault, every compound) is marked
@@ -22,14 +23,25 @@ from chaos.sweep import build_cases
 def _default_cases() -> list[Case]:
     with tempfile.TemporaryDirectory(prefix="loopd-collect-") as workdir:
         cases = build_cases(["basic"], [FaultKind.KILL, FaultKind.TORN, FaultKind.POWER], workdir)
+        cases += build_cases(["legacy"], [FaultKind.KILL], workdir)
         return cases + build_cases(["basic", "requests"], [], workdir, then_power=ThenPower.END)
 
 
 DEFAULT_CASES = _default_cases()
 
 
+def test_the_default_slice_kills_a_legacy_session_at_every_boundary() -> None:
+    kills = [c.at for c in DEFAULT_CASES if c.scenario == "legacy"]
+    assert kills == list(range(1, len(kills) + 1))
+    assert len(kills) >= 30
+
+
 def test_the_default_slice_covers_every_boundary_of_the_basic_scenario() -> None:
-    kills = [c for c in DEFAULT_CASES if c.fault is FaultKind.KILL and c.power_at is None]
+    kills = [
+        c
+        for c in DEFAULT_CASES
+        if c.scenario == "basic" and c.fault is FaultKind.KILL and c.power_at is None
+    ]
     assert [c.at for c in kills] == list(range(1, len(kills) + 1))
     assert len(kills) >= 40
     assert {c.variant for c in DEFAULT_CASES if c.fault is FaultKind.POWER} == {

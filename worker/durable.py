@@ -13,10 +13,12 @@ from __future__ import annotations
 import enum
 import errno
 import os
+import time
 from dataclasses import dataclass
 from typing import Final, Protocol
 
 from worker.errors import SessionIOError
+from worker.stats import STATS
 
 
 class Step(enum.Enum):
@@ -100,6 +102,7 @@ def write_all(fd: int, data: bytes, path: str) -> None:
         if _hook is not None:
             _hook(Boundary(Step.WRITE, path, fd, data))
         written = os.write(fd, data)
+        STATS.bytes_written += written
         if written == len(data):
             return
         view = memoryview(data)
@@ -112,6 +115,7 @@ def write_all(fd: int, data: bytes, path: str) -> None:
             if not view:
                 return
             written = os.write(fd, view)
+            STATS.bytes_written += written
     except OSError as exc:
         raise SessionIOError(path, exc.errno or 0, "write") from exc
 
@@ -121,7 +125,9 @@ def fdatasync(fd: int, path: str) -> None:
     try:
         if _hook is not None:
             _hook(Boundary(Step.FSYNC, path, fd))
+        started = time.perf_counter()
         os.fdatasync(fd)
+        STATS.fsync.observe(time.perf_counter() - started)
     except OSError as exc:
         raise SessionIOError(path, exc.errno or 0, "fdatasync") from exc
 

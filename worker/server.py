@@ -26,6 +26,7 @@ from worker.heartbeat import HeartbeatCell
 from worker.lease_deadline import LeaseFence
 from worker.peer import Peer
 from worker.session import Session
+from worker.stats import STATS
 from worker.wire import Message, WireError, error, field, ok
 
 STATE_REPORT_DELAY: Final = 0.05
@@ -106,6 +107,7 @@ class Server:
         self.peers: dict[int, Peer] = {}
         self._events: dict[int, int] = {}
         self._stop = False
+        STATS.reset()  # count this worker's own work, not what opening it or a parent did
         self._report_due: float | None = None
 
     def run(self) -> None:
@@ -217,6 +219,7 @@ class Server:
     def _apply(self, batch: list[tuple[Peer, object, Message]]) -> None:
         if not batch:
             return
+        started = time.perf_counter()
         if self.request_deadline is not None:
             # Past the deadline the default action of SIGALRM ends the process; the
             # supervisor restarts it and its clients retry with their keys.
@@ -249,6 +252,10 @@ class Server:
                 if self.fence is not None:
                     result["token"] = self.fence.token
                 peer.queue(ok(request_id, result))
+        STATS.requests += len(batch)
+        elapsed = time.perf_counter() - started
+        for _ in batch:
+            STATS.request_latency.observe(elapsed)
         self._state_changed()
         if self.session.broken is not None:
             for peer in list(self.peers.values()):
@@ -309,5 +316,8 @@ class Server:
         if self._report_due is None or time.monotonic() < self._report_due:
             return
         self._report_due = None
-        self.control.queue({"op": "state", "state": describe(self.session)})
+        # The worker's counters ride along, for the supervisor's metrics and idle check.
+        self.control.queue(
+            {"op": "state", "state": describe(self.session), "stats": STATS.snapshot()}
+        )
         self.control.flush()

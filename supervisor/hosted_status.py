@@ -1,0 +1,32 @@
+"""The status row of one hosted session, as ``loopd status`` and its replies show it."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from supervisor.states import State
+from worker.wire import Message
+
+if TYPE_CHECKING:
+    from supervisor.hosted import HostedSession
+
+
+def session_status(hosted: HostedSession) -> Message:
+    """State, pid, epoch, records, restarts, uptime, rss, cpu and last error of a session."""
+    worker = hosted.worker
+    running = hosted.state in (State.RUNNING, State.STARTING, State.STOPPING)
+    started = hosted.started_at
+    uptime = time.monotonic() - started if running and started else None
+    return {
+        "session": hosted.id,
+        "state": hosted.state.value,
+        "pid": worker.pid if worker is not None else None,
+        "epoch": hosted.epoch,
+        "records": hosted.records,
+        "restarts": hosted.restarts,
+        "uptime_s": round(uptime, 3) if uptime is not None else None,
+        "rss_bytes": worker.rss_bytes() if worker is not None else None,
+        "cpu_s": worker.cpu_seconds() if worker is not None else None,
+        "last_error": hosted.last_error,
+    }

@@ -1,0 +1,1 @@
+"""Production hosting: operator intent, logs, events, metrics, systemd, configuration."""

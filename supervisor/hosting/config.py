@@ -1,0 +1,157 @@
+"""``<home>/loopd.toml``: every ``serve`` option in a file, overridden by command-line flags.
+
+A key is the option's flag without its dashes (``max-live = 500`` for ``--max-live``).
+The accepted keys and their types come from the click command itself, so a new option is
+configurable the day it is added. Unknown keys and ill-typed values are errors naming the
+key; the merge order is default < file < environment < command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+import click
+from click.core import ParameterSource
+
+from supervisor.errors import SupervisorError
+
+CONFIG_NAME: Final = "loopd.toml"
+_EXPLICIT: Final = frozenset({ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT})
+
+
+class ConfigError(SupervisorError):
+    """The configuration file is unreadable, not TOML, or holds a bad key; ``<path>: <why>``."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(path, why)
+        self.path = path
+        self.why = why
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.why}"
+
+
+@dataclass(frozen=True, slots=True)
+class OptionSpec:
+    """One configurable option: its TOML key, its parameter name, what values it takes."""
+
+    key: str
+    name: str
+    kind: type
+    choices: tuple[str, ...] = ()
+    param_type: click.IntRange | click.FloatRange | None = None
+    """The option's own type, so a file's value meets the same bounds as a flag's."""
+
+    def check(self, value: object, path: str) -> object:
+        """The value as the command expects it; ConfigError naming the key otherwise."""
+        if self.kind is float and type(value) is int:
+            value = float(value)
+        if type(value) is not self.kind:
+            raise ConfigError(
+                path, f"key {self.key!r} must be {_KIND_NAMES[self.kind]}, not {value!r}"
+            )
+        if self.choices and value not in self.choices:
+            raise ConfigError(path, f"key {self.key!r} must be one of {', '.join(self.choices)}")
+        try:
+            value = _within_bounds(self.param_type, value)
+        except click.BadParameter as exc:
+            raise ConfigError(path, f"key {self.key!r}: {exc.message}") from exc
+        return value
+
+
+def _within_bounds(bounds: click.IntRange | click.FloatRange | None, value: object) -> object:
+    """The value, checked against the option's range; click.BadParameter if outside it."""
+    if isinstance(bounds, click.IntRange) and isinstance(value, int):
+        return bounds.convert(value, None, None)
+    if isinstance(bounds, click.FloatRange) and isinstance(value, float):
+        return bounds.convert(value, None, None)
+    return value
+
+
+_KIND_NAMES: Final[dict[type, str]] = {
+    int: "an integer", float: "a number", str: "a string", bool: "true or false",
+}  # fmt: skip
+
+
+def option_specs(command: click.Command, *, exclude: frozenset[str]) -> dict[str, OptionSpec]:
+    """The options of ``command`` a file may set, by TOML key (``exclude``: parameter names)."""
+    specs: dict[str, OptionSpec] = {}
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.name is None or param.name in exclude:
+            continue
+        long_flags = [f for f in param.opts if f.startswith("--")]
+        key = long_flags[0][2:] if long_flags else param.name.replace("_", "-")
+        choices: tuple[str, ...] = ()
+        kind: type
+        if param.is_flag:
+            kind = bool
+        elif isinstance(param.type, click.Choice):
+            kind, choices = str, tuple(str(c) for c in param.type.choices)
+        elif isinstance(param.type, click.types.IntParamType):
+            kind = int
+        elif isinstance(param.type, click.types.FloatParamType):
+            kind = float
+        else:
+            kind = str
+        bounded = param.type if isinstance(param.type, click.IntRange | click.FloatRange) else None
+        specs[key] = OptionSpec(key, param.name, kind, choices, bounded)
+    return specs
+
+
+def read_config(path: str, specs: Mapping[str, OptionSpec]) -> dict[str, object]:
+    """The file's values by parameter name; an absent file sets nothing."""
+    try:
+        with open(path, "rb") as file:
+            table = tomllib.load(file)
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise ConfigError(path, f"cannot read: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(path, f"not TOML: {exc}") from exc
+    values: dict[str, object] = {}
+    for key, value in table.items():
+        spec = specs.get(key)
+        if spec is None:
+            raise ConfigError(path, f"unknown key {key!r} (known: {', '.join(sorted(specs))})")
+        values[spec.name] = spec.check(value, path)
+    return values
+
+
+def merge_config(
+    ctx: click.Context, params: Mapping[str, object], specs: Mapping[str, OptionSpec], path: str
+) -> dict[str, object]:
+    """The command's parameters with the file applied under the flags that were given."""
+    merged = dict(params)
+    for name, value in read_config(path, specs).items():
+        if ctx.get_parameter_source(name) not in _EXPLICIT:
+            merged[name] = value
+    return merged
+
+
+def config_path(home: str) -> str:
+    return os.path.join(home, CONFIG_NAME)
+
+
+def render_config(values: Mapping[str, object], specs: Mapping[str, OptionSpec]) -> str:
+    """The merged settings as a TOML document that reads back to the same values."""
+    lines = []
+    for key, spec in sorted(specs.items()):
+        value = values.get(spec.name)
+        if value is None:
+            lines.append(f"# {key} is unset")
+        elif isinstance(value, bool):
+            lines.append(f"{key} = {'true' if value else 'false'}")
+        elif isinstance(value, int | float):
+            lines.append(f"{key} = {value!r}")
+        else:
+            # A JSON string is a TOML basic string once DEL (raw in JSON, not in TOML) is
+            # escaped; non-ASCII stays raw, as JSON's surrogate pairs are not TOML.
+            quoted = json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")
+            lines.append(f"{key} = {quoted}")
+    return "\n".join(lines) + "\n"

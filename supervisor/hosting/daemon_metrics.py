@@ -1,0 +1,120 @@
+"""The daemon's metrics: its own counters plus what its workers report after their requests.
+
+A worker's counters run from its start; the daemon keeps each live worker's latest
+snapshot and, when a worker goes, folds that snapshot into the totals of the departed,
+so a counter never goes backwards across restarts and hibernations (a worker's last
+interval between its final report and its death is the only thing not counted).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import psutil
+
+from supervisor.hosting.metrics import HistogramValue, Registry
+from worker.wire import Message
+
+
+@dataclass(slots=True)
+class _Totals:
+    requests: int = 0
+    bytes_written: int = 0
+    fsync: HistogramValue = field(default_factory=HistogramValue)
+    latency: HistogramValue = field(default_factory=HistogramValue)
+
+    def add(self, snapshot: Message) -> None:
+        requests = snapshot.get("requests")
+        written = snapshot.get("bytes_written")
+        self.requests += requests if isinstance(requests, int) else 0
+        self.bytes_written += written if isinstance(written, int) else 0
+        for hist, prefix in ((self.fsync, "fsync"), (self.latency, "latency")):
+            counts, total = snapshot.get(f"{prefix}_counts"), snapshot.get(f"{prefix}_sum")
+            if isinstance(counts, list) and all(isinstance(c, int) for c in counts):
+                hist.add(counts, float(total) if isinstance(total, int | float) else 0.0)
+
+
+class DaemonMetrics:
+    """Counts what the daemon sees and renders the exposition on demand."""
+
+    def __init__(
+        self,
+        states: Callable[[], Iterable[str]],
+        worker_rss: Callable[[], Iterable[int]],
+        state_names: Iterable[str],
+    ) -> None:
+        self._states = states
+        self._worker_rss = worker_rss
+        self._state_names = tuple(state_names)
+        self._latest: dict[str, Message] = {}
+        self._departed = _Totals()
+        self.restarts = 0
+        self.epoch_changes = 0
+        self.hibernations = 0
+        self.wakeups = 0
+        self.memory_restarts = 0
+        self.events = 0
+        self._me = psutil.Process(os.getpid())
+
+    def on_report(self, session: str, stats: object) -> None:
+        """A worker's state report carried its counters."""
+        if isinstance(stats, dict):
+            self._latest[session] = stats
+
+    def on_worker_gone(self, session: str) -> None:
+        last = self._latest.pop(session, None)
+        if last is not None:
+            self._departed.add(last)
+
+    def render(self) -> str:
+        totals = _Totals()
+        totals.add(_as_message(self._departed))
+        for snapshot in self._latest.values():
+            totals.add(snapshot)
+        registry = Registry()
+        by_state = Tally(self._states())
+        sessions = registry.gauge("loopd_sessions", "Sessions known to the supervisor, by state.")
+        for name in self._state_names:
+            sessions.set(by_state.get(name, 0), state=name)
+        rss = list(self._worker_rss())
+        registry.gauge("loopd_live_workers", "Worker processes alive now.").set(len(rss))
+        registry.gauge("loopd_workers_rss_bytes", "Resident set size of all live workers.").set(
+            sum(rss)
+        )
+        registry.gauge("loopd_supervisor_rss_bytes", "Resident set size of the supervisor.").set(
+            self._me.memory_info().rss
+        )
+        for name, value, text in (
+            ("loopd_restarts_total", self.restarts, "Worker restarts after a crash."),
+            ("loopd_memory_restarts_total", self.memory_restarts,
+             "Workers restarted for growing past --max-rss."),
+            ("loopd_hibernations_total", self.hibernations, "Workers hibernated."),
+            ("loopd_wakeups_total", self.wakeups, "Hibernated sessions started on demand."),
+            ("loopd_epoch_changes_total", self.epoch_changes, "Epoch commits seen."),
+            ("loopd_events_total", self.events, "State changes published."),
+            ("loopd_requests_total", totals.requests, "Requests answered by workers."),
+            ("loopd_appended_bytes_total", totals.bytes_written,
+             "Bytes written to session files by workers."),
+        ):  # fmt: skip
+            registry.counter(name, text).inc(value)
+        fsync = registry.histogram("loopd_fsync_seconds", "Workers' fdatasync latency.")
+        fsync.histograms[()] = totals.fsync
+        latency = registry.histogram(
+            "loopd_request_seconds", "Time from a request's arrival in its worker to its reply."
+        )
+        latency.histograms[()] = totals.latency
+        return registry.render()
+
+
+def _as_message(totals: _Totals) -> Message:
+    return {
+        "requests": totals.requests,
+        "bytes_written": totals.bytes_written,
+        "fsync_counts": totals.fsync.counts,
+        "fsync_sum": totals.fsync.total,
+        "latency_counts": totals.latency.counts,
+        "latency_sum": totals.latency.total,
+    }

@@ -1,0 +1,81 @@
+"""The operator's intent (which sessions were stopped), kept across supervisor restarts.
+
+The log is a session's only state and a session directory holds nothing else, so the
+intent lives beside the sessions, in ``<home>/intent.json``: ``{"stopped": [id, ...]}``.
+Every change rewrites the whole file atomically (a temporary file in the home, fsync,
+rename, fsync of the home), so a crash leaves either the old intent or the new one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Final
+
+from supervisor.errors import SupervisorError
+from worker import durable
+from worker.errors import SessionIOError
+
+INTENT_NAME: Final = "intent.json"
+
+
+class IntentError(SupervisorError):
+    """The intent file cannot be read or written; ``str()`` is ``<path>: <why>``."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(path, why)
+        self.path = path
+        self.why = why
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.why}"
+
+
+class IntentFile:
+    """The set of sessions an operator stopped; a stopped session stays stopped until started."""
+
+    def __init__(self, home: str) -> None:
+        self.home = home
+        self.path = os.path.join(home, INTENT_NAME)
+        self._stopped: set[str] = set()
+
+    @property
+    def stopped(self) -> frozenset[str]:
+        return frozenset(self._stopped)
+
+    def load(self) -> frozenset[str]:
+        """Read the file (a missing file means nothing was stopped); IntentError if unusable."""
+        try:
+            with open(self.path, "rb") as file:
+                raw = file.read()
+        except FileNotFoundError:
+            self._stopped = set()
+            return self.stopped
+        except OSError as exc:
+            raise IntentError(self.path, f"cannot read: {exc.strerror}") from exc
+        try:
+            decoded = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise IntentError(self.path, f"not JSON: {exc}") from exc
+        stopped = decoded.get("stopped") if isinstance(decoded, dict) else None
+        if not isinstance(stopped, list) or not all(isinstance(s, str) for s in stopped):
+            raise IntentError(self.path, 'expected {"stopped": [session id, ...]}')
+        self._stopped = set(stopped)
+        return self.stopped
+
+    def mark(self, session_id: str, *, stopped: bool) -> None:
+        """Record that the operator stopped (or started) a session; durable on return."""
+        wanted = self._stopped | {session_id} if stopped else self._stopped - {session_id}
+        if wanted == self._stopped:
+            return
+        self._write(wanted)
+        self._stopped = wanted
+
+    def _write(self, stopped: set[str]) -> None:
+        data = json.dumps({"stopped": sorted(stopped)}, separators=(",", ":")).encode() + b"\n"
+        try:
+            # The store's one implementation of an atomic replace: tmp in the home, write,
+            # fsync, rename, fsync of the home.
+            durable.write_file_atomic(self.path, data)
+        except SessionIOError as exc:
+            raise IntentError(self.path, f"cannot write: {exc}") from exc

@@ -1,0 +1,348 @@
+"""The hosting features inside the daemon's loop: events, metrics, logs, hibernation,
+memory caps and systemd, fed by the hosted sessions' state changes and reports.
+
+Everything here runs in the daemon's one asyncio loop: worker output arrives through
+``add_reader`` on a non-blocking pipe, the idle check is one timer for the least
+recently used session, the RSS check is one slow timer plus a look at each report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Final
+
+from supervisor.errors import ServeError
+from supervisor.hosting.daemon_metrics import DaemonMetrics
+from supervisor.hosting.events import Event, EventHub
+from supervisor.hosting.hibernation import UsageClock
+from supervisor.hosting.intent import IntentError, IntentFile
+from supervisor.hosting.metrics_http import serve_metrics
+from supervisor.hosting.sd_notify import Notifier
+from supervisor.hosting.session_actions import Hosted, hibernate, is_busy, restart_for_memory
+from supervisor.hosting.session_log import SessionLog, log_path
+from supervisor.hosting.settings import HostingSettings
+from supervisor.states import State
+
+READ_SIZE: Final = 64 * 1024
+_LIVE: Final = frozenset({State.STARTING, State.RUNNING, State.STOPPING})
+RSS_SAMPLE_GAP: Final = 1.0
+"""Seconds between two RSS samples of one worker taken at its reports."""
+STATUS_GAP: Final = 2.0
+"""Seconds between two STATUS= lines to systemd."""
+_AGAIN: Final = frozenset({errno.EAGAIN, errno.EINTR})
+
+
+class Hosting:
+    """One per daemon: receives state changes and reports, runs the hosting timers."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        home: str,
+        settings: HostingSettings,
+        sessions: Mapping[str, Hosted],
+        report: Callable[[str], None],
+        notifier: Notifier | None = None,
+    ) -> None:
+        self.loop = loop
+        self.home = home
+        self.settings = settings
+        self.sessions = sessions
+        self.report = report
+        self.notifier = notifier or Notifier.from_environ()
+        self.intent = IntentFile(home)
+        self.events = EventHub(report)
+        self.clock = UsageClock(idle_stop=settings.idle_stop, max_live=settings.max_live)
+        self.metrics = DaemonMetrics(
+            lambda: (h.state.value for h in sessions.values()),
+            self._live_rss,
+            [s.value for s in State],
+        )
+        self._logs: dict[str, SessionLog] = {}
+        self._requests: dict[str, int] = {}
+        self._why: dict[str, str] = {}
+        self._capped: set[int] = set()  # workers killed for their RSS, not yet reaped
+        self._sampled: dict[str, float] = {}
+        self._epochs: dict[str, int] = {}
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._metrics_server: asyncio.Server | None = None
+        self._ready_sent = False
+        self._last_status = 0.0
+
+    # -- lifecycle of the daemon ---------------------------------------------------------
+
+    def initial_states(self, sessions: list[str]) -> dict[str, State | None]:
+        """How each session found at start is hosted: STOPPED if an operator stopped it,
+        IDLE when hibernation is on, None to start it now. ServeError if the intent file
+        cannot be read."""
+        try:
+            stopped = self.intent.load()
+        except IntentError as exc:
+            raise ServeError(f"{exc}; fix or remove it (it lists the stopped sessions)") from exc
+        resting = State.IDLE if self.settings.hibernates else None
+        return {s: State.STOPPED if s in stopped else resting for s in sessions}
+
+    def open_metrics(self) -> None:
+        """Listen for scrapes at ``--metrics-listen`` (before the loop runs)."""
+        listen = self.settings.metrics_listen
+        if listen is None:
+            return
+        try:
+            self._metrics_server = self.loop.run_until_complete(
+                serve_metrics(self.loop, listen, self.metrics.render)
+            )
+        except (OSError, ValueError) as exc:
+            raise ServeError(f"--metrics-listen {listen}: {exc}") from exc
+
+    def begin(self) -> None:
+        """Start the slow timers (after the socket listens)."""
+        interval = self.notifier.watchdog_interval()
+        if interval is not None:
+            self._every("watchdog", interval, self.notifier.watchdog)
+        if self.settings.max_rss_mb is not None:
+            self._every("rss", self.settings.rss_check_interval, self._check_all_rss)
+
+    def all_started(self) -> None:
+        """Every existing session has been started or hibernated: READY=1, once."""
+        if not self._ready_sent:
+            self._ready_sent = True
+            self.notifier.ready(self.summary())
+
+    def stopping(self) -> None:
+        self.notifier.stopping("stopping every worker")
+
+    def close(self) -> None:
+        if self._metrics_server is not None:
+            self._metrics_server.close()
+        for timer in self._timers.values():
+            timer.cancel()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        for log in self._logs.values():
+            log.close()
+        self._logs.clear()
+        self.notifier.close()
+
+    def summary(self) -> str:
+        counts: dict[str, int] = {}
+        for hosted in self.sessions.values():
+            counts[hosted.state.value] = counts.get(hosted.state.value, 0) + 1
+        shown = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
+        return f"{len(self.sessions)} sessions" + (f": {shown}" if shown else "")
+
+    # -- state changes -------------------------------------------------------------------
+
+    def on_move(self, hosted: Hosted, old: State, new: State, reason: str = "") -> None:
+        self.metrics.events += 1
+        if new is State.BACKOFF:
+            self.metrics.restarts += 1
+        elif new is State.IDLE:
+            self.metrics.hibernations += 1
+        elif new is State.STARTING and old is State.IDLE:
+            self.metrics.wakeups += 1
+        worker = hosted.worker
+        pid = worker.pid if worker is not None else None
+        exit_code = signal = None
+        if worker is None and old in _LIVE and hosted.exit_code is not None:
+            pid, code = hosted.exit_pid, hosted.exit_code  # this move follows a reaped exit
+            exit_code, signal = (None, -code) if code < 0 else (code, None)
+        reason = reason or self._why.get(hosted.id) or _reason(old, new, hosted.last_error)
+        self.events.publish(
+            Event(session=hosted.id, from_state=old.value, to_state=new.value, reason=reason,
+                  pid=pid, exit_code=exit_code, signal=signal)
+        )  # fmt: skip
+        if new is State.RUNNING:
+            self._used(hosted.id)
+            if hosted.epoch is not None:
+                self._epochs[hosted.id] = hosted.epoch  # as opened: later changes count
+        elif old is State.RUNNING:
+            self.clock.forget(hosted.id)
+            self._arm_idle_timer()
+        if new is State.STARTING and self.settings.max_live is not None:
+            for session in self.clock.over_cap(self._busy, room_for=1):
+                self._hibernate(session, f"least recently used past --max-live "
+                                f"{self.settings.max_live}")  # fmt: skip
+        now = time.monotonic()
+        if self._ready_sent and now - self._last_status >= STATUS_GAP:
+            self._last_status = now
+            self.notifier.status(self.summary())
+
+    def on_exit(self, hosted: Hosted, pid: int, code: int) -> None:
+        """A worker was reaped: its counters join the totals, its log notes the exit."""
+        self.metrics.on_worker_gone(hosted.id)
+        self._requests.pop(hosted.id, None)
+        self._sampled.pop(hosted.id, None)
+        self._capped.discard(pid)
+        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        log = self._log(hosted.id)
+        self._note(hosted.id, log, f"worker {pid} {how}")
+        with contextlib.suppress(OSError):
+            log.close()
+
+    def on_report(self, hosted: Hosted, message: Mapping[str, object]) -> None:
+        """A worker's state report (after requests) carried its state and counters."""
+        stats = message.get("stats")
+        if isinstance(stats, dict):
+            self.metrics.on_report(hosted.id, stats)
+            requests = stats.get("requests")
+            if isinstance(requests, int) and requests != self._requests.get(hosted.id):
+                self._requests[hosted.id] = requests
+                self._used(hosted.id)
+                self._sample_rss(hosted)
+        state = message.get("state")
+        epoch = state.get("epoch") if isinstance(state, dict) else None
+        if isinstance(epoch, int):
+            before = self._epochs.get(hosted.id)
+            if before is not None and epoch > before:
+                self.metrics.epoch_changes += epoch - before
+            self._epochs[hosted.id] = epoch
+
+    # -- worker output -------------------------------------------------------------------
+
+    def watch_output(self, session: str, pid: int, fd: int) -> None:
+        """Read a worker's stdout and stderr (one pipe) into its log file."""
+        os.set_blocking(fd, False)
+        log = self._log(session)
+        self._note(session, log, f"worker {pid} started")
+        self.loop.add_reader(fd, self._read_output, session, fd, log)
+
+    def _log(self, session: str) -> SessionLog:
+        # The object stays (a few hundred bytes); its file is open only while written to.
+        log = self._logs.get(session)
+        if log is None:
+            log = self._logs[session] = SessionLog(
+                log_path(self.home, session), max_bytes=self.settings.log_max_bytes,
+                backups=self.settings.log_backups,
+            )  # fmt: skip
+        return log
+
+    def _note(self, session: str, log: SessionLog, text: str) -> None:
+        try:
+            log.note(text)
+            log.release()
+        except OSError as exc:
+            self.report(f"session {session}: cannot write its log: {exc}")
+
+    def _read_output(self, session: str, fd: int, log: SessionLog) -> None:
+        try:
+            data = os.read(fd, READ_SIZE)
+        except OSError as exc:
+            if exc.errno in _AGAIN:
+                return
+            data = b""
+        if data:
+            try:
+                # Written and closed at once: a worker that says little (most do) costs
+                # the supervisor no descriptor between its lines.
+                log.feed(data)
+                log.release()
+            except OSError as exc:
+                self.report(f"session {session}: cannot write its log: {exc}")
+            return
+        # End of the pipe: every holder of its write end (the worker) is gone.
+        self.loop.remove_reader(fd)
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            log.close()
+
+    # -- hibernation ---------------------------------------------------------------------
+
+    def _used(self, session: str) -> None:
+        first = session not in self.clock
+        self.clock.used(session, time.monotonic())
+        if first:
+            self._arm_idle_timer()
+
+    def _busy(self, session: str) -> bool:
+        hosted = self.sessions.get(session)
+        return hosted is None or is_busy(hosted) or hosted.state is not State.RUNNING
+
+    def _arm_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        when = self.clock.next_idle_check()
+        if when is not None:
+            self._idle_timer = self.loop.call_at(when, self._idle_check)
+
+    def _idle_check(self) -> None:
+        self._idle_timer = None
+        for session in self.clock.idle(time.monotonic()):
+            hosted = self.sessions.get(session)
+            if hosted is None or self._busy(session):
+                self._used(session)  # look again a full period later
+            else:
+                self._hibernate(session, f"no request for {self.settings.idle_stop:g} s")
+        self._arm_idle_timer()
+
+    def _hibernate(self, session: str, why: str) -> None:
+        self.clock.forget(session)
+        self._why[session] = why  # the reason of the STOPPING move that follows
+        hibernate(self.sessions[session])
+        self._why.pop(session, None)
+
+    # -- memory caps -----------------------------------------------------------------------
+
+    def _sample_rss(self, hosted: Hosted) -> None:
+        if self.settings.max_rss_mb is None:
+            return
+        now = time.monotonic()
+        if now - self._sampled.get(hosted.id, 0.0) < RSS_SAMPLE_GAP:
+            return
+        self._sampled[hosted.id] = now
+        self._check_rss(hosted)
+
+    def _check_all_rss(self) -> None:
+        for hosted in list(self.sessions.values()):
+            if hosted.state is State.RUNNING:
+                self._check_rss(hosted)
+
+    def _check_rss(self, hosted: Hosted) -> None:
+        limit = self.settings.max_rss_mb
+        worker = hosted.worker
+        if limit is None or worker is None or worker.pid in self._capped:
+            return
+        rss = worker.rss_bytes()
+        if rss is not None and rss > limit * 2**20:
+            self.metrics.memory_restarts += 1
+            self._capped.add(worker.pid)
+            restart_for_memory(
+                hosted, f"rss {rss / 2**20:.0f} MiB past --max-rss {limit} MiB: restarted"
+            )
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _live_rss(self) -> list[int]:
+        found = []
+        for hosted in self.sessions.values():
+            worker = hosted.worker
+            rss = worker.rss_bytes() if worker is not None else None
+            if rss is not None:
+                found.append(rss)
+        return found
+
+    def _every(self, name: str, interval: float, action: Callable[[], object]) -> None:
+        def tick() -> None:
+            action()
+            self._timers[name] = self.loop.call_later(interval, tick)
+
+        self._timers[name] = self.loop.call_later(interval, tick)
+
+
+def _reason(old: State, new: State, last_error: str | None) -> str:
+    if new in (State.BACKOFF, State.FATAL) and last_error:
+        return last_error
+    return {
+        State.STARTING: "woken by a request" if old is State.IDLE else "starting",
+        State.RUNNING: "ready",
+        State.STOPPING: "stopping",
+        State.STOPPED: "stopped",
+        State.IDLE: "hibernated",
+        State.EXITED: "worker exited by itself",
+    }.get(new, "")
