@@ -14,8 +14,9 @@ Checked on every case run with ``--app``, after the crash-recovery invariants:
   (a ``key_expired`` refusal is fine: it is not applied).
 - ``app-writes-only-its-session``: the worker's working directory and ``$HOME`` are an
   empty ``outside/`` directory; after the case it must still be empty, and the store's
-  home may hold nothing but the session's directory. Writes to other absolute paths
-  (``/tmp``, the App's own source tree) are not seen.
+  home may hold nothing but the session's directory (and ``quarantine/<session>/``,
+  where the rig's own repair of a refused torn log puts the torn tail). Writes to other
+  absolute paths (``/tmp``, the App's own source tree) are not seen.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from chaos.scenarios import SESSION, Scenario
 from chaos.worker_run import fork_child, outside_dir
 from worker.app import load_app
 from worker.layout import SESSIONS_DIR
+from worker.repair import QUARANTINE_DIR
 from worker.session import Session
 
 APP_INVARIANTS: Final = (
@@ -155,12 +157,12 @@ def _check_writes_only_its_session(result: CaseResult, home: str) -> None:
     result.checked.append("app-writes-only-its-session")
     outside = outside_dir(home)
     strays = [os.path.relpath(p, outside) for p in _walk(outside)]
-    session_dir = os.path.join(home, SESSIONS_DIR, SESSION)
+    allowed = [os.path.join(home, d, SESSION) for d in (SESSIONS_DIR, QUARANTINE_DIR)]
+    parents = {os.path.dirname(a) for a in allowed}
     strays += [
         os.path.relpath(p, home)
         for p in _walk(home)
-        if not (p + os.sep).startswith(session_dir + os.sep)
-        and p != os.path.join(home, SESSIONS_DIR)
+        if p not in parents and not any((p + os.sep).startswith(a + os.sep) for a in allowed)
     ]
     if strays:
         result.violate(
