@@ -59,13 +59,13 @@ def chaos_app(budget: int) -> App:
     boundary (see module doc)."""
     probability = float(os.environ.get(PROBABILITY_ENV, "0"))
     if probability > 0:
-        schedule = f"{os.environ.get(SEED_ENV, '0')}:{_incarnation()}"
+        schedule = f"{os.environ.get(SEED_ENV, '0')}:{incarnation()}"
         durable.set_hook(_RandomKill(probability, random.Random(schedule)))
     spec = os.environ.get(APP_ENV)
     return load_app(spec, budget) if spec else DefaultApp(budget)
 
 
-def _incarnation() -> str:
+def incarnation() -> str:
     """``session:n``: this worker is the n-th of its session (counted in the schedule
     directory with exclusive creates), so its kills do not depend on its pid."""
     session = sys.argv[sys.argv.index("--session") + 1] if "--session" in sys.argv else "-"
