@@ -47,8 +47,8 @@ def _app_scenarios(app: str | None, scenarios: tuple[str, ...]) -> list[str]:
         try:
             scenario_for(name, app)
         except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--scenario") from exc
-        except ImportError as exc:
+            raise click.UsageError(str(exc)) from exc
+        except (ImportError, AttributeError) as exc:
             raise click.BadParameter(f"cannot import {app}: {exc}", param_hint="--app") from exc
     return list(chosen)
 

@@ -279,10 +279,15 @@ def import_app(app: str) -> None:
     """Import the module of ``module:attribute`` in the rig, from the working directory
     too (as ``python -m`` would), before any worker is forked: its workers run elsewhere.
     """
+    module_name, sep, attribute = app.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"an app is given as module:attribute, not {app!r}")
     here = os.getcwd()
     if here not in sys.path:
         sys.path.append(here)
-    importlib.import_module(app.partition(":")[0])
+    target: object = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        target = getattr(target, part)  # AttributeError names what is missing
 
 
 def clean_steps(scenario: str, workdir: str, *, app: str | None = None) -> list[dict[str, object]]:
