@@ -30,6 +30,7 @@ from chaos.oracle import ClientLog, LogsView, continues_group, snapshot_logs
 from chaos.scenarios import SESSION, Scenario
 from chaos.worker_run import fork_child, outside_dir
 from worker.app import load_app
+from worker.errors import SessionError
 from worker.layout import SESSIONS_DIR
 from worker.repair import QUARANTINE_DIR
 from worker.session import Session
@@ -99,6 +100,8 @@ def _check_one_group(result: CaseResult, view: LogsView) -> None:
 def _check_resume_deterministic(result: CaseResult, scenario: Scenario, home: str) -> None:
     result.checked.append("app-resume-deterministic")
     first, second = _answers(home, scenario), _answers(home, scenario)
+    if "unopenable" in first or "unopenable" in second:
+        return
     if "error" in first or "error" in second:
         result.violate(
             "app-resume-deterministic",
@@ -128,10 +131,15 @@ def _answers(home: str, scenario: Scenario) -> dict[str, str]:
             answer: dict[str, str]
             try:
                 app = load_app(scenario.app, scenario.budget)
-                with Session.open(home, SESSION) as session:
-                    summary = app.summarize(session)
-                    baseline = app.next_baseline(session, summary)
-                answer = {"summary": summary, "next_baseline": baseline.to_json().decode()}
+                try:
+                    session = Session.open(home, SESSION)
+                except SessionError as exc:
+                    answer = {"unopenable": str(exc)}  # final-state-opens reports it
+                else:
+                    with session:
+                        summary = app.summarize(session)
+                        baseline = app.next_baseline(session, summary)
+                    answer = {"summary": summary, "next_baseline": baseline.to_json().decode()}
             except Exception as exc:  # noqa: BLE001 - any failure of the App is the finding
                 answer = {"error": f"{type(exc).__name__}: {exc}"}
             os.write(write_end, json.dumps(answer).encode())
