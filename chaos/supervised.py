@@ -32,7 +32,7 @@ from worker import durable
 from worker.app import App, DefaultApp, load_app
 from worker.durable import Boundary
 from worker.errors import SessionError
-from worker.layout import session_dir
+from worker.layout import SESSIONS_DIR, session_dir
 from worker.loader import load_session
 from worker.records import Record, User
 
@@ -43,13 +43,24 @@ SCHEDULE_ENV: Final = "LOOPD_CHAOS_SCHEDULE_DIR"  # where workers count their in
 
 
 class _RandomKill:
-    """A boundary hook that SIGKILLs its own process at a random boundary."""
+    """A boundary hook that SIGKILLs its own process at a random boundary.
 
-    def __init__(self, probability: float, rng: random.Random) -> None:
+    Its random stream starts at the first boundary inside a session's directory (the
+    worker knows its session from then on): the seed, the session and the worker's
+    incarnation choose it. Boundaries before that (making ``sessions/``) never kill.
+    """
+
+    def __init__(self, probability: float, seed: str) -> None:
         self.probability = probability
-        self.rng = rng
+        self.seed = seed
+        self.rng: random.Random | None = None
 
     def __call__(self, boundary: Boundary) -> None:
+        if self.rng is None:
+            session = session_of(boundary.path)
+            if session is None:
+                return
+            self.rng = random.Random(f"{self.seed}:{incarnation(session)}")
         if self.rng.random() < self.probability:
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -59,16 +70,23 @@ def chaos_app(budget: int) -> App:
     boundary (see module doc)."""
     probability = float(os.environ.get(PROBABILITY_ENV, "0"))
     if probability > 0:
-        schedule = f"{os.environ.get(SEED_ENV, '0')}:{incarnation()}"
-        durable.set_hook(_RandomKill(probability, random.Random(schedule)))
+        durable.set_hook(_RandomKill(probability, os.environ.get(SEED_ENV, "0")))
     spec = os.environ.get(APP_ENV)
     return load_app(spec, budget) if spec else DefaultApp(budget)
 
 
-def incarnation() -> str:
-    """``session:n``: this worker is the n-th of its session (counted in the schedule
-    directory with exclusive creates), so its kills do not depend on its pid."""
-    session = sys.argv[sys.argv.index("--session") + 1] if "--session" in sys.argv else "-"
+def session_of(path: str) -> str | None:
+    """The session whose directory ``path`` is or lies in (``.../sessions/<id>/...``)."""
+    parts = os.path.normpath(path).split(os.sep)
+    for index in range(len(parts) - 2, -1, -1):
+        if parts[index] == SESSIONS_DIR:
+            return parts[index + 1]
+    return None
+
+
+def incarnation(session: str) -> str:
+    """``session:n``: this worker is the n-th of its session to write (counted in the
+    schedule directory with exclusive creates), so its kills do not depend on its pid."""
     directory = os.environ.get(SCHEDULE_ENV)
     if not directory:
         return f"{session}:0"

@@ -146,11 +146,12 @@ def test_a_supervised_worker_draws_its_kills_from_seed_session_and_incarnation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(supervised.SCHEDULE_ENV, str(tmp_path))
-    monkeypatch.setattr(sys, "argv", ["worker", "--session", "s1", "--home", "h"])
-    assert [supervised.incarnation() for _ in range(3)] == ["s1:0", "s1:1", "s1:2"]
-    monkeypatch.setattr(sys, "argv", ["worker", "--session", "s2"])
-    assert supervised.incarnation() == "s2:0"
+    assert [supervised.incarnation("s1") for _ in range(3)] == ["s1:0", "s1:1", "s1:2"]
+    assert supervised.incarnation("s2") == "s2:0"
     assert sorted(os.listdir(tmp_path)) == ["s1.0", "s1.1", "s1.2", "s2.0"]
+    assert supervised.session_of("/h/sessions/s1/0.jsonl") == "s1"
+    assert supervised.session_of("/h/sessions/s1") == "s1"
+    assert supervised.session_of("/h/sessions") is None
 
 
 def test_the_html_report_colours_each_cell_and_links_it_to_the_replay_line() -> None:
