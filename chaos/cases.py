@@ -39,6 +39,12 @@ class Case:
     recovery_at: int = 0
     power_at: int | None = None
     mutant: str | None = None
+    app: str | None = None  # the user's App (module:attribute) the worker hosts, if any
+
+    @property
+    def replay_line(self) -> str:
+        """The one command that runs this case again (with its app, if any)."""
+        return replay_command(self.id, self.app)
 
     @property
     def id(self) -> str:
@@ -82,6 +88,11 @@ class Case:
                    recovery_at=recovery, power_at=power, mutant=mutant or None)  # fmt: skip
 
 
+def replay_command(case_id: str, app: str | None) -> str:
+    """``loopd chaos replay ID [--app module:attribute]``."""
+    return f"loopd chaos replay {case_id}" + (f" --app {app}" if app else "")
+
+
 @dataclass(slots=True)
 class CaseResult:
     """What one case found: the boundary it hit, the invariants checked, any violations."""
@@ -93,6 +104,11 @@ class CaseResult:
     checked: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    app: str | None = None
+
+    @property
+    def replay_line(self) -> str:
+        return replay_command(self.case, self.app)
 
     def violate(self, invariant: str, detail: str) -> None:
         self.outcome = "violation"
@@ -103,6 +119,7 @@ class CaseResult:
             "id": self.case, "fault": self.fault, "boundary": self.boundary,
             "outcome": self.outcome, "invariants": sorted(set(self.checked)),
             "violations": self.violations, "notes": self.notes,
+            "app": self.app, "replay": self.replay_line,
         }  # fmt: skip
 
 
@@ -114,6 +131,7 @@ def enumerate_cases(
     mutant: str | None = None,
     recovery_steps: dict[int, int] | None = None,
     resume_steps: dict[tuple[FaultKind, str, int], int] | None = None,
+    app: str | None = None,
 ) -> list[Case]:
     """Every case of ``scenario`` whose clean run had ``steps`` (boundary k = steps[k-1]).
 
@@ -127,17 +145,27 @@ def enumerate_cases(
     for kind in faults:
         for k, step in enumerate(steps, start=1):
             cases.extend(
-                Case(scenario=scenario, fault=kind, variant=v, at=k, mutant=mutant)
+                Case(scenario=scenario, fault=kind, variant=v, at=k, mutant=mutant, app=app)
                 for v in variants_at(kind, step)
             )
     for k, count in sorted((recovery_steps or {}).items()):
         cases.extend(
-            Case(scenario=scenario, fault=FaultKind.KILL, at=k, recovery_at=j, mutant=mutant)
+            Case(
+                scenario=scenario, fault=FaultKind.KILL, at=k, recovery_at=j, mutant=mutant, app=app
+            )
             for j in range(1, count + 1)
         )
     for (kind, variant, k), count in (resume_steps or {}).items():
         cases.extend(
-            Case(scenario=scenario, fault=kind, variant=variant, at=k, power_at=j, mutant=mutant)
+            Case(
+                scenario=scenario,
+                fault=kind,
+                variant=variant,
+                at=k,
+                power_at=j,
+                mutant=mutant,
+                app=app,
+            )
             for j in [*range(1, count + 1), POWER_AT_END]
         )
     return cases

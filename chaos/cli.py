@@ -8,15 +8,17 @@ import random
 import sys
 import time
 from collections import Counter, defaultdict
+from dataclasses import replace
 from typing import Final
 
 import click
 
 from chaos.cases import Case, CaseResult
 from chaos.hook import FaultKind
+from chaos.html_report import write_html_report
 from chaos.mutants import MUTANTS
 from chaos.parallel import case_workdir, run_cases
-from chaos.runner import clean_steps, run_case
+from chaos.runner import clean_steps, run_case, scenario_for
 from chaos.scenarios import SCENARIOS
 from chaos.scoring import score_mutant
 from chaos.supervised import run_supervised
@@ -36,8 +38,19 @@ def _faults(text: str) -> list[FaultKind]:
     return kinds
 
 
-def _replay_line(result: CaseResult) -> str:
-    return f"loopd chaos replay {result.case}"
+def _app_scenarios(app: str | None, scenarios: tuple[str, ...]) -> list[str]:
+    """The scenarios to run: with an App, the worker-level ones (each checked to host it)."""
+    if app is None:
+        return list(scenarios or sorted(SCENARIOS))
+    chosen = scenarios or tuple(n for n in sorted(SCENARIOS) if SCENARIOS[n].worker_level)
+    for name in chosen:
+        try:
+            scenario_for(name, app)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from exc
+        except (ImportError, AttributeError) as exc:
+            raise click.BadParameter(f"cannot import {app}: {exc}", param_hint="--app") from exc
+    return list(chosen)
 
 
 def _summary(results: list[CaseResult], elapsed: float) -> None:
@@ -63,7 +76,7 @@ def _execute(cases: list[Case], workdir: str, jobs: int, label: str) -> list[Cas
             if result.outcome != "ok":
                 click.echo(
                     f"\nVIOLATION {result.case} ({result.boundary}): "
-                    f"{'; '.join(result.violations)}\n  replay: {_replay_line(result)}",
+                    f"{'; '.join(result.violations)}\n  replay: {result.replay_line}",
                     err=True,
                 )
 
@@ -79,6 +92,13 @@ scenarios_option = click.option(
 )
 jobs_option = click.option(
     "--jobs", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default="all cores"
+)
+app_option = click.option(
+    "--app",
+    default=None,
+    metavar="MODULE:ATTR",
+    help="the App the request scenarios' workers host (importable from the working "
+    "directory); its contract is checked too.",
 )
 dir_option = click.option(
     "--dir",
@@ -116,6 +136,13 @@ def chaos() -> None:
     default=None,
     help="write every case's result to this file.",
 )
+@click.option(
+    "--html-report",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="write a self-contained HTML page: boundaries x faults, each case linked.",
+)
+@app_option
 @dir_option
 def run(
     scenarios: tuple[str, ...],
@@ -124,12 +151,15 @@ def run(
     jobs: int,
     seed: int | None,
     json_report: str | None,
+    html_report: str | None,
+    app: str | None,
     base: str | None,
 ) -> None:
     """Run every case of the chosen scenarios and faults; exit 1 on any violation."""
     kinds = _faults(faults)
+    chosen = _app_scenarios(app, scenarios)
     with case_workdir(base) as workdir:
-        cases = build_cases(scenarios or sorted(SCENARIOS), kinds, workdir, compound=compound)
+        cases = build_cases(chosen, kinds, workdir, compound=compound, app=app)
         if seed is not None:
             random.Random(seed).shuffle(cases)
         start = time.perf_counter()
@@ -148,25 +178,30 @@ def run(
                 indent=1,
             )
         click.echo(f"report: {json_report}")
+    if html_report:
+        write_html_report(html_report, results, title=f"loopd chaos run ({app or 'the store'})")
+        click.echo(f"report: {html_report}")
     if any(r.outcome != "ok" for r in results):
         sys.exit(EXIT_VIOLATION)
 
 
 @chaos.command()
 @click.argument("case_id", metavar="CASE")
+@app_option
 @dir_option
-def replay(case_id: str, base: str | None) -> None:
+def replay(case_id: str, app: str | None, base: str | None) -> None:
     """Run one case from its id (as printed with a violation) and show what it checked."""
     try:
-        case = Case.parse(case_id)
+        case = replace(Case.parse(case_id), app=app)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="CASE") from exc
     if case.scenario not in SCENARIOS:
         raise click.BadParameter(f"unknown scenario {case.scenario!r}", param_hint="CASE")
     if case.mutant is not None and case.mutant not in MUTANTS:
         raise click.BadParameter(f"unknown mutant {case.mutant!r}", param_hint="CASE")
+    _app_scenarios(app, (case.scenario,))
     with case_workdir(base) as workdir:
-        clean_steps(case.scenario, workdir)
+        clean_steps(case.scenario, workdir, app=app)
         result = run_case(case, workdir)
     click.echo(
         f"case       {result.case}\nboundary   {result.boundary}\n"
@@ -231,7 +266,12 @@ def mutants(scenarios: tuple[str, ...], jobs: int, quick: bool, base: str | None
 @click.option(
     "--duration", type=float, default=60.0, show_default=True, help="hard time bound, seconds."
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--seed",
+    type=int,
+    default=None,
+    help="the schedule of kills; the same seed replays it (default: a random one, printed).",
+)
 @click.option(
     "--boundary-kill-probability",
     type=float,
@@ -245,15 +285,23 @@ def mutants(scenarios: tuple[str, ...], jobs: int, quick: bool, base: str | None
     default=None,
     help="keep the run's home here (default: a temporary one).",
 )
+@app_option
 def supervised(
     sessions: int,
     requests: int,
     duration: float,
-    seed: int,
+    seed: int | None,
     boundary_kill_probability: float,
     home: str | None,
+    app: str | None,
 ) -> None:
     """A real supervisor under load while workers are SIGKILLed; check every log."""
+    if seed is None:
+        seed = random.SystemRandom().randrange(1 << 32)
+    again = (f"loopd chaos supervised --seed {seed} --sessions {sessions} "
+             f"--requests {requests} --boundary-kill-probability {boundary_kill_probability}"
+             + (f" --app {app}" if app else ""))  # fmt: skip
+    click.echo(f"seed: {seed}")
     with case_workdir(None) as workdir:
         report = run_supervised(
             home or os.path.join(workdir, "home"),
@@ -262,6 +310,8 @@ def supervised(
             duration=duration,
             seed=seed,
             boundary_kill_probability=boundary_kill_probability,
+            app=app,
+            schedule_dir=os.path.join(workdir, "schedule"),
         )
     acked = sum(len(k) for k in report.acknowledged.values())
     click.echo(
@@ -274,5 +324,6 @@ def supervised(
     for violation in report.violations:
         click.echo(f"VIOLATION {violation}")
     if report.violations or report.failures:
+        click.echo(f"replay: {again}")
         sys.exit(EXIT_VIOLATION)
     click.echo("every acknowledged request is in its log exactly once; every session verifies")

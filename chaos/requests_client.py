@@ -34,6 +34,7 @@ class RequestsClient:
     on_event: Callable[[dict[str, object]], None]
     on_ready: Callable[[Message], None]
     on_refused: Callable[[dict[str, object]], None]
+    resend: bool = False  # send every request again, answered or not; no compact, no retry
     pending: list[tuple[str, str]] = field(default_factory=list)
     sent: str | None = None
     tries: int = 0
@@ -41,7 +42,9 @@ class RequestsClient:
     def run(self, event_fd: int) -> None:
         """Serve until both the trace and the channel reach their end."""
         # A client never sends again what it was told is done: only what got no answer.
-        self.pending = [r for r in self.scenario.requests if r[0] not in self.log.acked]
+        self.pending = [
+            r for r in self.scenario.requests if self.resend or r[0] not in self.log.acked
+        ]
         selector = selectors.DefaultSelector()
         selector.register(event_fd, selectors.EVENT_READ, "events")
         selector.register(self.channel.fileno(), selectors.EVENT_READ, "channel")
@@ -88,6 +91,8 @@ class RequestsClient:
                 self.log.ack(self.sent, int(state.get("epoch", 0)))
                 self.pending.pop(0)
             self.tries = 0
+        elif self.sent is not None and self.resend:
+            self.pending.pop(0)  # a refused retry (e.g. key_expired) is not applied: next
         elif self.sent is not None:
             self.tries += 1
             if self.tries > 1:  # the retry failed too: the worker exits or is broken
@@ -95,7 +100,12 @@ class RequestsClient:
                 self._send({"id": 0, "op": "stop"})
                 return
         compact = self.scenario.compact
-        if compact is not None and compact[0] in self.log.acked and not self.log.compacted:
+        if (
+            compact is not None
+            and not self.resend
+            and compact[0] in self.log.acked
+            and not self.log.compacted
+        ):
             # The operator's compaction, once its request is acknowledged; not repeated
             # after a crash once acknowledged (in flight, it may be: operators retry).
             self.sent = _COMPACT

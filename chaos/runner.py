@@ -8,13 +8,16 @@ the files to the oracle.
 from __future__ import annotations
 
 import copy
+import importlib
 import os
 import shutil
+import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from chaos.api_state import check_api_state
+from chaos.app_contract import check_app_contract, learned_shapes
 from chaos.cases import Case, CaseResult
 from chaos.hook import FaultKind
 from chaos.model import DurableModel, PowerVariant
@@ -56,19 +59,22 @@ def run_case(case: Case, workdir: str, *, crash_cache: str | None = None) -> Cas
     are kept there and copied for the next such case, which then only crashes the
     recovery (or cuts the power under the resumed worker).
     """
-    scenario = SCENARIOS[case.scenario]
-    result = CaseResult(case=case.id, fault=case.fault.value, boundary="")
+    if case.app is not None:
+        clean_steps(case.scenario, workdir, app=case.app)  # learns the app's shapes
+    scenario = scenario_for(case.scenario, case.app)
+    result = CaseResult(case=case.id, fault=case.fault.value, boundary="", app=case.app)
     root = tempfile.mkdtemp(prefix="case-", dir=workdir)
-    home = os.path.join(root, "home")
+    home = os.path.abspath(os.path.join(root, "home"))
     output = os.path.join(root, "worker.out")
     compound = bool(case.recovery_at) or case.power_at is not None
-    key = (case.scenario, case.fault, case.variant, case.at, case.power_at is None, case.mutant)
+    key = (case.scenario, case.fault, case.variant, case.at, case.power_at is None, case.mutant,
+           case.app)  # fmt: skip
     reused = _first_crash if compound and crash_cache is not None else None
     if reused is not None and reused.key == key and os.path.isdir(reused.files):
         shutil.copytree(reused.files, home, symlinks=True)
         log = copy.deepcopy(reused.log)
         model = reused.model.rebased(home) if reused.model is not None else None
-        result.boundary = boundary_name(case.scenario, case.at)
+        result.boundary = boundary_name(case.scenario, case.at, case.app)
         result.notes.append("first fault's files shared with the other compounds of this fault")
     else:
         log, model = _first_run(case, scenario, home, output, result)
@@ -80,7 +86,10 @@ def run_case(case: Case, workdir: str, *, crash_cache: str | None = None) -> Cas
         _resume_then_power_loss(case, scenario, home, output, log, model, result)
         after_fault = snapshot_logs(home)
         check_after_fault(result, scenario, log, after_fault)
-    return _resume_and_check(case, scenario, home, output, log, after_fault, result)
+    _resume_and_check(case, scenario, home, output, log, after_fault, result)
+    if case.app is not None:
+        check_app_contract(result, scenario, home, log)
+    return result
 
 
 def _keep_first_crash(
@@ -126,7 +135,7 @@ def _first_run(
         output=output,
         trace=traced,
     )
-    result.boundary = boundary_name(case.scenario, case.at)
+    result.boundary = boundary_name(case.scenario, case.at, case.app)
     if model is not None:
         for step in first.steps:
             model.apply(step)
@@ -188,7 +197,7 @@ def _resume_and_check(
     log: ClientLog,
     after_fault: LogsView,
     result: CaseResult,
-) -> CaseResult:
+) -> None:
     """Resume with fresh workers until one finishes the scenario; then the oracle."""
     for attempt in range(MAX_RESUMES):
         compound = case.recovery_at if attempt == 0 else 0
@@ -241,31 +250,67 @@ def _resume_and_check(
             tail = f.read()[-600:]
         if tail:
             result.notes.append(f"worker output: {tail}")
-    return result
 
 
-_CLEAN_STEPS: dict[str, list[dict[str, object]]] = {}
+_CLEAN_STEPS: dict[tuple[str, str | None], list[dict[str, object]]] = {}
+_SHAPES: dict[tuple[str, str], tuple[tuple[str, tuple[str, ...]], ...]] = {}
 
 
-def clean_steps(scenario: str, workdir: str) -> list[dict[str, object]]:
+class AppScenarioError(ValueError):
+    """A scenario that cannot host a user's App (it drives the store, not a worker)."""
+
+
+def scenario_for(name: str, app: str | None) -> Scenario:
+    """Scenario ``name``, with the user's ``app`` in its worker when one is given.
+
+    With an app, the records each request appends are those of the app's clean run
+    (``clean_steps`` learns them) and the App contract is checked.
+    """
+    spec = SCENARIOS[name]
+    if app is None:
+        return spec
+    if not spec.worker_level:
+        raise AppScenarioError(f"scenario {name} drives the store directly: it hosts no app")
+    import_app(app)
+    return replace(spec, app=app, contract=True, shapes=_SHAPES.get((name, app), ()))
+
+
+def import_app(app: str) -> None:
+    """Import the module of ``module:attribute`` in the rig, from the working directory
+    too (as ``python -m`` would), before any worker is forked: its workers run elsewhere.
+    """
+    module_name, sep, attribute = app.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"an app is given as module:attribute, not {app!r}")
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.append(here)
+    target: object = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        target = getattr(target, part)  # AttributeError names what is missing
+
+
+def clean_steps(scenario: str, workdir: str, *, app: str | None = None) -> list[dict[str, object]]:
     """The boundaries of a clean run of ``scenario`` (counted once per process)."""
-    if scenario not in _CLEAN_STEPS:
-        spec = SCENARIOS[scenario]
+    if (scenario, app) not in _CLEAN_STEPS:
+        spec = scenario_for(scenario, app)
         root = tempfile.mkdtemp(prefix="count-", dir=workdir)
-        home = os.path.join(root, "home")
+        home = os.path.abspath(os.path.join(root, "home"))
         os.mkdir(home)
         if spec.prepare is not None:
             spec.prepare(home)
         run = fork_child(home, spec, ClientLog(), resume=False)
         if run.code != 0:
             raise RuntimeError(f"the clean run of {scenario} exited with {run.code}")
-        _CLEAN_STEPS[scenario] = run.steps
-    return _CLEAN_STEPS[scenario]
+        if app is not None:
+            _SHAPES[(scenario, app)] = learned_shapes(snapshot_logs(home))
+        _CLEAN_STEPS[(scenario, app)] = run.steps
+    return _CLEAN_STEPS[(scenario, app)]
 
 
-def boundary_name(scenario: str, at: int) -> str:
+def boundary_name(scenario: str, at: int, app: str | None = None) -> str:
     """``step file`` of boundary ``at`` in the clean run, e.g. ``fsync 0.jsonl``."""
-    for step in _CLEAN_STEPS.get(scenario, []):
+    for step in _CLEAN_STEPS.get((scenario, app), []):
         if step.get("k") == at:
             return f"{step['step']} {os.path.basename(str(step['path']))}"
     return f"boundary {at}" if at else "-"

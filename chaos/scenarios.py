@@ -62,6 +62,9 @@ class Scenario:
     budget: int = 0
     app: str | None = None  # the worker's app (module:attribute), else the default app
     compact: tuple[str, str] | None = None  # (after which key, the operator's summary)
+    contract: bool = False  # the app is a user's: its workers are checked against the contract
+    # A user's App: the record types each request key appends, learned from a clean run.
+    shapes: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def worker_level(self) -> bool:
@@ -69,6 +72,9 @@ class Scenario:
 
     def shape(self, key: str) -> tuple[str, ...]:
         """The record types the request ``key`` appends, User first, in one group."""
+        for known, shape in self.shapes:
+            if known == key:
+                return shape
         for op in self.ops:
             if op.key == key and op.kind == "append":
                 return SINGLE_SHAPE

@@ -4,6 +4,11 @@ Workers are SIGKILLed at random moments (chosen with psutil, identity checked) a
 inside, at random write boundaries (the ChaosApp installs a boundary hook in each worker
 it is loaded into). Clients retry with their keys. At the end every acknowledged request
 must be in its session's log exactly once, and every session must verify.
+
+The boundary kills are drawn from the run's seed, the session and the worker's
+incarnation (the how-many-th worker of that session it is), never from a pid, so the
+same seed replays the same schedule of boundary kills. The outside killer draws its
+choices from the seed too; when they land depends on timing.
 """
 
 from __future__ import annotations
@@ -24,36 +29,76 @@ from supervisor.client import Client, call, call_with_retry
 from supervisor.daemon import SOCKET_NAME
 from supervisor.errors import ControlError
 from worker import durable
-from worker.app import DefaultApp
+from worker.app import App, DefaultApp, load_app
 from worker.durable import Boundary
 from worker.errors import SessionError
-from worker.layout import session_dir
+from worker.layout import SESSIONS_DIR, session_dir
 from worker.loader import load_session
 from worker.records import Record, User
 
 SEED_ENV: Final = "LOOPD_CHAOS_SEED"
 PROBABILITY_ENV: Final = "LOOPD_CHAOS_KILL_PROBABILITY"
+APP_ENV: Final = "LOOPD_CHAOS_APP"  # the user's App the chaos workers host
+SCHEDULE_ENV: Final = "LOOPD_CHAOS_SCHEDULE_DIR"  # where workers count their incarnations
 
 
 class _RandomKill:
-    """A boundary hook that SIGKILLs its own process at a random boundary."""
+    """A boundary hook that SIGKILLs its own process at a random boundary.
 
-    def __init__(self, probability: float, rng: random.Random) -> None:
+    Its random stream starts at the first boundary inside a session's directory (the
+    worker knows its session from then on): the seed, the session and the worker's
+    incarnation choose it. Boundaries before that (making ``sessions/``) never kill.
+    """
+
+    def __init__(self, probability: float, seed: str) -> None:
         self.probability = probability
-        self.rng = rng
+        self.seed = seed
+        self.rng: random.Random | None = None
 
     def __call__(self, boundary: Boundary) -> None:
+        if self.rng is None:
+            session = session_of(boundary.path)
+            if session is None:
+                return
+            self.rng = random.Random(f"{self.seed}:{incarnation(session)}")
         if self.rng.random() < self.probability:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def chaos_app(budget: int) -> DefaultApp:
-    """The default app, in a worker that may die at any write boundary (see module doc)."""
+def chaos_app(budget: int) -> App:
+    """The default app (or ``$LOOPD_CHAOS_APP``), in a worker that may die at any write
+    boundary (see module doc)."""
     probability = float(os.environ.get(PROBABILITY_ENV, "0"))
-    seed = int(os.environ.get(SEED_ENV, "0")) ^ os.getpid()
     if probability > 0:
-        durable.set_hook(_RandomKill(probability, random.Random(seed)))
-    return DefaultApp(budget)
+        durable.set_hook(_RandomKill(probability, os.environ.get(SEED_ENV, "0")))
+    spec = os.environ.get(APP_ENV)
+    return load_app(spec, budget) if spec else DefaultApp(budget)
+
+
+def session_of(path: str) -> str | None:
+    """The session whose directory ``path`` is or lies in (``.../sessions/<id>/...``)."""
+    parts = os.path.normpath(path).split(os.sep)
+    for index in range(len(parts) - 2, -1, -1):
+        if parts[index] == SESSIONS_DIR:
+            return parts[index + 1]
+    return None
+
+
+def incarnation(session: str) -> str:
+    """``session:n``: this worker is the n-th of its session to write (counted in the
+    schedule directory with exclusive creates), so its kills do not depend on its pid."""
+    directory = os.environ.get(SCHEDULE_ENV)
+    if not directory:
+        return f"{session}:0"
+    n = 0
+    while True:
+        try:
+            os.close(os.open(os.path.join(directory, f"{session}.{n}"),
+                             os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))  # fmt: skip
+        except FileExistsError:
+            n += 1
+            continue
+        return f"{session}:{n}"
 
 
 @dataclass(slots=True)
@@ -78,12 +123,26 @@ def run_supervised(
     seed: int = 0,
     boundary_kill_probability: float = 0.02,
     kill_interval: float = 0.05,
+    app: str | None = None,
+    schedule_dir: str | None = None,
 ) -> SupervisedReport:
-    """Run the load and the kills for at most ``duration`` seconds; check the logs."""
+    """Run the load and the kills for at most ``duration`` seconds; check the logs.
+
+    ``app`` (module:attribute, importable from the working directory) replaces the
+    default app in the workers; ``schedule_dir`` is where they count their incarnations
+    (default: beside the home).
+    """
     rng = random.Random(seed)
     report = SupervisedReport(sessions=sessions)
     os.makedirs(home, exist_ok=True)
-    env = {**os.environ, SEED_ENV: str(seed), PROBABILITY_ENV: str(boundary_kill_probability)}
+    schedule = schedule_dir or f"{os.path.abspath(home).rstrip(os.sep)}.schedule"
+    os.makedirs(schedule, exist_ok=True)
+    env = {**os.environ, SEED_ENV: str(seed), PROBABILITY_ENV: str(boundary_kill_probability),
+           SCHEDULE_ENV: schedule}  # fmt: skip
+    if app:
+        env[APP_ENV] = app
+        path = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = os.getcwd() + (os.pathsep + path if path else "")
     # Workers die here by design, often and in a row: no intensity limit, and a short
     # backoff so that the run measures the store and the restart path, not the waiting.
     daemon = subprocess.Popen(

@@ -10,8 +10,7 @@ from typing import Final
 from chaos.cases import Case, ThenPower, enumerate_cases
 from chaos.hook import FaultKind
 from chaos.oracle import ClientLog, snapshot_logs
-from chaos.runner import clean_steps
-from chaos.scenarios import SCENARIOS
+from chaos.runner import clean_steps, scenario_for
 from chaos.worker_run import fork_child
 from worker.durable import Step
 
@@ -33,22 +32,23 @@ def build_cases(
     compound: bool = False,
     then_power: ThenPower | None = None,
     mutant: str | None = None,
+    app: str | None = None,
 ) -> list[Case]:
     """Count each scenario's boundaries with a clean run, then list every case.
 
     ``compound`` lists every compound case (``then_power`` defaults to EVERY with it).
+    With ``app`` (module:attribute) the worker-level scenarios host that App instead.
     """
     if then_power is None:
         then_power = ThenPower.EVERY if compound else ThenPower.NONE
     cases: list[Case] = []
     wanted = list(faults)
     for name in scenarios:
-        steps = [Step(str(s["step"])) for s in clean_steps(name, workdir)]
-        recovery = recovery_counts(name, len(steps), workdir) if compound else None
-        resume = power_compounds(name, steps, then_power, workdir, mutant=mutant)
-        cases += enumerate_cases(
-            name, steps, wanted, mutant=mutant, recovery_steps=recovery, resume_steps=resume
-        )
+        steps = [Step(str(s["step"])) for s in clean_steps(name, workdir, app=app)]
+        recovery = recovery_counts(name, len(steps), workdir, app=app) if compound else None
+        resume = power_compounds(name, steps, then_power, workdir, mutant=mutant, app=app)
+        cases += enumerate_cases(name, steps, wanted, mutant=mutant, recovery_steps=recovery,
+                                 resume_steps=resume, app=app)  # fmt: skip
     return cases
 
 
@@ -59,6 +59,7 @@ def power_compounds(
     workdir: str,
     *,
     mutant: str | None = None,
+    app: str | None = None,
 ) -> dict[tuple[FaultKind, str, int], int]:
     """The first faults of the "then power loss" compounds, each with the number of
     boundaries of the worker that resumes after it (0 when only the end is wanted, 1
@@ -71,13 +72,19 @@ def power_compounds(
     ]
     if then_power in (ThenPower.END, ThenPower.FIRST):
         return dict.fromkeys(firsts, int(then_power is ThenPower.FIRST))
-    return {first: _resume_count(scenario, *first, workdir, mutant) for first in firsts}
+    return {first: _resume_count(scenario, *first, workdir, mutant, app) for first in firsts}
 
 
 def _resume_count(
-    scenario: str, kind: FaultKind, variant: str, at: int, workdir: str, mutant: str | None
+    scenario: str,
+    kind: FaultKind,
+    variant: str,
+    at: int,
+    workdir: str,
+    mutant: str | None,
+    app: str | None,
 ) -> int:
-    spec = SCENARIOS[scenario]
+    spec = scenario_for(scenario, app)
     root = tempfile.mkdtemp(prefix="resume-", dir=workdir)
     home = os.path.join(root, "home")
     os.mkdir(home)
@@ -88,10 +95,12 @@ def _resume_count(
     return len(fork_child(home, spec, ClientLog(), resume=True, mutant=mutant).steps)
 
 
-def recovery_counts(scenario: str, boundaries: int, workdir: str) -> dict[int, int]:
+def recovery_counts(
+    scenario: str, boundaries: int, workdir: str, *, app: str | None = None
+) -> dict[int, int]:
     """For each kill boundary that leaves an interrupted epoch change (EpochEnd last),
     how many boundaries the recovery after it has (so each can be crashed in turn)."""
-    spec = SCENARIOS[scenario]
+    spec = scenario_for(scenario, app)
     counts = {}
     for k in range(1, boundaries + 1):
         root = tempfile.mkdtemp(prefix="recovery-", dir=workdir)

@@ -55,8 +55,16 @@ def fork_child(
     mutant: str | None = None,
     output: str = os.devnull,
     trace: bool = True,
+    resend: bool = False,
 ) -> ChildRun:
-    """Fork a worker for ``scenario`` with its hook armed; act as its client until it ends."""
+    """Fork a worker for ``scenario`` with its hook armed; act as its client until it ends.
+
+    With ``resend`` the client sends every request of the scenario again, answered or not
+    (the App contract's retry check). The worker of a user's App (``scenario.contract``)
+    runs with its working directory and ``$HOME`` in ``outside/`` beside the home, so
+    that what the App writes there is seen (``chaos.app_contract``).
+    """
+    scratch = outside_dir(home) if scenario.contract else None
     event_r, event_w = os.pipe()
     go_r, go_w = os.pipe()
     ours, theirs = socket.socketpair() if scenario.worker_level else (None, None)
@@ -78,8 +86,12 @@ def fork_child(
             mutants.apply(mutant)
             events = EventPipe(event_w)
             durable.set_hook(ChaosHook(events, fault, variant, at, trace=trace))
+            if scratch is not None:
+                os.chdir(scratch)
+                os.environ["HOME"] = scratch
             if theirs is not None:
-                code = worker_child(home, scenario, theirs.fileno(), create=not log.started)
+                code = worker_child(os.path.abspath(home), scenario, theirs.fileno(),
+                                    create=not log.started)  # fmt: skip
             else:
                 code = store_child(home, scenario, resume=resume, events=events, go_fd=go_r,
                                    acknowledged=frozenset(log.acked),
@@ -100,6 +112,7 @@ def fork_child(
                 on_event=lambda event: _on_event(home, log, run, event, None, mutant),
                 on_ready=lambda message: _on_ready(run, home, mutant, message),
                 on_refused=lambda event: _refused(run, event),
+                resend=resend,
             ).run(event_r)
         else:
             _read_events(home, log, run, event_r, go_w, mutant)
@@ -111,6 +124,14 @@ def fork_child(
         _pid, status = os.waitpid(pid, 0)
         run.code = os.waitstatus_to_exitcode(status)
     return run
+
+
+def outside_dir(home: str) -> str:
+    """The working directory and ``$HOME`` of a user's App's worker: ``outside/`` beside
+    the home (made on first use)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(home)), "outside")
+    os.makedirs(path, exist_ok=True)
+    return path
 
 
 def _on_event(

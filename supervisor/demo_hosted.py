@@ -148,9 +148,14 @@ def _drive(home: str, daemon: subprocess.Popen[bytes], checks: DemoChecks) -> di
             for v, pid in killed.items()
         ),
     )
+    # The supervisor learns a worker's epoch from the worker's state reports, which
+    # follow its requests by a moment: wait for them rather than read the first table.
     checks.check(
         "some sessions changed epoch under their context budget",
-        any(int(str(r["epoch"])) >= 1 for r in rows),
+        _wait(
+            "a changed epoch",
+            lambda: any(isinstance(r["epoch"], int) and r["epoch"] >= 1 for r in _status(home)),
+        ),
     )
     _torn_and_repaired(home, checks)
     return acknowledged

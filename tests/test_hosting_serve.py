@@ -260,13 +260,25 @@ def _restarted(row: dict[str, object]) -> dict[str, object] | None:
 
 
 def _read_events(follower: subprocess.Popen[str], count: int) -> list[dict[str, object]]:
-    """The first ``count`` events a follower prints, waiting for each up to a deadline."""
+    """The first ``count`` events a follower prints, waiting for each up to a deadline.
+
+    Read from the pipe's fd, not the text wrapper: a readline() may leave the next lines
+    in the wrapper's buffer, where select() cannot see them.
+    """
     assert follower.stdout is not None
+    fd = follower.stdout.fileno()
+    pending = b""
     events: list[dict[str, object]] = []
     while len(events) < count:
-        ready, _, _ = select.select([follower.stdout], [], [], 20)
-        assert ready, f"no event after {events}"
-        events.append(json.loads(follower.stdout.readline()))
+        if b"\n" not in pending:
+            ready, _, _ = select.select([fd], [], [], 20)
+            assert ready, f"no event after {events}"
+            chunk = os.read(fd, 65536)
+            assert chunk, f"the follower ended after {events}"
+            pending += chunk
+            continue
+        line, pending = pending.split(b"\n", 1)
+        events.append(json.loads(line))
     return events
 
 

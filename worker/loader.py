@@ -292,7 +292,37 @@ class _Reader:
         if self.on_epoch is not None:
             self.on_epoch(records)
         window = epoch - 1  # keys of older epochs than this have left the retry window
-        users = untrusted = 0
+        # Comprehensions over the types, not a Python branch per record: a large log's
+        # calls and keys are checked in a few C-speed passes; the place of a problem is
+        # looked up only when there is one.
+        calls = [r.call for r in records if type(r) is ToolResult]
+        floor = max(self.max_call + 1, self.next_call)
+        if calls and (calls[0] < floor or calls != sorted(set(calls))):
+            self._reused_call(path, records, floor)
+        if calls:
+            self.max_call = calls[-1]
+        users = [(n, r) for n, r in enumerate(records, start=1) if type(r) is User]
+        for number, user in users:
+            assert isinstance(user, User)
+            if user.key is not None:
+                applied = self.keys.get(user.key)
+                if applied is not None and applied.epoch >= window:
+                    raise InvalidLog(
+                        path,
+                        number,
+                        f"request key {quote(user.key, 80)} was already applied "
+                        f"(epoch {applied.epoch}, line {applied.line}): a request is "
+                        "applied once",
+                    )
+                self.keys[user.key] = KeyRef(epoch, number)
+        if not newest:
+            self.prior_users += len(users)
+            self.prior_untrusted += sum(u.untrusted for _n, u in users)
+
+    @staticmethod
+    def _reused_call(path: str, records: list[Record], floor: int) -> None:
+        """Raise InvalidLog at the first ToolResult whose call number is not new."""
+        highest = floor - 1
         for number, record in enumerate(records, start=1):
             if isinstance(record, Owner | Handoff) or self.fence.sealed is not None:
                 fenced = advance(self.fence, record)
@@ -300,31 +330,14 @@ class _Reader:
                     raise InvalidLog(path, number, fenced)
                 self.fence = fenced
             if isinstance(record, ToolResult):
-                if record.call <= self.max_call or record.call < self.next_call:
+                if record.call <= highest:
                     raise InvalidLog(
                         path,
                         number,
                         f"ToolResult.call {record.call} reuses a call number (the next free "
-                        f"one is {max(self.max_call + 1, self.next_call)})",
+                        f"one is {highest + 1})",
                     )
-                self.max_call = record.call
-            elif isinstance(record, User):
-                users += 1
-                untrusted += record.untrusted
-                if record.key is not None:
-                    applied = self.keys.get(record.key)
-                    if applied is not None and applied.epoch >= window:
-                        raise InvalidLog(
-                            path,
-                            number,
-                            f"request key {quote(record.key, 80)} was already applied "
-                            f"(epoch {applied.epoch}, line {applied.line}): a request is "
-                            "applied once",
-                        )
-                    self.keys[record.key] = KeyRef(epoch, number)
-        if not newest:
-            self.prior_users += users
-            self.prior_untrusted += untrusted
+                highest = record.call
 
     def _check_carried(self, path: str, first: SessionStart, epoch: int) -> None:
         """Check a SessionStart's carried state against the older epochs just read."""

@@ -148,19 +148,28 @@ def _compile_codecs(cls: type[Record]) -> tuple[_Decoder, _Encoder]:
     carried = _carried(cls)
     every = [(i, name, kind) for i, (name, kind) in enumerate(_kinds(cls))]
     base = [f for f in every if f[1] not in carried]
-    loads, tests, build, as_dict = _shape(every)
-    base_loads, base_tests, base_build, base_dict = _shape(base)
+    loads, tests, _build, as_dict = _shape(every)
+    base_loads, base_tests, _base_build, base_dict = _shape(base)
     gets = "; ".join(f"a{i} = r.{name}" for i, name, _kind in every)
+    # Built without calling the dataclass's __init__: its frozen-field setattrs cost
+    # more than the rest of decoding a line. The slots' own descriptors set each field
+    # (what __init__ ends up doing), every value already checked above.
+    sets = "; ".join(f"s{i}(r, a{i})" for i, _name, _kind in every)
+    base_sets = "; ".join(
+        f"s{i}(r, a{i})" if name not in carried else f"s{i}(r, None)" for i, name, _kind in every
+    )
     full = f"""
         {loads}
         if not ({tests}):
             return None
-        return cls({build})"""
+        r = new(cls); {sets}
+        return r"""
     short = f"""
         {base_loads}
         if not ({base_tests}):
             return None
-        return cls({base_build})"""
+        r = new(cls); {base_sets}
+        return r"""
     without = (
         f"""
     elif keys == BASE:{short}
@@ -202,6 +211,8 @@ def encode(r):
     never = ("",)  # matches no line's keys
     namespace: dict[str, object] = {
         "cls": cls,
+        "new": object.__new__,
+        **{f"s{i}": getattr(cls, name).__set__ for i, name, _kind in every},
         "KEYS": keys,
         "FRAMED": keys + group if group else never,
         "BASE": base_keys,

@@ -1,0 +1,187 @@
+"""The App contract: what a user's App must hold so that the store's guarantees hold.
+
+Checked on every case run with ``--app``, after the crash-recovery invariants:
+
+- ``app-request-all-or-nothing``: each keyed request's records (its ``User`` up to the
+  next ``User``, ``EpochEnd`` or the end of the epoch) are one group commit, so a crash
+  leaves all of them or none; after a crash each one on disk has the record types it
+  had in the clean run (``keyed-request-complete`` with the learned shapes).
+- ``app-resume-deterministic``: two fresh workers (forked processes that each load the
+  App anew, as a restarted worker does) open the final session and get the same
+  ``summarize`` and the same ``next_baseline`` for it.
+- ``app-retry-applied-once``: a fresh worker is sent every request of the scenario again
+  with its key (and the epoch the client had seen); no key may be applied a second time
+  (a ``key_expired`` refusal is fine: it is not applied).
+- ``app-writes-only-its-session``: the worker's working directory and ``$HOME`` are an
+  empty ``outside/`` directory; after the case it must still be empty, and the store's
+  home may hold nothing but the session's directory (and ``quarantine/<session>/``,
+  where the rig's own repair of a refused torn log puts the torn tail). Writes to other
+  absolute paths (``/tmp``, the App's own source tree) are not seen.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Final
+
+from chaos.cases import CaseResult
+from chaos.oracle import ClientLog, LogsView, continues_group, snapshot_logs
+from chaos.scenarios import SESSION, Scenario
+from chaos.worker_run import fork_child, outside_dir
+from worker.app import load_app
+from worker.errors import SessionError
+from worker.layout import SESSIONS_DIR
+from worker.repair import QUARANTINE_DIR
+from worker.session import Session
+
+APP_INVARIANTS: Final = (
+    "app-request-all-or-nothing",
+    "app-resume-deterministic",
+    "app-retry-applied-once",
+    "app-writes-only-its-session",
+)
+_ENDS_A_REQUEST: Final = frozenset({"User", "EpochEnd"})
+
+
+def request_extents(view: LogsView) -> list[tuple[str, list[dict[str, object]]]]:
+    """Each keyed request on disk and its records: its User up to the next User or
+    EpochEnd, or the end of its epoch."""
+    extents = []
+    for _epoch, records in sorted(view.epochs.items()):
+        for index, record in enumerate(records):
+            key = record.get("key")
+            if record.get("type") != "User" or not isinstance(key, str):
+                continue
+            end = index + 1
+            while end < len(records) and records[end].get("type") not in _ENDS_A_REQUEST:
+                end += 1
+            extents.append((key, records[index:end]))
+    return extents
+
+
+def learned_shapes(view: LogsView) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The record types each request appended in a clean run, for ``Scenario.shapes``."""
+    return tuple(
+        (key, tuple(str(r.get("type")) for r in records)) for key, records in request_extents(view)
+    )
+
+
+def check_app_contract(result: CaseResult, scenario: Scenario, home: str, log: ClientLog) -> None:
+    """Every check of the App contract on the case's final files (module doc)."""
+    view = snapshot_logs(home)
+    _check_one_group(result, view)
+    _check_resume_deterministic(result, scenario, home)
+    before = view.applied_keys()
+    fork_child(home, scenario, log, resume=True, resend=True, trace=False)
+    result.checked.append("app-retry-applied-once")
+    after = snapshot_logs(home).applied_keys()
+    if after != before:
+        again = sorted({k for k in after if after.count(k) > before.count(k)})
+        result.violate(
+            "app-retry-applied-once",
+            f"requests sent again with the same key were applied again: {again}",
+        )
+    _check_writes_only_its_session(result, home)
+
+
+def _check_one_group(result: CaseResult, view: LogsView) -> None:
+    result.checked.append("app-request-all-or-nothing")
+    for key, records in request_extents(view):
+        split = [r for r in records[:-1] if not continues_group(r)]
+        if split or continues_group(records[-1]):
+            types = "+".join(str(r.get("type")) for r in records)
+            result.violate(
+                "app-request-all-or-nothing",
+                f"request {key!r} ({types}) is not one group commit: a crash can leave part",
+            )
+
+
+def _check_resume_deterministic(result: CaseResult, scenario: Scenario, home: str) -> None:
+    result.checked.append("app-resume-deterministic")
+    first, second = _answers(home, scenario), _answers(home, scenario)
+    if "unopenable" in first or "unopenable" in second:
+        return
+    if "error" in first or "error" in second:
+        result.violate(
+            "app-resume-deterministic",
+            f"a fresh worker's App failed on the final session: "
+            f"{first.get('error') or second.get('error')}",
+        )
+        return
+    for name in ("summary", "next_baseline"):
+        if first[name] != second[name]:
+            result.violate(
+                "app-resume-deterministic",
+                f"two fresh workers' {name} differ on the same session: "
+                f"{first[name][:120]!r} and {second[name][:120]!r}",
+            )
+
+
+def _answers(home: str, scenario: Scenario) -> dict[str, str]:
+    """``summarize`` and ``next_baseline`` of a freshly loaded App, in a forked process."""
+    assert scenario.app is not None
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 1
+        try:
+            os.close(read_end)
+            os.chdir(outside_dir(home))
+            answer: dict[str, str]
+            try:
+                app = load_app(scenario.app, scenario.budget)
+                try:
+                    session = Session.open(home, SESSION)
+                except SessionError as exc:
+                    answer = {"unopenable": str(exc)}  # final-state-opens reports it
+                else:
+                    with session:
+                        summary = app.summarize(session)
+                        baseline = app.next_baseline(session, summary)
+                    answer = {"summary": summary, "next_baseline": baseline.to_json().decode()}
+            except Exception as exc:  # noqa: BLE001 - any failure of the App is the finding
+                answer = {"error": f"{type(exc).__name__}: {exc}"}
+            os.write(write_end, json.dumps(answer).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    data = b""
+    try:
+        while chunk := os.read(read_end, 65536):
+            data += chunk
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        return {"error": "the child died before it answered"}
+    return {str(k): str(v) for k, v in answer.items()}
+
+
+def _check_writes_only_its_session(result: CaseResult, home: str) -> None:
+    result.checked.append("app-writes-only-its-session")
+    outside = outside_dir(home)
+    strays = [os.path.relpath(p, outside) for p in _walk(outside)]
+    allowed = [os.path.join(home, d, SESSION) for d in (SESSIONS_DIR, QUARANTINE_DIR)]
+    parents = {os.path.dirname(a) for a in allowed}
+    strays += [
+        os.path.relpath(p, home)
+        for p in _walk(home)
+        if p not in parents and not any((p + os.sep).startswith(a + os.sep) for a in allowed)
+    ]
+    if strays:
+        result.violate(
+            "app-writes-only-its-session",
+            f"files written outside the session's directory: {sorted(strays)[:8]}",
+        )
+
+
+def _walk(top: str) -> list[str]:
+    """Every file and directory under ``top`` (not ``top`` itself)."""
+    paths = []
+    for directory, dirs, files in os.walk(top):
+        paths += [os.path.join(directory, n) for n in dirs + files]
+    return paths
