@@ -53,6 +53,7 @@ __all__ = [
 _LOG_NAME: Final = re.compile(r"(0|[1-9][0-9]*)\.jsonl")
 _DIGITS_LOG: Final = re.compile(r"[0-9]+\.jsonl")
 _MISSING: Final = frozenset({errno.ENOENT})
+_FENCING: Final[frozenset[type[Record]]] = frozenset((Owner, Handoff))
 
 
 def log_path(session_dir: str, epoch: int) -> str:
@@ -291,6 +292,8 @@ class _Reader:
             self._check_carried(path, first, epoch)
         if self.on_epoch is not None:
             self.on_epoch(records)
+        if self.fence.sealed is not None or any(type(r) in _FENCING for r in records):
+            self._fence(path, records)
         window = epoch - 1  # keys of older epochs than this have left the retry window
         # Comprehensions over the types, not a Python branch per record: a large log's
         # calls and keys are checked in a few C-speed passes; the place of a problem is
@@ -319,16 +322,20 @@ class _Reader:
             self.prior_users += len(users)
             self.prior_untrusted += sum(u.untrusted for _n, u in users)
 
+    def _fence(self, path: str, records: list[Record]) -> None:
+        """Follow the Owner and Handoff records in order (worker.fencing); InvalidLog if broken."""
+        for number, record in enumerate(records, start=1):
+            if type(record) in _FENCING or self.fence.sealed is not None:
+                fenced = advance(self.fence, record)
+                if isinstance(fenced, str):
+                    raise InvalidLog(path, number, fenced)
+                self.fence = fenced
+
     @staticmethod
     def _reused_call(path: str, records: list[Record], floor: int) -> None:
         """Raise InvalidLog at the first ToolResult whose call number is not new."""
         highest = floor - 1
         for number, record in enumerate(records, start=1):
-            if isinstance(record, Owner | Handoff) or self.fence.sealed is not None:
-                fenced = advance(self.fence, record)
-                if isinstance(fenced, str):
-                    raise InvalidLog(path, number, fenced)
-                self.fence = fenced
             if isinstance(record, ToolResult):
                 if record.call <= highest:
                     raise InvalidLog(
