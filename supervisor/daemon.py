@@ -241,13 +241,15 @@ class Supervisor:
             self.loop.close()
             raise
         try:
+            # Handlers first: a SIGTERM sent as soon as the socket appears must find them
+            # (it is handled once the loop runs, after everything below is set up).
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.loop.add_signal_handler(sig, self._on_signal)
             sessions = self._existing_sessions()
             if self.config.cluster is not None:
                 sessions = self._join_cluster(self.config.cluster)
             self._listener.open()
             self.hosting.open_metrics()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self.loop.add_signal_handler(sig, self._on_signal)
             self.hosting.begin()
             self._host_existing(sessions)
             self.loop.call_soon(self._start_some)
