@@ -59,6 +59,17 @@ def _chaos(home: Path, rng: random.Random, until: float) -> Counter[str]:
     return done
 
 
+def _descriptors(pid: int) -> dict[int, str]:
+    """What each open descriptor of ``pid`` refers to (to name a leak, not to count it)."""
+    found = {}
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            found[int(name)] = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+    return found
+
+
 def _soak(tmp_path: Path, seconds: float) -> None:
     home = tmp_path / "home"
     rng = random.Random(8)
@@ -69,6 +80,7 @@ def _soak(tmp_path: Path, seconds: float) -> None:
             call(str(home), "create", session=session)
         supervisor = psutil.Process(daemon.proc.pid)
         fds_before = supervisor.num_fds()
+        open_before = _descriptors(daemon.proc.pid)
         outs = [tmp_path / f"acked-{n}" for n in range(CLIENTS)]
         clients = [
             subprocess.Popen(
@@ -106,11 +118,13 @@ def _soak(tmp_path: Path, seconds: float) -> None:
         assert daemon.proc.poll() is None
         poll_until(lambda: _all_running(home), timeout=30, what="every session to run again")
         # Stopped workers were killed and reaped; nothing else was left behind.
-        poll_until(
-            lambda: supervisor.num_fds() == fds_before,
-            timeout=10,
-            what=f"the daemon's descriptors to return to {fds_before}",
-        )
+        try:
+            poll_until(lambda: supervisor.num_fds() == fds_before, timeout=30, what="fds")
+        except AssertionError as exc:
+            now = _descriptors(daemon.proc.pid)
+            extra = {fd: what for fd, what in now.items() if open_before.get(fd) != what}
+            leak = f"the daemon holds {len(now)} fds, not {fds_before}: {extra}"
+            raise AssertionError(leak) from exc
         assert len(supervisor.children()) == len(SESSIONS)
         assert call(str(home), "ping")
         assert daemon.stop() == 0
