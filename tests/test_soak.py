@@ -119,11 +119,13 @@ def _soak(tmp_path: Path, seconds: float) -> None:
         poll_until(lambda: _all_running(home), timeout=30, what="every session to run again")
         # Stopped workers were killed and reaped; nothing else was left behind.
         try:
-            poll_until(lambda: supervisor.num_fds() == fds_before, timeout=30, what="fds")
+            # At most as many as before: the count taken then may include a descriptor on
+            # its way out (the last create's control connection); a leak only adds.
+            poll_until(lambda: supervisor.num_fds() <= fds_before, timeout=30, what="fds")
         except AssertionError as exc:
             now = _descriptors(daemon.proc.pid)
             extra = {fd: what for fd, what in now.items() if open_before.get(fd) != what}
-            leak = f"the daemon holds {len(now)} fds, not {fds_before}: {extra}"
+            leak = f"the daemon holds {len(now)} fds, more than its {fds_before}: {extra}"
             raise AssertionError(leak) from exc
         assert len(supervisor.children()) == len(SESSIONS)
         assert call(str(home), "ping")
