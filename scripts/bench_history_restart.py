@@ -14,7 +14,6 @@ measured: a ratio side by side in the same run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -23,55 +22,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
+
+from bench_store import _make_history, _strip_carried
+from bench_supervisor import _poll
 
 from supervisor.client import call, call_with_retry
 from supervisor.errors import ControlError
 from supervisor.listener import SOCKET_NAME
-from worker import Assistant, Baseline, Record, Session, SessionStart, User
-from worker.app import DefaultApp
 
 PER_EPOCH = 1000
-
-
-def _poll(check: Callable[[], object], timeout: float = 120.0) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.001)
-    raise TimeoutError("benchmark condition not reached")
-
-
-def _make(home: str, name: str, epochs: int) -> None:
-    baseline: Baseline = DefaultApp().initial_baseline(name)
-    with Session.create(home, name, baseline) as session:
-        for epoch in range(epochs):
-            batch: list[Record] = []
-            for n in range(PER_EPOCH - 1 - (epoch > 0)):
-                if n % 2:
-                    batch.append(Assistant(text="a" * 80))
-                else:
-                    batch.append(User(text="u" * 40, key=f"{name}-{epoch}-{n}"))
-            session.append_many(batch)
-            if epoch < epochs - 1:
-                session.commit_epoch(f"summary {epoch}", baseline)
-
-
-def _strip_carried(directory: str) -> None:
-    for name in os.listdir(directory):
-        if not name.endswith(".jsonl") or name == "0.jsonl":
-            continue
-        path = os.path.join(directory, name)
-        with open(path, "rb") as f:
-            first, rest = f.read().split(b"\n", 1)
-        start = json.loads(first)
-        for key in SessionStart.CARRIED:
-            del start[key]
-        with open(path, "wb") as f:
-            f.write(json.dumps(start, separators=(",", ":")).encode() + b"\n" + rest)
 
 
 def _status(home: str, session: str) -> dict[str, object]:
@@ -91,9 +51,9 @@ def _serving(home: str) -> bool:
 
 def measure(root: str, epochs: int, kills: int) -> dict[str, float]:
     home = os.path.join(root, "home")
-    _make(home, "alone", 1)
-    _make(home, "history", epochs + 1)
-    _make(home, "old", epochs + 1)
+    _make_history(home, "alone", 1, PER_EPOCH)
+    _make_history(home, "history", epochs + 1, PER_EPOCH)
+    _make_history(home, "old", epochs + 1, PER_EPOCH)
     _strip_carried(os.path.join(home, "sessions", "old"))
     serve = [sys.executable, "-m", "supervisor", "serve", "--home", home]
     daemon = subprocess.Popen(

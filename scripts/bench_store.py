@@ -158,16 +158,16 @@ def bench_open(root: str, sizes: list[int], rounds: int) -> dict[str, object]:
     return results
 
 
-def _make_history(home: str, epochs: int, per_epoch: int) -> str:
+def _make_history(home: str, name: str, epochs: int, per_epoch: int) -> str:
     """A session of ``epochs`` epochs of ``per_epoch`` records each; return its directory."""
-    with Session.create(home, "big", BASELINE) as session:
+    with Session.create(home, name, BASELINE) as session:
         for epoch in range(epochs):
             batch: list[Record] = []
             for n in range(per_epoch - 1 - (epoch > 0)):
                 if n % 2:
                     batch.append(Assistant(text="a" * 80))
                 else:
-                    batch.append(User(text="u" * 40, key=f"k{epoch}-{n}"))
+                    batch.append(User(text="u" * 40, key=f"{name}-{epoch}-{n}"))
             session.append_many(batch)
             if epoch < epochs - 1:
                 session.commit_epoch(f"summary {epoch}", BASELINE)
@@ -192,9 +192,9 @@ def _strip_carried(directory: str) -> None:
 def bench_history(root: str, epochs: int, per_epoch: int, rounds: int) -> dict[str, object]:
     """Open with a long history vs the same current epoch alone (issue: restart cost)."""
     alone = tempfile.mkdtemp(dir=root)
-    _make_history(alone, 1, per_epoch)
+    _make_history(alone, "big", 1, per_epoch)
     long = tempfile.mkdtemp(dir=root)
-    _make_history(long, epochs, per_epoch)
+    _make_history(long, "big", epochs, per_epoch)
     old = tempfile.mkdtemp(dir=root)
     shutil.copytree(os.path.join(long, "sessions"), os.path.join(old, "sessions"))
     _strip_carried(os.path.join(old, "sessions", "big"))

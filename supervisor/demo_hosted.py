@@ -136,18 +136,20 @@ def _drive(home: str, daemon: subprocess.Popen[bytes], checks: DemoChecks) -> di
         "every request was acknowledged (clients retried with their keys)",
         not failures and all(len(k) == REQUESTS for k in acknowledged.values()),
     )
-    rows = _status(home)
-    _print_table(rows)
-    by_name = {str(r["session"]): r for r in rows}
-    checks.check(
-        "the killed workers were restarted with new pids",
-        all(
+
+    def restarted() -> bool:
+        by_name = {str(r["session"]): r for r in _status(home)}
+        return all(
             by_name[v]["state"] == "RUNNING"
             and by_name[v]["pid"] != pid
             and int(str(by_name[v]["restarts"])) >= 1
             for v, pid in killed.items()
-        ),
-    )
+        )
+
+    # The supervisor notices a death and restarts the worker a moment after the kill; the
+    # traffic may have finished (retried elsewhere) before that: wait for it, then show.
+    checks.check("the killed workers were restarted with new pids", _wait("restarts", restarted))
+    _print_table(_status(home))
     # The supervisor learns a worker's epoch from the worker's state reports, which
     # follow its requests by a moment: wait for them rather than read the first table.
     checks.check(

@@ -13,7 +13,6 @@ first problem is raised as TornLog, InvalidLog or BaselineError with its place.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from worker.baseline import Baseline, hash_bytes
+from worker.carried_state import parse_recent_keys
 from worker.epoch_log import DecodedLog, check_epoch, check_groups, decode_log
 from worker.errors import BaselineError, InvalidLog, SessionIOError, SessionNotFound, quote
 from worker.fencing import NO_FENCE, Fence, advance
@@ -261,7 +261,7 @@ class _Reader:
         self.max_call = first.next_call - 1
         self.prior_users = first.prior_users
         self.prior_untrusted = first.prior_untrusted
-        for key, line in _recent_keys(path, first.recent_keys).items():
+        for key, line in parse_recent_keys(path, first.recent_keys).items():
             self.keys[key] = KeyRef(epoch - 1, line)
 
     def _previous_summary(self, epoch: int) -> str:
@@ -349,7 +349,7 @@ class _Reader:
     def _check_carried(self, path: str, first: SessionStart, epoch: int) -> None:
         """Check a SessionStart's carried state against the older epochs just read."""
         previous = {k: ref.line for k, ref in self.keys.items() if ref.epoch == epoch - 1}
-        carried = _recent_keys(path, str(first.recent_keys))
+        carried = parse_recent_keys(path, str(first.recent_keys))
         problems = [
             (first.prior_users, self.prior_users, "prior_users"),
             (first.prior_untrusted, self.prior_untrusted, "prior_untrusted"),
@@ -373,16 +373,3 @@ class _Reader:
                 f"SessionStart.recent_keys does not match the request keys of epoch {epoch - 1}",
             )
         self.next_call = first.next_call
-
-
-def _recent_keys(path: str, text: str) -> dict[str, int]:
-    """Parse SessionStart.recent_keys: a JSON object of request key -> line."""
-    try:
-        keys = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise InvalidLog(path, 1, f"SessionStart.recent_keys is not JSON: {exc}") from exc
-    if type(keys) is not dict or not all(type(line) is int and line >= 1 for line in keys.values()):
-        raise InvalidLog(
-            path, 1, "SessionStart.recent_keys must be a JSON object of request key -> line"
-        )
-    return keys

@@ -8,7 +8,6 @@ breaks the session (a failed fsync is never retried and trusted).
 from __future__ import annotations
 
 import errno
-import json
 import os
 from collections.abc import Iterable, Sequence
 from types import TracebackType
@@ -16,6 +15,7 @@ from typing import Final
 
 from worker import durable
 from worker.baseline import Baseline
+from worker.carried_state import next_epoch_start
 from worker.errors import (
     EpochClosed,
     InvalidRecord,
@@ -286,20 +286,9 @@ class Session:
                 raise InvalidRecord("EpochEnd", f"summary must be a string, got {quote(summary)}")
             self._append_durably([EpochEnd(next=state.epoch + 1, summary=summary)])
         following = state.epoch + 1
-        users = [r for r in state.records if isinstance(r, User)]
-        recent = {k: ref.line for k, ref in state.keys.items() if ref.epoch == state.epoch}
         # The next epoch's SessionStart carries what open needs from this one and all
         # before it, so that open reads the newest epoch alone.
-        start = SessionStart(
-            session=state.session_id,
-            epoch=following,
-            slot=state.slot,
-            baseline=baseline.hash(),
-            next_call=self._next_call,
-            prior_users=state.prior_users + len(users),
-            prior_untrusted=state.prior_untrusted + sum(u.untrusted for u in users),
-            recent_keys=json.dumps(recent, ensure_ascii=False, separators=(",", ":")),
-        )
+        start = next_epoch_start(state, baseline.hash(), self._next_call)
         line = encode_record(start)
         new_log = log_path(state.directory, following)
         try:
