@@ -30,10 +30,10 @@ from chaos.oracle import ClientLog, LogsView, continues_group, snapshot_logs
 from chaos.scenarios import SESSION, Scenario
 from chaos.worker_run import fork_child, outside_dir
 from worker.app import load_app
-from worker.errors import SessionError
-from worker.layout import SESSIONS_DIR
-from worker.repair import QUARANTINE_DIR
-from worker.session import Session
+from worker.store.errors import SessionError
+from worker.store.layout import SESSIONS_DIR
+from worker.store.repair import QUARANTINE_DIR
+from worker.store.session import Session
 
 APP_INVARIANTS: Final = (
     "app-request-all-or-nothing",

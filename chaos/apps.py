@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from worker.app import DefaultApp
-from worker.session import Session
+from worker.store.session import Session
 
 
 class UnrepeatableSummaryApp(DefaultApp):

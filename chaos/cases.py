@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from chaos.hook import VARIANTS, FaultKind, variants_at
-from worker.durable import Step
+from worker.store.durable import Step
 
 POWER_AT_END: Final = 0  # ``power_at`` of a case whose power fails after the resume finished
 

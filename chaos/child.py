@@ -11,8 +11,8 @@ import os
 
 from chaos.hook import EventPipe
 from chaos.scenarios import RETRY_SUMMARY, SESSION, SLOT, Scenario, apply_op, baseline_for
-from worker import durable
-from worker.errors import (
+from worker.store import durable
+from worker.store.errors import (
     BaselineError,
     InvalidLog,
     LogError,
@@ -21,8 +21,8 @@ from worker.errors import (
     SessionNotFound,
     TornLog,
 )
-from worker.records import EpochEnd
-from worker.session import Session
+from worker.store.records import EpochEnd
+from worker.store.session import Session
 
 
 def store_child(

@@ -17,7 +17,7 @@ import resource
 import signal
 from typing import Final
 
-from worker.durable import Boundary, Step
+from worker.store.durable import Boundary, Step
 
 _FULL: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 

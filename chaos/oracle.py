@@ -15,9 +15,9 @@ from typing import Final
 
 from chaos.cases import CaseResult
 from chaos.scenarios import SESSION, SLOT, Scenario
-from worker.errors import SessionError
-from worker.layout import SESSIONS_DIR
-from worker.loader import load_session
+from worker.store.errors import SessionError
+from worker.store.layout import SESSIONS_DIR
+from worker.store.loader import load_session
 
 _LOG: Final = re.compile(r"(0|[1-9][0-9]*)\.jsonl")
 

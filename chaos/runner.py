@@ -32,8 +32,8 @@ from chaos.oracle import (
 from chaos.scenarios import SCENARIOS, SESSION, Scenario
 from chaos.torn import describe, expected_torn_place, torn_refusal_checked
 from chaos.worker_run import ChildRun, fork_child
-from worker.errors import SessionError
-from worker.repair import repair_torn_tail
+from worker.store.errors import SessionError
+from worker.store.repair import repair_torn_tail
 
 MAX_RESUMES: Final = 4
 

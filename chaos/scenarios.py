@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from worker import durable
-from worker.baseline import Baseline
-from worker.records import (
+from worker.store import durable
+from worker.store.baseline import Baseline
+from worker.store.records import (
     Assistant,
     EpochEnd,
     SessionStart,
@@ -25,7 +25,7 @@ from worker.records import (
     decode_record,
     encode_record,
 )
-from worker.session import Session
+from worker.store.session import Session
 
 SESSION: Final = "chaos"
 SLOT: Final = 7

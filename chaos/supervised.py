@@ -26,15 +26,15 @@ from typing import Final
 import psutil
 
 from supervisor.client import Client, call, call_with_retry
-from supervisor.daemon import SOCKET_NAME
+from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
-from worker import durable
 from worker.app import App, DefaultApp, load_app
-from worker.durable import Boundary
-from worker.errors import SessionError
-from worker.layout import SESSIONS_DIR, session_dir
-from worker.loader import load_session
-from worker.records import Record, User
+from worker.store import durable
+from worker.store.durable import Boundary
+from worker.store.errors import SessionError
+from worker.store.layout import SESSIONS_DIR, session_dir
+from worker.store.loader import load_session
+from worker.store.records import Record, User
 
 SEED_ENV: Final = "LOOPD_CHAOS_SEED"
 PROBABILITY_ENV: Final = "LOOPD_CHAOS_KILL_PROBABILITY"

@@ -12,7 +12,7 @@ from chaos.hook import FaultKind
 from chaos.oracle import ClientLog, snapshot_logs
 from chaos.runner import clean_steps, scenario_for
 from chaos.worker_run import fork_child
-from worker.durable import Step
+from worker.store.durable import Step
 
 ALL_FAULTS: tuple[FaultKind, ...] = (FaultKind.KILL, FaultKind.TORN, FaultKind.POWER,
                                      FaultKind.IO, FaultKind.SHORT)  # fmt: skip

@@ -23,7 +23,7 @@ from chaos.hook import ChaosHook, EventPipe, FaultKind
 from chaos.oracle import ClientLog, session_path, snapshot_logs
 from chaos.requests_client import RequestsClient
 from chaos.scenarios import Scenario
-from worker import durable
+from worker.store import durable
 from worker.wire import Channel
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 
 from examples.notes_app import NotesApp
-from worker.records import Assistant, User
-from worker.session import Session
+from worker.store.records import Assistant, User
+from worker.store.session import Session
 from worker.wire import Message, field, optional_field
 
 

@@ -30,7 +30,7 @@ from multiprocessing.queues import Queue
 from pathlib import Path
 
 from supervisor.client import call
-from supervisor.cluster.client import ClusterClient
+from supervisor.client.cluster import ClusterClient
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.lease import LeaseTiming, NodeLease
 from supervisor.cluster.move import MoveStep, move_session

@@ -35,10 +35,10 @@ from typing import Any
 import psutil
 
 from supervisor.client import Client, call
+from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
-from supervisor.listener import SOCKET_NAME
 from worker import User
-from worker.records import encode_record
+from worker.store.records import encode_record
 from worker.wire import Channel
 
 HERE = Path(__file__).resolve().parent

@@ -28,8 +28,8 @@ from bench_store import _make_history, _strip_carried
 from bench_supervisor import _poll
 
 from supervisor.client import call, call_with_retry
+from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
-from supervisor.listener import SOCKET_NAME
 
 PER_EPOCH = 1000
 

@@ -20,9 +20,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from worker import Assistant, Baseline, Session, SessionStart, ToolResult, Usage, User, durable
-from worker import session as session_module
-from worker.records import Record, encode_record
+from worker import Assistant, Baseline, Session, SessionStart, ToolResult, Usage, User
+from worker.store import durable
+from worker.store import session as session_module
+from worker.store.records import Record, encode_record
 
 BASELINE = Baseline(system="bench", memory="", tools=[])
 RECORD = Assistant(time="2026-11-29T20:17:57.123456Z", text="x" * 80)

@@ -27,11 +27,11 @@ from pathlib import Path
 import psutil
 
 from supervisor.client import call, call_with_retry
-from supervisor.daemon import SOCKET_NAME
+from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
 from worker import Assistant, Session, ToolResult, Usage, User
 from worker.app import DefaultApp
-from worker.records import Record, encode_record
+from worker.store.records import Record, encode_record
 from worker.wire import Channel
 
 HERE = Path(__file__).resolve().parent

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from supervisor.cli import main
+from supervisor.cli.group import main
 
 main()

@@ -7,10 +7,10 @@ import os
 import threading
 import time
 
-from worker import durable
 from worker.app import DefaultApp
-from worker.durable import Boundary, Step
-from worker.session import Session
+from worker.store import durable
+from worker.store.durable import Boundary, Step
+from worker.store.session import Session
 from worker.wire import Message, field, optional_field
 
 

@@ -15,8 +15,8 @@ from supervisor.cluster.lease import LeaseTiming, NodeLease
 from supervisor.cluster.ownership import owner_of, place_new
 from worker import LogSealed, Owner, Session, SessionError
 from worker.app import DefaultApp
-from worker.layout import session_dir
-from worker.loader import load_session
+from worker.store.layout import session_dir
+from worker.store.loader import load_session
 
 TTL: Final = 2
 """The lease TTL of node processes in tests: short, so that a lost node's lease ends soon."""

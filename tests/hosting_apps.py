@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from worker.app import DefaultApp
-from worker.session import Session
+from worker.store.session import Session
 from worker.wire import Message, field, optional_field
 
 _HOARD: list[bytes] = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import selectors
 
-from supervisor.cli import main
+from supervisor.cli.group import main
 
 
 class PidfdFirstSelector(selectors.EpollSelector):

@@ -11,7 +11,7 @@ import os
 import signal
 import socket
 
-from supervisor.cli import main
+from supervisor.cli.group import main
 
 _listen = socket.socket.listen
 

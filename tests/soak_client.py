@@ -17,8 +17,8 @@ import time
 import msgpack
 
 from supervisor.client import Client, Request
+from supervisor.control_socket import socket_path
 from supervisor.errors import ControlError
-from supervisor.listener import socket_path
 
 
 def _rude_visit(home: str, rng: random.Random) -> None:

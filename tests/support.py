@@ -15,7 +15,7 @@ from typing import TypeVar
 import psutil
 
 from supervisor.client import call
-from supervisor.daemon import SOCKET_NAME
+from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
 
 REPO = Path(__file__).resolve().parent.parent

@@ -16,7 +16,7 @@ from tests.cluster_support import Node, create_session, register, send
 from tests.etcd_server import EtcdServer
 from tests.support import loopd
 from worker import Session
-from worker.layout import session_dir
+from worker.store.layout import session_dir
 
 
 @pytest.fixture

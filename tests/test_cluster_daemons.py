@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.client import Client, call
-from supervisor.cluster.client import ClusterClient, home_of
+from supervisor.client.cluster import ClusterClient, home_of
 from supervisor.cluster.errors import ClusterError, StaleOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import PREFIX
@@ -21,8 +21,8 @@ from supervisor.cluster.routing import route
 from supervisor.errors import ControlError
 from tests.etcd_server import EtcdServer
 from tests.support import Daemon, loopd, poll_until
-from worker.layout import session_dir
-from worker.loader import load_session
+from worker.store.layout import session_dir
+from worker.store.loader import load_session
 
 SESSIONS = 12
 

@@ -20,7 +20,7 @@ from supervisor.cluster.ownership import owner_of, placement_of
 from tests.cluster_support import Node, create_session, register, send, try_send, writers
 from tests.etcd_server import EtcdServer
 from worker import LogSealed, Session
-from worker.layout import session_dir
+from worker.store.layout import session_dir
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from tests.cluster_support import APP, TTL, NodeProcess, writers
 from tests.etcd_server import EtcdServer
 from tests.support import poll_until
 from worker import Session
-from worker.layout import session_dir
+from worker.store.layout import session_dir
 
 DEFAULT_SLICE = {("source", MoveStep.SEAL), ("target", MoveStep.OWN), ("target", MoveStep.OPEN)}
 """The cases run by default; ``-m cluster_sweep`` runs every role at every step."""

@@ -15,7 +15,7 @@ from supervisor.cluster.routing import TokenGuard, route
 from tests.cluster_support import APP, send
 from tests.etcd_server import EtcdServer
 from worker import Session
-from worker.layout import session_dir
+from worker.store.layout import session_dir
 
 SESSIONS = 60
 

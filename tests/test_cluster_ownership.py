@@ -21,8 +21,8 @@ from tests.cluster_support import APP, create_session, register, send
 from tests.etcd_server import EtcdServer
 from tests.support import poll_until
 from worker import Session
-from worker.layout import session_dir
 from worker.lease_deadline import lease_proven
+from worker.store.layout import session_dir
 
 
 @pytest.fixture

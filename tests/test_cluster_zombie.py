@@ -21,7 +21,7 @@ from tests.cluster_support import APP, TTL, NodeProcess, register, send
 from tests.etcd_server import EtcdServer
 from tests.support import poll_until
 from worker import Session
-from worker.layout import session_dir
+from worker.store.layout import session_dir
 
 
 @pytest.fixture

@@ -20,9 +20,9 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
+from supervisor.cli.daemon_commands import serve
 from supervisor.client import call
-from supervisor.daemon import SOCKET_NAME
-from supervisor.daemon_commands import serve
+from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
 from tests.support import REPO, loopd, poll_until, running_daemon, status, wait_state
 from worker.wire import MAX_FRAME

@@ -10,7 +10,7 @@ from supervisor.hosting.daemon_metrics import DaemonMetrics
 from supervisor.hosting.metrics import Registry
 from supervisor.hosting.metrics_http import parse_listen, serve_metrics
 from tests.promtext import ExpositionError, parse
-from worker.stats import WorkerStats
+from worker.store.stats import WorkerStats
 
 
 def test_an_exposition_of_every_kind_parses_and_reads_back() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from worker import Baseline, EpochEnd, Session, SessionStart, Usage, User
-from worker.records import encode_record
+from worker.store.records import encode_record
 
 NEXT = Baseline(system="sys", memory="remembered", tools=[])
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from worker import Assistant, Baseline, Session, SessionError, ToolResult, Usage, User
-from worker.inspection import inspect_session
+from worker.store.inspection import inspect_session
 
 BASELINE = Baseline(system="s", memory="", tools=[])
 T = "2026-11-29T20:17:57.123456Z"

@@ -28,8 +28,8 @@ from worker import (
     ToolResult,
     User,
 )
-from worker.loader import SessionState, load_session
-from worker.records import decode_record, encode_record
+from worker.store.loader import SessionState, load_session
+from worker.store.records import decode_record, encode_record
 
 BASELINE = Baseline(system="s", memory="", tools=[])
 T = "2026-11-29T20:17:57.123456Z"

@@ -27,11 +27,11 @@ from worker import (
     TornLog,
     Usage,
     User,
-    durable,
 )
-from worker.durable import Boundary, Step
-from worker.errors import UnsafeFile
-from worker.records import encode_records
+from worker.store import durable
+from worker.store.durable import Boundary, Step
+from worker.store.errors import UnsafeFile
+from worker.store.records import encode_records
 
 T = "2026-11-29T20:17:57.123456Z"
 
@@ -160,7 +160,7 @@ def test_open_refuses_a_last_group_with_whole_lines_missing_naming_its_first_lin
 def test_repair_cuts_an_incomplete_last_group_whole_and_its_key_is_not_applied(
     home: Path, baseline: Baseline
 ) -> None:
-    from worker.repair import repair_torn_tail
+    from worker.store.repair import repair_torn_tail
 
     log = _session(home, baseline)
     lines = log.read_bytes().splitlines(keepends=True)
@@ -178,7 +178,7 @@ def test_repair_cuts_an_incomplete_last_group_whole_and_its_key_is_not_applied(
 def test_repair_cuts_a_last_group_whose_write_left_zeros_before_its_last_part(
     home: Path, baseline: Baseline
 ) -> None:
-    from worker.repair import repair_torn_tail
+    from worker.store.repair import repair_torn_tail
 
     log = _session(home, baseline)
     lines = log.read_bytes().splitlines(keepends=True)
@@ -199,7 +199,7 @@ def test_repair_cuts_a_last_group_whose_write_left_zeros_before_its_last_part(
 def test_repair_refuses_damage_followed_by_a_whole_group_and_changes_nothing(
     home: Path, baseline: Baseline
 ) -> None:
-    from worker.repair import RepairRefused, repair_torn_tail
+    from worker.store.repair import RepairRefused, repair_torn_tail
 
     log = _session(home, baseline, requests=3)
     lines = log.read_bytes().splitlines(keepends=True)
@@ -214,7 +214,7 @@ def test_repair_refuses_damage_followed_by_a_whole_group_and_changes_nothing(
 def test_repair_that_would_leave_a_refused_session_changes_nothing(
     home: Path, baseline: Baseline
 ) -> None:
-    from worker.repair import RepairRefused, repair_torn_tail
+    from worker.store.repair import RepairRefused, repair_torn_tail
 
     log = _session(home, baseline)
     with log.open("ab") as f:
@@ -326,7 +326,7 @@ def test_a_deeply_nested_baseline_is_refused_as_unparsable(home: Path, baseline:
     nested = b'{"memory":' + b"[" * 100_000 + b"\n"
     (log.parent / "0.baseline.json").write_bytes(nested)
     # Make SessionStart name the hash of the nested file, so parsing is reached.
-    from worker.baseline import hash_bytes
+    from worker.store.baseline import hash_bytes
 
     lines = log.read_bytes().splitlines(keepends=True)
     start = json.loads(lines[0])

@@ -18,9 +18,9 @@ from worker import (
     Session,
     User,
 )
-from worker.fencing import write_owner
-from worker.loader import load_session
-from worker.records import encode_record
+from worker.store.fencing import write_owner
+from worker.store.loader import load_session
+from worker.store.records import encode_record
 
 
 def _session(home: Path, baseline: Baseline, token: int = 5) -> Session:

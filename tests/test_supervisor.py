@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from supervisor.client import call
-from supervisor.daemon import SOCKET_NAME
+from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
 from tests.conftest import torn_session
 from tests.support import Daemon, loopd, poll_until, running_daemon, status, wait_state

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 
 from supervisor.client import call
-from supervisor.daemon import SOCKET_NAME
+from supervisor.control_socket import SOCKET_NAME
 from tests.support import REPO, poll_until, running_daemon, status, wait_state
 
 

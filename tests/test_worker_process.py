@@ -26,7 +26,7 @@ from worker.process import (
     EXIT_REFUSED,
     MAX_REPORT,
 )
-from worker.records import EpochEnd, encode_record
+from worker.store.records import EpochEnd, encode_record
 from worker.wire import Channel, Message
 
 

@@ -1,11 +1,18 @@
-"""The session store and the worker process of loopd."""
+"""The worker process of loopd (``python -m worker``), and the store's public names.
+
+The session store lives in ``worker.store``; its names are re-exported here so that
+``from worker import Session`` keeps working.
+"""
 
 from __future__ import annotations
 
-from worker.baseline import Baseline
-from worker.errors import (
+from worker.store import (
+    Assistant,
+    Baseline,
     BaselineError,
     EpochClosed,
+    EpochEnd,
+    Handoff,
     InvalidLog,
     InvalidRecord,
     InvalidSessionId,
@@ -13,27 +20,22 @@ from worker.errors import (
     LogError,
     LogSealed,
     NotOwnerNow,
+    Owner,
     PathError,
+    Record,
+    Session,
     SessionBroken,
     SessionError,
     SessionExists,
     SessionIOError,
     SessionLocked,
     SessionNotFound,
-    TornLog,
-)
-from worker.records import (
-    Assistant,
-    EpochEnd,
-    Handoff,
-    Owner,
-    Record,
     SessionStart,
     ToolResult,
+    TornLog,
     Usage,
     User,
 )
-from worker.session import Session
 
 __all__ = [
     "Assistant",

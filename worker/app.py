@@ -10,10 +10,10 @@ from __future__ import annotations
 import importlib
 from typing import Final, Protocol
 
-from worker.baseline import Baseline
-from worker.errors import KeyExpired, SessionError
-from worker.records import Assistant, Record, ToolResult, Usage, User, utc_now
-from worker.session import Session
+from worker.store.baseline import Baseline
+from worker.store.errors import KeyExpired, SessionError
+from worker.store.records import Assistant, Record, ToolResult, Usage, User, utc_now
+from worker.store.session import Session
 from worker.wire import Message, WireError, field, optional_field
 
 DEFAULT_APP: Final = "worker.app:DefaultApp"

@@ -15,7 +15,7 @@ import struct
 import time
 from typing import Final
 
-from worker.errors import NotOwnerNow, SessionIOError
+from worker.store.errors import NotOwnerNow, SessionIOError
 
 _TWICE: Final = struct.Struct("<dqdq")
 

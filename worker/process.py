@@ -23,19 +23,19 @@ from types import FrameType
 from typing import Final
 
 from worker.app import DEFAULT_APP, DEFAULT_BUDGET, App, load_app
-from worker.errors import (
+from worker.heartbeat import HeartbeatCell
+from worker.lease_deadline import LeaseFence
+from worker.server import Server, describe
+from worker.store.errors import (
     LOG_REFUSED,
     SessionError,
     SessionIOError,
     SessionLocked,
     SessionNotFound,
 )
-from worker.fencing import write_owner
-from worker.heartbeat import HeartbeatCell
-from worker.lease_deadline import LeaseFence
-from worker.records import EpochEnd
-from worker.server import Server, describe
-from worker.session import Session
+from worker.store.fencing import write_owner
+from worker.store.records import EpochEnd
+from worker.store.session import Session
 from worker.wire import Channel, Message
 
 EXIT_CLEAN: Final = 0

@@ -21,12 +21,12 @@ from collections.abc import Callable
 from typing import Final, Protocol, runtime_checkable
 
 from worker.app import App
-from worker.errors import KeyExpired, LogSealed, NotOwnerNow, SessionBroken, SessionError
 from worker.heartbeat import HeartbeatCell
 from worker.lease_deadline import LeaseFence
 from worker.peer import Peer
-from worker.session import Session
-from worker.stats import STATS
+from worker.store.errors import KeyExpired, LogSealed, NotOwnerNow, SessionBroken, SessionError
+from worker.store.session import Session
+from worker.store.stats import STATS
 from worker.wire import Message, WireError, error, field, ok
 
 STATE_REPORT_DELAY: Final = 0.05

@@ -13,7 +13,7 @@ from typing import Final, TypeVar
 
 import msgpack
 
-from worker.errors import SessionError
+from worker.store.errors import SessionError
 
 MAX_FRAME: Final = 1 << 20
 MAX_REQUEST_ID: Final = 256

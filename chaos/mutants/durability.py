@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-from worker import durable, loader, session
-from worker.baseline import Baseline
-from worker.errors import SessionIOError
-from worker.records import Record, encode_records
+from worker.store import durable, loader, session
+from worker.store.baseline import Baseline
+from worker.store.errors import SessionIOError
+from worker.store.records import Record, encode_records
 
 
 def no_fsync() -> None:

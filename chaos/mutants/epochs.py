@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from worker import durable, session
 from worker.app import App
-from worker.baseline import Baseline
-from worker.records import EpochEnd, encode_records
+from worker.store import durable, session
+from worker.store.baseline import Baseline
+from worker.store.records import EpochEnd, encode_records
 from worker.wire import Message
 
 

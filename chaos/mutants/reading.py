@@ -6,10 +6,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from worker import layout, loader, lock, session
-from worker.baseline import Baseline
-from worker.errors import SessionLocked, TornLog
-from worker.records import EpochEnd, ToolResult
+from worker.store import layout, loader, lock, session
+from worker.store.baseline import Baseline
+from worker.store.errors import SessionLocked, TornLog
+from worker.store.records import EpochEnd, ToolResult
 
 
 def silent_torn_tail_repair() -> None:

@@ -10,8 +10,8 @@ import json
 from typing import Final
 
 from supervisor.cluster.errors import BadClusterValue
-from worker.errors import InvalidSessionId
-from worker.session_id import validate_session_id
+from worker.store.errors import InvalidSessionId
+from worker.store.session_id import validate_session_id
 
 PREFIX: Final = "/loopd/"
 

@@ -37,7 +37,7 @@ from supervisor.cluster.session_files import (
     remove_released,
 )
 from worker import Handoff, Owner, Session, SessionLocked
-from worker.layout import session_dir
+from worker.store.layout import session_dir
 
 
 class MoveStep(enum.Enum):

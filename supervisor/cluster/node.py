@@ -24,8 +24,8 @@ from supervisor.cluster.lease import LeaseTiming, NodeLease
 from supervisor.cluster.ownership import acquire, owner_of, place_new, placement_of
 from supervisor.cluster.session_files import QUARANTINE_DIR, set_aside
 from worker import Baseline, NotOwnerNow, Owner, Session, SessionError, SessionLocked
-from worker.fencing import write_owner
-from worker.layout import SESSIONS_DIR
+from worker.store.fencing import write_owner
+from worker.store.layout import SESSIONS_DIR
 
 LEASE_FILE: Final = "cluster.lease"
 """``<home>/cluster.lease``: the lease deadline the node publishes to its workers."""

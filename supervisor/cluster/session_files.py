@@ -11,9 +11,9 @@ import os
 import shutil
 from typing import Final
 
-from worker import durable
-from worker.durable import TMP_SUFFIX
-from worker.layout import SESSIONS_DIR, ensure_sessions_dir, session_dir
+from worker.store import durable
+from worker.store.durable import TMP_SUFFIX
+from worker.store.layout import SESSIONS_DIR, ensure_sessions_dir, session_dir
 
 INCOMING_DIR: Final = "incoming"
 """``<home>/incoming/<id>``: a copy being made; never served, replaced by a rerun."""

@@ -19,7 +19,7 @@ from supervisor.cluster.move import MoveDone, node_home
 from supervisor.cluster.ownership import owner_of
 from supervisor.cluster.session_files import copy_session, file_hashes, install_copy
 from worker import Owner, Session, SessionError
-from worker.layout import session_dir
+from worker.store.layout import session_dir
 
 
 def take_over(client: EtcdClient, session: str, copy: str, target: str) -> MoveDone:

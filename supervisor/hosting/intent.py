@@ -13,8 +13,8 @@ import os
 from typing import Final
 
 from supervisor.errors import SupervisorError
-from worker import durable
-from worker.errors import SessionIOError
+from worker.store import durable
+from worker.store.errors import SessionIOError
 
 INTENT_NAME: Final = "intent.json"
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from worker.stats import LATENCY_BUCKETS
+from worker.store.stats import LATENCY_BUCKETS
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -1,0 +1,300 @@
+"""Commands that run or talk to the daemon: serve, create, send, compact, start, stop,
+restart, status."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Final, NoReturn, cast
+
+import click
+
+from supervisor.cli.options import client_home_option, cluster_option, home_option, timeout_option
+from supervisor.client.cluster import ClusterClient
+from supervisor.client.control import call
+from supervisor.client.direct import Client
+from supervisor.client.status_table import status_lines
+from supervisor.cluster.errors import ClusterError
+from supervisor.daemon.loop import ServeConfig, Supervisor
+from supervisor.daemon.spawn import StartMethod
+from supervisor.errors import ControlError, HomeLocked, ServeError
+from supervisor.hosting.config import (
+    CONFIG_NAME,
+    ConfigError,
+    config_path,
+    merge_config,
+    option_specs,
+    render_config,
+)
+from supervisor.hosting.settings import hosting_options, settings_from
+
+EXIT_ERROR: Final = 1
+STATUS_COLUMNS: Final = (
+    "session", "state", "pid", "epoch", "records", "restarts", "uptime_s", "rss_bytes", "cpu_s",
+    "last_error",
+)  # fmt: skip
+
+
+def _call(home: str, op: str, timeout: float, **fields: object) -> object:
+    try:
+        return call(home, op, timeout=timeout, **fields)
+    except ControlError as exc:
+        _fail(op, exc)
+
+
+def _fail(op: str, exc: ControlError) -> NoReturn:
+    click.echo(f"loopd {op}: {exc.message} [{exc.code}]", err=True)
+    sys.exit(EXIT_ERROR)
+
+
+@click.command()
+@home_option
+@click.option("--app", default=None, help="module:attribute of the app (default: echo app).")
+@click.option("--budget", type=int, default=None, help="context tokens before an epoch commit.")
+@click.option(
+    "--max-restarts",
+    type=int,
+    default=5,
+    show_default=True,
+    help="more restarts than this within --restart-window is FATAL.",
+)
+@click.option(
+    "--restart-window",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="seconds over which restarts are counted.",
+)
+@click.option(
+    "--backoff-base",
+    type=float,
+    default=0.1,
+    show_default=True,
+    help="seconds before the second restart in a row; doubles each time.",
+)
+@click.option(
+    "--backoff-max", type=float, default=5.0, show_default=True, help="longest backoff, seconds."
+)
+@click.option(
+    "--stable-after",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="uptime, seconds, after which the backoff streak is forgotten.",
+)
+@click.option(
+    "--hang-timeout",
+    type=click.FloatRange(min=0.1),
+    default=30.0,
+    show_default=True,
+    help="seconds without a heartbeat from a worker's loop before it is killed and restarted.",
+)
+@click.option(
+    "--request-deadline",
+    type=click.FloatRange(min=0.01),
+    default=None,
+    help="seconds a worker may spend on one batch of requests before it is killed "
+    "(default: no deadline).",
+)
+@click.option(
+    "--start-method",
+    type=click.Choice([m.value for m in StartMethod]),
+    default=StartMethod.FORK.value,
+    show_default=True,
+    help="fork: workers fork from the warm supervisor (fast restarts); "
+    "exec: each worker is a fresh interpreter.",
+)
+@hosting_options
+@click.option(
+    "--cluster",
+    envvar="LOOPD_CLUSTER",
+    default=None,
+    help="etcd URL (http://host:port): serve as a node of a cluster (docs/scaling.md).",
+)
+@click.option("--node", default=None, help="this node's name in the cluster.")
+@click.option(
+    "--lease-ttl",
+    type=click.IntRange(min=1),
+    default=None,
+    help="seconds of the node's etcd lease (default 10); writes stop after 2/3 of it "
+    "without a renewal.",
+)
+@click.option(
+    "--print-config",
+    is_flag=True,
+    help=f"print the settings (<home>/{CONFIG_NAME} under these flags) as TOML, and exit.",
+)
+@click.pass_context
+def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object) -> None:
+    """Run the supervisor for HOME until SIGTERM or SIGINT (then stop every worker, exit 0).
+
+    Every option may also be set in HOME/loopd.toml (key: the flag without its dashes);
+    flags given here win.
+    """
+    specs = option_specs(serve, exclude=frozenset({"home", "print_config"}))
+    try:
+        merged = merge_config(ctx, params, specs, config_path(home))
+    except ConfigError as exc:
+        click.echo(f"loopd serve: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+    if print_config:
+        click.echo(render_config(merged, specs), nl=False)
+        return
+    hosting = settings_from(merged)
+    get = merged.get
+    config = ServeConfig(
+        home=home, app=cast("str | None", get("app")), budget=cast("int | None", get("budget")),
+        max_restarts=cast(int, get("max_restarts")), window=cast(float, get("restart_window")),
+        backoff_base=cast(float, get("backoff_base")), backoff_cap=cast(float, get("backoff_max")),
+        stable_after=cast(float, get("stable_after")),
+        start_method=StartMethod(cast(str, get("start_method"))),
+        hang_timeout=cast(float, get("hang_timeout")),
+        request_deadline=cast("float | None", get("request_deadline")), hosting=hosting,
+        cluster=cast("str | None", get("cluster")), node=cast("str | None", get("node")),
+        lease_ttl=cast("int | None", get("lease_ttl")),
+    )  # fmt: skip
+    try:
+        code = Supervisor(config).run()
+    except (HomeLocked, ServeError) as exc:
+        click.echo(f"loopd serve: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+    sys.exit(code)
+
+
+def _home_or_cluster(home: str | None, cluster: str | None) -> str | None:
+    """The home to talk to, or None for the cluster; a usage error unless exactly one is given."""
+    if (home is None) == (cluster is None):
+        raise click.UsageError("give exactly one of --home and --cluster")
+    return home
+
+
+def _cluster_fail(op: str, exc: ClusterError | ControlError) -> NoReturn:
+    click.echo(f"loopd {op}: {exc}", err=True)
+    sys.exit(EXIT_ERROR)
+
+
+@click.command()
+@client_home_option
+@cluster_option
+@timeout_option
+@click.argument("session_id", metavar="ID")
+@click.option("--slot", type=click.IntRange(min=0), default=0, show_default=True)
+def create(
+    home: str | None, cluster: str | None, timeout: float, session_id: str, slot: int
+) -> None:
+    """Create session ID and start its worker (with --cluster: on the least loaded node)."""
+    if _home_or_cluster(home, cluster) is not None:
+        assert home is not None
+        _print_status([_call(home, "create", timeout, session=session_id, slot=slot)])
+        return
+    assert cluster is not None
+    try:
+        with ClusterClient(cluster, timeout=timeout) as client:
+            row = client.create(session_id, slot=slot)
+    except (ClusterError, ControlError) as exc:
+        _cluster_fail("create", exc)
+    _print_status([row])
+
+
+@click.command()
+@client_home_option
+@cluster_option
+@timeout_option
+@click.argument("session_id", metavar="ID")
+@click.argument("text")
+@click.option(
+    "--key", default=None, help="request key: a retry with it applies once (default: a new one)."
+)
+@click.option("--untrusted", is_flag=True, help="mark the text as untrusted input.")
+def send(
+    home: str | None,
+    cluster: str | None,
+    timeout: float,
+    session_id: str,
+    text: str,
+    key: str | None,
+    untrusted: bool,
+) -> None:
+    """Send TEXT to session ID (straight to its worker) and print the reply."""
+    if _home_or_cluster(home, cluster) is None:
+        assert cluster is not None
+        try:
+            with ClusterClient(cluster, timeout=timeout) as routed:
+                result = routed.send(session_id, text, key=key, untrusted=untrusted)
+        except (ClusterError, ControlError) as exc:
+            _cluster_fail("send", exc)
+        click.echo(json.dumps(result, sort_keys=True))
+        return
+    assert home is not None
+    try:
+        with Client(home, timeout=timeout, retry_for=timeout) as client:
+            result = client.send(session_id, text, key=key, untrusted=untrusted)
+    except ControlError as exc:
+        _fail("send", exc)
+    click.echo(json.dumps(result, sort_keys=True))
+
+
+@click.command()
+@home_option
+@click.argument("session_id", metavar="ID")
+@click.option("--summary", default=None, help="the epoch's summary (default: the app's).")
+@timeout_option
+def compact(home: str, session_id: str, summary: str | None, timeout: float) -> None:
+    """Close session ID's epoch now and start the next one."""
+    click.echo(json.dumps(_call(home, "compact", timeout, session=session_id, summary=summary)))
+
+
+def _lifecycle(op: str, doc: str) -> click.Command:
+    @click.command(name=op, help=doc)
+    @home_option
+    @timeout_option
+    @click.argument("session_id", metavar="ID")
+    def command(home: str, timeout: float, session_id: str) -> None:
+        _print_status([_call(home, op, timeout, session=session_id)])
+
+    return command
+
+
+start = _lifecycle("start", "Start session ID's worker (also out of FATAL).")
+stop = _lifecycle("stop", "Stop session ID's worker: SIGTERM, a deadline, SIGKILL.")
+restart = _lifecycle("restart", "Stop, then start, session ID's worker.")
+
+
+@click.command()
+@client_home_option
+@cluster_option
+@click.argument("session_id", metavar="[ID]", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object a session.")
+@timeout_option
+def status(
+    home: str | None, cluster: str | None, session_id: str | None, as_json: bool, timeout: float
+) -> None:
+    """Show each session: state, pid, epoch, records, restarts, uptime, rss, last error."""
+    if _home_or_cluster(home, cluster) is None:
+        assert cluster is not None
+        try:
+            with ClusterClient(cluster, timeout=timeout) as client:
+                rows = [
+                    r
+                    for r in client.status()
+                    if session_id is None
+                    or (isinstance(r, dict) and r.get("session") == session_id)
+                ]
+        except (ClusterError, ControlError) as exc:
+            _cluster_fail("status", exc)
+    else:
+        assert home is not None
+        result = _call(home, "status", timeout, session=session_id)
+        rows = result if isinstance(result, list) else []
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        _print_status(rows)
+
+
+def _print_status(rows: list[object]) -> None:
+    for line in status_lines(rows, STATUS_COLUMNS):
+        click.echo(line)
+
+
+COMMANDS: Final = (serve, create, send, compact, start, stop, restart, status)

@@ -1,0 +1,149 @@
+"""Offline, read-only commands: ``inspect`` and ``verify`` (no daemon needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Final
+
+import click
+
+from supervisor.cli.options import existing_home_option
+from worker.store.errors import InvalidSessionId, LogError, SessionError
+from worker.store.inspection import Inspection, inspect_session
+from worker.store.layout import SESSIONS_DIR
+from worker.store.repair import repair_torn_tail
+
+EXIT_REFUSED: Final = 1
+EXIT_NO_HOME: Final = 2  # as for any other bad argument: distinct from "a log is refused"
+
+
+def home_problem(home: str) -> str | None:
+    """Why ``home`` is not a loopd home (in a few words), or None if it is one."""
+    if not os.path.exists(home):
+        return "no such directory"
+    if not os.path.isdir(home):
+        return "not a directory"
+    if not os.path.isdir(os.path.join(home, SESSIONS_DIR)):
+        return f"not a loopd home (no {SESSIONS_DIR}/ folder in it)"
+    return None
+
+
+def require_home(command: str, home: str) -> None:
+    """Exit EXIT_NO_HOME with one line on stderr unless ``home`` is a loopd home.
+
+    Without this, a mistyped ``--home`` looks like an empty, healthy home to verify.
+    """
+    problem = home_problem(home)
+    if problem is not None:
+        click.echo(f"loopd {command}: {home}: {problem}", err=True)
+        sys.exit(EXIT_NO_HOME)
+
+
+def _describe(found: Inspection) -> str:
+    lines = [
+        f"session    {found.session}",
+        f"directory  {found.directory}",
+        f"epoch      {found.epoch}"
+        + ("  (ends with EpochEnd: resume pending)" if found.epoch_closed else ""),
+        f"slot       {found.slot}",
+        f"records    {found.records} in the current epoch",
+        f"next_call  {found.next_call}",
+        f"carry      {found.carry!r}",
+        f"prior      {found.prior_users} user records ({found.prior_untrusted} untrusted)",
+    ]
+    if found.writer_live:
+        holder = f"pid {found.writer_pid}" if found.writer_pid is not None else "another process"
+        lines.append(f"writer     live ({holder}); figures may move while you read")
+    lines.append("epochs:" if found.epochs[0].epoch == 0 else "epochs (the newest; --all for all):")
+    for e in found.epochs:
+        counts = ", ".join(f"{name} {n}" for name, n in sorted(e.counts.items()))
+        lines.append(f"  {e.epoch:>4}  {e.size:>10} bytes  {counts}")
+    return "\n".join(lines)
+
+
+@click.command()
+@existing_home_option
+@click.argument("session_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option(
+    "--all", "history", is_flag=True, help="Read and check every epoch, not only the newest."
+)
+def inspect(home: str, session_id: str, as_json: bool, history: bool) -> None:
+    """Show a session's epochs, record counts, carry and next_call (read-only).
+
+    Reads the newest epoch (what a worker's open reads); ``--all`` reads the history.
+    A refused log prints ``path:line: why`` on stderr and exits 1.
+    """
+    require_home("inspect", home)
+    try:
+        found = inspect_session(home, session_id, history=history)
+    except SessionError as exc:
+        click.echo(f"refused: {exc}" if not isinstance(exc, LogError) else str(exc), err=True)
+        sys.exit(EXIT_REFUSED)
+    click.echo(json.dumps(found.to_json(), indent=2) if as_json else _describe(found))
+
+
+@click.command()
+@existing_home_option
+def verify(home: str) -> None:
+    """Check every session of the home, every epoch; a line each; exit 1 if any is refused.
+
+    Exits 2 with one line on stderr if ``--home`` is missing or not a loopd home.
+    """
+    require_home("verify", home)
+    sessions = os.path.join(home, SESSIONS_DIR)
+    names = sorted(os.listdir(sessions))
+    refused = 0
+    for name in names:
+        try:
+            found = inspect_session(home, name, history=True)
+        except InvalidSessionId as exc:
+            refused += 1
+            click.echo(f"REFUSED  {os.path.join(sessions, name)}: {exc}")
+        except SessionError as exc:
+            refused += 1
+            click.echo(f"REFUSED  {name}  {exc}")
+        else:
+            live = "  (writer live)" if found.writer_live else ""
+            click.echo(f"ok       {name}  epoch {found.epoch}  records {found.records}{live}")
+    click.echo(f"{len(names)} sessions, {refused} refused")
+    if refused:
+        sys.exit(EXIT_REFUSED)
+
+
+@click.command()
+@existing_home_option
+@click.argument("session_id", metavar="ID")
+def repair(home: str, session_id: str) -> None:
+    """Move a damaged last group of ID's newest log into <home>/quarantine/ID/.
+
+    Explicit and narrow: it refuses while a worker holds the session, refuses a clean
+    log, never touches a bad line in the middle of a log, and changes nothing unless
+    the session will open afterwards.
+    """
+    require_home("repair", home)
+    try:
+        result = repair_torn_tail(home, session_id)
+    except SessionError as exc:
+        click.echo(f"loopd repair: refused: {exc}", err=True)
+        sys.exit(EXIT_REFUSED)
+    lines = (
+        f"line {result.line}"
+        if result.line == result.last_line
+        else f"lines {result.line}-{result.last_line}"
+    )
+    click.echo(
+        f"moved {result.moved_bytes} bytes ({lines}, the damaged last group, never "
+        f"acknowledged) of {result.log}\n   to {result.quarantine}"
+    )
+    for what in result.readable:
+        click.echo(f"   {what}")
+    click.echo(
+        f"the log now ends after its last whole group ({result.kept_bytes} bytes) and opens "
+        f"cleanly; next: loopd start {session_id}"
+    )
+
+
+COMMANDS: Final = (inspect, verify, repair)

@@ -1,0 +1,115 @@
+"""A client of a cluster: find each session's owner through etcd and talk to that node.
+
+Every reply from a cluster node carries the session's fencing token; the client keeps
+the highest it has seen per session and refuses a lower one (``StaleOwner``): a late
+reply from a former owner is never believed. A ``not_owner`` answer (the session moved,
+or the node lost its lease) makes it look the owner up again and send the same request,
+with the same key, so the retry applies once.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+from supervisor.client.control import call
+from supervisor.client.direct import Client
+from supervisor.cluster.drain import least_loaded_node
+from supervisor.cluster.errors import ClusterError, NotOwner
+from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.routing import (
+    Route,
+    TokenGuard,
+    live_nodes,
+    node_address,
+    route,
+    unix_socket_path,
+)
+from supervisor.errors import ControlError
+from worker.wire import Message
+
+REROUTE: frozenset[str] = frozenset({"not_owner", "not_found", "no_daemon", "worker_died"})
+"""Error codes after which the owner is looked up again and the request sent again."""
+
+
+def home_of(address: str) -> str:
+    """The home of a node reached at ``unix:<home>/loopd.sock`` (nodes on one machine)."""
+    return os.path.dirname(unix_socket_path(address))
+
+
+class ClusterClient:
+    """Requests to the sessions of a cluster, each sent to the session's current owner."""
+
+    def __init__(self, url: str, *, timeout: float = 60.0) -> None:
+        self.etcd = EtcdClient(url)
+        self.timeout = timeout
+        self.guard = TokenGuard()
+        self._clients: dict[str, Client] = {}
+        self._routes: dict[str, Route] = {}
+
+    def __enter__(self) -> ClusterClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every connection."""
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+        self.etcd.close()
+
+    def create(self, session: str, *, slot: int = 0) -> object:
+        """Create ``session`` on the live node holding the fewest sessions."""
+        node = least_loaded_node(self.etcd)
+        address = node_address(self.etcd, node)
+        if address is None:
+            raise NotOwner(session, f"node {node} left the cluster")
+        return call(home_of(address), "create", timeout=self.timeout, session=session, slot=slot)
+
+    def send(
+        self, session: str, text: str, *, key: str | None = None, untrusted: bool = False
+    ) -> Message:
+        """Apply one request to ``session`` on its owner; the reply's token is checked."""
+        key = key or uuid.uuid4().hex
+        for attempt in range(3):
+            found = self._route(session, fresh=attempt > 0)
+            client = self._client(home_of(found.address))
+            try:
+                result = client.send(session, text, key=key, untrusted=untrusted)
+            except ControlError as exc:
+                if exc.code not in REROUTE or attempt == 2:
+                    raise
+                self._routes.pop(session, None)
+                client.close()  # its link may lead to a worker that no longer owns it
+                continue
+            token = result.get("token")
+            if type(token) is not int:
+                raise ClusterError(f"session {session}: a reply without a fencing token")
+            self.guard.check(session, token)
+            return result
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def status(self) -> list[object]:
+        """The status rows of every live node's sessions, each with its node's name."""
+        rows: list[object] = []
+        for node, address in sorted(live_nodes(self.etcd).items()):
+            result = call(home_of(address), "status", timeout=self.timeout)
+            for row in result if isinstance(result, list) else []:
+                if isinstance(row, dict):
+                    rows.append({**row, "node": node})
+        return rows
+
+    def _route(self, session: str, *, fresh: bool) -> Route:
+        found = None if fresh else self._routes.get(session)
+        if found is None:
+            found = route(self.etcd, session)
+            self._routes[session] = found
+        return found
+
+    def _client(self, home: str) -> Client:
+        client = self._clients.get(home)
+        if client is None:
+            client = self._clients[home] = Client(home, timeout=self.timeout, retry_for=2.0)
+        return client

@@ -1,0 +1,181 @@
+"""One control request on a home's socket: ``call``, and ``call_with_retry`` by key.
+
+Before sending anything, the socket file and the process behind it are checked to
+belong to the caller's own uid: another user cannot stand in for the daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import struct
+import time
+from typing import Final
+
+from supervisor.control_socket import peer_uid, socket_owner_problem, socket_path
+from supervisor.errors import ControlError
+from worker.wire import FrameReader, Message, WireError, encode
+
+__all__ = ["READ_SIZE", "RETRYABLE", "TIMEVAL", "call", "call_with_retry", "open_control"]
+
+RETRYABLE: Final = frozenset({"worker_died", "closed", "no_daemon", "busy"})
+"""Error codes after which the same request (same key) may simply be sent again."""
+READ_SIZE: Final = 1 << 18
+_SMALL: Final = 32 << 10
+"""Requests up to this many bytes are written with one blocking send (they fit the buffer)."""
+TIMEVAL: Final = struct.Struct("ll")
+
+
+def open_control(home: str, timeout: float) -> socket.socket:
+    """Connect to ``<home>/loopd.sock`` after checking that it and its peer are ours."""
+    path = socket_path(home)
+    problem = socket_owner_problem(path)
+    if problem is not None:
+        raise ControlError("not_ours", f"{problem}: refusing to talk to it")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+        uid = peer_uid(sock)
+    except OSError as exc:
+        sock.close()
+        raise ControlError(
+            "no_daemon",
+            f"cannot reach the supervisor at {path}: {exc.strerror or exc} "
+            f"(is `loopd serve --home {home}` running?)",
+        ) from exc
+    if uid != os.getuid():
+        sock.close()
+        raise ControlError(
+            "not_ours", f"{path} is served by uid {uid}, not by you: refusing to talk to it"
+        )
+    return sock
+
+
+def timed_out(home: str, timeout: float) -> ControlError:
+    return ControlError(
+        "timeout",
+        f"the supervisor of {home} did not answer within {timeout:g} s; it may be stopped "
+        "or overloaded (check its process), or retry with a longer --timeout",
+    )
+
+
+def result_of(reply: Message) -> object:
+    if reply.get("ok") is True:
+        return reply.get("result")
+    failure = reply.get("error")
+    if isinstance(failure, dict):
+        raise ControlError(str(failure.get("code")), str(failure.get("message")))
+    raise ControlError("bad_reply", f"unexpected reply {reply!r}")
+
+
+def exchange(
+    sock: socket.socket, frames: bytes, wanted: int, deadline: float
+) -> tuple[list[Message], list[int]]:
+    """Write ``frames`` while reading replies, until ``wanted`` arrived; replies and fds.
+
+    Reading while writing means a long pipeline never deadlocks against a peer that
+    stops reading until its replies are taken. Raises ConnectionError at end of stream.
+    """
+    if len(frames) <= _SMALL:
+        return _exchange_small(sock, frames, wanted, deadline)
+    reader = FrameReader()
+    replies: list[Message] = []
+    fds: list[int] = []
+    out = memoryview(frames)
+    sock.setblocking(False)
+    with selectors.DefaultSelector() as selector:
+        selector.register(sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if out else 0))
+        while len(replies) < wanted:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                for fd in fds:
+                    os.close(fd)
+                raise TimeoutError
+            for _key, mask in selector.select(left):
+                if mask & selectors.EVENT_WRITE and out:
+                    try:
+                        out = out[sock.send(out) :]
+                    except BlockingIOError:
+                        continue  # woken early: the buffer filled again meanwhile
+                    if not out:
+                        selector.modify(sock, selectors.EVENT_READ)
+                if mask & selectors.EVENT_READ:
+                    data, got = _recv(sock)
+                    fds += got
+                    if data is None:
+                        continue
+                    if not data:
+                        raise ConnectionResetError("end of stream")
+                    try:
+                        replies += reader.feed(data)
+                    except WireError as exc:
+                        raise ControlError("bad_reply", str(exc)) from exc
+    return replies, fds
+
+
+def _exchange_small(
+    sock: socket.socket, frames: bytes, wanted: int, deadline: float
+) -> tuple[list[Message], list[int]]:
+    """``_exchange`` for a few requests: they fit the socket's buffer, so a blocking
+    write cannot wait on the peer; no selector is needed (one request, two syscalls)."""
+    reader = FrameReader()
+    replies: list[Message] = []
+    fds: list[int] = []
+    sock.settimeout(max(0.001, deadline - time.monotonic()))
+    if frames:
+        sock.sendall(frames)
+    while len(replies) < wanted:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        data, got, _flags, _addr = socket.recv_fds(sock, READ_SIZE, 4)
+        fds += got
+        if not data:
+            raise ConnectionResetError("end of stream")
+        try:
+            replies += reader.feed(data)
+        except WireError as exc:
+            raise ControlError("bad_reply", str(exc)) from exc
+    return replies, fds
+
+
+def _recv(sock: socket.socket) -> tuple[bytes | None, list[int]]:
+    """Bytes and descriptors the socket holds; None when there was nothing after all."""
+    try:
+        data, fds, _flags, _addr = socket.recv_fds(sock, READ_SIZE, 4)
+    except BlockingIOError:
+        return None, []
+    return data, list(fds)
+
+
+def call(home: str, op: str, *, timeout: float = 60.0, **fields: object) -> object:
+    """Send ``{"id", "op", **fields}`` and return the result; ControlError on an error reply."""
+    request: Message = {"id": 1, "op": op, **{k: v for k, v in fields.items() if v is not None}}
+    deadline = time.monotonic() + timeout
+    sock = open_control(home, timeout)
+    try:
+        try:
+            replies, fds = exchange(sock, encode(request), 1, deadline)
+        except TimeoutError as exc:
+            raise timed_out(home, timeout) from exc
+        except OSError as exc:
+            raise ControlError("closed", f"the supervisor closed the connection: {exc}") from exc
+    finally:
+        sock.close()
+    for fd in fds:
+        os.close(fd)
+    return result_of(replies[0])
+
+
+def call_with_retry(home: str, op: str, *, deadline: float, **fields: object) -> object:
+    """``call``, sent again unchanged after a retryable error until ``deadline`` (monotonic).
+
+    With a request key, a request that was applied before its worker died is answered
+    from the log the second time, so retrying never doubles its effect.
+    """
+    while True:
+        try:
+            return call(home, op, timeout=max(1.0, deadline - time.monotonic()), **fields)
+        except ControlError as exc:
+            if exc.code not in RETRYABLE or time.monotonic() > deadline:
+                raise

@@ -1,0 +1,260 @@
+"""``Client``: a home's traffic, straight to the sessions' workers.
+
+``Client(home)`` keeps one connection to the daemon for control and, per session, a
+direct connection to the session's worker that the daemon hands over (SCM_RIGHTS):
+requests then cost two process wake-ups (client, worker) and never pass through the
+daemon's loop. Every request carries a key (one is made up when the caller gives none),
+so after a worker's death (an end of stream) the client reconnects through the daemon
+and sends what was unanswered again: what was applied is answered from the log.
+
+Before sending anything, both check that the socket file and the process behind it
+belong to the caller's own uid: another user cannot stand in for the daemon.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from supervisor.client.control import (
+    READ_SIZE,
+    RETRYABLE,
+    TIMEVAL,
+    call,
+    exchange,
+    open_control,
+    result_of,
+    timed_out,
+)
+from supervisor.errors import ControlError
+from worker.wire import FrameReader, Message, WireError, encode
+
+__all__ = ["Client", "Request"]
+
+_RETRY_PAUSE: Final = 0.02
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request:
+    """One request for a session: its text, its key (made up if None), untrusted or not."""
+
+    text: str
+    key: str | None = None
+    untrusted: bool = False
+    # The session's epoch when this request was first sent, for a request saved by an
+    # earlier client and sent again now; None: the newest epoch this client has seen.
+    epoch: int | None = None
+
+
+class Client:
+    """A persistent client of one home; requests go straight to the sessions' workers."""
+
+    def __init__(self, home: str, *, timeout: float = 60.0, retry_for: float = 30.0) -> None:
+        self.home = home
+        self.timeout = timeout
+        self.retry_for = retry_for
+        self._links: dict[str, socket.socket] = {}
+        self._ids = itertools.count(1)
+        # The newest epoch seen of each session: sent with every request, and kept with
+        # it through its retries, so that a retry from before the worker's key window is
+        # refused (key_expired) instead of applied again (docs/format.md).
+        self._epochs: dict[str, int] = {}
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every connection."""
+        for sock in self._links.values():
+            sock.close()
+        self._links.clear()
+
+    def call(self, op: str, **fields: object) -> object:
+        """One control request to the daemon (status, create, stop, ...)."""
+        return call(self.home, op, timeout=self.timeout, **fields)
+
+    def send(
+        self, session: str, text: str, *, key: str | None = None, untrusted: bool = False
+    ) -> Message:
+        """Apply one request to ``session`` and return its result (retried by key)."""
+        sock = self._links.get(session)
+        if sock is None:
+            return self.send_many(session, [Request(text=text, key=key, untrusted=untrusted)])[0]
+        # The common case, kept short: a live connection, one frame out, one frame back,
+        # on a blocking socket whose kernel timeouts (SO_RCVTIMEO) spare a poll per call.
+        key = key or _made_up_key()
+        payload = self._payload(session, Request(text=text, key=key, untrusted=untrusted))
+        request_id = next(self._ids)
+        frame = encode({"id": request_id, "op": "request", "request": payload})
+        try:
+            reply = _round_trip(sock, frame)
+        except BlockingIOError as exc:  # SO_RCVTIMEO or SO_SNDTIMEO ran out
+            self._drop(session)
+            raise ControlError(
+                "timeout", f"session {session} did not answer within {self.timeout:g} s"
+            ) from exc
+        except OSError:
+            # The worker died (end of stream): the general path reconnects and sends the
+            # same frame (the same key) again.
+            self._drop(session)
+            return self._send_payloads(session, [payload])[0]
+        if reply.get("id") != request_id:
+            self._drop(session)
+            raise ControlError("bad_reply", f"a reply to another request: {reply!r}")
+        result = result_of(reply)
+        self._saw(session, result)
+        return result if isinstance(result, dict) else {"result": result}
+
+    def _payload(self, session: str, request: Request) -> Message:
+        payload: Message = {"text": request.text, "key": request.key or _made_up_key()}
+        if request.untrusted:
+            payload["untrusted"] = True
+        epoch = request.epoch if request.epoch is not None else self._epochs.get(session)
+        if epoch is not None:
+            payload["epoch"] = epoch
+        return payload
+
+    def _saw(self, session: str, result: object) -> None:
+        """Note the session's epoch from a result (its ``state``) or a connect reply."""
+        if not isinstance(result, dict):
+            return
+        state = result.get("state")
+        epoch = state.get("epoch") if isinstance(state, dict) else result.get("epoch")
+        if type(epoch) is int and epoch > self._epochs.get(session, -1):
+            self._epochs[session] = epoch
+
+    def send_many(self, session: str, requests: Sequence[Request]) -> list[Message]:
+        """Pipeline requests to ``session``; return their results in order.
+
+        Requests sent together share the worker's group commits. After a worker's death
+        the unanswered ones are sent again with their keys until ``retry_for`` passes.
+        Raises ControlError for the first request refused.
+        """
+        # Connected first: the connect reply says the epoch the requests then carry.
+        self._link(session, time.monotonic() + self.retry_for)
+        return self._send_payloads(session, [self._payload(session, r) for r in requests])
+
+    def _send_payloads(self, session: str, payloads: list[Message]) -> list[Message]:
+        deadline = time.monotonic() + self.retry_for
+        frames: dict[int, bytes] = {}
+        order: list[int] = []
+        for payload in payloads:
+            request_id = next(self._ids)
+            frames[request_id] = encode({"id": request_id, "op": "request", "request": payload})
+            order.append(request_id)
+        answers: dict[int, Message] = {}
+        while len(answers) < len(order):
+            sock = self._link(session, deadline)
+            waiting = [i for i in order if i not in answers]
+            try:
+                replies, fds = exchange(
+                    sock, b"".join(frames[i] for i in waiting), len(waiting),
+                    max(deadline, time.monotonic() + self.timeout),
+                )  # fmt: skip
+            except TimeoutError as exc:
+                self._drop(session)
+                raise ControlError(
+                    "timeout", f"session {session} did not answer within {self.timeout:g} s"
+                ) from exc
+            except OSError as exc:
+                # The worker died (end of stream): reconnect and send the rest again.
+                self._drop(session)
+                if time.monotonic() > deadline:
+                    raise ControlError(
+                        "worker_died", f"the worker of session {session} kept dying: {exc}"
+                    ) from exc
+                continue
+            for fd in fds:
+                os.close(fd)
+            for reply in replies:
+                if type(reply.get("id")) is int:
+                    answers[int(str(reply["id"]))] = reply
+        results = []
+        for request_id in order:
+            result = result_of(answers[request_id])
+            self._saw(session, result)
+            results.append(result if isinstance(result, dict) else {"result": result})
+        return results
+
+    def _link(self, session: str, deadline: float) -> socket.socket:
+        """The direct connection to ``session``'s worker, asked of the daemon if needed."""
+        sock = self._links.get(session)
+        if sock is not None:
+            return sock
+        while True:
+            try:
+                sock = self._connect(session)
+            except ControlError as exc:
+                if exc.code not in RETRYABLE or time.monotonic() > deadline:
+                    raise
+                time.sleep(_RETRY_PAUSE)  # the worker restarts; the daemon queues us
+                continue
+            self._links[session] = sock
+            return sock
+
+    def _connect(self, session: str) -> socket.socket:
+        control = open_control(self.home, self.timeout)
+        request = encode({"id": 1, "op": "connect", "session": session})
+        try:
+            try:
+                replies, fds = exchange(control, request, 1, time.monotonic() + self.timeout)
+            except TimeoutError as exc:
+                raise timed_out(self.home, self.timeout) from exc
+            except OSError as exc:
+                raise ControlError(
+                    "closed", f"the supervisor closed the connection: {exc}"
+                ) from exc
+        finally:
+            control.close()
+        try:
+            self._saw(session, result_of(replies[0]))
+        except ControlError:
+            for fd in fds:
+                os.close(fd)
+            raise
+        if len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise ControlError("closed", "the supervisor sent no connection; retry")
+        link = socket.socket(fileno=fds[0])
+        seconds = int(self.timeout)
+        bound = TIMEVAL.pack(seconds, int((self.timeout - seconds) * 1e6))
+        link.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, bound)
+        link.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, bound)
+        return link
+
+    def _drop(self, session: str) -> None:
+        sock = self._links.pop(session, None)
+        if sock is not None:
+            sock.close()
+
+
+def _round_trip(sock: socket.socket, frame: bytes) -> Message:
+    """Send one frame and read one reply on a blocking socket; ConnectionError at its end."""
+    if sock.gettimeout() is not None:
+        sock.settimeout(None)  # back to blocking after a pipeline's selector exchange
+    sock.sendall(frame)
+    reader = FrameReader()
+    while True:
+        data = sock.recv(READ_SIZE)
+        if not data:
+            raise ConnectionResetError("end of stream")
+        try:
+            replies = reader.feed(data)
+        except WireError as exc:
+            raise ControlError("bad_reply", str(exc)) from exc
+        if replies:
+            return replies[0]
+
+
+def _made_up_key() -> str:
+    return f"auto-{uuid.uuid4().hex}"

@@ -1,0 +1,38 @@
+"""The settings of one ``loopd serve``, as its flags and ``loopd.toml`` give them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from supervisor.daemon.spawn import StartMethod
+from supervisor.hosting.settings import HostingSettings
+from supervisor.states import RestartPolicy
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServeConfig:
+    """Settings of one ``loopd serve``."""
+
+    home: str
+    app: str | None = None
+    budget: int | None = None
+    max_restarts: int = 5
+    window: float = 10.0
+    backoff_base: float = 0.1
+    backoff_cap: float = 5.0
+    stable_after: float = 5.0
+    hang_timeout: float = 30.0
+    request_deadline: float | None = None
+    seed: int | None = None
+    worker_env: dict[str, str] = field(default_factory=dict)
+    start_method: StartMethod = StartMethod.FORK
+    cluster: str | None = None  # etcd URL: serve as a node of a cluster (docs/scaling.md)
+    node: str | None = None
+    lease_ttl: int | None = None
+    hosting: HostingSettings = field(default_factory=HostingSettings)
+
+    def policy(self) -> RestartPolicy:
+        return RestartPolicy(
+            max_restarts=self.max_restarts, window=self.window, base=self.backoff_base,
+            cap=self.backoff_cap, stable_after=self.stable_after,
+        )  # fmt: skip

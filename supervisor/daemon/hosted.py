@@ -1,0 +1,396 @@
+"""One hosted session: its state machine, its worker, its requests in flight."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import signal
+import time
+from collections.abc import Callable
+from typing import Final, Protocol
+
+from supervisor.daemon.endpoints import Waiter, WorkerChannel
+from supervisor.daemon.handover import hand_over
+from supervisor.daemon.hang import HangWatch
+from supervisor.daemon.hosted_status import session_status
+from supervisor.daemon.spawn import WorkerProcess, WorkerSpec, describe_exit
+from supervisor.states import RestartPolicy, State, StateMachine
+from worker.process import (
+    EXIT_CANNOT_OPEN,
+    EXIT_CLEAN,
+    EXIT_LOCKED,
+    EXIT_NOT_FOUND,
+    EXIT_REFUSED,
+    bounded,
+)
+from worker.wire import Message, WireError, error
+
+STOP_DEADLINE: Final = 5.0
+MAX_QUEUED: Final = 1000
+MAX_LAST_ERROR: Final = 4000
+"""Characters of ``last_error``: the worker's words (at most 2,000) and our next step."""
+MAX_WORKER_BACKLOG: Final = 8 << 20
+"""Bytes queued to a worker that is not reading before new requests are refused (busy)."""
+
+
+class Loop(Protocol):
+    """What a hosted session needs from the event loop."""
+
+    def watch_worker(self, hosted: HostedSession, worker: WorkerProcess) -> WorkerChannel: ...
+    def unwatch_worker(self, worker: WorkerProcess) -> None: ...
+    def call_at(self, when: float, callback: Callable[[], None]) -> object: ...
+    def cancel(self, timer: object) -> None: ...
+    def on_move(self, hosted: HostedSession, old: State, new: State) -> None: ...
+    def on_report(self, hosted: HostedSession, message: Message) -> None: ...
+
+
+class HostedSession:
+    """A session the supervisor hosts; every state change goes through its StateMachine."""
+
+    def __init__(
+        self,
+        loop: Loop,
+        spec: WorkerSpec,
+        policy: RestartPolicy,
+        rng: random.Random,
+        *,
+        hang_timeout: float | None = None,
+        state: State = State.STOPPED,
+    ) -> None:
+        self.loop = loop
+        self.spec = spec
+        self.id = spec.session
+        self.machine = StateMachine(spec.session, state, lambda a, b: loop.on_move(self, a, b))
+        self.policy = policy
+        self.rng = rng
+        self.worker: WorkerProcess | None = None
+        self.link: WorkerChannel | None = None
+        self.hang = HangWatch(loop, hang_timeout, self._hung, self._last_beat)
+        self.restarts = 0
+        self.started_at: float | None = None
+        self._last_error: str | None = None
+        self._said: str | None = None  # why the current worker says it exits, if it said
+        self.epoch: int | None = None
+        self.records: int | None = None
+        self.in_flight: dict[int, Waiter] = {}
+        self.queued: list[tuple[Waiter, Message]] = []
+        self.ready_waiters: list[Waiter] = []
+        self.stop_waiters: list[Waiter] = []
+        self.restart_after_stop = False
+        self.hibernating = False  # stopping to rest IDLE (supervisor.hosting decides when)
+        self.exit_pid: int | None = None
+        self.exit_code: int | None = None
+        self._timer: object | None = None
+        self._next_id = 0
+
+    @property
+    def state(self) -> State:
+        return self.machine.state
+
+    @property
+    def last_error(self) -> str | None:
+        """Why the last worker ended, and what to do; bounded so a status row stays small."""
+        return self._last_error
+
+    @last_error.setter
+    def last_error(self, why: str | None) -> None:
+        self._last_error = None if why is None else bounded(why, MAX_LAST_ERROR)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Spawn the worker (from STOPPED, EXITED, FATAL or BACKOFF)."""
+        self._cancel_timer()
+        self.exit_pid = self.exit_code = None
+        self.machine.move(State.STARTING)
+        self._said = None
+        try:
+            worker = WorkerProcess(self.spec)
+        except OSError as exc:
+            self.last_error = f"could not start the worker: {exc}"
+            self._crashed(time.monotonic())
+            return
+        self.worker = worker
+        self.started_at = time.monotonic()
+        self.hang.heard()
+        self.link = self.loop.watch_worker(self, worker)
+
+    def operator_start(self) -> None:
+        """An explicit start: forget the restart history, then start."""
+        self.policy.reset()
+        self.last_error = None
+        self.start()
+
+    def stop(self, *, restart: bool = False) -> None:
+        """SIGTERM the worker's group, SIGKILL it at the deadline; STOPPED when reaped."""
+        self.restart_after_stop = restart
+        if self.state in (State.BACKOFF, State.EXITED, State.FATAL, State.IDLE):
+            self._cancel_timer()
+            self.machine.move(State.STOPPED)
+            self._fail_waiting("stopped", f"session {self.id} was stopped", keep_ready=restart)
+        if self.state is State.STOPPED:
+            self._answer_stop_waiters()
+            if restart:
+                self.restart_after_stop = False
+                self.operator_start()
+            return
+        if self.state is State.STOPPING:
+            return  # already on its way down; the exit answers the waiters
+        self.machine.move(State.STOPPING)
+        worker = self.worker
+        if worker is not None:
+            worker.signal_group(signal.SIGTERM)
+            self._timer = self.loop.call_at(time.monotonic() + STOP_DEADLINE, self._kill_worker)
+
+    # -- events from the worker --------------------------------------------------------
+
+    def on_worker_broke_protocol(self, why: str) -> None:
+        self.kill_for(f"bad frame from worker: {why}")
+
+    def kill_for(self, why: str) -> None:
+        """SIGKILL the worker; ``why`` is the reason on_exit gives for its death."""
+        self._said = bounded(why)
+        if self.worker is not None:
+            self.worker.kill()
+
+    def on_worker_message(self, message: Message) -> None:
+        self.hang.heard()  # any message shows that the worker's loop turns
+        op = message.get("op")
+        if op == "state":
+            self._take_state(message.get("state"))
+            self.loop.on_report(self, message)
+        elif op == "ready":
+            self.epoch = _int_or_none(message.get("epoch"))
+            self.records = _int_or_none(message.get("records"))
+            if self.state is State.STARTING:
+                self.machine.move(State.RUNNING)
+                self.spec = _without_create(self.spec)
+                for waiter in self.ready_waiters:
+                    waiter.client.reply(
+                        {"id": waiter.request_id, "ok": True, "result": self.status()}
+                    )
+                self.ready_waiters.clear()
+                self.hang.arm()
+                queued, self.queued = self.queued, []
+                for waiter, request in queued:
+                    self._act(waiter, request)
+        elif op == "exiting":
+            # Bounded again here: a worker of another version may send any length.
+            self._said = bounded(str(message.get("message")))
+            holder = message.get("holder")
+            if message.get("code") == "locked" and isinstance(holder, int):
+                self._said += f" (pid {holder} holds it; it is not ours: not fighting it)"
+        else:
+            request_id = _int_or_none(message.get("id"))
+            answered = self.in_flight.pop(request_id, None) if request_id is not None else None
+            result = message.get("result")
+            if isinstance(result, dict):
+                self._take_state(result.get("state"))
+            if answered is not None:
+                message["id"] = answered.request_id
+                answered.client.reply(message)
+
+    def on_exit(self) -> None:
+        """The pidfd says the worker died: reap, answer what was in flight, decide."""
+        worker = self.worker
+        assert worker is not None
+        # What the worker said before dying (its "exiting" reason, late replies) has been
+        # read already: the loop calls this only after its channel's end of stream.
+        said = self._said
+        code = worker.reap()
+        self.exit_pid, self.exit_code = worker.pid, code
+        self.loop.unwatch_worker(worker)
+        worker.close()
+        self.worker = None
+        self.link = None
+        self._cancel_timer()
+        self.hang.cancel()
+        now = time.monotonic()
+        how = describe_exit(code)
+        self._fail_in_flight(
+            "worker_died",
+            f"the worker of session {self.id} died ({how}) while the request was in flight; "
+            "it may or may not have been applied: retry with the same key",
+        )
+        if self.state is State.STOPPING and self.hibernating:
+            self.hibernating = False
+            self.machine.move(State.IDLE)
+            if self.queued or self.ready_waiters:
+                self.start()  # used again while it was stopping
+            return
+        if self.state is State.STOPPING:
+            self.machine.move(State.STOPPED)
+            self._fail_waiting(
+                "stopped", f"session {self.id} was stopped", keep_ready=self.restart_after_stop
+            )
+            self._answer_stop_waiters()
+            if self.restart_after_stop:
+                self.restart_after_stop = False
+                self.operator_start()
+            return
+        if code == EXIT_REFUSED:
+            self._fatal(
+                f"{said or 'log refused'} -- the log is refused and will not be "
+                f"restarted. Next: `loopd inspect --home {self.spec.home} {self.id}`; if the "
+                f"last line is torn, `loopd repair --home {self.spec.home} {self.id}`, then "
+                f"`loopd start {self.id}`"
+            )
+        elif code == EXIT_CANNOT_OPEN:
+            self._fatal(
+                f"{said or 'the session cannot be opened'} -- opening the session failed in "
+                f"a way a restart will not fix, so it is not restarted. Next: fix the file "
+                f"or directory named (its type, owner, mode, or the free space), then "
+                f"`loopd start {self.id}`"
+            )
+        elif code == EXIT_LOCKED:
+            self._fatal(said or "the session is locked by another process")
+        elif code == EXIT_NOT_FOUND:
+            self._fatal(said or "no such session")
+        elif code == EXIT_CLEAN:
+            self.machine.move(State.EXITED)
+            self._fail_waiting("exited", f"the worker of session {self.id} exited")
+        else:
+            # Only this worker's words: the previous exits' are not chained on, or the
+            # text would grow with every restart.
+            self.last_error = f"worker {how}" + (f": {said}" if said else "")
+            self._crashed(now)
+
+    def _crashed(self, now: float) -> None:
+        if self.started_at is not None and now - self.started_at >= self.policy.stable_after:
+            self.policy.on_stable()
+        delay = self.policy.next_delay(now, self.rng)
+        if delay is None:
+            self._fatal(
+                f"more than {self.policy.max_restarts} restarts in {self.policy.window:g} s; "
+                f"last: {self.last_error}. Next: fix the cause, then `loopd start {self.id}`"
+            )
+            return
+        self.restarts += 1
+        self.machine.move(State.BACKOFF)
+        if delay == 0:
+            self.start()
+        else:
+            self._timer = self.loop.call_at(now + delay, self.start)
+
+    def _fatal(self, why: str) -> None:
+        self.last_error = why
+        self.machine.move(State.FATAL)
+        self._fail_waiting("fatal", f"session {self.id} is FATAL: {why}")
+
+    # -- requests ------------------------------------------------------------------------
+
+    def submit(self, waiter: Waiter, request: Message) -> None:
+        """Act on a request now, queue it while the worker starts, or refuse it."""
+        if self.state is State.RUNNING:
+            self._act(waiter, request)
+        elif (
+            self.state in (State.STARTING, State.BACKOFF, State.IDLE)
+            or (self.state is State.STOPPING and self.hibernating)
+        ) and len(self.queued) < MAX_QUEUED:
+            self.queued.append((waiter, request))
+            if self.state is State.IDLE:
+                self.start()  # wake on demand: the request waits for the start
+        else:
+            detail = f": {self.last_error}" if self.last_error else ""
+            waiter.client.reply(
+                error(
+                    waiter.request_id,
+                    "unavailable",
+                    f"session {self.id} is {self.state.value}{detail}",
+                )
+            )
+
+    def _act(self, waiter: Waiter, request: Message) -> None:
+        if request.get("op") == "connect":
+            self.connect(waiter)
+        else:
+            self.forward(waiter, request)
+
+    def forward(self, waiter: Waiter, request: Message) -> None:
+        """Relay a request to the worker; exactly one reply reaches the waiter."""
+        link = self.link
+        assert link is not None
+        if link.backlog > MAX_WORKER_BACKLOG:
+            waiter.client.reply(
+                error(waiter.request_id, "busy", f"the worker of session {self.id} is not "
+                      "reading its requests; retry later")
+            )  # fmt: skip
+            return
+        self._next_id += 1
+        try:
+            sent = link.send({**request, "id": self._next_id})
+        except WireError as exc:
+            # Never forwarded: answered here, and no in-flight entry answers it again.
+            waiter.client.reply(error(waiter.request_id, "too_large", str(exc)))
+            return
+        if sent:
+            self.in_flight[self._next_id] = waiter
+        else:
+            waiter.client.reply(
+                error(waiter.request_id, "worker_died", f"the worker of session {self.id} "
+                      "is gone; nothing was applied: retry with the same key")
+            )  # fmt: skip
+
+    def connect(self, waiter: Waiter) -> None:
+        """Give the client a connection of its own to the worker (the direct data path)."""
+        assert self.link is not None
+        assert self.worker is not None
+        hand_over(self.link, waiter, self.id, self.worker.pid, self.epoch)
+
+    def _fail_in_flight(self, code: str, message: str) -> None:
+        in_flight, self.in_flight = self.in_flight, {}
+        for waiter in in_flight.values():
+            waiter.client.reply(error(waiter.request_id, code, message))
+
+    def _fail_waiting(self, code: str, message: str, *, keep_ready: bool = False) -> None:
+        self._fail_in_flight(code, message)
+        queued, self.queued = self.queued, []
+        ready: list[Waiter] = []
+        if not keep_ready:
+            ready, self.ready_waiters = self.ready_waiters, []
+        for waiter in [w for w, _ in queued] + ready:
+            waiter.client.reply(error(waiter.request_id, code, message))
+
+    def _answer_stop_waiters(self) -> None:
+        waiters, self.stop_waiters = self.stop_waiters, []
+        for waiter in waiters:
+            waiter.client.reply({"id": waiter.request_id, "ok": True, "result": self.status()})
+
+    def _kill_worker(self) -> None:
+        if self.worker is not None:
+            self.worker.kill()
+
+    def _last_beat(self) -> float:
+        return self.worker.heartbeat.last() if self.worker is not None else 0.0
+
+    def _hung(self, silent: float) -> None:
+        """No message within the hang timeout: the worker's loop is stuck (or stopped)."""
+        if self.state is not State.RUNNING or self.worker is None:
+            return
+        self.kill_for(
+            f"hang: no heartbeat for {silent:.1f} s (--hang-timeout {self.hang.timeout:g}); killed"
+        )
+
+    def _take_state(self, state: object) -> None:
+        if isinstance(state, dict):
+            self.epoch = _int_or_none(state.get("epoch"))
+            self.records = _int_or_none(state.get("records"))
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self.loop.cancel(self._timer)
+            self._timer = None
+
+    def status(self) -> Message:
+        return session_status(self)
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if type(value) is int else None
+
+
+def _without_create(spec: WorkerSpec) -> WorkerSpec:
+    """Once created, a session is only ever opened: a vanished directory must not reappear."""
+    if not spec.create:
+        return spec
+    return dataclasses.replace(spec, create=False)

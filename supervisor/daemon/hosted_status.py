@@ -1,0 +1,59 @@
+"""The status row of one hosted session, as ``loopd status`` and its replies show it."""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+from supervisor.states import State
+from worker.wire import Message
+
+
+class RunningWorker(Protocol):
+    """What a status row reads of a live worker process."""
+
+    @property
+    def pid(self) -> int: ...
+    def rss_bytes(self) -> int | None: ...
+    def cpu_seconds(self) -> float | None: ...
+
+
+class StatusSource(Protocol):
+    """What a status row reads of a hosted session (passed in: this module is below it)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def state(self) -> State: ...
+    @property
+    def worker(self) -> RunningWorker | None: ...
+    @property
+    def started_at(self) -> float | None: ...
+    @property
+    def epoch(self) -> int | None: ...
+    @property
+    def records(self) -> int | None: ...
+    @property
+    def restarts(self) -> int: ...
+    @property
+    def last_error(self) -> str | None: ...
+
+
+def session_status(hosted: StatusSource) -> Message:
+    """State, pid, epoch, records, restarts, uptime, rss, cpu and last error of a session."""
+    worker = hosted.worker
+    running = hosted.state in (State.RUNNING, State.STARTING, State.STOPPING)
+    started = hosted.started_at
+    uptime = time.monotonic() - started if running and started else None
+    return {
+        "session": hosted.id,
+        "state": hosted.state.value,
+        "pid": worker.pid if worker is not None else None,
+        "epoch": hosted.epoch,
+        "records": hosted.records,
+        "restarts": hosted.restarts,
+        "uptime_s": round(uptime, 3) if uptime is not None else None,
+        "rss_bytes": worker.rss_bytes() if worker is not None else None,
+        "cpu_s": worker.cpu_seconds() if worker is not None else None,
+        "last_error": hosted.last_error,
+    }

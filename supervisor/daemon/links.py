@@ -1,0 +1,92 @@
+"""The daemon's two kinds of connection: a control client's, and a worker's channel."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from supervisor.daemon.connection import FramedConnection
+from supervisor.daemon.hosted import HostedSession
+from supervisor.daemon.operations import Daemon, dispatch
+from supervisor.daemon.spawn import WorkerProcess
+from worker.wire import Message, WireError, error
+
+MAX_PENDING: Final = 256
+"""Requests of one connection awaiting their reply before the daemon stops reading it."""
+
+
+class ClientConnection(FramedConnection):
+    """One control connection (a peer of our own uid); every request gets one reply."""
+
+    def __init__(self, sock: socket.socket, daemon: Daemon) -> None:
+        super().__init__(sock)
+        self.daemon = daemon
+        self.pending = 0
+        self.on_end: Callable[[ClientConnection], None] = lambda _connection: None
+
+    def on_message(self, message: Message) -> None:
+        self.pending += 1
+        if self.pending >= MAX_PENDING:
+            self.pause_reading_for("pending")  # answer what it asked before reading more
+        dispatch(self.daemon, self, message)
+
+    def _answered(self) -> None:
+        if self.pending:
+            self.pending -= 1
+        if self.pending <= MAX_PENDING // 2:
+            self.resume_reading_for("pending")
+
+    def reply(self, message: Message) -> None:
+        self._answered()
+        try:
+            self.send(message)
+        except WireError as exc:
+            self.send(error(message.get("id"), "too_large", str(exc)))
+
+    def reply_with_fd(self, message: Message, fd: int) -> bool:
+        """Reply with a descriptor attached; False (nothing sent) if it cannot go now."""
+        if not self.send_with_fd(message, fd):
+            return False
+        self._answered()
+        return True
+
+    def deliver(self, message: Message) -> bool:
+        """Stream one event; False (and the connection dropped) if it stopped reading."""
+        return self.send({"event": message})
+
+    def on_closed(self) -> None:
+        self.on_end(self)
+
+
+class WorkerLink(FramedConnection):
+    """The daemon's end of a worker's control channel."""
+
+    def __init__(self, sock: socket.socket, hosted: HostedSession) -> None:
+        super().__init__(sock)
+        self.hosted = hosted
+        self.on_end: Callable[[], None] = lambda: None
+
+    def on_message(self, message: Message) -> None:
+        self.hosted.on_worker_message(message)
+
+    def on_bad_frame(self, exc: WireError) -> None:
+        self.hosted.on_worker_broke_protocol(str(exc))
+        self.abort()
+
+    def on_closed(self) -> None:
+        self.on_end()
+
+
+@dataclass(slots=True)
+class WorkerWatch:
+    """A worker's two ends: its pidfd firing and its channel's end of stream."""
+
+    hosted: HostedSession
+    worker: WorkerProcess
+    link: WorkerLink
+    died: bool = False
+    link_ended: bool = False
+    grace: asyncio.TimerHandle | None = None

@@ -1,0 +1,393 @@
+"""``loopd serve``: one supervisor per home, one worker per session, one asyncio loop.
+
+Everything the daemon does is a callback of one single-threaded asyncio loop: control
+connections are transports with bounded buffers and flow control, worker deaths arrive
+through each worker's pidfd (``add_reader``), timers exist only for backoff, stop
+deadlines and hang checks, and signals come through ``add_signal_handler``. Nothing in a
+callback blocks, so no client and no worker can stall the others; an idle supervisor
+sleeps in ``epoll_wait`` and uses no CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import random
+import signal
+import socket
+import sys
+from collections import deque
+from collections.abc import Callable
+from typing import Final
+
+from supervisor.cluster.errors import ClusterError
+from supervisor.cluster.serving import ServingNode, WorkerCluster
+from supervisor.control_socket import make_private_dirs
+from supervisor.daemon.config import ServeConfig
+from supervisor.daemon.connection import connect
+from supervisor.daemon.endpoints import Client, Waiter
+from supervisor.daemon.hosted import HostedSession
+from supervisor.daemon.links import ClientConnection, WorkerLink, WorkerWatch
+from supervisor.daemon.listener import Listener
+from supervisor.daemon.spawn import WorkerProcess, WorkerSpec
+from supervisor.errors import HomeLocked, ServeError
+from supervisor.hosting.intent import IntentError
+from supervisor.hosting.runtime import Hosting
+from supervisor.states import State
+from worker.store.errors import InvalidSessionId, SessionIOError, SessionLocked
+from worker.store.layout import SESSIONS_DIR
+from worker.store.lock import lock_directory
+from worker.store.session_id import validate_session_id
+from worker.wire import Message, error, ok
+
+__all__ = ["ServeConfig", "Supervisor"]
+
+STARTS_PER_TURN: Final = 8
+LINK_GRACE: Final = 1.0
+"""Seconds to wait, after a worker's death, for the end of its channel (its last words)."""
+
+
+class Supervisor:
+    """The daemon: control socket, hosted sessions, and the loop that serves them."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.home = os.path.abspath(config.home)
+        self.loop = asyncio.new_event_loop()
+        self.sessions: dict[str, HostedSession] = {}
+        self.clients: set[ClientConnection] = set()
+        self.rng = random.Random(config.seed)
+        self._tasks: set[asyncio.Task[object]] = set()
+        self._shutting_down = False
+        self._done: asyncio.Future[None] = self.loop.create_future()
+        self._listener = Listener(self.loop, self.home, self._on_client, self.report)
+        self._to_start: deque[HostedSession] = deque()
+        self.cluster: ServingNode | None = None
+        self.hosting = Hosting(self.loop, self.home, config.hosting, self.sessions, self.report)
+
+    # -- the Loop protocol of HostedSession ---------------------------------------------
+
+    def watch_worker(self, hosted: HostedSession, worker: WorkerProcess) -> WorkerLink:
+        link = WorkerLink(worker.sock, hosted)
+        watch = WorkerWatch(hosted, worker, link)
+        link.on_end = lambda: self._link_ended(watch)
+        connect(self.loop, link, self._tasks, lambda _exc: self._link_ended(watch))
+        self.loop.add_reader(worker.pidfd, self._worker_died, watch)
+        if worker.output is not None:
+            self.hosting.watch_output(hosted.id, worker.pid, worker.output)
+        return link
+
+    def on_move(self, hosted: HostedSession, old: State, new: State) -> None:
+        self.hosting.on_move(hosted, old, new)
+
+    def on_report(self, hosted: HostedSession, message: Message) -> None:
+        self.hosting.on_report(hosted, message)
+
+    def unwatch_worker(self, worker: WorkerProcess) -> None:
+        """Nothing left to do: the pidfd reader went at the death, the channel at its end."""
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> object:
+        return self.loop.call_at(when, callback)  # loop.time() is time.monotonic()
+
+    def cancel(self, timer: object) -> None:
+        if isinstance(timer, asyncio.TimerHandle):
+            timer.cancel()
+
+    def _worker_died(self, watch: WorkerWatch) -> None:
+        self.loop.remove_reader(watch.worker.pidfd)
+        watch.died = True
+        if watch.link_ended:
+            self._finish(watch)
+        else:
+            # Its last words (an "exiting" reason, late replies) are still in the socket:
+            # wait for their end of stream, but not forever (a grandchild may hold it).
+            watch.grace = self.loop.call_later(LINK_GRACE, self._give_up_on_link, watch)
+
+    def _give_up_on_link(self, watch: WorkerWatch) -> None:
+        if watch.link.transport is None:
+            watch.link.sock.close()
+            self._link_ended(watch)
+        else:
+            watch.link.abort()  # connection_lost follows and ends the link
+
+    def _link_ended(self, watch: WorkerWatch) -> None:
+        if watch.link_ended:
+            return
+        watch.link_ended = True
+        if watch.died:
+            self._finish(watch)
+
+    def _finish(self, watch: WorkerWatch) -> None:
+        if watch.grace is not None:
+            watch.grace.cancel()
+        watch.hosted.on_exit()
+        self.hosting.on_exit(watch.hosted, watch.worker.pid, watch.hosted.exit_code or 0)
+        self._check_done()
+
+    # -- running -----------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Serve until SIGTERM or SIGINT; then stop every worker and return 0."""
+        try:
+            home_fd = self._claim_home()
+        except BaseException:
+            self.loop.close()
+            raise
+        try:
+            # Handlers first: a SIGTERM sent as soon as the socket appears must find them
+            # (it is handled once the loop runs, after everything below is set up).
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.loop.add_signal_handler(sig, self._on_signal)
+            sessions = self._existing_sessions()
+            if self.config.cluster is not None:
+                sessions = self._join_cluster(self.config.cluster)
+            self._listener.open()
+            self.hosting.open_metrics()
+            self.hosting.begin()
+            self._host_existing(sessions)
+            self.loop.call_soon(self._start_some)
+            self.loop.run_until_complete(self._done)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.loop.remove_signal_handler(sig)
+            self.hosting.close()
+            self._listener.close()
+            for client in list(self.clients):
+                client.abort()
+            for task in self._tasks:
+                task.cancel()  # connections still being set up
+            self.loop.run_until_complete(asyncio.sleep(0))  # let the transports close
+            self.loop.close()
+            if self.cluster is not None:
+                self.cluster.close()
+            os.close(home_fd)
+        return 0
+
+    def _host_existing(self, sessions: list[str]) -> None:
+        """Host every session found: those an operator stopped stay STOPPED, the rest start
+        (or rest IDLE when hibernation is on, to start at their first use)."""
+        initial = self.hosting.initial_states(sessions)
+        for session_id, state in initial.items():
+            hosted = self._host(self._spec(session_id), state or State.STOPPED)
+            if state is None:
+                self._to_start.append(hosted)
+
+    def _claim_home(self) -> int:
+        """Make the home (0700 whatever the umask) and take its lock; return the lock's fd."""
+        sessions = os.path.join(self.home, SESSIONS_DIR)
+        try:
+            make_private_dirs(self.home)
+            make_private_dirs(sessions)
+            return lock_directory(self.home)
+        except SessionLocked as exc:
+            raise HomeLocked(self.home, exc.pid) from exc
+        except SessionIOError as exc:
+            raise ServeError(f"{exc}; choose a directory you own on a local file system") from exc
+        except OSError as exc:
+            raise ServeError(
+                f"{exc.filename or self.home}: cannot use this home: {exc.strerror}; "
+                "choose a directory you own on a local file system"
+            ) from exc
+
+    def _join_cluster(self, url: str) -> list[str]:
+        """Register this node and claim its sessions (quarantining the others); those it serves."""
+        if self.config.node is None:
+            raise ServeError("--cluster needs --node NAME")
+        self.cluster = ServingNode(url, self.config.node, self.home, ttl=self.config.lease_ttl)
+        # Called in the keepalive thread after a lost lease was replaced and the sessions
+        # claimed again (new tokens): the workers restart with them, in the loop.
+        self.cluster.node.on_reclaimed = self._cluster_reclaimed_threadsafe
+        try:
+            return self.cluster.start()
+        except ClusterError as exc:
+            raise ServeError(f"cannot join the cluster at {url}: {exc}") from exc
+
+    def _cluster_reclaimed_threadsafe(self, _claims: object) -> None:
+        self.loop.call_soon_threadsafe(self._cluster_reclaimed)
+
+    def _cluster_reclaimed(self) -> None:
+        """Restart each worker whose token changed; stop those this node no longer serves."""
+        if self.cluster is None or self._shutting_down:
+            return
+        for session_id, hosted in list(self.sessions.items()):
+            args = self.cluster.worker_args(session_id)
+            if args == hosted.spec.cluster:
+                continue
+            if args is None:
+                self.report(f"{session_id}: no longer served here (quarantined or moved)")
+                if hosted.worker is not None:
+                    hosted.stop()
+                continue
+            hosted.spec = dataclasses.replace(hosted.spec, cluster=args)
+            if hosted.worker is not None:  # an idle or stopped session starts with the new one
+                hosted.stop(restart=True)
+
+    def report(self, line: str) -> None:
+        """One line on stderr for the operator (serve's output is its log)."""
+        print(f"loopd serve: {line}", file=sys.stderr, flush=True)
+
+    def _start_some(self) -> None:
+        """Start a few sessions a loop turn, so the control socket answers a mass start."""
+        for _ in range(min(STARTS_PER_TURN, len(self._to_start))):
+            hosted = self._to_start.popleft()
+            if hosted.state is State.STOPPED and not self._shutting_down:
+                hosted.start()
+        if self._to_start:
+            self.loop.call_soon(self._start_some)
+        else:
+            self.hosting.all_started()
+
+    def _check_done(self) -> None:
+        if self._shutting_down and self._all_down() and not self._done.done():
+            self._done.set_result(None)
+
+    def _all_down(self) -> bool:
+        return all(h.worker is None for h in self.sessions.values())
+
+    def _on_signal(self) -> None:
+        if not self._shutting_down:
+            self._shutting_down = True
+            self.hosting.stopping()
+            self._listener.close()
+            for hosted in self.sessions.values():
+                if hosted.state is not State.IDLE:  # a hibernated session has nothing to stop
+                    hosted.stop()
+        self._check_done()
+
+    def _spec(
+        self,
+        session_id: str,
+        *,
+        create: bool = False,
+        slot: int = 0,
+        cluster: WorkerCluster | None = None,
+    ) -> WorkerSpec:
+        if cluster is None and self.cluster is not None:
+            cluster = self.cluster.worker_args(session_id)
+        return WorkerSpec(
+            home=self.home, session=session_id, create=create, slot=slot, app=self.config.app,
+            budget=self.config.budget, extra_env=dict(self.config.worker_env),
+            start_method=self.config.start_method, heartbeat=self.config.hang_timeout / 4,
+            request_deadline=self.config.request_deadline, capture_output=True,
+            cluster=cluster,
+        )  # fmt: skip
+
+    def _host(self, spec: WorkerSpec, state: State = State.STOPPED) -> HostedSession:
+        hosted = HostedSession(
+            self, spec, self.config.policy(), self.rng, hang_timeout=self.config.hang_timeout,
+            state=state,
+        )  # fmt: skip
+        self.sessions[spec.session] = hosted
+        return hosted
+
+    def _existing_sessions(self) -> list[str]:
+        found = []
+        for name in sorted(os.listdir(os.path.join(self.home, SESSIONS_DIR))):
+            try:
+                found.append(validate_session_id(name))
+            except InvalidSessionId:
+                continue  # not a session directory (the operator's own files)
+        return found
+
+    # -- the control socket ---------------------------------------------------------------
+
+    def _on_client(self, sock: socket.socket) -> None:
+        client = ClientConnection(sock, self)
+        client.on_end = self._client_closed
+        self.clients.add(client)
+        connect(self.loop, client, self._tasks, lambda _exc: self.clients.discard(client))
+
+    def _client_closed(self, client: ClientConnection) -> None:
+        self.clients.discard(client)
+        self.hosting.events.followers.discard(client)
+
+    # -- used by operations -------------------------------------------------------------
+
+    def create_session(self, waiter: Waiter, session_id: str, slot: int) -> None:
+        directory = os.path.join(self.home, SESSIONS_DIR, session_id)
+        if session_id in self.sessions or os.path.exists(directory):
+            waiter.client.reply(
+                error(waiter.request_id, "exists", f"{directory}: session already exists")
+            )
+            return
+        cluster = None
+        if self.cluster is not None:
+            try:
+                cluster = self.cluster.place(session_id)
+            except ClusterError as exc:
+                waiter.client.reply(error(waiter.request_id, "exists", str(exc)))
+                return
+        hosted = self._host(self._spec(session_id, create=True, slot=slot, cluster=cluster))
+        hosted.ready_waiters.append(waiter)
+        hosted.start()
+
+    def adopt_session(self, waiter: Waiter, session_id: str) -> None:
+        """Cluster mode: claim a session whose files were moved here, and serve it."""
+        if self.cluster is None:
+            waiter.client.reply(error(waiter.request_id, "bad_request", "not a cluster node"))
+            return
+        hosted = self.sessions.get(session_id)
+        if hosted is not None and hosted.state in (State.RUNNING, State.STARTING):
+            waiter.client.reply(ok(waiter.request_id, hosted.status()))
+            return
+        if hosted is not None and hosted.worker is not None:
+            waiter.client.reply(error(waiter.request_id, "busy", f"{session_id} is stopping"))
+            return
+        try:
+            claimed = self.cluster.claim(session_id)
+        except ClusterError as exc:
+            waiter.client.reply(error(waiter.request_id, "not_owner", str(exc)))
+            return
+        if claimed is None:
+            waiter.client.reply(error(waiter.request_id, "not_owner", f"{session_id}: not ours"))
+            return
+        self.sessions.pop(session_id, None)  # a stale entry holds an older token
+        fresh = self._host(self._spec(session_id, cluster=claimed))
+        fresh.ready_waiters.append(waiter)
+        fresh.start()
+
+    def forget_session(self, waiter: Waiter, session_id: str) -> None:
+        """Cluster mode: stop listing a stopped session whose files left this node."""
+        hosted = self.sessions.get(session_id)
+        if hosted is not None and hosted.worker is None:
+            del self.sessions[session_id]
+        waiter.client.reply(ok(waiter.request_id, None))
+
+    def forget_pending_start(self, hosted: HostedSession) -> None:
+        """An operator acted on a session not yet started at launch: their word wins."""
+        if hosted in self._to_start:
+            self._to_start.remove(hosted)
+
+    def statuses(self) -> list[Message]:
+        return [h.status() for _, h in sorted(self.sessions.items())]
+
+    def daemon_status(self) -> Message:
+        return {
+            "pid": os.getpid(),
+            "clients": len(self.clients),
+            "accept_exhausted": self._listener.exhausted,
+            "event_followers": len(self.hosting.events.followers),
+        }
+
+    def remember_intent(self, session_id: str, *, stopped: bool) -> str | None:
+        """Keep an operator's stop (or start) across restarts; the problem, if it cannot.
+        Fsynced in the loop before the reply (rare, never on the data path)."""
+        try:
+            self.hosting.intent.mark(session_id, stopped=stopped)
+        except IntentError as exc:
+            return f"{exc}; nothing was done"
+        return None
+
+    def follow_events(self, client: Client) -> bool:
+        if not isinstance(client, ClientConnection):
+            return False
+        self.hosting.events.followers.add(client)
+        return True
+
+    def metrics_text(self) -> str:
+        return self.hosting.metrics.render()
+
+    def is_running(self, session_id: str) -> bool:
+        hosted = self.sessions.get(session_id)
+        return hosted is not None and hosted.state is State.RUNNING

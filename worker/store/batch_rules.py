@@ -1,0 +1,41 @@
+"""What a batch must obey before a byte of it is written: call numbers, keys, the fence."""
+
+from __future__ import annotations
+
+from worker.store.errors import InvalidRecord, LogSealed, quote
+from worker.store.fencing import Fence, advance
+from worker.store.records import Handoff, Owner, Record, ToolResult, User
+from worker.store.session_state import SessionState
+
+
+def highest_call_after(state: SessionState, batch: list[Record]) -> int:
+    """The highest tool call number once ``batch`` is in; refuse a reused number or key."""
+    highest = state.max_call
+    new_keys: set[str] = set()
+    for record in batch:
+        if isinstance(record, ToolResult):
+            if record.call <= highest:
+                raise InvalidRecord(
+                    "ToolResult", f"call {record.call} reuses a number (highest is {highest})"
+                )
+            highest = record.call
+        elif isinstance(record, User) and record.key is not None:
+            if record.key in state.keys or record.key in new_keys:
+                raise InvalidRecord("User", f"key {quote(record.key)} is already in the log")
+            new_keys.add(record.key)
+    return highest
+
+
+def fence_after(fence: Fence, batch: list[Record], log_path: str) -> Fence:
+    """Return the fence after ``batch``; refuse it if it breaks the token rule (fencing)."""
+    for record in batch:
+        if isinstance(record, Owner | Handoff) and len(batch) > 1:
+            raise InvalidRecord(record.TYPE, "is written alone, never in a group")
+        if isinstance(record, Owner | Handoff) or fence.sealed is not None:
+            fenced = advance(fence, record)
+            if isinstance(fenced, str):
+                if fence.sealed is not None:
+                    raise LogSealed(log_path, fence.sealed.to, fence.sealed.token)
+                raise InvalidRecord(record.TYPE, fenced)
+            fence = fenced
+    return fence

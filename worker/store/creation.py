@@ -1,0 +1,48 @@
+"""A new session's first files, and the directory names a create must make durable."""
+
+from __future__ import annotations
+
+import os
+
+from worker.store import durable
+from worker.store.baseline import Baseline
+from worker.store.errors import InvalidRecord, quote
+from worker.store.records import SessionStart, encode_record
+from worker.store.session_state import SessionState, baseline_path, log_path
+
+
+def check_slot(slot: int) -> None:
+    """Refuse a slot that is not an integer >= 0 (InvalidRecord)."""
+    if type(slot) is not int or slot < 0:
+        raise InvalidRecord("SessionStart", f"slot must be an integer >= 0, got {quote(slot)}")
+
+
+def sync_parents(directory: str) -> None:
+    """Make the session directory's name durable: fsync ``sessions/`` and the home."""
+    sessions = os.path.dirname(directory)
+    durable.fsync_dir(sessions)
+    durable.fsync_dir(os.path.dirname(sessions))
+
+
+def write_first_epoch(
+    directory: str, session_id: str, baseline: Baseline, slot: int
+) -> tuple[SessionState, int]:
+    """Write epoch 0 into the locked, log-less ``directory``: its state and log's fd."""
+    start = SessionStart(session=session_id, epoch=0, slot=slot, baseline=baseline.hash())
+    line = encode_record(start)
+    # The baseline's name is made durable before the log that names its hash,
+    # so no crash can leave a log whose baseline is missing.
+    durable.write_file_atomic(baseline_path(directory, 0), baseline.to_json())
+    durable.write_file_atomic(log_path(directory, 0), line)
+    log_fd = durable.open_append(log_path(directory, 0))
+    state = SessionState(
+        session_id=session_id,
+        directory=directory,
+        epoch=0,
+        slot=slot,
+        baseline=baseline,
+        records=[start],
+        log_size=len(line),
+        carry=None,
+    )
+    return state, log_fd

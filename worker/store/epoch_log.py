@@ -1,0 +1,157 @@
+"""One epoch's log: decode its lines and check its structure, changing nothing.
+
+The first problem is raised as TornLog or InvalidLog with its place; the session-level
+reading (which epochs, the baseline, the state carried between epochs) is
+``worker.loader``'s.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from worker.store.errors import InvalidLog, TornLog, quote
+from worker.store.records import EpochEnd, Record, SessionStart, decode_line, decode_lines_fast
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC while a log is decoded, then restore its previous state.
+
+    Decoding allocates one container per line and keeps them all; each allocation
+    burst would trigger collections that rescan every record kept so far, making a
+    large open superlinear. Records reference only strings and numbers, so no cycle
+    can form while the collector is paused.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+@dataclass(slots=True)
+class DecodedLog:
+    """One epoch log's records, and ``(index, part, parts)`` for each line of a group."""
+
+    records: list[Record]
+    framed: list[tuple[int, int, int]]
+
+
+def decode_log(path: str, data: bytes) -> DecodedLog:
+    """Decode every line of a log; TornLog with the line number of the first bad one.
+
+    A last line without its newline is reported only when every line before it decodes:
+    the error always names the first bad line of the file.
+    """
+    if not data:
+        return DecodedLog([], [])
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" when the data ends in a newline
+    if not tail:
+        with _cyclic_gc_paused():
+            fast = decode_lines_fast(lines)
+        if fast is not None:
+            return DecodedLog(fast, [])  # its groups are already proven whole
+    records: list[Record] = []
+    framed: list[tuple[int, int, int]] = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            record, part = decode_line(line)
+        except ValueError as exc:
+            raise TornLog(path, number, f"undecodable record: {exc}") from exc
+        if part is not None:
+            framed.append((number - 1, *part))
+        records.append(record)
+    if tail:
+        raise TornLog(path, len(lines) + 1, "last line has no newline (torn write)")
+    return DecodedLog(records, framed)
+
+
+def check_groups(path: str, records: list[Record], framed: list[tuple[int, int, int]]) -> None:
+    """Check that every group commit in the log is whole: parts 1..n on consecutive lines.
+
+    A group cut short at the end of the log is what a torn or lost write leaves:
+    TornLog at its first line. Any other break (a part out of place, a SessionStart or
+    EpochEnd inside a group) is InvalidLog.
+    """
+    expected_index = expected_part = parts = 0  # the next line of an open group
+    start = 0
+    for index, part, size in framed:
+        if expected_part:
+            if index != expected_index:
+                raise InvalidLog(
+                    path,
+                    expected_index + 1,
+                    f"line {start + 1} starts a group of {parts} lines, but this line is "
+                    "not its next part",
+                )
+            if part != expected_part or size != parts:
+                raise InvalidLog(
+                    path, index + 1, f"part {part} of {size} where part {expected_part} of "
+                    f"{parts} (the group of line {start + 1}) belongs",
+                )  # fmt: skip
+        elif part != 1:
+            raise InvalidLog(
+                path, index + 1, f"part {part} of {size} of a group whose first part is missing"
+            )
+        else:
+            start, parts = index, size
+        record = records[index]
+        if isinstance(record, SessionStart | EpochEnd):
+            raise InvalidLog(path, index + 1, f"{record.TYPE} is written alone, never in a group")
+        if part == size:
+            expected_part = 0
+        else:
+            expected_index, expected_part = index + 1, part + 1
+            if expected_index == len(records):
+                raise TornLog(
+                    path,
+                    start + 1,
+                    f"incomplete group: lines {start + 1}-{index + 1} are parts 1-{part} of "
+                    f"{parts} written together (torn write); the group was never acknowledged",
+                )
+    if expected_part:
+        raise InvalidLog(
+            path,
+            expected_index + 1,
+            f"line {start + 1} starts a group of {parts} lines, but this line is not its next part",
+        )
+
+
+def check_epoch(
+    path: str, session_id: str, epoch: int, records: list[Record], *, newest: bool
+) -> None:
+    """Check one epoch's structure; InvalidLog with the offending line."""
+    if not records:
+        raise InvalidLog(path, 1, "empty log: the first record must be SessionStart")
+    first = records[0]
+    if not isinstance(first, SessionStart):
+        raise InvalidLog(path, 1, f"first record is {first.TYPE}, not SessionStart")
+    if first.epoch != epoch:
+        raise InvalidLog(path, 1, f"SessionStart.epoch is {first.epoch}, file is epoch {epoch}")
+    if first.session != session_id:
+        raise InvalidLog(
+            path, 1, f"SessionStart.session is {quote(first.session)}, directory is {session_id!r}"
+        )
+    # The types once, then counted in C: a large log is checked without a Python step
+    # per record, and the place of a problem is looked up only when there is one.
+    types = list(map(type, records))
+    if types.count(SessionStart) > 1:
+        raise InvalidLog(path, types.index(SessionStart, 1) + 1, "a second SessionStart")
+    if EpochEnd in types:
+        number = types.index(EpochEnd) + 1
+        if number != len(records):
+            raise InvalidLog(path, number, "EpochEnd is not the last record")
+        closing = records[-1]
+        assert isinstance(closing, EpochEnd)
+        if closing.next != epoch + 1:
+            raise InvalidLog(path, number, f"EpochEnd.next is {closing.next}, expected {epoch + 1}")
+    if not newest and not isinstance(records[-1], EpochEnd):
+        raise InvalidLog(
+            path, len(records), f"epoch {epoch} is not the newest but does not end with EpochEnd"
+        )

@@ -1,0 +1,115 @@
+"""Read-only inspection of a session: what open would load, without taking the writer's lock."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+from worker.store.errors import SessionLocked, SessionNotFound
+from worker.store.layout import session_dir
+from worker.store.loader import load_session, log_path
+from worker.store.lock import lock_directory, unlock_directory
+from worker.store.records import Record
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpochSummary:
+    """One epoch's log: its number, size and record counts by type."""
+
+    epoch: int
+    path: str
+    size: int
+    counts: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Inspection:
+    """What a read-only look at a session found."""
+
+    session: str
+    directory: str
+    epoch: int
+    slot: int
+    carry: str | None
+    next_call: int
+    prior_users: int
+    prior_untrusted: int
+    records: int
+    epoch_closed: bool
+    writer_pid: int | None
+    writer_live: bool
+    epochs: list[EpochSummary] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        """Return a JSON-ready dict of the inspection."""
+        return {
+            "session": self.session,
+            "directory": self.directory,
+            "epoch": self.epoch,
+            "slot": self.slot,
+            "carry": self.carry,
+            "next_call": self.next_call,
+            "prior_users": self.prior_users,
+            "prior_untrusted": self.prior_untrusted,
+            "records": self.records,
+            "epoch_closed": self.epoch_closed,
+            "writer_live": self.writer_live,
+            "writer_pid": self.writer_pid,
+            "epochs": [
+                {"epoch": e.epoch, "path": e.path, "size": e.size, "counts": e.counts}
+                for e in self.epochs
+            ],
+        }
+
+
+def inspect_session(
+    home: str | os.PathLike[str], session_id: str, *, history: bool = False
+) -> Inspection:
+    """Load a session read-only under LOCK_SH; say so when a writer holds it.
+
+    Raises what ``Session.open`` would (TornLog, InvalidLog, BaselineError, ...). Reads
+    what open reads (the newest epoch, when it carries the state of the older ones), or
+    with ``history`` every epoch, checking every carried field.
+    While a writer is live its last line may be mid-write, so a TornLog then can be
+    a false alarm; ``writer_live`` lets the caller say so.
+    """
+    directory = session_dir(home, session_id)
+    if not os.path.isdir(directory):
+        raise SessionNotFound(directory)
+    writer_pid: int | None = None
+    writer_live = False
+    try:
+        lock_fd: int | None = lock_directory(directory, shared=True)
+    except SessionLocked as exc:
+        lock_fd, writer_live, writer_pid = None, True, exc.pid
+    counts: list[dict[str, int]] = []
+
+    def count_epoch(records: list[Record]) -> None:
+        counts.append(dict(Counter(r.TYPE for r in records)))
+
+    try:
+        state = load_session(
+            directory, session_id, on_epoch=count_epoch, dir_fd=lock_fd, history=history
+        )
+    finally:
+        if lock_fd is not None:
+            unlock_directory(lock_fd)
+    return Inspection(
+        session=session_id,
+        directory=directory,
+        epoch=state.epoch,
+        slot=state.slot,
+        carry=state.carry,
+        next_call=state.next_call,
+        prior_users=state.prior_users,
+        prior_untrusted=state.prior_untrusted,
+        records=len(state.records),
+        epoch_closed=state.records[-1].TYPE == "EpochEnd",
+        writer_pid=writer_pid,
+        writer_live=writer_live,
+        epochs=[
+            EpochSummary(epoch=n, path=log_path(directory, n), size=size, counts=counts[i])
+            for i, (n, size) in enumerate(enumerate(state.epoch_sizes, start=state.first_read))
+        ],
+    )

@@ -1,0 +1,400 @@
+"""The session store: one directory, one exclusive lock, an append-only log per epoch.
+
+Durability rule: a record reaches memory only after its line was written whole and
+``fdatasync`` returned; a failed write is cut back off the file, a failed fsync also
+breaks the session (a failed fsync is never retried and trusted).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Final
+
+from worker.store import durable
+from worker.store.baseline import Baseline
+from worker.store.batch_rules import fence_after, highest_call_after
+from worker.store.carried_state import next_epoch_start
+from worker.store.creation import check_slot, sync_parents, write_first_epoch
+from worker.store.errors import (
+    EpochClosed,
+    InvalidRecord,
+    KeyExpired,
+    SessionBroken,
+    SessionExists,
+    SessionIOError,
+    quote,
+)
+from worker.store.fencing import Fence
+from worker.store.layout import ensure_sessions_dir, lock_existing, session_dir
+from worker.store.loader import KeyRef, SessionState, baseline_path, load_session, log_path
+from worker.store.lock import lock_directory, unlock_directory
+from worker.store.records import (
+    EpochEnd,
+    Record,
+    SessionStart,
+    Usage,
+    User,
+    encode_record,
+    encode_records,
+)
+from worker.store.records_view import RecordsView
+
+_EXISTS: Final = frozenset({errno.EEXIST})
+_WRITTEN_BY_THE_STORE: Final = frozenset({SessionStart, EpochEnd})
+
+
+class Session:
+    """An open session: holds the directory lock and appends to the newest epoch's log."""
+
+    def __init__(self, state: SessionState, lock_fd: int, log_fd: int) -> None:
+        """Wrap an already locked and loaded session; use ``create`` or ``open``."""
+        self._state = state
+        self._lock_fd: int | None = lock_fd
+        self._log_fd: int | None = log_fd
+        self._log_path = log_path(state.directory, state.epoch)
+        self._size = state.log_size
+        self._next_call = state.next_call
+        self._broken: str | None = None
+        self._last_usage = _newest_usage(state.records)
+
+    # -- construction ---------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls, home: str | os.PathLike[str], session_id: str, baseline: Baseline, slot: int = 0
+    ) -> Session:
+        """Create a new session; SessionExists if its directory exists."""
+        directory = session_dir(home, session_id)
+        check_slot(slot)
+        ensure_sessions_dir(os.path.dirname(directory))
+        try:
+            durable.mkdir(directory)
+        except SessionIOError as exc:
+            if exc.errno in _EXISTS:
+                raise SessionExists(directory) from exc
+            raise
+        # Every name on the way is fsynced, not only the new one: an earlier create may
+        # have made sessions/ and failed to make its name durable (a failed directory
+        # fsync is not retried by anyone else).
+        sync_parents(directory)
+        return cls._initialize(directory, session_id, baseline, slot, lock_directory(directory))
+
+    @classmethod
+    def open(cls, home: str | os.PathLike[str], session_id: str) -> Session:
+        """Open an existing session (lock, read, check); SessionNotFound without 0.jsonl."""
+        directory = session_dir(home, session_id)
+        lock_fd = lock_existing(directory)
+        try:
+            state = load_session(directory, session_id, dir_fd=lock_fd)
+            log_fd = durable.open_append(log_path(directory, state.epoch))
+        except BaseException:
+            unlock_directory(lock_fd)
+            raise
+        try:
+            _make_durable(state, log_fd)
+        except BaseException:
+            durable.close(log_fd)
+            unlock_directory(lock_fd)
+            raise
+        return cls(state, lock_fd, log_fd)
+
+    @classmethod
+    def open_or_create(
+        cls, home: str | os.PathLike[str], session_id: str, baseline: Baseline, slot: int = 0
+    ) -> Session:
+        """Open the session, creating it if absent or finishing a create that was cut short.
+
+        A directory with no epoch log at all is a create that crashed before its
+        ``0.jsonl`` was renamed into place; nothing of it was ever acknowledged, so it
+        is initialized afresh (stray ``*.tmp`` and baseline files are replaced).
+        """
+        directory = session_dir(home, session_id)
+        check_slot(slot)
+        if not os.path.isdir(directory):
+            try:
+                return cls.create(home, session_id, baseline, slot)
+            except SessionExists:
+                pass  # a concurrent creator won the mkdir; open what it made
+        lock_fd = lock_existing(directory)
+        if any(name.endswith(".jsonl") for name in os.listdir(lock_fd)):
+            unlock_directory(lock_fd)
+            return cls.open(home, session_id)
+        try:
+            # The create that was cut short may have died before its directory's name
+            # was made durable, or its fsync may have failed: redo it before writing.
+            sync_parents(directory)
+        except BaseException:
+            unlock_directory(lock_fd)
+            raise
+        return cls._initialize(directory, session_id, baseline, slot, lock_fd)
+
+    @classmethod
+    def _initialize(
+        cls, directory: str, session_id: str, baseline: Baseline, slot: int, lock_fd: int
+    ) -> Session:
+        """Write epoch 0 into the locked, log-less ``directory``; the session takes the lock."""
+        try:
+            state, log_fd = write_first_epoch(directory, session_id, baseline, slot)
+        except BaseException:
+            unlock_directory(lock_fd)
+            raise
+        return cls(state, lock_fd, log_fd)
+
+    # -- attributes -------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """The session id."""
+        return self._state.session_id
+
+    @property
+    def dir(self) -> str:
+        """The session directory ``<home>/sessions/<id>``."""
+        return self._state.directory
+
+    @property
+    def epoch(self) -> int:
+        """The current (newest) epoch number."""
+        return self._state.epoch
+
+    @property
+    def slot(self) -> int:
+        """The slot given at create; carried into every epoch."""
+        return self._state.slot
+
+    @property
+    def baseline(self) -> Baseline:
+        """The current epoch's baseline."""
+        return self._state.baseline
+
+    @property
+    def records(self) -> Sequence[Record]:
+        """The current epoch's records, SessionStart first (read-only)."""
+        return RecordsView(self._state.records)
+
+    @property
+    def carry(self) -> str | None:
+        """The previous epoch's EpochEnd summary; None in epoch 0."""
+        return self._state.carry
+
+    @property
+    def prior_users(self) -> int:
+        """How many User records the older epochs hold."""
+        return self._state.prior_users
+
+    @property
+    def prior_untrusted(self) -> int:
+        """How many untrusted User records the older epochs hold."""
+        return self._state.prior_untrusted
+
+    @property
+    def log_path(self) -> str:
+        """The path of the current epoch's log."""
+        return self._log_path
+
+    @property
+    def fence(self) -> Fence:
+        """The ownership the log records: newest token, its node, the sealing Handoff if any."""
+        return self._state.fence
+
+    @property
+    def broken(self) -> str | None:
+        """Why the session refuses appends after a failed write or fsync, else None."""
+        return self._broken
+
+    @property
+    def epoch_closed(self) -> bool:
+        """True when the current epoch ends with EpochEnd (commit_epoch must follow)."""
+        return isinstance(self._state.records[-1], EpochEnd)
+
+    def find_key(self, key: str, seen_epoch: int | None = None) -> KeyRef | None:
+        """Return where the request ``key`` was applied within the retry window, or None.
+
+        The window is the current epoch and the previous one: their keys are indexed
+        (the previous epoch's carried forward by the commit). ``seen_epoch`` is the
+        newest epoch the client knew of before it first sent the request; if the key is
+        not in the window and that epoch is older than the window, the request may have
+        been applied where the index no longer sees it: KeyExpired, never a second
+        application.
+        """
+        ref = self._state.keys.get(key)
+        if ref is None and seen_epoch is not None and seen_epoch < self._state.epoch - 1:
+            raise KeyExpired(key, seen_epoch, self._state.epoch)
+        return ref
+
+    def next_call(self) -> int:
+        """Hand out the next tool call number: 1, 2, 3 ... across epochs, never reused."""
+        number = self._next_call
+        self._next_call += 1
+        return number
+
+    def last_usage(self) -> Usage | None:
+        """Return the newest Usage of the current epoch, or None."""
+        return self._last_usage
+
+    # -- writing ------------------------------------------------------------------------
+
+    def append(self, record: Record) -> None:
+        """Append one record durably; it is in memory only once on disk."""
+        self.append_many((record,))
+
+    def append_many(self, records: Iterable[Record]) -> None:
+        """Append records with one write and one fsync (group commit)."""
+        batch = list(records)
+        for record in batch:
+            if type(record) in _WRITTEN_BY_THE_STORE:
+                raise InvalidRecord(
+                    record.TYPE, "is written by create and commit_epoch, not by append"
+                )
+        if batch:
+            self._append_durably(batch)
+
+    def commit_epoch(self, summary: str, baseline: Baseline) -> None:
+        """Close the epoch with EpochEnd and start the next one (two phases, crash-safe).
+
+        If the log already ends with EpochEnd (an interrupted change), its summary is
+        used and ``summary`` is ignored: resume never writes a second EpochEnd.
+        """
+        self._check_writable(allow_closed=True)
+        state = self._state
+        last = state.records[-1]
+        if isinstance(last, EpochEnd):
+            summary = last.summary
+        else:
+            if type(summary) is not str:
+                raise InvalidRecord("EpochEnd", f"summary must be a string, got {quote(summary)}")
+            self._append_durably([EpochEnd(next=state.epoch + 1, summary=summary)])
+        following = state.epoch + 1
+        # The next epoch's SessionStart carries what open needs from this one and all
+        # before it, so that open reads the newest epoch alone.
+        start = next_epoch_start(state, baseline.hash(), self._next_call)
+        line = encode_record(start)
+        new_log = log_path(state.directory, following)
+        try:
+            durable.write_file_atomic(baseline_path(state.directory, following), baseline.to_json())
+            durable.write_file_atomic(new_log, line)
+            new_fd = durable.open_append(new_log)
+        except SessionIOError as exc:
+            # What reached the disk is unknown after a failed step; the next open reads it.
+            self._broken = f"epoch change to {following} failed: {exc}"
+            raise
+        assert start.prior_users is not None
+        assert start.prior_untrusted is not None
+        state.prior_users = start.prior_users
+        state.prior_untrusted = start.prior_untrusted
+        # Keys older than the previous epoch leave the retry window (find_key).
+        state.keys = {k: ref for k, ref in state.keys.items() if ref.epoch == state.epoch}
+        old_fd, self._log_fd = self._log_fd, new_fd
+        if old_fd is not None:
+            durable.close(old_fd)
+        state.epoch = following
+        state.baseline = baseline
+        state.records = [start]
+        state.carry = summary
+        state.log_size = len(line)
+        state.epoch_sizes.append(len(line))
+        self._log_path = new_log
+        self._size = len(line)
+        self._last_usage = None
+
+    def _check_writable(self, *, allow_closed: bool = False) -> None:
+        if self._log_fd is None:
+            raise SessionBroken(self._log_path, "session is closed")
+        if self._broken is not None:
+            raise SessionBroken(self._log_path, self._broken)
+        if not allow_closed and isinstance(self._state.records[-1], EpochEnd):
+            raise EpochClosed(self._log_path, self._state.epoch)
+
+    def _append_durably(self, batch: list[Record]) -> None:
+        self._check_writable()
+        state = self._state
+        fence = fence_after(state.fence, batch, self._log_path)
+        data = encode_records(batch)  # validates every field first
+        highest = highest_call_after(state, batch)
+        fd = self._log_fd
+        assert fd is not None  # _check_writable
+        try:
+            durable.write_all(fd, data, self._log_path)
+        except SessionIOError:
+            self._cut_back(fd, "write failed and the file could not be cut back")
+            raise
+        try:
+            durable.fdatasync(fd, self._log_path)
+        except SessionIOError as exc:
+            # fsyncgate: after a failed fsync the kernel may have dropped the dirty
+            # pages and cleared the error, so a retry could "succeed" on lost data.
+            self._broken = f"fdatasync failed: {exc}"
+            self._cut_back(fd, self._broken)
+            raise
+        # Durable: only now does memory learn of the records.
+        first_line = len(state.records) + 1
+        state.records.extend(batch)
+        self._size += len(data)
+        state.log_size = self._size
+        state.max_call = highest
+        state.fence = fence
+        self._next_call = max(self._next_call, highest + 1)
+        for offset, record in enumerate(batch):
+            if isinstance(record, Usage):
+                self._last_usage = record
+            elif isinstance(record, User) and record.key is not None:
+                state.keys[record.key] = KeyRef(state.epoch, first_line + offset)
+
+    def _cut_back(self, fd: int, why_broken: str) -> None:
+        """Truncate the log to its last good length; break the session if that fails."""
+        try:
+            durable.truncate(fd, self._size, self._log_path)
+        except SessionIOError:
+            self._broken = why_broken
+
+    # -- closing ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the log and release the lock; idempotent."""
+        log_fd, self._log_fd = self._log_fd, None
+        lock_fd, self._lock_fd = self._lock_fd, None
+        if log_fd is not None:
+            durable.close(log_fd)
+        if lock_fd is not None:
+            unlock_directory(lock_fd)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Session(id={self.id!r}, epoch={self.epoch}, records={len(self._state.records)})"
+
+
+def _make_durable(state: SessionState, log_fd: int) -> None:
+    """Make everything open read and will build on durable, before anything is acknowledged.
+
+    A worker killed before an fsync leaves written bytes and names in the page cache; the
+    next worker reads them there. Were the machine then to lose power, whatever it
+    acknowledged on top of them (a retry answered as a duplicate, a resumed epoch
+    change) would be gone. So, as recovery in RocksDB, LevelDB and etcd does: the
+    newest log, its baseline, the session directory, ``sessions/`` and the home are
+    fsynced first. A failure here is raised: nothing read is trusted.
+    """
+    log = log_path(state.directory, state.epoch)
+    durable.fdatasync(log_fd, log)
+    durable.fsync_file(baseline_path(state.directory, state.epoch))
+    durable.fsync_dir(state.directory)
+    sync_parents(state.directory)
+
+
+def _newest_usage(records: list[Record]) -> Usage | None:
+    for record in reversed(records):
+        if isinstance(record, Usage):
+            return record
+    return None

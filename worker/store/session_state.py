@@ -1,0 +1,50 @@
+"""What open learns of a session's files, and where each epoch's files are named."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from worker.store.baseline import Baseline
+from worker.store.fencing import NO_FENCE, Fence
+from worker.store.records import Record
+
+
+def log_path(session_dir: str, epoch: int) -> str:
+    """Return the path of epoch ``epoch``'s log."""
+    return os.path.join(session_dir, f"{epoch}.jsonl")
+
+
+def baseline_path(session_dir: str, epoch: int) -> str:
+    """Return the path of epoch ``epoch``'s baseline."""
+    return os.path.join(session_dir, f"{epoch}.baseline.json")
+
+
+@dataclass(slots=True)
+class KeyRef:
+    """Where a request key was applied: its epoch and line (from 1) in that epoch's log."""
+
+    epoch: int
+    line: int
+
+
+@dataclass(slots=True)
+class SessionState:
+    """Everything ``open`` learns from the files of a session."""
+
+    session_id: str
+    directory: str
+    epoch: int
+    slot: int
+    baseline: Baseline
+    records: list[Record]
+    log_size: int
+    carry: str | None
+    prior_users: int = 0
+    prior_untrusted: int = 0
+    max_call: int = 0
+    keys: dict[str, KeyRef] = field(default_factory=dict)
+    epoch_sizes: list[int] = field(default_factory=list)  # of the epochs read, oldest first
+    first_read: int = 0  # the oldest epoch whose log was read
+    next_call: int = 1  # the next tool call number (> max_call, maybe more: reserved ones)
+    fence: Fence = NO_FENCE  # Owner and Handoff of the epochs read (worker.fencing)
