@@ -81,3 +81,14 @@ def test_an_etcd_dripping_its_reply_byte_by_byte_times_out_within_the_call_deadl
     ):
         call(client)
     assert time.monotonic() - began < 2.5
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["ftp://x:1", "http://[::1", "http://x:99999", "http://\u00fc:1", "http://x", "http://:1"],
+)
+def test_a_url_etcd_cannot_be_reached_at_is_refused_with_one_value_error_naming_it(
+    url: str,
+) -> None:
+    with pytest.raises(ValueError, match="etcd URL must be http://host:port, got"):
+        EtcdClient(url)

@@ -49,14 +49,21 @@ class EtcdClient:
     """A client of one etcd endpoint, ``http://host:port``."""
 
     def __init__(self, url: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme != "http" or not parsed.hostname or parsed.port is None:
-            raise ValueError(f"etcd URL must be http://host:port, got {url!r}")
+        try:
+            parsed = urllib.parse.urlsplit(url)
+            port = parsed.port  # ValueError when out of range or not a number
+        except ValueError as exc:
+            raise ValueError(
+                f"etcd URL must be http://host:port, got {url[:200]!r}: {exc}"
+            ) from exc
+        host = parsed.hostname
+        if parsed.scheme != "http" or not host or not host.isascii() or port is None:
+            raise ValueError(f"etcd URL must be http://host:port, got {url[:200]!r}")
         if not timeout > 0 or timeout == float("inf"):
             raise ValueError(f"etcd timeout must be a positive number of seconds, got {timeout!r}")
         self.url = url
         self.timeout = timeout
-        self._address = (parsed.hostname, parsed.port)
+        self._address = (host, port)
 
     def close(self) -> None:
         """Nothing to close: each call's connection is closed when the call ends."""
