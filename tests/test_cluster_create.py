@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.client import call
+from supervisor.client.cluster import ClusterClient
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.ownership import owner_of
 from supervisor.cluster.serving import CALL_TIMEOUT
@@ -78,6 +79,28 @@ def test_a_create_whose_etcd_reply_was_lost_can_be_retried_on_the_same_node(
         assert again.value.code == "exists"
     finally:
         daemon.stop()
+
+
+def test_a_cluster_client_retries_a_create_whose_reply_was_lost_on_the_node_it_was_placed_on(
+    etcd: EtcdServer, fake: FakeEtcd, tmp_path: Path
+) -> None:
+    a = Daemon(tmp_path / "a", "--cluster", fake.url, "--node", "a", "--lease-ttl", "3")
+    b = None
+    try:
+        b = Daemon(tmp_path / "b", "--cluster", etcd.url, "--node", "b", "--lease-ttl", "3")
+        fake.answer(LEADER_CHANGED, frozenset({"/v3/kv/txn"}), after_forwarding=True)
+        with ClusterClient(etcd.url, timeout=20) as cluster:
+            with pytest.raises(ControlError, match="nothing was created"):
+                cluster.create("s1")  # on a: both hold none, a comes first
+            fake.forward()
+            cluster.create("s1")  # b now holds fewer, but s1 is placed on a
+            assert cluster.send("s1", "hi", key="k1")["duplicate"] is False
+        assert (a.home / "sessions" / "s1").is_dir()
+        assert not (b.home / "sessions" / "s1").exists()
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()
 
 
 @pytest.mark.parametrize("op", ["create", "adopt"])
