@@ -17,6 +17,7 @@ from supervisor.client.direct import Client
 from supervisor.cluster.drain import least_loaded_node
 from supervisor.cluster.errors import ClusterError, NotOwner
 from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.ownership import placement_of
 from supervisor.cluster.routing import (
     Route,
     TokenGuard,
@@ -61,8 +62,13 @@ class ClusterClient:
         self.etcd.close()
 
     def create(self, session: str, *, slot: int = 0) -> object:
-        """Create ``session`` on the live node holding the fewest sessions."""
-        node = least_loaded_node(self.etcd)
+        """Create ``session`` on the live node holding the fewest sessions.
+
+        An id placed already goes to its node: that node answers ``exists`` if it holds
+        the session, and takes the placement up if it is its own create whose reply was
+        lost (etcd answered too late), so a retried create creates the session once.
+        """
+        node = placement_of(self.etcd, session) or least_loaded_node(self.etcd)
         address = node_address(self.etcd, node)
         if address is None:
             raise NotOwner(session, f"node {node} left the cluster")

@@ -20,7 +20,7 @@ class EtcdUnavailable(ClusterError):
 
 
 class EtcdRequestFailed(ClusterError):
-    """etcd answered a request with an error (gateway code and message)."""
+    """etcd answered a request with an error (gateway code and message), or badly (code -1)."""
 
     def __init__(self, url: str, code: int, message: str) -> None:
         super().__init__(url, code, message)
@@ -29,6 +29,8 @@ class EtcdRequestFailed(ClusterError):
         self.message = message
 
     def __str__(self) -> str:
+        if self.code == -1:  # no gateway code: a reply that is not what etcd sends
+            return f"{self.url}: etcd sent a bad reply: {self.message}"
         return f"{self.url}: etcd refused the request (code {self.code}): {self.message}"
 
 
@@ -42,6 +44,15 @@ class NotOwner(ClusterError):
 
     def __str__(self) -> str:
         return f"session {self.session}: not the owner: {self.why}"
+
+
+class AlreadyPlaced(NotOwner):
+    """A new session's id is placed already: on ``node`` (ids are cluster-wide)."""
+
+    def __init__(self, session: str, node: str) -> None:
+        super().__init__(session, f"the session already exists on {node}")
+        self.args = (session, node)
+        self.node = node
 
 
 class StaleOwner(ClusterError):

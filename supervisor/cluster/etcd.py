@@ -1,22 +1,23 @@
-"""A small etcd v3 client on the JSON gateway, with ``http.client`` from the standard library.
+"""A small etcd v3 client on the JSON gateway, over the standard library's sockets.
 
-Unary calls (range, put, delete, txn, lease grant and revoke) share one kept-alive
-connection guarded by a lock. Streaming calls (lease keepalive, watch) each open a
-connection of their own, read what they need within a deadline, and close it. Every
-failure leaves as ``EtcdUnavailable`` (not reached, timed out, connection lost) or
-``EtcdRequestFailed`` (etcd answered with an error); nothing is retried here, since
-only the caller knows whether its request is safe to repeat.
+Every call, unary (range, put, delete, txn, lease grant and revoke) or streaming
+(lease keepalive, watch), opens a connection of its own and ends by one total deadline
+(``timeout``, connect included; ``gateway_http``): an etcd that answers slowly, byte
+by byte, or not at all holds the caller for ``timeout`` at most. Every failure leaves
+as ``EtcdUnavailable`` (not reached, timed out, connection lost, not HTTP) or
+``EtcdRequestFailed`` (etcd answered with an error, or with a reply that is not what
+the gateway sends: not JSON, a field of the wrong type); nothing else escapes, and
+nothing is retried here, since only the caller knows whether its request is safe to
+repeat.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
-import threading
-import time
 import urllib.parse
-from collections.abc import Callable
-from typing import Final, Literal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Final, Literal, TypeVar
 
 from supervisor.cluster.errors import EtcdRequestFailed, EtcdUnavailable
 from supervisor.cluster.etcd_types import (
@@ -35,32 +36,37 @@ from supervisor.cluster.etcd_types import (
     operation_json,
     range_end_of_prefix,
 )
+from supervisor.cluster.gateway_http import post
 
 __all__ = ["EtcdClient"]
 
 DEFAULT_TIMEOUT: Final = 2.0
-"""Seconds a unary call may take, connect included."""
-_MAX_REPLY: Final = 64 << 20
+"""Seconds a call may take in all, connect included."""
+T = TypeVar("T")
 
 
 class EtcdClient:
     """A client of one etcd endpoint, ``http://host:port``."""
 
     def __init__(self, url: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme != "http" or not parsed.hostname or parsed.port is None:
-            raise ValueError(f"etcd URL must be http://host:port, got {url!r}")
+        try:
+            parsed = urllib.parse.urlsplit(url)
+            port = parsed.port  # ValueError when out of range or not a number
+        except ValueError as exc:
+            raise ValueError(
+                f"etcd URL must be http://host:port, got {url[:200]!r}: {exc}"
+            ) from exc
+        host = parsed.hostname
+        if parsed.scheme != "http" or not host or not host.isascii() or port is None:
+            raise ValueError(f"etcd URL must be http://host:port, got {url[:200]!r}")
+        if not timeout > 0 or timeout == float("inf"):
+            raise ValueError(f"etcd timeout must be a positive number of seconds, got {timeout!r}")
         self.url = url
         self.timeout = timeout
-        self._host = parsed.hostname
-        self._port = parsed.port
-        self._lock = threading.Lock()
-        self._conn: http.client.HTTPConnection | None = None
+        self._address = (host, port)
 
     def close(self) -> None:
-        """Close the kept-alive connection (a later call opens a new one)."""
-        with self._lock:
-            self._drop_connection()
+        """Nothing to close: each call's connection is closed when the call ends."""
 
     def __enter__(self) -> EtcdClient:
         return self
@@ -77,18 +83,16 @@ class EtcdClient:
 
     def range(self, key: str, *, prefix: bool = False) -> list[KeyValue]:
         """Return the key-values of ``key`` (or of every key under it when ``prefix``)."""
-        reply = self._call("/v3/kv/range", Get(key=key, prefix=prefix).to_json())
-        return _kvs(reply)
+        return self._call("/v3/kv/range", Get(key=key, prefix=prefix).to_json(), _kvs)
 
     def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
         """Write ``value`` at ``key``; return the revision of the write."""
-        reply = self._call("/v3/kv/put", Put(key=key, value=value, lease=lease).to_json())
-        return _revision(reply)
+        return self._call("/v3/kv/put", Put(key=key, value=value, lease=lease).to_json(), _revision)
 
     def delete(self, key: str, *, prefix: bool = False) -> int:
         """Delete ``key`` (or every key under it when ``prefix``); return how many were."""
-        reply = self._call("/v3/kv/deleterange", Delete(key=key, prefix=prefix).to_json())
-        return as_int(reply, "deleted")
+        body = Delete(key=key, prefix=prefix).to_json()
+        return self._call("/v3/kv/deleterange", body, lambda reply: as_int(reply, "deleted"))
 
     def txn(
         self,
@@ -102,26 +106,13 @@ class EtcdClient:
             "success": [operation_json(op) for op in success],
             "failure": [operation_json(op) for op in failure or []],
         }
-        reply = self._call("/v3/kv/txn", body)
-        reads: list[list[KeyValue]] = []
-        responses = reply.get("responses", [])
-        if not isinstance(responses, list):
-            raise EtcdRequestFailed(self.url, -1, "txn reply: responses is not a list")
-        for response in responses:
-            if isinstance(response, dict) and isinstance(response.get("response_range"), dict):
-                reads.append(_kvs(response["response_range"]))
-        return TxnResult(
-            succeeded=reply.get("succeeded") is True, revision=_revision(reply), reads=reads
-        )
+        return self._call("/v3/kv/txn", body, _txn_result)
 
     # -- leases -----------------------------------------------------------------------
 
     def lease_grant(self, ttl: int) -> Lease:
         """Grant a lease of ``ttl`` seconds."""
-        reply = self._call("/v3/lease/grant", {"TTL": str(ttl)})
-        if reply.get("error"):
-            raise EtcdRequestFailed(self.url, -1, f"lease grant: {reply['error']}")
-        return Lease(id=as_int(reply, "ID"), ttl=as_int(reply, "TTL"))
+        return self._call("/v3/lease/grant", {"TTL": str(ttl)}, _lease)
 
     def lease_keepalive(self, lease: int) -> int:
         """Renew ``lease`` once; return its new TTL in seconds, 0 if it has expired."""
@@ -132,16 +123,16 @@ class EtcdClient:
             lines.append(line)
             return True
 
-        self._stream(
-            "/v3/lease/keepalive", {"ID": str(lease)}, time.monotonic() + self.timeout, take
-        )
+        path = "/v3/lease/keepalive"
+        self._stream(path, {"ID": str(lease)}, self.timeout, take)
         if not lines:
-            raise EtcdUnavailable(self.url, "lease keepalive: no reply within the timeout")
-        return as_int(_result(self.url, lines[0]), "TTL")
+            raise EtcdUnavailable(self.url, f"{path}: no reply within {self.timeout:g} s")
+        with _reading(self.url, path):
+            return as_int(_result(self.url, lines[0]), "TTL")
 
     def lease_revoke(self, lease: int) -> None:
         """Revoke ``lease`` now: every key bound to it is deleted."""
-        self._call("/v3/lease/revoke", {"ID": str(lease)})
+        self._call("/v3/lease/revoke", {"ID": str(lease)}, lambda _reply: None)
 
     # -- watch ------------------------------------------------------------------------
 
@@ -165,82 +156,59 @@ class EtcdClient:
         events: list[WatchEvent] = []
 
         def take(line: bytes) -> bool:
-            listed = _result(self.url, line).get("events", [])
-            for event in listed if isinstance(listed, list) else []:
-                kind: Literal["PUT", "DELETE"] = (
-                    "DELETE" if event.get("type") == "DELETE" else "PUT"
-                )
-                events.append(WatchEvent(kind=kind, kv=KeyValue.from_json(event.get("kv", {}))))
+            with _reading(self.url, "/v3/watch"):
+                events.extend(_events(_result(self.url, line)))
             return len(events) >= max_events
 
-        self._stream("/v3/watch", {"create_request": request}, time.monotonic() + wait, take)
+        self._stream("/v3/watch", {"create_request": request}, wait, take)
         return events[:max_events]
 
     # -- transport --------------------------------------------------------------------
 
-    def _call(self, path: str, body: Json) -> Json:
+    def _call(self, path: str, body: Json, decode: Callable[[Json], T]) -> T:
+        """One unary call: the reply decoded by ``decode``, all within the timeout."""
         payload = json.dumps(body).encode("utf-8")
-        with self._lock:
-            try:
-                if self._conn is None:
-                    self._conn = http.client.HTTPConnection(
-                        self._host, self._port, timeout=self.timeout
-                    )
-                self._conn.request("POST", path, payload, {"Content-Type": "application/json"})
-                response = self._conn.getresponse()
-                data = response.read(_MAX_REPLY)
-                status = response.status
-            except (OSError, http.client.HTTPException) as exc:
-                self._drop_connection()
-                raise EtcdUnavailable(self.url, f"{path}: {exc!r}") from exc
-        return _decode_reply(self.url, path, status, data)
+        status, data = post(self.url, self._address, path, payload, seconds=self.timeout)
+        reply = _decode_reply(self.url, path, status, data)
+        with _reading(self.url, path):
+            return decode(reply)
 
-    def _stream(
-        self, path: str, body: Json, deadline: float, take: Callable[[bytes], bool]
-    ) -> None:
-        """Feed a streaming reply's JSON lines to ``take`` until it says enough or time is up.
-
-        The connection is this call's own and is closed before returning.
-        """
+    def _stream(self, path: str, body: Json, seconds: float, take: Callable[[bytes], bool]) -> None:
+        """Feed a streaming reply's JSON lines to ``take`` until it says enough or time is up."""
         payload = json.dumps(body).encode("utf-8")
-        conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
-        try:
-            conn.request("POST", path, payload, {"Content-Type": "application/json"})
-            response = conn.getresponse()
-            if response.status != 200:
-                _decode_reply(self.url, path, response.status, response.read(_MAX_REPLY))
-            while (left := deadline - time.monotonic()) > 0:
-                if conn.sock is not None:
-                    conn.sock.settimeout(left)
-                try:
-                    line = response.readline(_MAX_REPLY)
-                except TimeoutError:
-                    return
-                if not line:
-                    return
-                if line.strip() and take(line):
-                    return
-        except (OSError, http.client.HTTPException) as exc:
-            raise EtcdUnavailable(self.url, f"{path}: {exc!r}") from exc
-        finally:
-            conn.close()
+        status, data = post(self.url, self._address, path, payload, seconds=seconds, take=take)
+        if status != 200:
+            _decode_reply(self.url, path, status, data)  # raises: an error reply
+            raise EtcdRequestFailed(self.url, -1, f"{path}: HTTP {status}")
 
-    def _drop_connection(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+
+@contextmanager
+def _reading(url: str, path: str) -> Iterator[None]:
+    """Turn a reply field of the wrong type or form into EtcdRequestFailed."""
+    try:
+        yield
+    except (ValueError, TypeError) as exc:
+        raise EtcdRequestFailed(url, -1, f"{path}: unexpected reply: {exc}") from exc
 
 
 def _decode_reply(url: str, path: str, status: int, data: bytes) -> Json:
     """Decode a gateway reply; EtcdRequestFailed for an error reply or an undecodable one."""
     try:
         reply = json.loads(data)
-    except ValueError as exc:
-        raise EtcdRequestFailed(url, status, f"{path}: undecodable reply: {exc}") from exc
+    except (ValueError, RecursionError) as exc:
+        raise EtcdRequestFailed(
+            url, -1, f"{path}: a reply that is not JSON (HTTP {status}): {data[:120]!r}"
+        ) from exc
     if not isinstance(reply, dict):
-        raise EtcdRequestFailed(url, status, f"{path}: reply is not a JSON object")
+        raise EtcdRequestFailed(
+            url, -1, f"{path}: a reply that is not a JSON object (HTTP {status})"
+        )
     if status != 200 or ("error" in reply and "code" in reply):
-        raise EtcdRequestFailed(url, as_int(reply, "code"), str(reply.get("message", reply)))
+        code = reply.get("code")
+        message = reply.get("message", reply.get("error", f"HTTP {status}"))
+        raise EtcdRequestFailed(
+            url, code if type(code) is int else -1, f"{path}: {str(message)[:500]}"
+        )
     return reply
 
 
@@ -258,10 +226,44 @@ def _revision(reply: Json) -> int:
     return as_int(header, "revision") if isinstance(header, dict) else 0
 
 
-def _kvs(reply: object) -> list[KeyValue]:
-    listed = reply.get("kvs", []) if isinstance(reply, dict) else []
-    return (
-        [KeyValue.from_json(kv) for kv in listed if isinstance(kv, dict)]
-        if isinstance(listed, list)
-        else []
+def _kvs(reply: Json) -> list[KeyValue]:
+    listed = reply.get("kvs", [])
+    if not isinstance(listed, list) or not all(isinstance(kv, dict) for kv in listed):
+        raise ValueError(f"kvs is not a list of objects: {str(listed)[:200]}")
+    return [KeyValue.from_json(kv) for kv in listed]
+
+
+def _txn_result(reply: Json) -> TxnResult:
+    responses = reply.get("responses", [])
+    if not isinstance(responses, list):
+        raise TypeError("txn reply: responses is not a list")
+    reads = [
+        _kvs(response["response_range"])
+        for response in responses
+        if isinstance(response, dict) and isinstance(response.get("response_range"), dict)
+    ]
+    return TxnResult(
+        succeeded=reply.get("succeeded") is True, revision=_revision(reply), reads=reads
     )
+
+
+def _lease(reply: Json) -> Lease:
+    if reply.get("error"):
+        raise ValueError(f"lease grant: {str(reply['error'])[:200]}")
+    lease = Lease(id=as_int(reply, "ID"), ttl=as_int(reply, "TTL"))
+    if lease.id == 0 or lease.ttl <= 0:
+        raise ValueError(
+            f"no lease ID and positive TTL in the reply (ID {lease.id}, TTL {lease.ttl})"
+        )
+    return lease
+
+
+def _events(result: Json) -> list[WatchEvent]:
+    listed = result.get("events", [])
+    events = []
+    for event in listed if isinstance(listed, list) else []:
+        if not isinstance(event, dict) or not isinstance(event.get("kv", {}), dict):
+            raise TypeError(f"a watch event that is not an object: {str(event)[:200]}")
+        kind: Literal["PUT", "DELETE"] = "DELETE" if event.get("type") == "DELETE" else "PUT"
+        events.append(WatchEvent(kind=kind, kv=KeyValue.from_json(event.get("kv", {}))))
+    return events

@@ -8,6 +8,7 @@ reply. The conversions live here and nowhere else.
 from __future__ import annotations
 
 import base64
+import contextlib
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -48,9 +49,10 @@ def as_int(reply: Json, name: str) -> int:
     value = reply.get(name, "0")
     if type(value) is int:
         return value
-    if type(value) is not str:
-        raise ValueError(f"field {name!r} is not an integer: {value!r}")
-    return int(value)
+    if type(value) is str and len(value) <= 20:  # a 64-bit integer has at most 20 digits
+        with contextlib.suppress(ValueError):
+            return int(value)
+    raise ValueError(f"field {name!r} is not an integer: {str(value)[:40]!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,10 +68,10 @@ class KeyValue:
 
     @classmethod
     def from_json(cls, kv: Json) -> KeyValue:
-        """Decode one ``kvs`` element of a range or watch reply."""
+        """Decode one ``kvs`` element of a range or watch reply (ValueError if it is malformed)."""
         return cls(
-            key=base64.b64decode(str(kv.get("key", ""))).decode("utf-8"),
-            value=base64.b64decode(str(kv.get("value", ""))),
+            key=base64.b64decode(str(kv.get("key", "")), validate=True).decode("utf-8"),
+            value=base64.b64decode(str(kv.get("value", "")), validate=True),
             create_revision=as_int(kv, "create_revision"),
             mod_revision=as_int(kv, "mod_revision"),
             version=as_int(kv, "version"),

@@ -5,7 +5,10 @@ A node acknowledges a write only while ``now < last_sent + renew_deadline``, whe
 *sent*: etcd restarts the countdown on receipt, later than that, so the node's own
 view expires first. The keepalive runs in one thread of its own so that a slow or
 absent etcd never stalls the node's event loop; the thread touches only the clock and
-the published deadline.
+the published deadline. No reply of etcd ends that thread (an error status during an
+election, a body that is not JSON, a TTL that is not an integer, a reply that never
+ends): it reports the trouble once, keeps trying, and says when the lease is proven
+again; a lease etcd says is gone is replaced by a new one.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from supervisor.cluster.errors import ClusterError, EtcdUnavailable
+from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.etcd_types import Get, Put, absent
 from supervisor.cluster.keys import encode_value, node_key
@@ -111,9 +114,17 @@ class NodeLease:
         self.on_new_lease = on_new_lease
         self._deadline_path = deadline_path
         self._deadline_fd: int | None = None
+        self.on_problem: Callable[[str], None] | None = None  # one line per change of health
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._callback_owed = False  # on_new_lease failed (etcd away): call it again
+        self._failing = 0  # keepalive rounds failed in a row
+        self._trouble_kind = ""  # what the last of them was, told once
+
+    @property
+    def stopping(self) -> bool:
+        """True once ``close`` began: long work in the keepalive thread should end."""
+        return self._stop.is_set()
 
     def register(self) -> int:
         """Grant a lease and create the node key under it; NodeNameTaken if a live node has it."""
@@ -139,14 +150,21 @@ class NodeLease:
         sent = time.monotonic()
         try:
             ttl = self.client.lease_keepalive(self.lease_id)
-        except EtcdUnavailable:
+        except ClusterError as exc:
+            self._trouble("renew", f"lease {self.lease_id} not renewed: {exc}")
             return False
         if ttl <= 0:
             self.clock.lost()
             self._publish()
+            self._trouble(
+                "expired", f"lease {self.lease_id} expired in etcd; registering under a new one"
+            )
             return False
         self.clock.proven(sent)
         self._publish()
+        if self._failing:
+            self._tell(f"lease {self.lease_id} proven again after {self._failing} failed rounds")
+            self._failing, self._trouble_kind = 0, ""
         return True
 
     def start(self) -> None:
@@ -171,39 +189,69 @@ class NodeLease:
             os.close(self._deadline_fd)
             self._deadline_fd = None
         if revoke and self.lease_id:
-            # Unreachable etcd: the lease expires on its own within its TTL.
-            with contextlib.suppress(EtcdUnavailable):
+            # etcd unreachable or slow: the lease expires on its own within its TTL. Already
+            # gone ("requested lease not found": it expired while etcd was away or did not
+            # hear us): there is nothing left to revoke. Either way this node owns nothing.
+            with contextlib.suppress(ClusterError):
                 self.client.lease_revoke(self.lease_id)
 
     def _keep_alive(self) -> None:
+        """The keepalive thread's main: one round after another until ``close``."""
         wait = self.timing.renew_every
         while not self._stop.wait(wait):
-            if self.renew_once():
-                wait = self.timing.renew_every
-                if self._callback_owed:
-                    self._call_back()
-                continue
-            wait = RETRY_EVERY
-            if self.clock.deadline() == 0.0 and not self._stop.is_set():
-                self._renew_registration()
+            try:
+                wait = self._round()
+            except Exception as exc:  # noqa: BLE001 - the thread's main: no error may end it
+                self._trouble("unexpected", f"lease keepalive: unexpected {exc!r}; trying again")
+                wait = RETRY_EVERY
+
+    def _round(self) -> float:
+        """One keepalive (or registration) attempt; the seconds to wait before the next."""
+        # A lease etcd said is gone is not kept alive again: a new one is registered.
+        if self.clock.deadline() != 0.0 and self.renew_once():
+            if self._callback_owed:
+                self._call_back()
+            return self.timing.renew_every
+        if self.clock.deadline() == 0.0 and not self._stop.is_set():
+            self._renew_registration()
+        return RETRY_EVERY
 
     def _renew_registration(self) -> None:
         """The lease expired: register under a new one; owners re-acquire through the callback."""
         try:
             self.register()
-        except ClusterError:
-            return  # etcd away, or the name taken meanwhile: try again on the next round
+        except ClusterError as exc:  # etcd away, or the name taken meanwhile: next round
+            self._trouble("register", f"registration of node {self.node!r} failed: {exc}")
+            return
+        self._tell(f"registered under a new lease {self.lease_id}")
+        self._failing, self._trouble_kind = 0, ""
         self._call_back()
 
     def _call_back(self) -> None:
-        """Tell the owner of this lease that it is new; owed again if etcd failed meanwhile."""
-        self._callback_owed = False
+        """Tell the owner of this lease that it is new; owed again until it succeeds."""
         if self.on_new_lease is None:
+            self._callback_owed = False
             return
+        self._callback_owed = True  # still owed if anything below raises
         try:
             self.on_new_lease(self.lease_id)
-        except ClusterError:
-            self._callback_owed = True
+        except ClusterError as exc:
+            self._trouble(
+                "claims", f"claims under lease {self.lease_id} failed: {exc}; trying again"
+            )
+            return
+        self._callback_owed = False
+
+    def _trouble(self, kind: str, line: str) -> None:
+        """Count a failed round; tell it when its kind changed (not one line per retry)."""
+        self._failing += 1
+        if kind != self._trouble_kind:
+            self._trouble_kind = kind
+            self._tell(line)
+
+    def _tell(self, line: str) -> None:
+        if self.on_problem is not None:
+            self.on_problem(line)
 
     def _publish(self) -> None:
         if self._deadline_fd is not None and self._deadline_path is not None:

@@ -88,23 +88,32 @@ class ClusterNode:
 
     def token_of(self, session: str) -> int | None:
         """The token this node serves ``session`` with, or None if it does not serve it."""
-        with self._lock:
-            held = self.tokens.get(session)
+        held = self.held(session)
         return None if held is None else held[0]
+
+    def held(self, session: str) -> tuple[int, int] | None:
+        """The token this node serves ``session`` with and the lease it was given under."""
+        with self._lock:
+            return self.tokens.get(session)
 
     def create(self, session: str, baseline: Baseline, slot: int = 0) -> int:
         """Create a session on this node: placed and owned in etcd first, then on disk."""
-        token = place_new(self.client, session, self.name, self.lease.lease_id)
+        lease = self.lease.lease_id
+        token = place_new(self.client, session, self.name, lease)
         with Session.create(self.home, session, baseline, slot=slot) as created:
             created.append(Owner(node=self.name, token=token))
-        with self._lock:
-            self.tokens[session] = (token, self.lease.lease_id)
+        if not self.adopt(session, token, lease):
+            raise NotOwner(session, "created, but the node's lease changed meanwhile")
         return token
 
-    def adopt(self, session: str, token: int) -> None:
-        """Serve ``session`` with ``token`` (just placed here; its worker writes the Owner)."""
+    def adopt(self, session: str, token: int, lease: int) -> bool:
+        """Serve ``session`` with ``token`` given under ``lease`` (just placed here; its worker
+        writes the Owner); False if the node's lease changed meanwhile (the token is void)."""
         with self._lock:
-            self.tokens[session] = (token, self.lease.lease_id)
+            if lease != self.lease.lease_id:
+                return False
+            self.tokens[session] = (token, lease)
+        return True
 
     def claim_local_sessions(self) -> Claims:
         """Claim or quarantine every session directory in this node's home."""
@@ -112,11 +121,14 @@ class ClusterNode:
         sessions = os.path.join(self.home, SESSIONS_DIR)
         names = sorted(os.listdir(sessions)) if os.path.isdir(sessions) else []
         for session in names:
+            if self.lease.stopping:
+                break  # the node is closing: its claims end with its lease
             self.claim(session, claims)
         return claims
 
     def claim(self, session: str, claims: Claims) -> None:
         """Claim one local session (token into its log) or quarantine it; record which."""
+        lease = self.lease.lease_id  # the token is given under this one
         placed = placement_of(self.client, session)
         owner = owner_of(self.client, session)
         moving = self.client.get(move_key(session))
@@ -136,7 +148,7 @@ class ClusterNode:
             token = owner.token
         else:
             try:
-                token = acquire(self.client, session, self.name, self.lease.lease_id)
+                token = acquire(self.client, session, self.name, lease)
             except NotOwner as exc:
                 claims.waiting[session] = exc.why
                 return
@@ -151,8 +163,9 @@ class ClusterNode:
         except SessionError as exc:
             claims.waiting[session] = str(exc)
             return
-        with self._lock:
-            self.tokens[session] = (token, self.lease.lease_id)
+        if not self.adopt(session, token, lease):
+            claims.waiting[session] = "the node's lease changed meanwhile"
+            return
         claims.served[session] = token
 
     def _quarantine(self, session: str, claims: Claims, why: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from supervisor.cluster.errors import NotOwner
+from supervisor.cluster.errors import AlreadyPlaced, NotOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.etcd_types import Delete, Get, Put, TxnResult, absent, modified_at, value_is
 from supervisor.cluster.keys import move_key, node_of, node_value, owner_key, placement_key
@@ -41,7 +41,7 @@ def placement_of(client: EtcdClient, session: str) -> str | None:
 def place_new(client: EtcdClient, session: str, node: str, lease: int) -> int:
     """Place a new session on ``node`` and make it the owner; return the token.
 
-    NotOwner if the session is already placed anywhere (ids are cluster-wide).
+    AlreadyPlaced if the session is already placed anywhere (ids are cluster-wide).
     """
     placement, owner = placement_key(session), owner_key(session)
     result = client.txn(
@@ -54,8 +54,30 @@ def place_new(client: EtcdClient, session: str, node: str, lease: int) -> int:
     )
     if not result.succeeded:
         where = node_of(result.reads[0][0].value) if result.reads[0] else "a node"
-        raise NotOwner(session, f"the session already exists on {where}")
+        raise AlreadyPlaced(session, where)
     return result.revision
+
+
+def place_or_resume(client: EtcdClient, session: str, node: str, lease: int) -> int:
+    """``place_new``, or take up a placement on ``node`` that no other node owns; the token.
+
+    Only for a node that holds no files of the session and does not host it (the caller
+    checks): such a placement is this node's own create whose reply etcd sent and the
+    node never read (a timeout), or whose files were never written. Owned under this
+    node's lease it is resumed with its token, owned by nobody it is acquired; anything
+    else (another node, another lease, a move) stays AlreadyPlaced or NotOwner.
+    """
+    try:
+        return place_new(client, session, node, lease)
+    except AlreadyPlaced as exc:
+        if exc.node != node:
+            raise
+    owner = owner_of(client, session)
+    if owner is None:
+        return acquire(client, session, node, lease)
+    if owner.node == node and owner.lease == lease:
+        return owner.token
+    raise AlreadyPlaced(session, node)
 
 
 def acquire(client: EtcdClient, session: str, node: str, lease: int) -> int:
@@ -72,6 +94,18 @@ def acquire(client: EtcdClient, session: str, node: str, lease: int) -> int:
     if not result.succeeded:
         raise NotOwner(session, _why_not(result, node))
     return result.revision
+
+
+def unplace(client: EtcdClient, session: str, node: str, token: int) -> bool:
+    """Undo a new session's placement on ``node`` owned with ``token`` (no files were made).
+
+    False if either changed meanwhile (then nothing is deleted).
+    """
+    placement, owner = placement_key(session), owner_key(session)
+    return client.txn(
+        [modified_at(owner, token), value_is(placement, node_value(node))],
+        [Delete(key=owner), Delete(key=placement)],
+    ).succeeded
 
 
 def release(client: EtcdClient, session: str, token: int) -> bool:

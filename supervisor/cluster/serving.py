@@ -3,9 +3,9 @@
 At start the daemon registers the node and claims the sessions on its disk (quarantining
 copies it may no longer serve) before it hosts any; each worker is then started with its
 session's token and the node's lease (``WorkerCluster``). A new session is placed and
-owned in etcd before its worker creates it. etcd calls here are short (a timeout of
-``CALL_TIMEOUT``) and happen at start and on ``create``, inside the daemon's loop: a
-create waits for etcd, which is the point of placing it there first.
+owned in etcd before its worker creates it. Every etcd call ends by ``CALL_TIMEOUT`` in
+all (``gateway_http``); those of ``place`` and ``claim`` are made in a thread of the
+daemon (``supervisor/daemon/cluster_jobs.py``), never in its loop.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from supervisor.cluster.errors import NotOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.lease import LeaseTiming, NodeNameTaken
 from supervisor.cluster.node import LEASE_FILE, Claims, ClusterNode
-from supervisor.cluster.ownership import place_new
+from supervisor.cluster.ownership import place_or_resume
 
 CALL_TIMEOUT: Final = 2.0
 NAME_RETRY: Final = 0.2
@@ -70,21 +70,25 @@ class ServingNode:
 
     def worker_args(self, session: str) -> WorkerCluster | None:
         """The cluster arguments of ``session``'s worker; None if this node does not own it."""
-        token = self.node.token_of(session)
-        if token is None:
+        held = self.node.held(session)
+        if held is None:
             return None
+        token, lease = held
         return WorkerCluster(
-            node=self.node.name,
-            token=token,
-            lease=self.node.lease.lease_id,
-            lease_file=self.lease_file,
+            node=self.node.name, token=token, lease=lease, lease_file=self.lease_file
         )
 
     def place(self, session: str) -> WorkerCluster:
-        """Place and own a new session on this node; NotOwner if it exists anywhere."""
-        token = place_new(self.client, session, self.node.name, self.node.lease.lease_id)
-        self.node.adopt(session, token)
-        args = self.worker_args(session)
+        """Place and own a new session on this node, which holds no files of it.
+
+        AlreadyPlaced if it exists on any node; NotOwner if the node's lease changed
+        meanwhile; any other ClusterError if etcd did not answer in time or answered
+        badly: then nothing was placed, or a placement was made whose reply was lost,
+        which a retry on this node takes up (``place_or_resume``).
+        """
+        lease = self.node.lease.lease_id
+        token = place_or_resume(self.client, session, self.node.name, lease)
+        args = self.worker_args(session) if self.node.adopt(session, token, lease) else None
         if args is None:
             raise NotOwner(session, "placed, but the node's lease changed meanwhile")
         return args

@@ -11,7 +11,6 @@ sleeps in ``epoll_wait`` and uses no CPU.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import random
 import signal
@@ -21,9 +20,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
-from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.serving import ServingNode, WorkerCluster
 from supervisor.control_socket import make_private_dirs
+from supervisor.daemon.cluster_node import DaemonNode
 from supervisor.daemon.config import ServeConfig
 from supervisor.daemon.connection import connect
 from supervisor.daemon.endpoints import Client, Waiter
@@ -63,7 +62,7 @@ class Supervisor:
         self._done: asyncio.Future[None] = self.loop.create_future()
         self._listener = Listener(self.loop, self.home, self._on_client, self.report)
         self._to_start: deque[HostedSession] = deque()
-        self.cluster: ServingNode | None = None
+        self.cluster: DaemonNode | None = None
         self.hosting = Hosting(self.loop, self.home, config.hosting, self.sessions, self.report)
 
     # -- the Loop protocol of HostedSession ---------------------------------------------
@@ -158,9 +157,9 @@ class Supervisor:
             for task in self._tasks:
                 task.cancel()  # connections still being set up
             self.loop.run_until_complete(asyncio.sleep(0))  # let the transports close
-            self.loop.close()
-            if self.cluster is not None:
+            if self.cluster is not None:  # its threads end before the loop they call into
                 self.cluster.close()
+            self.loop.close()
             os.close(home_fd)
         return 0
 
@@ -194,34 +193,12 @@ class Supervisor:
         """Register this node and claim its sessions (quarantining the others); those it serves."""
         if self.config.node is None:
             raise ServeError("--cluster needs --node NAME")
-        self.cluster = ServingNode(url, self.config.node, self.home, ttl=self.config.lease_ttl)
-        # Called in the keepalive thread after a lost lease was replaced and the sessions
-        # claimed again (new tokens): the workers restart with them, in the loop.
-        self.cluster.node.on_reclaimed = self._cluster_reclaimed_threadsafe
-        try:
-            return self.cluster.start()
-        except ClusterError as exc:
-            raise ServeError(f"cannot join the cluster at {url}: {exc}") from exc
-
-    def _cluster_reclaimed_threadsafe(self, _claims: object) -> None:
-        self.loop.call_soon_threadsafe(self._cluster_reclaimed)
-
-    def _cluster_reclaimed(self) -> None:
-        """Restart each worker whose token changed; stop those this node no longer serves."""
-        if self.cluster is None or self._shutting_down:
-            return
-        for session_id, hosted in list(self.sessions.items()):
-            args = self.cluster.worker_args(session_id)
-            if args == hosted.spec.cluster:
-                continue
-            if args is None:
-                self.report(f"{session_id}: no longer served here (quarantined or moved)")
-                if hosted.worker is not None:
-                    hosted.stop()
-                continue
-            hosted.spec = dataclasses.replace(hosted.spec, cluster=args)
-            if hosted.worker is not None:  # an idle or stopped session starts with the new one
-                hosted.stop(restart=True)
+        serving = ServingNode(url, self.config.node, self.home, ttl=self.config.lease_ttl)
+        self.cluster = DaemonNode(
+            self.loop, serving, self.sessions, self.report, lambda: self._shutting_down,
+            self._check_done,
+        )  # fmt: skip
+        return self.cluster.start()
 
     def report(self, line: str) -> None:
         """One line on stderr for the operator (serve's output is its log)."""
@@ -239,7 +216,8 @@ class Supervisor:
             self.hosting.all_started()
 
     def _check_done(self) -> None:
-        if self._shutting_down and self._all_down() and not self._done.done():
+        idle = self.cluster is None or self.cluster.idle()  # etcd jobs end by their deadline
+        if self._shutting_down and self._all_down() and idle and not self._done.done():
             self._done.set_result(None)
 
     def _all_down(self) -> bool:
@@ -310,14 +288,16 @@ class Supervisor:
             waiter.client.reply(
                 error(waiter.request_id, "exists", f"{directory}: session already exists")
             )
-            return
-        cluster = None
-        if self.cluster is not None:
-            try:
-                cluster = self.cluster.place(session_id)
-            except ClusterError as exc:
-                waiter.client.reply(error(waiter.request_id, "exists", str(exc)))
-                return
+        elif self.cluster is None:
+            self._create_hosted(waiter, session_id, slot, None)
+        elif not self.cluster.refuse_busy(waiter, session_id):  # placed in etcd first, off the loop
+            self.cluster.place(
+                waiter, session_id, lambda args: self._create_hosted(waiter, session_id, slot, args)
+            )
+
+    def _create_hosted(
+        self, waiter: Waiter, session_id: str, slot: int, cluster: WorkerCluster | None
+    ) -> None:
         hosted = self._host(self._spec(session_id, create=True, slot=slot, cluster=cluster))
         hosted.ready_waiters.append(waiter)
         hosted.start()
@@ -330,17 +310,17 @@ class Supervisor:
         hosted = self.sessions.get(session_id)
         if hosted is not None and hosted.state in (State.RUNNING, State.STARTING):
             waiter.client.reply(ok(waiter.request_id, hosted.status()))
-            return
-        if hosted is not None and hosted.worker is not None:
+        elif hosted is not None and hosted.worker is not None:
             waiter.client.reply(error(waiter.request_id, "busy", f"{session_id} is stopping"))
-            return
-        try:
-            claimed = self.cluster.claim(session_id)
-        except ClusterError as exc:
-            waiter.client.reply(error(waiter.request_id, "not_owner", str(exc)))
-            return
-        if claimed is None:
-            waiter.client.reply(error(waiter.request_id, "not_owner", f"{session_id}: not ours"))
+        elif not self.cluster.refuse_busy(waiter, session_id):  # claimed in etcd, off the loop
+            self.cluster.claim(
+                waiter, session_id, lambda args: self._adopted(waiter, session_id, args)
+            )
+
+    def _adopted(self, waiter: Waiter, session_id: str, claimed: WorkerCluster) -> None:
+        current = self.sessions.get(session_id)
+        if current is not None and current.worker is not None:  # started meanwhile
+            waiter.client.reply(ok(waiter.request_id, current.status()))
             return
         self.sessions.pop(session_id, None)  # a stale entry holds an older token
         fresh = self._host(self._spec(session_id, cluster=claimed))
