@@ -39,7 +39,8 @@ class DaemonOutput:
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None, fd: int = 2) -> None:
         self.loop = loop
-        self.dropped = 0
+        self.dropped = 0  # lines dropped since the last count was written
+        self.total_dropped = 0
         self.written = 0
         self._queue: deque[bytes] = deque()
         self._queued = 0
@@ -91,11 +92,22 @@ class DaemonOutput:
     def _enqueue(self, data: bytes) -> None:
         if not data:
             return
-        if self._queued + len(data) > MAX_QUEUED:
+        notice = self._notice() if self.dropped else b""
+        if self._queued + len(notice) + len(data) > MAX_QUEUED:
             self.dropped += 1
             return
+        if notice:
+            # Where lines are missing, the count of the missing comes first.
+            self.total_dropped += self.dropped
+            self.dropped = 0
+            self._queue.append(notice)
+            self._queued += len(notice)
         self._queue.append(data)
         self._queued += len(data)
+
+    def _notice(self) -> bytes:
+        return (f"loopd serve: {self.dropped} lines dropped: this output was not read for a "
+                "while\n").encode()  # fmt: skip
 
     def _write_some(self, data: bytes) -> bytes:
         """Write what the descriptor takes now; return the rest."""
@@ -122,9 +134,10 @@ class DaemonOutput:
                 self._queued += len(rest)
                 return
         if self.dropped:
-            dropped, self.dropped = self.dropped, 0
-            notice = f"loopd serve: {dropped} lines dropped: this output was not read for a while\n"
-            self._enqueue(self._write_some(notice.encode()))
+            notice = self._notice()
+            self.total_dropped += self.dropped
+            self.dropped = 0
+            self._enqueue(self._write_some(notice))
             if self._queue:
                 return
         self._unwatch()

@@ -5,8 +5,8 @@ A follower that does not keep up is dropped instead of having events buffered fo
 without bound: one follower may leave at most ``FOLLOWER_BACKLOG`` bytes unread, all of
 them together ``TOTAL_BACKLOG`` (past it the slowest go first), so the daemon's memory
 never depends on its readers. A dropped follower is sent one last message saying why
-(``{"dropped": why}``, after the events it has not read) and is cut off if it has not
-read it within ``DROP_GRACE`` seconds.
+(``{"dropped": why}``, after the events it has not read) and is cut off once it reads
+nothing for ``DROP_GRACE`` seconds.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ FOLLOWER_BACKLOG: Final = 1 << 20
 TOTAL_BACKLOG: Final = 16 << 20
 """Bytes of events all followers together may leave unread; past it the slowest go."""
 DROP_GRACE: Final = 5.0
-"""Seconds a dropped follower has to read what was sent to it before it is cut off."""
+"""Seconds a dropped follower may read nothing of what was sent to it before it is cut off."""
 
 
 def _now() -> str:
@@ -131,13 +131,20 @@ class EventHub:
                       f"events passed {TOTAL_BACKLOG} bytes together")  # fmt: skip
 
     def drop(self, follower: Follower, why: str) -> None:
-        """Stop streaming to ``follower``: tell it why, close, cut it off after a grace."""
+        """Stop streaming to ``follower``: tell it why and close; cut it off if it reads
+        nothing more for ``DROP_GRACE`` seconds."""
         self.followers.discard(follower)
         self.dropped += 1
         self.log(f"events follower dropped: {why}")
         follower.send({"dropped": f"the supervisor stopped streaming events to you: {why}"})
         follower.close()
-        if self.call_later is not None:
-            self.call_later(DROP_GRACE, follower.abort)
-        else:
-            follower.abort()
+        self._cut_if_stuck(follower, None)
+
+    def _cut_if_stuck(self, follower: Follower, before: int | None) -> None:
+        unread = follower.backlog  # 0 once its connection is gone
+        if not unread:
+            return
+        if self.call_later is None or (before is not None and unread >= before):
+            follower.abort()  # read nothing since the last look: it is not reading
+            return
+        self.call_later(DROP_GRACE, lambda: self._cut_if_stuck(follower, unread))

@@ -38,9 +38,16 @@ def _refuse(path: str, mode: int) -> OSError:
 
 
 def _explained(exc: OSError, path: str) -> OSError:
-    """ELOOP from O_NOFOLLOW means a symbolic link: say so rather than "too many levels"."""
+    """Why the open failed in words: ELOOP from O_NOFOLLOW is a symbolic link, ENXIO a
+    FIFO without a reader, and so on (rather than "too many levels", "no such device")."""
     if exc.errno == errno.ELOOP:
         return OSError(errno.ELOOP, "a symbolic link (refused: the file itself must be here)", path)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return exc
+    if not stat.S_ISREG(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+        return _refuse(path, st.st_mode)
     return exc
 
 
