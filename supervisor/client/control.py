@@ -41,7 +41,7 @@ def open_control(home: str, timeout: float) -> socket.socket:
     path = socket_path(home)
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         raise ControlError(
-            "no_daemon",
+            "bad_home",
             f"{shown_path(path)}: the socket path is {len(os.fsencode(path))} bytes, over the "
             f"{MAX_SOCKET_PATH}-byte limit of a Unix socket: no supervisor can listen there; "
             "choose a shorter --home",
@@ -49,7 +49,7 @@ def open_control(home: str, timeout: float) -> socket.socket:
     try:
         problem = socket_owner_problem(path)
     except OSError as exc:
-        raise ControlError("no_daemon", f"{shown_path(path)}: {exc.strerror}") from exc
+        raise ControlError("bad_home", f"{shown_path(path)}: {exc.strerror}") from exc
     if problem is not None:
         raise ControlError("not_ours", f"{problem}: refusing to talk to it")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
