@@ -324,18 +324,32 @@ def test_a_dropped_follower_that_reads_again_is_told_why_it_was_dropped(
 ) -> None:
     home = tmp_path / "home"
     with running_daemon(home, *_crash_loop(home, 2)):
+        # ``loopd events`` whose stdout nobody reads stops reading its socket in turn.
+        printer = subprocess.Popen(
+            [sys.executable, "-m", "supervisor", "events", "--home", str(home)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+        )  # fmt: skip
         sock = _follower(home)
-        with sock:
-            poll_until(lambda: _followers(home) == 1, what="the follower to subscribe")
-            poll_until(lambda: _followers(home) == 0, timeout=60, what="it to be dropped")
-            reader = FrameReader()
-            messages = []
-            sock.settimeout(10)
-            while data := sock.recv(1 << 16):  # what was sent, then the end of stream
-                messages += reader.feed(data)
+        try:
+            with sock:
+                poll_until(lambda: _followers(home) == 2, what="the followers to subscribe")
+                poll_until(lambda: _followers(home) == 0, timeout=60, what="them to be dropped")
+                reader = FrameReader()
+                messages = []
+                sock.settimeout(10)
+                while data := sock.recv(1 << 16):  # what was sent, then the end of stream
+                    messages += reader.feed(data)
+            _out, err = printer.communicate(timeout=30)
+        finally:
+            if printer.poll() is None:
+                printer.kill()
+                printer.communicate()
     assert messages[0]["ok"] is True
     assert all("event" in m for m in messages[1:-1])
     assert "stopped streaming events to you" in str(messages[-1]["dropped"])
+    assert printer.returncode == 1
+    assert re.search(rb"^loopd events: the supervisor stopped streaming events to you",
+                     err, re.MULTILINE), err  # fmt: skip
 
 
 # -- metrics ---------------------------------------------------------------------------------
