@@ -242,7 +242,12 @@ def statuses(home: str, *, timeout: float = 60.0) -> list[Message]:
         left = deadline - time.monotonic()
         if left <= 0:
             raise timed_out(home, timeout)
-        page = call(home, "status", timeout=left, after=after, limit=STATUS_PAGE)
+        try:
+            page = call(home, "status", timeout=left, after=after, limit=STATUS_PAGE)
+        except ControlError as exc:
+            if exc.code == "timeout":
+                raise timed_out(home, timeout) from exc  # the whole listing's timeout
+            raise
         if isinstance(page, list):  # a daemon without pages answers with every row at once
             return [row for row in page if isinstance(row, dict)]
         if not isinstance(page, dict) or not isinstance(page.get("sessions"), list):
