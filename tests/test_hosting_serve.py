@@ -116,7 +116,10 @@ def test_worker_output_goes_to_its_log_stamped_and_rotated_at_the_byte_limit(
         logs = home / "logs"
         poll_until(lambda: b"err: line 59" in (logs / "s.log").read_bytes(), what="the log")
         shown = loopd("logs", "--home", str(home), "s", "-n", "2")
-    assert sorted(os.listdir(logs)) == ["s.log", "s.log.1", "s.log.2"]
+    names = sorted(os.listdir(logs), key=lambda name: int(name.partition(".log.")[2] or 0))
+    assert len(names) == 3
+    assert names[0] == "s.log"  # and the two newest backups, numbered up as they rotate
+    assert int(names[2].rpartition(".")[2]) == int(names[1].rpartition(".")[2]) + 1
     pattern = STAMP + r"((out|err): line \d\d|\[loopd\] worker \d+ (started|exited with code 0))$"
     for name in os.listdir(logs):
         text = (logs / name).read_text()

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from supervisor.cli.options import ETCD_URL
 from supervisor.client.control import call
 from supervisor.cluster.drain import drain_node
 from supervisor.cluster.errors import ClusterError
@@ -19,6 +20,7 @@ _cluster_option = click.option(
     "url",
     envvar="LOOPD_CLUSTER",
     required=True,
+    type=ETCD_URL,
     help="etcd URL, http://host:port (or LOOPD_CLUSTER).",
 )
 

@@ -9,15 +9,22 @@ from typing import Final, NoReturn, cast
 
 import click
 
-from supervisor.cli.options import client_home_option, cluster_option, home_option, timeout_option
+from supervisor.cli.options import (
+    ETCD_URL,
+    client_home_option,
+    cluster_option,
+    home_option,
+    timeout_option,
+)
 from supervisor.client.cluster import ClusterClient
-from supervisor.client.control import call
+from supervisor.client.control import call, not_utf8, statuses
 from supervisor.client.direct import Client
 from supervisor.client.status_table import status_lines
 from supervisor.cluster.errors import ClusterError
 from supervisor.daemon.loop import ServeConfig, Supervisor
 from supervisor.daemon.spawn import StartMethod
 from supervisor.errors import ControlError, HomeLocked, ServeError
+from supervisor.hosting.bounds import seconds
 from supervisor.hosting.config import (
     CONFIG_NAME,
     ConfigError,
@@ -29,6 +36,11 @@ from supervisor.hosting.config import (
 from supervisor.hosting.settings import hosting_options, settings_from
 
 EXIT_ERROR: Final = 1
+MAX_BUDGET: Final = 1 << 40
+MAX_RESTARTS: Final = 1_000_000
+MAX_LEASE_TTL: Final = 3600
+MAX_SLOT: Final = (1 << 63) - 1
+"""A slot is stored in the log as a JSON integer; past int64 no other reader takes it."""
 STATUS_COLUMNS: Final = (
     "session", "state", "pid", "epoch", "records", "restarts", "uptime_s", "rss_bytes", "cpu_s",
     "last_error",
@@ -50,48 +62,57 @@ def _fail(op: str, exc: ControlError) -> NoReturn:
 @click.command()
 @home_option
 @click.option("--app", default=None, help="module:attribute of the app (default: echo app).")
-@click.option("--budget", type=int, default=None, help="context tokens before an epoch commit.")
+@click.option(
+    "--budget",
+    type=click.IntRange(1, MAX_BUDGET),
+    default=None,
+    help="context tokens before an epoch commit.",
+)
 @click.option(
     "--max-restarts",
-    type=int,
+    type=click.IntRange(0, MAX_RESTARTS),
     default=5,
     show_default=True,
     help="more restarts than this within --restart-window is FATAL.",
 )
 @click.option(
     "--restart-window",
-    type=float,
+    type=seconds(0.0),
     default=10.0,
     show_default=True,
     help="seconds over which restarts are counted.",
 )
 @click.option(
     "--backoff-base",
-    type=float,
+    type=seconds(0.0),
     default=0.1,
     show_default=True,
     help="seconds before the second restart in a row; doubles each time.",
 )
 @click.option(
-    "--backoff-max", type=float, default=5.0, show_default=True, help="longest backoff, seconds."
+    "--backoff-max",
+    type=seconds(0.0),
+    default=5.0,
+    show_default=True,
+    help="longest backoff, seconds.",
 )
 @click.option(
     "--stable-after",
-    type=float,
+    type=seconds(0.0),
     default=5.0,
     show_default=True,
     help="uptime, seconds, after which the backoff streak is forgotten.",
 )
 @click.option(
     "--hang-timeout",
-    type=click.FloatRange(min=0.1),
+    type=seconds(0.1),
     default=30.0,
     show_default=True,
     help="seconds without a heartbeat from a worker's loop before it is killed and restarted.",
 )
 @click.option(
     "--request-deadline",
-    type=click.FloatRange(min=0.01),
+    type=seconds(0.01),
     default=None,
     help="seconds a worker may spend on one batch of requests before it is killed "
     "(default: no deadline).",
@@ -109,12 +130,13 @@ def _fail(op: str, exc: ControlError) -> NoReturn:
     "--cluster",
     envvar="LOOPD_CLUSTER",
     default=None,
+    type=ETCD_URL,
     help="etcd URL (http://host:port): serve as a node of a cluster (docs/scaling.md).",
 )
 @click.option("--node", default=None, help="this node's name in the cluster.")
 @click.option(
     "--lease-ttl",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, MAX_LEASE_TTL),
     default=None,
     help="seconds of the node's etcd lease (default 10); writes stop after 2/3 of it "
     "without a renewal.",
@@ -178,7 +200,7 @@ def _cluster_fail(op: str, exc: ClusterError | ControlError) -> NoReturn:
 @cluster_option
 @timeout_option
 @click.argument("session_id", metavar="ID")
-@click.option("--slot", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--slot", type=click.IntRange(0, MAX_SLOT), default=0, show_default=True)
 def create(
     home: str | None, cluster: str | None, timeout: float, session_id: str, slot: int
 ) -> None:
@@ -216,6 +238,10 @@ def send(
     untrusted: bool,
 ) -> None:
     """Send TEXT to session ID (straight to its worker) and print the reply."""
+    for name, value in (("ID", session_id), ("TEXT", text), ("--key", key)):
+        problem = not_utf8(value) if value is not None else None
+        if problem is not None:
+            raise click.BadParameter(problem, param_hint=name)
     if _home_or_cluster(home, cluster) is None:
         assert cluster is not None
         try:
@@ -284,8 +310,14 @@ def status(
             _cluster_fail("status", exc)
     else:
         assert home is not None
-        result = _call(home, "status", timeout, session=session_id)
-        rows = result if isinstance(result, list) else []
+        if session_id is not None:
+            result = _call(home, "status", timeout, session=session_id)
+            rows = result if isinstance(result, list) else []
+        else:
+            try:
+                rows = list(statuses(home, timeout=timeout))
+            except ControlError as exc:
+                _fail("status", exc)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:

@@ -9,8 +9,10 @@ Packages above supervisor (the chaos rig) add their command groups through the
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Sequence
 from importlib.metadata import entry_points
-from typing import Final
+from typing import Final, NoReturn
 
 import click
 
@@ -37,8 +39,33 @@ COMMANDS: Final = {
 }
 
 
+EXIT_USAGE: Final = 2
+
+
 class LazyGroup(click.Group):
-    """A group that imports a command's module only when that command is asked for."""
+    """A group that imports a command's module only when that command is asked for.
+
+    A usage error (a bad flag, a value out of range, nan for a number) is one line on
+    stderr, ``loopd CMD: <what was wrong>``, exit 2, as every other error of loopd is;
+    ``loopd CMD --help`` shows the usage.
+    """
+
+    def main(  # type: ignore[override]  # click's overloads; this one always exits
+        self, args: Sequence[str] | None = None, prog_name: str | None = None, **extra: object
+    ) -> NoReturn:
+        try:
+            result = super().main(args, prog_name, standalone_mode=False, **extra)  # type: ignore[call-overload]
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else "loopd"
+            click.echo(f"{where}: {exc.format_message()}", err=True)
+            sys.exit(EXIT_USAGE)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(result if isinstance(result, int) else 0)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         plugins = [entry.name for entry in entry_points(group=PLUGIN_GROUP)]

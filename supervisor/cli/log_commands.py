@@ -14,18 +14,20 @@ from typing import Final
 import click
 
 from supervisor.cli.options import home_option
-from supervisor.hosting.log_reader import follow, last_lines
-from supervisor.hosting.session_log import log_path
+from supervisor.hosting.log_reader import follow, tail_chunks
+from supervisor.hosting.session_log import backup_numbers, log_path
 from worker.store.errors import InvalidSessionId
 from worker.store.session_id import validate_session_id
 
 EXIT_USAGE: Final = 2
+MAX_LINES: Final = 10**12
+"""More lines than any log holds (``-n`` this large prints every line kept)."""
 
 
 @click.command()
 @home_option
 @click.argument("session_id", metavar="ID")
-@click.option("-n", "--lines", "count", type=click.IntRange(min=0), default=20,
+@click.option("-n", "--lines", "count", type=click.IntRange(0, MAX_LINES), default=20,
               show_default=True, help="how many of the last lines to print first.")  # fmt: skip
 @click.option("-f", "--follow", "keep_following", is_flag=True,
               help="then print lines as they are written, across rotations, until ^C.")  # fmt: skip
@@ -37,15 +39,22 @@ def logs(home: str, session_id: str, count: int, keep_following: bool) -> None:
         click.echo(f"loopd logs: {exc}", err=True)
         sys.exit(EXIT_USAGE)
     path = log_path(os.path.abspath(home), session_id)
-    if not keep_following and not os.path.exists(path):
+    if not keep_following and not os.path.lexists(path) and not backup_numbers(path):
         click.echo(f"loopd logs: {path}: no log yet (the session has written nothing)", err=True)
         sys.exit(1)
     out = sys.stdout.buffer
     # A reader that goes away (``| head``) or a ^C ends the command quietly.
     with contextlib.suppress(BrokenPipeError, KeyboardInterrupt):
-        out.writelines(last_lines(path, count))
-        out.flush()
-        if keep_following:
-            for chunk in follow(path):
+        try:
+            for chunk in tail_chunks(path, count):
                 out.write(chunk)
-                out.flush()
+            out.flush()
+            if keep_following:
+                for chunk in follow(path):
+                    out.write(chunk)
+                    out.flush()
+        except OSError as exc:
+            if isinstance(exc, BrokenPipeError):
+                raise
+            click.echo(f"loopd logs: {exc.filename or path}: {exc.strerror}", err=True)
+            sys.exit(1)

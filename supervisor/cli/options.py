@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Final
 
 import click
+
+from supervisor.hosting.bounds import seconds
 
 HOME_ENV: Final = "LOOPD_HOME"
 
@@ -31,13 +34,35 @@ TIMEOUT_ENV: Final = "LOOPD_TIMEOUT"
 timeout_option = click.option(
     "--timeout",
     envvar=TIMEOUT_ENV,
-    type=click.FloatRange(min=0.1),
+    type=seconds(0.1),
     default=60.0,
     show_default=True,
     help=f"Seconds to wait for the supervisor's answer (or ${TIMEOUT_ENV}).",
 )
 
 CLUSTER_ENV: Final = "LOOPD_CLUSTER"
+
+
+class EtcdUrl(click.types.StringParamType):
+    """``http://host:port`` of an etcd member, checked before anything connects to it."""
+
+    name = "url"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> str:
+        text = str(value)
+        try:
+            parsed = urllib.parse.urlsplit(text)
+            port = parsed.port
+        except ValueError as exc:
+            self.fail(f"{text!r} is not a URL ({exc}); expected http://host:port", param, ctx)
+        if parsed.scheme != "http" or not parsed.hostname or port is None:
+            self.fail(f"{text!r}: expected http://host:port (etcd's gateway)", param, ctx)
+        return text
+
+
+ETCD_URL: Final = EtcdUrl()
 
 client_home_option = click.option(
     "--home",
@@ -51,5 +76,6 @@ cluster_option = click.option(
     "--cluster",
     envvar=CLUSTER_ENV,
     default=None,
+    type=ETCD_URL,
     help=f"etcd URL http://host:port (or ${CLUSTER_ENV}): find the session's node there.",
 )

@@ -61,6 +61,9 @@ def events(home: str, timeout: float, as_json: bool) -> None:
                     event = message.get("event")
                     if isinstance(event, dict):
                         click.echo(format_event(event, as_json=as_json))
+                    elif "dropped" in message:  # it fell behind: the last message
+                        click.echo(f"loopd events: {message['dropped']}", err=True)
+                        sys.exit(EXIT_ERROR)
         except (OSError, WireError) as exc:
             click.echo(f"loopd events: {exc}", err=True)
             sys.exit(EXIT_ERROR)

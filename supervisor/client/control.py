@@ -13,11 +13,18 @@ import struct
 import time
 from typing import Final
 
-from supervisor.control_socket import peer_uid, socket_owner_problem, socket_path
+from supervisor.control_socket import (
+    MAX_SOCKET_PATH,
+    peer_uid,
+    socket_owner_problem,
+    socket_path,
+)
 from supervisor.errors import ControlError
 from worker.wire import FrameReader, Message, WireError, encode
 
-__all__ = ["READ_SIZE", "RETRYABLE", "TIMEVAL", "call", "call_with_retry", "open_control"]
+__all__ = [
+    "READ_SIZE", "RETRYABLE", "TIMEVAL", "call", "call_with_retry", "open_control", "statuses",
+]  # fmt: skip
 
 RETRYABLE: Final = frozenset({"worker_died", "closed", "no_daemon", "busy"})
 """Error codes after which the same request (same key) may simply be sent again."""
@@ -25,12 +32,24 @@ READ_SIZE: Final = 1 << 18
 _SMALL: Final = 32 << 10
 """Requests up to this many bytes are written with one blocking send (they fit the buffer)."""
 TIMEVAL: Final = struct.Struct("ll")
+STATUS_PAGE: Final = 500
+"""Rows asked for per status page (the daemon also stops a page at half a frame)."""
 
 
 def open_control(home: str, timeout: float) -> socket.socket:
     """Connect to ``<home>/loopd.sock`` after checking that it and its peer are ours."""
     path = socket_path(home)
-    problem = socket_owner_problem(path)
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise ControlError(
+            "bad_home",
+            f"{shown_path(path)}: the socket path is {len(os.fsencode(path))} bytes, over the "
+            f"{MAX_SOCKET_PATH}-byte limit of a Unix socket: no supervisor can listen there; "
+            "choose a shorter --home",
+        )
+    try:
+        problem = socket_owner_problem(path)
+    except OSError as exc:
+        raise ControlError("bad_home", f"{shown_path(path)}: {exc.strerror}") from exc
     if problem is not None:
         raise ControlError("not_ours", f"{problem}: refusing to talk to it")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -51,6 +70,13 @@ def open_control(home: str, timeout: float) -> socket.socket:
             "not_ours", f"{path} is served by uid {uid}, not by you: refusing to talk to it"
         )
     return sock
+
+
+def shown_path(path: str, limit: int = 200) -> str:
+    """``path`` for a message: a path of thousands of characters is cut in the middle."""
+    if len(path) <= limit:
+        return path
+    return f"{path[: limit // 2]}...({len(path)} characters)...{path[-limit // 2 :]}"
 
 
 def timed_out(home: str, timeout: float) -> ControlError:
@@ -148,14 +174,39 @@ def _recv(sock: socket.socket) -> tuple[bytes | None, list[int]]:
     return data, list(fds)
 
 
+def not_utf8(text: str) -> str | None:
+    """Why ``text`` cannot travel as UTF-8 (a lone surrogate, as undecodable bytes of a
+    command line become), or None if it can."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"character {exc.start + 1} ({text[exc.start]!r}) is a lone surrogate, "
+                "not UTF-8 text (bytes that are not UTF-8 arrive as these)")  # fmt: skip
+    return None
+
+
+def encode_request(request: Message) -> bytes:
+    """The request's frame; ControlError (nothing sent) if a field is not UTF-8 text or
+    the request is over the frame limit."""
+    for name, value in request.items():
+        problem = not_utf8(value) if isinstance(value, str) else None
+        if problem is not None:
+            raise ControlError("bad_request", f"field {name!r}: {problem}")
+    try:
+        return encode(request)
+    except WireError as exc:
+        raise ControlError("too_large", str(exc)) from exc
+
+
 def call(home: str, op: str, *, timeout: float = 60.0, **fields: object) -> object:
     """Send ``{"id", "op", **fields}`` and return the result; ControlError on an error reply."""
     request: Message = {"id": 1, "op": op, **{k: v for k, v in fields.items() if v is not None}}
+    frame = encode_request(request)
     deadline = time.monotonic() + timeout
     sock = open_control(home, timeout)
     try:
         try:
-            replies, fds = exchange(sock, encode(request), 1, deadline)
+            replies, fds = exchange(sock, frame, 1, deadline)
         except TimeoutError as exc:
             raise timed_out(home, timeout) from exc
         except OSError as exc:
@@ -179,3 +230,30 @@ def call_with_retry(home: str, op: str, *, deadline: float, **fields: object) ->
         except ControlError as exc:
             if exc.code not in RETRYABLE or time.monotonic() > deadline:
                 raise
+
+
+def statuses(home: str, *, timeout: float = 60.0) -> list[Message]:
+    """Every session's status row, in id order, fetched page by page (one request each), so
+    that any number of sessions can be listed; ``timeout`` bounds the whole listing."""
+    deadline = time.monotonic() + timeout
+    rows: list[Message] = []
+    after = ""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise timed_out(home, timeout)
+        try:
+            page = call(home, "status", timeout=left, after=after, limit=STATUS_PAGE)
+        except ControlError as exc:
+            if exc.code == "timeout":
+                raise timed_out(home, timeout) from exc  # the whole listing's timeout
+            raise
+        if isinstance(page, list):  # a daemon without pages answers with every row at once
+            return [row for row in page if isinstance(row, dict)]
+        if not isinstance(page, dict) or not isinstance(page.get("sessions"), list):
+            raise ControlError("bad_reply", f"unexpected status page {page!r:.200}")
+        rows += [row for row in page["sessions"] if isinstance(row, dict)]
+        following = page.get("next")
+        if not isinstance(following, str) or following <= after:
+            return rows
+        after = following

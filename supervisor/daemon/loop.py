@@ -15,7 +15,6 @@ import os
 import random
 import signal
 import socket
-import sys
 from collections import deque
 from collections.abc import Callable
 from typing import Final
@@ -201,8 +200,10 @@ class Supervisor:
         return self.cluster.start()
 
     def report(self, line: str) -> None:
-        """One line on stderr for the operator (serve's output is its log)."""
-        print(f"loopd serve: {line}", file=sys.stderr, flush=True)
+        """One line on stderr for the operator (serve's output is its log). It never blocks
+        the loop: a reader that stops reading gets its lines dropped and counted
+        (supervisor/hosting/daemon_output.py)."""
+        self.hosting.output.line(f"loopd serve: {line}")
 
     def _start_some(self) -> None:
         """Start a few sessions a loop turn, so the control socket answers a mass start."""

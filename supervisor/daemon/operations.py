@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Final, Protocol
 
 from supervisor.daemon.endpoints import Client, Waiter
 from supervisor.daemon.hosted import HostedSession
 from supervisor.states import State
 from worker.store.errors import InvalidSessionId
 from worker.store.session_id import validate_session_id
-from worker.wire import MAX_REQUEST_ID, Message, WireError, error, field, ok, optional_field
+from worker.wire import (
+    MAX_FRAME,
+    MAX_REQUEST_ID,
+    Message,
+    WireError,
+    encode,
+    error,
+    field,
+    ok,
+    optional_field,
+)
+
+MAX_STATUS_PAGE: Final = 1000
+"""Rows a status page may be asked for."""
+STATUS_PAGE_BYTES: Final = MAX_FRAME // 2
+"""Encoded rows in one page: with a bounded ``last_error`` a row is at most a few KiB, so
+a page always fits the frame with room for the reply around it."""
 
 
 class Daemon(Protocol):
@@ -46,13 +62,18 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
             client.reply(ok(request_id, daemon.daemon_status()))
         elif op == "status":
             wanted = optional_field(message, "session", str)
-            statuses = daemon.statuses()
+            limit = optional_field(message, "limit", int)
             if wanted is not None:
-                statuses = [s for s in statuses if s["session"] == wanted]
-                if not statuses:
+                found = daemon.sessions.get(wanted)
+                if found is None:
                     client.reply(error(request_id, "not_found", f"no session {wanted!r}"))
                     return
-            client.reply(ok(request_id, statuses))
+                client.reply(ok(request_id, [found.status()]))
+            elif limit is not None:
+                after = optional_field(message, "after", str) or ""
+                client.reply(ok(request_id, status_page(daemon, after, limit)))
+            else:
+                client.reply(ok(request_id, daemon.statuses()))
         elif op == "create":
             session_id = _session_id(message)
             slot = optional_field(message, "slot", int) or 0
@@ -124,6 +145,28 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
         client.reply(error(request_id, "bad_request", str(exc)))
     except LookupError as exc:
         client.reply(error(request_id, "not_found", str(exc.args[0])))
+
+
+def status_page(daemon: Daemon, after: str, limit: int) -> Message:
+    """The status rows of the sessions after ``after`` in id order: at most ``limit`` and
+    at most ``STATUS_PAGE_BYTES`` of them, so any number of sessions can be listed page by
+    page (``next``: the ``after`` of the next page; None after the last).
+
+    Only the page's rows are made (each reads its worker's RSS), not every session's.
+    """
+    if not 1 <= limit <= MAX_STATUS_PAGE:
+        raise WireError(f"field 'limit' must be from 1 to {MAX_STATUS_PAGE}")
+    later = sorted(s for s in daemon.sessions if s > after)
+    rows: list[Message] = []
+    size = 0
+    for session_id in later[:limit]:
+        row = daemon.sessions[session_id].status()
+        size += len(encode(row))
+        if rows and size > STATUS_PAGE_BYTES:
+            break
+        rows.append(row)
+    more = len(later) > len(rows)
+    return {"sessions": rows, "next": rows[-1]["session"] if more and rows else None}
 
 
 def _session_id(message: Message) -> str:

@@ -19,8 +19,10 @@ import click
 from click.core import ParameterSource
 
 from supervisor.errors import SupervisorError
+from supervisor.hosting.regular_file import decode_utf8, read_regular
 
 CONFIG_NAME: Final = "loopd.toml"
+MAX_CONFIG_BYTES: Final = 1 << 20
 _EXPLICIT: Final = frozenset({ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT})
 
 
@@ -44,8 +46,9 @@ class OptionSpec:
     name: str
     kind: type
     choices: tuple[str, ...] = ()
-    param_type: click.IntRange | click.FloatRange | None = None
-    """The option's own type, so a file's value meets the same bounds as a flag's."""
+    param_type: click.ParamType[object] | None = None
+    """The option's own type, so a file's value meets the same checks as a flag's (its
+    range, finiteness, the shape of a URL)."""
 
     def check(self, value: object, path: str) -> object:
         """The value as the command expects it; ConfigError naming the key otherwise."""
@@ -57,20 +60,12 @@ class OptionSpec:
             )
         if self.choices and value not in self.choices:
             raise ConfigError(path, f"key {self.key!r} must be one of {', '.join(self.choices)}")
+        if self.param_type is None:
+            return value
         try:
-            value = _within_bounds(self.param_type, value)
+            return self.param_type.convert(value, None, None)
         except click.BadParameter as exc:
             raise ConfigError(path, f"key {self.key!r}: {exc.message}") from exc
-        return value
-
-
-def _within_bounds(bounds: click.IntRange | click.FloatRange | None, value: object) -> object:
-    """The value, checked against the option's range; click.BadParameter if outside it."""
-    if isinstance(bounds, click.IntRange) and isinstance(value, int):
-        return bounds.convert(value, None, None)
-    if isinstance(bounds, click.FloatRange) and isinstance(value, float):
-        return bounds.convert(value, None, None)
-    return value
 
 
 _KIND_NAMES: Final[dict[type, str]] = {
@@ -98,22 +93,27 @@ def option_specs(command: click.Command, *, exclude: frozenset[str]) -> dict[str
             kind = float
         else:
             kind = str
-        bounded = param.type if isinstance(param.type, click.IntRange | click.FloatRange) else None
-        specs[key] = OptionSpec(key, param.name, kind, choices, bounded)
+        checked = None if param.is_flag or choices else param.type
+        specs[key] = OptionSpec(key, param.name, kind, choices, checked)
     return specs
 
 
 def read_config(path: str, specs: Mapping[str, OptionSpec]) -> dict[str, object]:
     """The file's values by parameter name; an absent file sets nothing."""
     try:
-        with open(path, "rb") as file:
-            table = tomllib.load(file)
-    except FileNotFoundError:
-        return {}
+        raw = read_regular(path, MAX_CONFIG_BYTES)
     except OSError as exc:
         raise ConfigError(path, f"cannot read: {exc.strerror}") from exc
+    if raw is None:
+        return {}
+    try:
+        table = tomllib.loads(decode_utf8(raw))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(path, f"not TOML: {exc}") from exc
+    except ValueError as exc:
+        raise ConfigError(path, str(exc)) from exc
+    except RecursionError as exc:
+        raise ConfigError(path, "not TOML loopd can read: nested too deeply") from exc
     values: dict[str, object] = {}
     for key, value in table.items():
         spec = specs.get(key)

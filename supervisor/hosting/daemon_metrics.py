@@ -1,5 +1,9 @@
 """The daemon's metrics: its own counters plus what its workers report after their requests.
 
+Rendering reads nothing of the workers: their RSS comes from a cache filled a few
+workers a loop turn (rss_cache.py), so a scrape costs the loop the same at 5 workers and
+at 500.
+
 A worker's counters run from its start; the daemon keeps each live worker's latest
 snapshot and, when a worker goes, folds that snapshot into the totals of the departed,
 so a counter never goes backwards across restarts and hibernations (a worker's last
@@ -45,9 +49,14 @@ class DaemonMetrics:
         states: Callable[[], Iterable[str]],
         worker_rss: Callable[[], Iterable[int]],
         state_names: Iterable[str],
+        *,
+        live_workers: Callable[[], int] | None = None,
+        rss_reads: Callable[[], int] | None = None,
     ) -> None:
         self._states = states
         self._worker_rss = worker_rss
+        self._live_workers = live_workers
+        self._rss_reads = rss_reads
         self._state_names = tuple(state_names)
         self._latest: dict[str, Message] = {}
         self._departed = _Totals()
@@ -80,7 +89,8 @@ class DaemonMetrics:
         for name in self._state_names:
             sessions.set(by_state.get(name, 0), state=name)
         rss = list(self._worker_rss())
-        registry.gauge("loopd_live_workers", "Worker processes alive now.").set(len(rss))
+        live = self._live_workers() if self._live_workers is not None else len(rss)
+        registry.gauge("loopd_live_workers", "Worker processes alive now.").set(live)
         registry.gauge("loopd_workers_rss_bytes", "Resident set size of all live workers.").set(
             sum(rss)
         )
@@ -100,6 +110,10 @@ class DaemonMetrics:
              "Bytes written to session files by workers."),
         ):  # fmt: skip
             registry.counter(name, text).inc(value)
+        if self._rss_reads is not None:
+            registry.counter(
+                "loopd_rss_reads_total", "Workers' RSS read for the metrics (off the scrapes)."
+            ).inc(self._rss_reads())
         fsync = registry.histogram("loopd_fsync_seconds", "Workers' fdatasync latency.")
         fsync.histograms[()] = totals.fsync
         latency = registry.histogram(

@@ -8,15 +8,19 @@ rename, fsync of the home), so a crash leaves either the old intent or the new o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Final
 
 from supervisor.errors import SupervisorError
+from supervisor.hosting.regular_file import decode_utf8, read_regular
 from worker.store import durable
 from worker.store.errors import SessionIOError
 
 INTENT_NAME: Final = "intent.json"
+MAX_INTENT_BYTES: Final = 64 << 20
+"""A million stopped sessions of 64-byte ids fit; a larger file is not ours."""
 
 
 class IntentError(SupervisorError):
@@ -44,19 +48,27 @@ class IntentFile:
         return frozenset(self._stopped)
 
     def load(self) -> frozenset[str]:
-        """Read the file (a missing file means nothing was stopped); IntentError if unusable."""
+        """Read the file (a missing file means nothing was stopped); IntentError if unusable.
+
+        A FIFO, a link, a device or a file over ``MAX_INTENT_BYTES`` is refused without
+        waiting on it; bytes that are not UTF-8 JSON of the expected shape are refused
+        whatever their nesting (a deep one is refused, not a RecursionError).
+        """
         try:
-            with open(self.path, "rb") as file:
-                raw = file.read()
-        except FileNotFoundError:
-            self._stopped = set()
-            return self.stopped
+            raw = read_regular(self.path, MAX_INTENT_BYTES)
         except OSError as exc:
             raise IntentError(self.path, f"cannot read: {exc.strerror}") from exc
+        if raw is None:
+            self._stopped = set()
+            return self.stopped
         try:
-            decoded = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            decoded = json.loads(decode_utf8(raw))
+        except json.JSONDecodeError as exc:
             raise IntentError(self.path, f"not JSON: {exc}") from exc
+        except ValueError as exc:
+            raise IntentError(self.path, str(exc)) from exc
+        except RecursionError as exc:
+            raise IntentError(self.path, "not the intent file: JSON nested too deeply") from exc
         stopped = decoded.get("stopped") if isinstance(decoded, dict) else None
         if not isinstance(stopped, list) or not all(isinstance(s, str) for s in stopped):
             raise IntentError(self.path, 'expected {"stopped": [session id, ...]}')
@@ -74,8 +86,13 @@ class IntentFile:
     def _write(self, stopped: set[str]) -> None:
         data = json.dumps({"stopped": sorted(stopped)}, separators=(",", ":")).encode() + b"\n"
         try:
+            # Whatever was left at the temporary name (a crash's leftover, or a FIFO
+            # planted there, whose open for writing would wait for a reader) goes first,
+            # so the create below makes a new regular file.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path + durable.TMP_SUFFIX)
             # The store's one implementation of an atomic replace: tmp in the home, write,
             # fsync, rename, fsync of the home.
             durable.write_file_atomic(self.path, data)
-        except SessionIOError as exc:
+        except (SessionIOError, OSError) as exc:
             raise IntentError(self.path, f"cannot write: {exc}") from exc

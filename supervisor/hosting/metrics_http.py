@@ -4,18 +4,67 @@ One asyncio protocol per connection, no threads: it reads one request head (at m
 ``MAX_HEAD`` bytes, for ``HEAD_TIMEOUT`` seconds), answers ``GET /metrics`` with the
 exposition (anything else with 404 or 405) and closes the connection (HTTP/1.0 style),
 so a scraper can never hold a connection or a buffer for long.
+
+Who may scrape: with ``--metrics-token-file`` a request must carry
+``Authorization: Bearer <token>`` (Prometheus' ``authorization: credentials_file:``),
+else it is answered 401; the token is compared in constant time. How many may connect:
+at most ``MAX_CONNECTIONS`` at once, apart from the control socket's connections; a
+connection past that is closed as soon as it is accepted, so a flood of idle
+connections holds a handful of descriptors and never the daemon's whole table.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import os
+import stat
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final
 
 from supervisor.hosting.metrics import CONTENT_TYPE
+from supervisor.hosting.regular_file import read_regular
 
 MAX_HEAD: Final = 8192
-HEAD_TIMEOUT: Final = 10.0
+HEAD_TIMEOUT: Final = 5.0
+MAX_CONNECTIONS: Final = 16
+"""Scrape connections open at once; more are closed at their accept."""
+MAX_TOKEN_BYTES: Final = 4096
+
+
+class TokenError(ValueError):
+    """The token file cannot be used; ``str()`` says which and why."""
+
+
+def read_token(path: str) -> bytes:
+    """The bearer token in ``path`` (surrounding whitespace removed); TokenError if the file
+    is missing, not a regular file, readable by group or others, or empty."""
+    try:
+        raw = read_regular(path, MAX_TOKEN_BYTES)
+        mode = os.stat(path, follow_symlinks=False).st_mode if raw is not None else 0
+    except OSError as exc:
+        raise TokenError(f"{path}: cannot read: {exc.strerror}") from exc
+    if raw is None:
+        raise TokenError(f"{path}: no such file")
+    if stat.S_IMODE(mode) & 0o077:
+        raise TokenError(f"{path}: mode {stat.S_IMODE(mode):04o} lets others read the token; "
+                         "chmod 600 it")  # fmt: skip
+    token = raw.strip()
+    if not token or any(b < 0x21 or b > 0x7E for b in token):
+        raise TokenError(f"{path}: the token must be one word of printable ASCII")
+    return token
+
+
+@dataclass(slots=True)
+class ScrapeGate:
+    """What every scrape connection shares: the token asked for, and how many are open."""
+
+    token: bytes | None = None
+    limit: int = MAX_CONNECTIONS
+    open: int = 0
+    refused: int = 0
+    unauthorized: int = 0
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -29,14 +78,22 @@ def parse_listen(text: str) -> tuple[str, int]:
 class MetricsProtocol(asyncio.Protocol):
     """Answers one HTTP request on a connection with the rendered exposition."""
 
-    def __init__(self, render: Callable[[], str]) -> None:
+    def __init__(self, render: Callable[[], str], gate: ScrapeGate) -> None:
         self.render = render
+        self.gate = gate
         self.transport: asyncio.Transport | None = None
         self.head = b""
         self.timer: asyncio.TimerHandle | None = None
+        self.counted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
+        if self.gate.open >= self.gate.limit:
+            self.gate.refused += 1
+            transport.abort()  # its descriptor is released now, not at a timeout
+            return
+        self.gate.open += 1
+        self.counted = True
         self.transport = transport
         self.timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT, transport.abort)
 
@@ -55,15 +112,32 @@ class MetricsProtocol(asyncio.Protocol):
             self._answer(405, "Method Not Allowed", b"")
         elif request_line[1].split("?", 1)[0] not in ("/metrics", "/"):
             self._answer(404, "Not Found", b"")
+        elif not self._authorized():
+            self.gate.unauthorized += 1
+            self._answer(401, "Unauthorized", b"", extra="WWW-Authenticate: Bearer\r\n")
         else:
             body = self.render().encode()
             self._answer(200, "OK", b"" if request_line[0] == "HEAD" else body, len(body))
 
-    def _answer(self, code: int, reason: str, body: bytes, length: int | None = None) -> None:
+    def _authorized(self) -> bool:
+        wanted = self.gate.token
+        if wanted is None:
+            return True
+        for line in self.head.split(b"\n")[1:]:
+            name, sep, value = line.partition(b":")
+            if sep and name.strip().lower() == b"authorization":
+                scheme, _, given = value.strip().partition(b" ")
+                if scheme.lower() == b"bearer":
+                    return hmac.compare_digest(given.strip(), wanted)
+        return False
+
+    def _answer(
+        self, code: int, reason: str, body: bytes, length: int | None = None, extra: str = ""
+    ) -> None:
         assert self.transport is not None
         head = (
             f"HTTP/1.1 {code} {reason}\r\nContent-Type: {CONTENT_TYPE}\r\n"
-            f"Content-Length: {len(body) if length is None else length}\r\n"
+            f"Content-Length: {len(body) if length is None else length}\r\n{extra}"
             "Connection: close\r\n\r\n"
         )
         self.transport.write(head.encode() + body)
@@ -72,12 +146,19 @@ class MetricsProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.timer is not None:
             self.timer.cancel()
+        if self.counted:
+            self.counted = False
+            self.gate.open -= 1
         self.transport = None
 
 
 async def serve_metrics(
-    loop: asyncio.AbstractEventLoop, listen: str, render: Callable[[], str]
+    loop: asyncio.AbstractEventLoop,
+    listen: str,
+    render: Callable[[], str],
+    gate: ScrapeGate | None = None,
 ) -> asyncio.Server:
-    """Listen on ``listen`` and answer scrapes with ``render()``."""
+    """Listen on ``listen`` and answer scrapes with ``render()``, as ``gate`` allows."""
     host, port = parse_listen(listen)
-    return await loop.create_server(lambda: MetricsProtocol(render), host, port)
+    gate = gate or ScrapeGate()
+    return await loop.create_server(lambda: MetricsProtocol(render, gate), host, port)

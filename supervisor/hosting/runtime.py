@@ -2,39 +2,36 @@
 memory caps and systemd, fed by the hosted sessions' state changes and reports.
 
 Everything here runs in the daemon's one asyncio loop: worker output arrives through
-``add_reader`` on a non-blocking pipe, the idle check is one timer for the least
+``add_reader`` on a non-blocking pipe (worker_logs.py), the idle check is one timer for the least
 recently used session, the RSS check is one slow timer plus a look at each report.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
-import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Final
 
 from supervisor.errors import ServeError
 from supervisor.hosting.daemon_metrics import DaemonMetrics
+from supervisor.hosting.daemon_output import DaemonOutput
 from supervisor.hosting.events import Event, EventHub
 from supervisor.hosting.hibernation import UsageClock
 from supervisor.hosting.intent import IntentError, IntentFile
-from supervisor.hosting.metrics_http import serve_metrics
+from supervisor.hosting.metrics_http import ScrapeGate, TokenError, read_token, serve_metrics
+from supervisor.hosting.rss_cache import MeasuredWorker, RssCache
 from supervisor.hosting.sd_notify import Notifier
 from supervisor.hosting.session_actions import Hosted, hibernate, is_busy, restart_for_memory
-from supervisor.hosting.session_log import SessionLog, log_path
 from supervisor.hosting.settings import HostingSettings
+from supervisor.hosting.worker_logs import WorkerLogs
 from supervisor.states import State
 
-READ_SIZE: Final = 64 * 1024
 _LIVE: Final = frozenset({State.STARTING, State.RUNNING, State.STOPPING})
 RSS_SAMPLE_GAP: Final = 1.0
 """Seconds between two RSS samples of one worker taken at its reports."""
 STATUS_GAP: Final = 2.0
 """Seconds between two STATUS= lines to systemd."""
-_AGAIN: Final = frozenset({errno.EAGAIN, errno.EINTR})
 
 
 class Hosting:
@@ -54,16 +51,24 @@ class Hosting:
         self.settings = settings
         self.sessions = sessions
         self.report = report
-        self.notifier = notifier or Notifier.from_environ()
+        # The daemon's own lines (report) go here: never blocking, dropped when unread.
+        self.output = DaemonOutput(loop)
+        loop.set_exception_handler(self._loop_exception)
+        self.notifier = notifier or Notifier.from_environ(report=report)
         self.intent = IntentFile(home)
-        self.events = EventHub(report)
+        self.events = EventHub(report, loop.call_later)
         self.clock = UsageClock(idle_stop=settings.idle_stop, max_live=settings.max_live)
+        self.rss = RssCache(loop, self._live_workers)
+        self.scrapes = ScrapeGate()
         self.metrics = DaemonMetrics(
             lambda: (h.state.value for h in sessions.values()),
-            self._live_rss,
+            self.rss.figures,
             [s.value for s in State],
+            live_workers=lambda: sum(1 for _ in self._live_workers()),
+            rss_reads=lambda: self.rss.reads,
         )
-        self._logs: dict[str, SessionLog] = {}
+        self._exits: dict[str, tuple[int, int]] = {}  # session -> (pid, code) of its last exit
+        self.logs = WorkerLogs(loop, home, settings, report)
         self._requests: dict[str, int] = {}
         self._why: dict[str, str] = {}
         self._capped: set[int] = set()  # workers killed for their RSS, not yet reaped
@@ -91,14 +96,25 @@ class Hosting:
     def open_metrics(self) -> None:
         """Listen for scrapes at ``--metrics-listen`` (before the loop runs)."""
         listen = self.settings.metrics_listen
+        token_file = self.settings.metrics_token_file
         if listen is None:
+            if token_file is not None:
+                raise ServeError("--metrics-token-file needs --metrics-listen")
             return
+        if token_file is not None:
+            try:
+                self.scrapes.token = read_token(token_file)
+            except TokenError as exc:
+                raise ServeError(f"--metrics-token-file {exc}") from exc
         try:
             self._metrics_server = self.loop.run_until_complete(
-                serve_metrics(self.loop, listen, self.metrics.render)
+                serve_metrics(self.loop, listen, self.metrics.render, self.scrapes)
             )
         except (OSError, ValueError) as exc:
             raise ServeError(f"--metrics-listen {listen}: {exc}") from exc
+        if token_file is None:
+            self.report(f"metrics at {listen} without --metrics-token-file: anyone who can "
+                        "reach it may scrape")  # fmt: skip
 
     def begin(self) -> None:
         """Start the slow timers (after the socket listens)."""
@@ -124,10 +140,9 @@ class Hosting:
             timer.cancel()
         if self._idle_timer is not None:
             self._idle_timer.cancel()
-        for log in self._logs.values():
-            log.close()
-        self._logs.clear()
+        self.logs.close()
         self.notifier.close()
+        self.output.close()
 
     def summary(self) -> str:
         counts: dict[str, int] = {}
@@ -152,6 +167,10 @@ class Hosting:
         if worker is None and old in _LIVE and hosted.exit_code is not None:
             pid, code = hosted.exit_pid, hosted.exit_code  # this move follows a reaped exit
             exit_code, signal = (None, -code) if code < 0 else (code, None)
+            if pid is not None:
+                # Kept for on_exit's log line: an immediate restart clears the session's
+                # exit code before that line is written.
+                self._exits[hosted.id] = (pid, code)
         reason = reason or self._why.get(hosted.id) or _reason(old, new, hosted.last_error)
         self.events.publish(
             Event(session=hosted.id, from_state=old.value, to_state=new.value, reason=reason,
@@ -179,11 +198,12 @@ class Hosting:
         self._requests.pop(hosted.id, None)
         self._sampled.pop(hosted.id, None)
         self._capped.discard(pid)
+        self.rss.forget(pid)
+        exited = self._exits.pop(hosted.id, None)
+        if exited is not None and exited[0] == pid:
+            code = exited[1]
         how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        log = self._log(hosted.id)
-        self._note(hosted.id, log, f"worker {pid} {how}")
-        with contextlib.suppress(OSError):
-            log.close()
+        self.logs.note_exit(hosted.id, f"worker {pid} {how}")
 
     def on_report(self, hosted: Hosted, message: Mapping[str, object]) -> None:
         """A worker's state report (after requests) carried its state and counters."""
@@ -207,49 +227,7 @@ class Hosting:
 
     def watch_output(self, session: str, pid: int, fd: int) -> None:
         """Read a worker's stdout and stderr (one pipe) into its log file."""
-        os.set_blocking(fd, False)
-        log = self._log(session)
-        self._note(session, log, f"worker {pid} started")
-        self.loop.add_reader(fd, self._read_output, session, fd, log)
-
-    def _log(self, session: str) -> SessionLog:
-        # The object stays (a few hundred bytes); its file is open only while written to.
-        log = self._logs.get(session)
-        if log is None:
-            log = self._logs[session] = SessionLog(
-                log_path(self.home, session), max_bytes=self.settings.log_max_bytes,
-                backups=self.settings.log_backups,
-            )  # fmt: skip
-        return log
-
-    def _note(self, session: str, log: SessionLog, text: str) -> None:
-        try:
-            log.note(text)
-            log.release()
-        except OSError as exc:
-            self.report(f"session {session}: cannot write its log: {exc}")
-
-    def _read_output(self, session: str, fd: int, log: SessionLog) -> None:
-        try:
-            data = os.read(fd, READ_SIZE)
-        except OSError as exc:
-            if exc.errno in _AGAIN:
-                return
-            data = b""
-        if data:
-            try:
-                # Written and closed at once: a worker that says little (most do) costs
-                # the supervisor no descriptor between its lines.
-                log.feed(data)
-                log.release()
-            except OSError as exc:
-                self.report(f"session {session}: cannot write its log: {exc}")
-            return
-        # End of the pipe: every holder of its write end (the worker) is gone.
-        self.loop.remove_reader(fd)
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            log.close()
+        self.logs.watch(session, pid, fd)
 
     # -- hibernation ---------------------------------------------------------------------
 
@@ -309,6 +287,8 @@ class Hosting:
         if limit is None or worker is None or worker.pid in self._capped:
             return
         rss = worker.rss_bytes()
+        if rss is not None:
+            self.rss.store(worker.pid, rss)
         if rss is not None and rss > limit * 2**20:
             self.metrics.memory_restarts += 1
             self._capped.add(worker.pid)
@@ -318,14 +298,17 @@ class Hosting:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _live_rss(self) -> list[int]:
-        found = []
+    def _live_workers(self) -> Iterator[MeasuredWorker]:
         for hosted in self.sessions.values():
-            worker = hosted.worker
-            rss = worker.rss_bytes() if worker is not None else None
-            if rss is not None:
-                found.append(rss)
-        return found
+            if hosted.worker is not None:
+                yield hosted.worker
+
+    def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+        """What asyncio would log (a failed accept, a callback's exception), as one line of
+        the daemon's own output, which never blocks."""
+        exc = context.get("exception")
+        where = f": {type(exc).__name__}: {exc}" if isinstance(exc, BaseException) else ""
+        self.report(f"{context.get('message', 'error in the loop')}{where}")
 
     def _every(self, name: str, interval: float, action: Callable[[], object]) -> None:
         def tick() -> None:
