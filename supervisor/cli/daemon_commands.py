@@ -16,6 +16,7 @@ from supervisor.client.direct import Client
 from supervisor.client.status_table import status_lines
 from supervisor.cluster.errors import ClusterError
 from supervisor.daemon.loop import ServeConfig, Supervisor
+from supervisor.daemon.poison import DEFAULT_POISON_AFTER
 from supervisor.daemon.spawn import StartMethod
 from supervisor.errors import ControlError, HomeLocked, ServeError
 from supervisor.hosting.config import (
@@ -27,6 +28,8 @@ from supervisor.hosting.config import (
     render_config,
 )
 from supervisor.hosting.settings import hosting_options, settings_from
+from worker.heartbeat import MAX_TURN_KEYS
+from worker.turns import DEFAULT_MAX_BATCH
 
 EXIT_ERROR: Final = 1
 STATUS_COLUMNS: Final = (
@@ -93,8 +96,24 @@ def _fail(op: str, exc: ControlError) -> NoReturn:
     "--request-deadline",
     type=click.FloatRange(min=0.01),
     default=None,
-    help="seconds a worker may spend on one batch of requests before it is killed "
-    "(default: no deadline).",
+    help="seconds one request may take, from its start or its App's last "
+    "worker.turn.progress() call, before its worker is killed (default: no deadline).",
+)
+@click.option(
+    "--max-batch",
+    type=click.IntRange(min=1, max=MAX_TURN_KEYS),
+    default=DEFAULT_MAX_BATCH,
+    show_default=True,
+    help="requests handed to the App together at most; fewer while the App is slow "
+    "(chunks are sized to half the hang timeout).",
+)
+@click.option(
+    "--poison-after",
+    type=click.IntRange(min=1, max=1000),
+    default=DEFAULT_POISON_AFTER,
+    show_default=True,
+    help="deaths of a worker with the same request key in flight, after which that "
+    "request is refused (poison_request) and the session serves the others.",
 )
 @click.option(
     "--start-method",
@@ -150,6 +169,7 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
         start_method=StartMethod(cast(str, get("start_method"))),
         hang_timeout=cast(float, get("hang_timeout")),
         request_deadline=cast("float | None", get("request_deadline")), hosting=hosting,
+        max_batch=cast(int, get("max_batch")), poison_after=cast(int, get("poison_after")),
         cluster=cast("str | None", get("cluster")), node=cast("str | None", get("node")),
         lease_ttl=cast("int | None", get("lease_ttl")),
     )  # fmt: skip

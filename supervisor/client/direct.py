@@ -32,6 +32,7 @@ from supervisor.client.control import (
     result_of,
     timed_out,
 )
+from supervisor.client.streaming import Stream
 from supervisor.errors import ControlError
 from worker.wire import FrameReader, Message, WireError, encode
 
@@ -113,6 +114,30 @@ class Client:
         result = result_of(reply)
         self._saw(session, result)
         return result if isinstance(result, dict) else {"result": result}
+
+    def stream(
+        self, session: str, text: str, *, key: str | None = None, untrusted: bool = False
+    ) -> Stream:
+        """Send one request whose App streams: iterate for its partial texts as they come,
+        then read ``.reply`` (retried by key after a worker's death; partials start again).
+        """
+        self._link(session, time.monotonic() + self.retry_for)
+        request = Request(text=text, key=key or _made_up_key(), untrusted=untrusted)
+        return Stream(self, session, self._payload(session, request))
+
+    # -- what a Stream uses (streaming.Connections) ---------------------------------------
+
+    def link(self, session: str, deadline: float) -> socket.socket:
+        return self._link(session, deadline)
+
+    def drop(self, session: str) -> None:
+        self._drop(session)
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def saw(self, session: str, result: object) -> None:
+        self._saw(session, result)
 
     def _payload(self, session: str, request: Request) -> Message:
         payload: Message = {"text": request.text, "key": request.key or _made_up_key()}

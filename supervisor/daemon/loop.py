@@ -270,12 +270,14 @@ class Supervisor:
             budget=self.config.budget, extra_env=dict(self.config.worker_env),
             start_method=self.config.start_method, heartbeat=self.config.hang_timeout / 4,
             request_deadline=self.config.request_deadline, capture_output=True,
+            hang_timeout=self.config.hang_timeout, max_batch=self.config.max_batch,
             cluster=cluster,
         )  # fmt: skip
 
     def _host(self, spec: WorkerSpec, state: State = State.STOPPED) -> HostedSession:
         hosted = HostedSession(
             self, spec, self.config.policy(), self.rng, hang_timeout=self.config.hang_timeout,
+            poison_after=self.config.poison_after,
             state=state,
         )  # fmt: skip
         self.sessions[spec.session] = hosted

@@ -56,6 +56,10 @@ class WorkerSpec:
     """Give the worker one pipe for stdout and stderr, read by the supervisor (``output``)."""
     heartbeat: float | None = None
     request_deadline: float | None = None
+    hang_timeout: float | None = None
+    max_batch: int | None = None
+    poisoned: tuple[tuple[bytes, int], ...] = ()
+    """Key digests of requests that were in flight at too many deaths (refused)."""
     cluster: WorkerCluster | None = None  # cluster mode: token and lease (docs/scaling.md)
 
     def argv(self, channel_fd: int, heartbeat_fd: int | None = None) -> list[str]:
@@ -75,6 +79,12 @@ class WorkerSpec:
             argv += ["--heartbeat-fd", str(heartbeat_fd)]
         if self.request_deadline is not None:
             argv += ["--request-deadline", repr(self.request_deadline)]
+        if self.hang_timeout is not None:
+            argv += ["--hang-timeout", repr(self.hang_timeout)]
+        if self.max_batch is not None:
+            argv += ["--max-batch", str(self.max_batch)]
+        for digest, deaths in self.poisoned:
+            argv += ["--poison", f"{digest.hex()}:{deaths}"]
         if self.cluster is not None:
             argv += self.cluster.argv()
         return argv
