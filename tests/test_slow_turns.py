@@ -105,7 +105,7 @@ def test_a_worker_sigstopped_mid_turn_is_still_killed_as_hung_and_replaced(
         call(str(home), "create", session="s")
         first = wait_state(home, "s", "RUNNING")
         pid = int(str(first["pid"]))
-        caught: list[BaseException] = []
+        caught: list[ControlError] = []
 
         def turn() -> None:
             try:
@@ -118,15 +118,12 @@ def test_a_worker_sigstopped_mid_turn_is_still_killed_as_hung_and_replaced(
         thread.start()
         poll_until((home / f"turn-{pid}").exists, what="the turn to start")
         os.kill(pid, signal.SIGSTOP)
-        replaced = poll_until(
-            lambda: (
-                (row := status(home, "s"))["pid"] not in (None, pid)
-                and row["state"] == "RUNNING"
-                and row
-            ),
-            timeout=30,
-            what="the stopped worker to be replaced",
-        )
+
+        def replaced_row() -> dict[str, object] | None:
+            row = status(home, "s")
+            return row if row["pid"] not in (None, pid) and row["state"] == "RUNNING" else None
+
+        replaced = poll_until(replaced_row, timeout=30, what="the stopped worker to be replaced")
         thread.join(timeout=60)
     assert replaced["restarts"] == 1
     assert "hang: no heartbeat" in str(replaced["last_error"])

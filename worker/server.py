@@ -21,6 +21,7 @@ from worker.app import App
 from worker.heartbeat import HeartbeatCell
 from worker.lease_deadline import LeaseFence
 from worker.peer import Peer
+from worker.record_feed import records_page
 from worker.store.errors import KeyExpired, LogSealed, NotOwnerNow, SessionBroken, SessionError
 from worker.store.session import Session
 from worker.store.stats import STATS
@@ -184,6 +185,11 @@ class Server:
         op = message.get("op")
         if op == "status":
             peer.queue(ok(request_id, {"state": describe(session)}))
+        elif op == "records":
+            try:
+                peer.queue(ok(request_id, records_page(session, message)))
+            except WireError as exc:
+                peer.queue(error(request_id, "bad_request", str(exc)))
         elif peer is not self.control:
             peer.queue(error(request_id, "bad_request", f"unknown op {op!r}"))
         elif op == "attach":

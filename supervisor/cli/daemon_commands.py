@@ -10,6 +10,7 @@ from typing import Final, NoReturn, cast
 import click
 
 from supervisor.cli.options import client_home_option, cluster_option, home_option, timeout_option
+from supervisor.cli.tail_command import print_stream
 from supervisor.client.cluster import ClusterClient
 from supervisor.client.control import call
 from supervisor.client.direct import Client
@@ -226,6 +227,12 @@ def create(
     "--key", default=None, help="request key: a retry with it applies once (default: a new one)."
 )
 @click.option("--untrusted", is_flag=True, help="mark the text as untrusted input.")
+@click.option(
+    "--stream",
+    "streamed",
+    is_flag=True,
+    help="print the App's partial output as it comes (not durable), then the reply.",
+)
 def send(
     home: str | None,
     cluster: str | None,
@@ -234,6 +241,7 @@ def send(
     text: str,
     key: str | None,
     untrusted: bool,
+    streamed: bool,
 ) -> None:
     """Send TEXT to session ID (straight to its worker) and print the reply."""
     if _home_or_cluster(home, cluster) is None:
@@ -248,7 +256,10 @@ def send(
     assert home is not None
     try:
         with Client(home, timeout=timeout, retry_for=timeout) as client:
-            result = client.send(session_id, text, key=key, untrusted=untrusted)
+            if streamed:
+                result = print_stream(client.stream(session_id, text, key=key, untrusted=untrusted))
+            else:
+                result = client.send(session_id, text, key=key, untrusted=untrusted)
     except ControlError as exc:
         _fail("send", exc)
     click.echo(json.dumps(result, sort_keys=True))

@@ -125,6 +125,40 @@ class Client:
         request = Request(text=text, key=key or _made_up_key(), untrusted=untrusted)
         return Stream(self, session, self._payload(session, request))
 
+    def records(self, session: str, *, since: int = 0, epoch: int | None = None) -> Message:
+        """A page of the current epoch's records, from the worker's memory.
+
+        ``since``: lines of the epoch already seen (0: from its SessionStart); ``epoch``:
+        the epoch they belong to (None: the current one; an older one is read from its
+        sealed log). The result holds ``epoch``, ``current`` (the newest epoch),
+        ``records`` (their JSON objects), ``next`` (the ``since`` of the next page) and
+        ``lines`` (the epoch's length).
+        """
+        deadline = time.monotonic() + self.retry_for
+        message: Message = {"op": "records", "since": since}
+        if epoch is not None:
+            message["epoch"] = epoch
+        while True:
+            sock = self._link(session, deadline)
+            try:
+                reply = _round_trip(sock, encode({"id": next(self._ids), **message}))
+            except BlockingIOError as exc:
+                self._drop(session)
+                raise ControlError(
+                    "timeout", f"session {session} did not answer within {self.timeout:g} s"
+                ) from exc
+            except OSError as exc:
+                self._drop(session)
+                if time.monotonic() > deadline:
+                    raise ControlError(
+                        "worker_died", f"the worker of session {session} kept dying: {exc}"
+                    ) from exc
+                continue
+            result = result_of(reply)
+            if not isinstance(result, dict):
+                raise ControlError("bad_reply", f"records: {result!r}")
+            return result
+
     # -- what a Stream uses (streaming.Connections) ---------------------------------------
 
     def link(self, session: str, deadline: float) -> socket.socket:
