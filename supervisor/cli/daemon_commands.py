@@ -20,12 +20,14 @@ from supervisor.daemon.loop import ServeConfig, Supervisor
 from supervisor.daemon.poison import DEFAULT_POISON_AFTER
 from supervisor.daemon.spawn import StartMethod
 from supervisor.errors import ControlError, HomeLocked, ServeError
+from supervisor.hosting.apps import AppConfigError, check_all
 from supervisor.hosting.config import (
     CONFIG_NAME,
     ConfigError,
     config_path,
     merge_config,
     option_specs,
+    read_apps,
     render_config,
 )
 from supervisor.hosting.settings import hosting_options, settings_from
@@ -162,6 +164,12 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
         return
     hosting = settings_from(merged)
     get = merged.get
+    try:
+        apps = read_apps(config_path(home))
+        check_all(apps, cast("str | None", get("app")))
+    except (ConfigError, AppConfigError) as exc:
+        click.echo(f"loopd serve: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
     config = ServeConfig(
         home=home, app=cast("str | None", get("app")), budget=cast("int | None", get("budget")),
         max_restarts=cast(int, get("max_restarts")), window=cast(float, get("restart_window")),
@@ -172,7 +180,7 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
         request_deadline=cast("float | None", get("request_deadline")), hosting=hosting,
         max_batch=cast(int, get("max_batch")), poison_after=cast(int, get("poison_after")),
         cluster=cast("str | None", get("cluster")), node=cast("str | None", get("node")),
-        lease_ttl=cast("int | None", get("lease_ttl")),
+        lease_ttl=cast("int | None", get("lease_ttl")), apps=apps,
     )  # fmt: skip
     try:
         code = Supervisor(config).run()
@@ -200,14 +208,29 @@ def _cluster_fail(op: str, exc: ClusterError | ControlError) -> NoReturn:
 @timeout_option
 @click.argument("session_id", metavar="ID")
 @click.option("--slot", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--app",
+    "app",
+    default=None,
+    help="the named App ([apps.NAME] of loopd.toml) the session runs, now and at every "
+    "restart (default: serve's --app).",
+)
 def create(
-    home: str | None, cluster: str | None, timeout: float, session_id: str, slot: int
+    home: str | None,
+    cluster: str | None,
+    timeout: float,
+    session_id: str,
+    slot: int,
+    app: str | None,
 ) -> None:
     """Create session ID and start its worker (with --cluster: on the least loaded node)."""
     if _home_or_cluster(home, cluster) is not None:
         assert home is not None
-        _print_status([_call(home, "create", timeout, session=session_id, slot=slot)])
+        _print_status([_call(home, "create", timeout, session=session_id, slot=slot, app=app)])
         return
+    if app is not None:
+        click.echo("loopd create: --app is for a home's named Apps, not --cluster", err=True)
+        sys.exit(EXIT_ERROR)
     assert cluster is not None
     try:
         with ClusterClient(cluster, timeout=timeout) as client:

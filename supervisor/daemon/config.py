@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from supervisor.daemon.poison import DEFAULT_POISON_AFTER
 from supervisor.daemon.spawn import StartMethod
+from supervisor.hosting.apps import AppConfig
 from supervisor.hosting.settings import HostingSettings
 from supervisor.states import RestartPolicy
 from worker.turns import DEFAULT_MAX_BATCH
@@ -34,6 +35,8 @@ class ServeConfig:
     node: str | None = None
     lease_ttl: int | None = None
     hosting: HostingSettings = field(default_factory=HostingSettings)
+    apps: dict[str, AppConfig] = field(default_factory=dict)
+    """The named Apps of loopd.toml's ``[apps]`` (``loopd create ID --app NAME``)."""
 
     def policy(self) -> RestartPolicy:
         return RestartPolicy(

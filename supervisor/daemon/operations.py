@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Final, Protocol
 
 from supervisor.daemon.endpoints import Client, Waiter
 from supervisor.daemon.hosted import HostedSession
@@ -11,13 +11,17 @@ from worker.store.errors import InvalidSessionId
 from worker.store.session_id import validate_session_id
 from worker.wire import MAX_REQUEST_ID, Message, WireError, error, field, ok, optional_field
 
+MAX_APP_NAME: Final = 64
+
 
 class Daemon(Protocol):
     """What the operations need of the daemon (passed in, so neither imports the other)."""
 
     @property
     def sessions(self) -> dict[str, HostedSession]: ...
-    def create_session(self, waiter: Waiter, session_id: str, slot: int) -> None: ...
+    def create_session(
+        self, waiter: Waiter, session_id: str, slot: int, app: str | None = None
+    ) -> None: ...
     def forget_pending_start(self, hosted: HostedSession) -> None: ...
     def statuses(self) -> list[Message]: ...
     def daemon_status(self) -> Message: ...
@@ -58,7 +62,10 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
             slot = optional_field(message, "slot", int) or 0
             if slot < 0:
                 raise WireError("field 'slot' must be >= 0")
-            daemon.create_session(waiter, session_id, slot)
+            app = optional_field(message, "app", str)
+            if app is not None and len(app) > MAX_APP_NAME:
+                raise WireError(f"field 'app' must be at most {MAX_APP_NAME} characters")
+            daemon.create_session(waiter, session_id, slot, app)
         elif op == "connect":
             _hosted(daemon, message).submit(waiter, {"op": "connect"})
         elif op in ("send", "compact"):

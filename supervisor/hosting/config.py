@@ -19,8 +19,10 @@ import click
 from click.core import ParameterSource
 
 from supervisor.errors import SupervisorError
+from supervisor.hosting.apps import AppConfig, parse_apps
 
 CONFIG_NAME: Final = "loopd.toml"
+APPS_KEY: Final = "apps"
 _EXPLICIT: Final = frozenset({ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT})
 
 
@@ -116,11 +118,29 @@ def read_config(path: str, specs: Mapping[str, OptionSpec]) -> dict[str, object]
         raise ConfigError(path, f"not TOML: {exc}") from exc
     values: dict[str, object] = {}
     for key, value in table.items():
+        if key == APPS_KEY:
+            continue  # [apps.NAME] tables: read_apps
         spec = specs.get(key)
         if spec is None:
             raise ConfigError(path, f"unknown key {key!r} (known: {', '.join(sorted(specs))})")
         values[spec.name] = spec.check(value, path)
     return values
+
+
+def read_apps(path: str) -> dict[str, AppConfig]:
+    """The file's named Apps (``[apps.NAME]``); none if the file or the table is absent."""
+    try:
+        with open(path, "rb") as file:
+            table = tomllib.load(file)
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise ConfigError(path, f"cannot read: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(path, f"not TOML: {exc}") from exc
+    if APPS_KEY not in table:
+        return {}
+    return parse_apps(table[APPS_KEY], path)
 
 
 def merge_config(
