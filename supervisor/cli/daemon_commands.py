@@ -269,6 +269,9 @@ def send(
     """Send TEXT to session ID (straight to its worker) and print the reply."""
     if _home_or_cluster(home, cluster) is None:
         assert cluster is not None
+        if streamed:
+            click.echo("loopd send: --stream is for a home (--home), not --cluster", err=True)
+            sys.exit(EXIT_ERROR)
         try:
             with ClusterClient(cluster, timeout=timeout) as routed:
                 result = routed.send(session_id, text, key=key, untrusted=untrusted)
