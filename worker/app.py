@@ -13,6 +13,7 @@ from typing import Final, Protocol
 from worker.store.baseline import Baseline
 from worker.store.errors import KeyExpired, SessionError
 from worker.store.records import Assistant, Record, ToolResult, Usage, User, utc_now
+from worker.store.request_records import request_records
 from worker.store.session import Session
 from worker.wire import Message, WireError, field, optional_field
 
@@ -90,6 +91,22 @@ class DefaultApp:
         last = users[-1].text[:60] if users else ""
         return f"epoch {session.epoch}: {len(users)} requests, last {last!r}"
 
+    def answer(self, records: list[Record]) -> Message:
+        """The App's answer to a request, built from the records it wrote (User first).
+
+        Used for the first reply and for every duplicate's, so a retry after a lost
+        reply gets the same answer. An App that writes other records overrides it.
+        """
+        answer: Message = {}
+        for record in records:
+            if isinstance(record, ToolResult) and "call" not in answer:
+                answer["call"] = record.call
+            elif isinstance(record, Assistant):
+                answer["text"] = record.text  # the last one is the turn's answer
+            elif isinstance(record, Usage):
+                answer["context_tokens"] = record.context_tokens
+        return answer
+
     def handle(self, session: Session, request: Message) -> Message:
         result = self._apply_many(session, [request])[0]
         if isinstance(result, SessionError):
@@ -133,8 +150,11 @@ class DefaultApp:
                     batch.results[index] = exc  # may have been applied: never twice
                     continue
                 if ref is not None:
+                    # The same answer the first reply carried, rebuilt from the records
+                    # the request wrote: a retry after a lost reply loses nothing.
                     batch.results[index] = {
                         "duplicate": True, "key": key, "epoch": ref.epoch, "line": ref.line,
+                        **self.answer(request_records(session, ref)),
                     }  # fmt: skip
                     continue
             call = session.next_call()
@@ -148,18 +168,19 @@ class DefaultApp:
                 completion_tokens=completion,
                 context_tokens=batch.context,
             )
+            records: list[Record] = [
+                User(time=now, text=text, untrusted=untrusted, key=key),
+                ToolResult(time=now, call=call, tool="echo", output=text, ok=True),
+                Assistant(time=now, text=reply),
+                usage,
+            ]
             batch.add(
                 index,
                 key,
-                [
-                    User(time=now, text=text, untrusted=untrusted, key=key),
-                    ToolResult(time=now, call=call, tool="echo", output=text, ok=True),
-                    Assistant(time=now, text=reply),
-                    usage,
-                ],
+                records,
                 {
-                    "duplicate": False, "key": key, "epoch": session.epoch, "call": call,
-                    "text": reply, "context_tokens": batch.context, "committed": False,
+                    "duplicate": False, "key": key, "epoch": session.epoch,
+                    **self.answer(records), "committed": False,
                 },
             )  # fmt: skip
             if batch.context > self.budget:

@@ -36,6 +36,7 @@ from worker.store.errors import (
 from worker.store.fencing import write_owner
 from worker.store.records import EpochEnd
 from worker.store.session import Session
+from worker.turns import DEFAULT_MAX_BATCH
 from worker.wire import Channel, Message
 
 EXIT_CLEAN: Final = 0
@@ -124,9 +125,32 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--request-deadline",
         type=float,
         default=None,
-        help="seconds a batch of requests may take before SIGALRM ends the worker",
+        help="seconds one request may take (from its start or its App's last progress "
+        "call) before SIGALRM ends the worker",
+    )
+    parser.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=None,
+        help="the supervisor's hang timeout: chunks of requests are sized to half of it",
+    )
+    parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH)
+    parser.add_argument(
+        "--poison",
+        action="append",
+        default=[],
+        metavar="DIGEST:DEATHS",
+        help="a request key's digest (hex) that was in flight at DEATHS deaths: refused",
     )
     return parser.parse_args(argv)
+
+
+def _poisoned(values: list[str]) -> dict[bytes, int]:
+    poisoned = {}
+    for value in values:
+        digest, _, deaths = value.partition(":")
+        poisoned[bytes.fromhex(digest)] = int(deaths)
+    return poisoned
 
 
 def open_session(args: argparse.Namespace, app: App) -> Session:
@@ -168,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
             heartbeat=args.heartbeat,
             heartbeat_cell=_heartbeat_cell(args.heartbeat_fd),
             request_deadline=args.request_deadline,
+            hang_timeout=args.hang_timeout,
+            max_batch=args.max_batch,
+            poisoned=_poisoned(args.poison),
             fence=fence,
         ).run()
     except (StopRequested, BrokenPipeError, ConnectionResetError):

@@ -11,36 +11,26 @@ cell shared with the supervisor (a store to memory, no message), so a worker tha
 
 from __future__ import annotations
 
-import functools
 import os
 import selectors
-import signal
 import socket
 import time
-from collections.abc import Callable
-from typing import Final, Protocol, runtime_checkable
+from typing import Final
 
 from worker.app import App
 from worker.heartbeat import HeartbeatCell
 from worker.lease_deadline import LeaseFence
 from worker.peer import Peer
+from worker.record_feed import records_page
 from worker.store.errors import KeyExpired, LogSealed, NotOwnerNow, SessionBroken, SessionError
 from worker.store.session import Session
 from worker.store.stats import STATS
+from worker.turns import DEFAULT_MAX_BATCH, PoisonRequest, Target, TurnRunner
 from worker.wire import Message, WireError, error, field, ok
 
 STATE_REPORT_DELAY: Final = 0.05
 """After requests change the session, its state (epoch, records) reaches the supervisor
 within this many seconds, at most once per interval."""
-
-
-@runtime_checkable
-class BatchApp(Protocol):
-    """An app that applies several requests with one group commit (optional seam)."""
-
-    def handle_many(
-        self, session: Session, requests: list[Message]
-    ) -> list[Message | SessionError]: ...
 
 
 def describe(session: Session) -> Message:
@@ -58,24 +48,17 @@ def error_code(exc: SessionError) -> str:
     ``not_owner`` when this worker may not write (cluster: lease unproven, log sealed)."""
     if isinstance(exc, KeyExpired):
         return "key_expired"
+    if isinstance(exc, PoisonRequest):
+        return "poison_request"
     if isinstance(exc, NotOwnerNow | LogSealed):
         return "not_owner"
     return type(exc).__name__
 
 
-def handle_batch(
-    app: App, session: Session, requests: list[Message]
-) -> list[Message | SessionError]:
-    """Apply requests in order: one group commit if the app can, else one by one."""
-    if isinstance(app, BatchApp):
-        return app.handle_many(session, requests)
-    results: list[Message | SessionError] = []
-    for request in requests:
-        try:
-            results.append(app.handle(session, request))
-        except SessionError as exc:
-            results.append(exc)
-    return results
+def _streams(peer: Peer, control: Peer, payload: Message) -> bool:
+    """Partials go to a client that asked for them on its own connection, never through
+    the supervisor's relay (it expects one reply frame per request)."""
+    return peer is not control and payload.get("stream") is True
 
 
 class Server:
@@ -90,6 +73,9 @@ class Server:
         heartbeat: float | None = None,
         heartbeat_cell: HeartbeatCell | None = None,
         request_deadline: float | None = None,
+        hang_timeout: float | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        poisoned: dict[bytes, int] | None = None,
         fence: LeaseFence | None = None,
     ) -> None:
         self.session = session
@@ -98,11 +84,10 @@ class Server:
         self.control = Peer(control, takes_fds=True)
         self.heartbeat = heartbeat
         self.heartbeat_cell = heartbeat_cell
-        self.request_deadline = request_deadline
-        # The runtime Protocol check is slow: made once, not per batch.
-        self._handle: Callable[[Session, list[Message]], list[Message | SessionError]] = (
-            app.handle_many if isinstance(app, BatchApp) else functools.partial(handle_batch, app)
-        )
+        self.runner = TurnRunner(
+            app, session, cell=heartbeat_cell, request_deadline=request_deadline,
+            hang_timeout=hang_timeout, max_batch=max_batch, poisoned=poisoned,
+        )  # fmt: skip
         self.selector = selectors.DefaultSelector()
         self.peers: dict[int, Peer] = {}
         self._events: dict[int, int] = {}
@@ -200,6 +185,11 @@ class Server:
         op = message.get("op")
         if op == "status":
             peer.queue(ok(request_id, {"state": describe(session)}))
+        elif op == "records":
+            try:
+                peer.queue(ok(request_id, records_page(session, message)))
+            except WireError as exc:
+                peer.queue(error(request_id, "bad_request", str(exc)))
         elif peer is not self.control:
             peer.queue(error(request_id, "bad_request", f"unknown op {op!r}"))
         elif op == "attach":
@@ -217,29 +207,37 @@ class Server:
     # -- requests -------------------------------------------------------------------------
 
     def _apply(self, batch: list[tuple[Peer, object, Message]]) -> None:
-        if not batch:
-            return
+        """Apply the requests that arrived together, in chunks the runner sizes."""
+        done = 0
+        while done < len(batch):
+            size = self.runner.chunk_size()
+            self._apply_chunk(batch[done : done + size])
+            done += size
+            if done < len(batch):
+                for peer in list(self.peers.values()):
+                    peer.flush()  # the earlier requests' replies go out now
+                if self.heartbeat_cell is not None:
+                    self.heartbeat_cell.beat()
+
+    def _apply_chunk(self, batch: list[tuple[Peer, object, Message]]) -> None:
         started = time.perf_counter()
-        if self.request_deadline is not None:
-            # Past the deadline the default action of SIGALRM ends the process; the
-            # supervisor restarts it and its clients retry with their keys.
-            signal.setitimer(signal.ITIMER_REAL, self.request_deadline)
-        try:
-            if self.fence is not None:
-                try:
-                    self.fence.check()  # nothing is written without a proven lease
-                except NotOwnerNow as exc:
-                    results: list[Message | SessionError] = [exc] * len(batch)
-                else:
-                    results = self._handle(self.session, [payload for _, _, payload in batch])
+        chunk = [
+            (Target(peer, request_id, streams=_streams(peer, self.control, payload)), payload)
+            for peer, request_id, payload in batch
+        ]
+        if self.fence is not None:
+            try:
+                self.fence.check()  # nothing is written without a proven lease
+            except NotOwnerNow as exc:
+                results: list[Message | SessionError | WireError] = [exc] * len(batch)
             else:
-                results = self._handle(self.session, [payload for _, _, payload in batch])
-        finally:
-            if self.request_deadline is not None:
-                signal.setitimer(signal.ITIMER_REAL, 0)
+                results = self.runner.run(chunk)
+        else:
+            results = self.runner.run(chunk)
         state = describe(self.session)
         lost = self._lease_lost()
-        for (peer, request_id, _), result in zip(batch, results, strict=True):
+        for (target, _), result in zip(chunk, results, strict=True):
+            peer, request_id = target.peer, target.request_id
             if lost is not None and not isinstance(result, SessionError | WireError):
                 # Durable but unacknowledged: the client retries with its key elsewhere.
                 peer.queue(error(request_id, error_code(lost), str(lost)))
@@ -249,6 +247,8 @@ class Server:
                 peer.queue(error(request_id, error_code(result), str(result)))
             else:
                 result["state"] = state
+                if target.dropped:
+                    result["partials_dropped"] = target.dropped
                 if self.fence is not None:
                     result["token"] = self.fence.token
                 peer.queue(ok(request_id, result))

@@ -16,14 +16,17 @@ from supervisor.cli.options import (
     home_option,
     timeout_option,
 )
+from supervisor.cli.tail_command import print_stream
 from supervisor.client.cluster import ClusterClient
 from supervisor.client.control import call, not_utf8, statuses
 from supervisor.client.direct import Client
 from supervisor.client.status_table import status_lines
 from supervisor.cluster.errors import ClusterError
 from supervisor.daemon.loop import ServeConfig, Supervisor
+from supervisor.daemon.poison import DEFAULT_POISON_AFTER
 from supervisor.daemon.spawn import StartMethod
 from supervisor.errors import ControlError, HomeLocked, ServeError
+from supervisor.hosting.apps import AppConfigError, check_all
 from supervisor.hosting.bounds import seconds
 from supervisor.hosting.config import (
     CONFIG_NAME,
@@ -31,9 +34,12 @@ from supervisor.hosting.config import (
     config_path,
     merge_config,
     option_specs,
+    read_apps,
     render_config,
 )
 from supervisor.hosting.settings import hosting_options, settings_from
+from worker.heartbeat import MAX_TURN_KEYS
+from worker.turns import DEFAULT_MAX_BATCH
 
 EXIT_ERROR: Final = 1
 MAX_BUDGET: Final = 1 << 40
@@ -114,8 +120,24 @@ def _fail(op: str, exc: ControlError) -> NoReturn:
     "--request-deadline",
     type=seconds(0.01),
     default=None,
-    help="seconds a worker may spend on one batch of requests before it is killed "
-    "(default: no deadline).",
+    help="seconds one request may take, from its start or its App's last "
+    "worker.turn.progress() call, before its worker is killed (default: no deadline).",
+)
+@click.option(
+    "--max-batch",
+    type=click.IntRange(min=1, max=MAX_TURN_KEYS),
+    default=DEFAULT_MAX_BATCH,
+    show_default=True,
+    help="requests handed to the App together at most; fewer while the App is slow "
+    "(chunks are sized to half the hang timeout).",
+)
+@click.option(
+    "--poison-after",
+    type=click.IntRange(min=1, max=1000),
+    default=DEFAULT_POISON_AFTER,
+    show_default=True,
+    help="deaths of a worker with the same request key in flight, after which that "
+    "request is refused (poison_request) and the session serves the others.",
 )
 @click.option(
     "--start-method",
@@ -164,6 +186,12 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
         return
     hosting = settings_from(merged)
     get = merged.get
+    try:
+        apps = read_apps(config_path(home))
+        check_all(apps, cast("str | None", get("app")))
+    except (ConfigError, AppConfigError) as exc:
+        click.echo(f"loopd serve: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
     config = ServeConfig(
         home=home, app=cast("str | None", get("app")), budget=cast("int | None", get("budget")),
         max_restarts=cast(int, get("max_restarts")), window=cast(float, get("restart_window")),
@@ -172,8 +200,9 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
         start_method=StartMethod(cast(str, get("start_method"))),
         hang_timeout=cast(float, get("hang_timeout")),
         request_deadline=cast("float | None", get("request_deadline")), hosting=hosting,
+        max_batch=cast(int, get("max_batch")), poison_after=cast(int, get("poison_after")),
         cluster=cast("str | None", get("cluster")), node=cast("str | None", get("node")),
-        lease_ttl=cast("int | None", get("lease_ttl")),
+        lease_ttl=cast("int | None", get("lease_ttl")), apps=apps,
     )  # fmt: skip
     try:
         code = Supervisor(config).run()
@@ -201,14 +230,29 @@ def _cluster_fail(op: str, exc: ClusterError | ControlError) -> NoReturn:
 @timeout_option
 @click.argument("session_id", metavar="ID")
 @click.option("--slot", type=click.IntRange(0, MAX_SLOT), default=0, show_default=True)
+@click.option(
+    "--app",
+    "app",
+    default=None,
+    help="the named App ([apps.NAME] of loopd.toml) the session runs, now and at every "
+    "restart (default: serve's --app).",
+)
 def create(
-    home: str | None, cluster: str | None, timeout: float, session_id: str, slot: int
+    home: str | None,
+    cluster: str | None,
+    timeout: float,
+    session_id: str,
+    slot: int,
+    app: str | None,
 ) -> None:
     """Create session ID and start its worker (with --cluster: on the least loaded node)."""
     if _home_or_cluster(home, cluster) is not None:
         assert home is not None
-        _print_status([_call(home, "create", timeout, session=session_id, slot=slot)])
+        _print_status([_call(home, "create", timeout, session=session_id, slot=slot, app=app)])
         return
+    if app is not None:
+        click.echo("loopd create: --app is for a home's named Apps, not --cluster", err=True)
+        sys.exit(EXIT_ERROR)
     assert cluster is not None
     try:
         with ClusterClient(cluster, timeout=timeout) as client:
@@ -228,6 +272,12 @@ def create(
     "--key", default=None, help="request key: a retry with it applies once (default: a new one)."
 )
 @click.option("--untrusted", is_flag=True, help="mark the text as untrusted input.")
+@click.option(
+    "--stream",
+    "streamed",
+    is_flag=True,
+    help="print the App's partial output as it comes (not durable), then the reply.",
+)
 def send(
     home: str | None,
     cluster: str | None,
@@ -236,6 +286,7 @@ def send(
     text: str,
     key: str | None,
     untrusted: bool,
+    streamed: bool,
 ) -> None:
     """Send TEXT to session ID (straight to its worker) and print the reply."""
     for name, value in (("ID", session_id), ("TEXT", text), ("--key", key)):
@@ -244,6 +295,9 @@ def send(
             raise click.BadParameter(problem, param_hint=name)
     if _home_or_cluster(home, cluster) is None:
         assert cluster is not None
+        if streamed:
+            click.echo("loopd send: --stream is for a home (--home), not --cluster", err=True)
+            sys.exit(EXIT_ERROR)
         try:
             with ClusterClient(cluster, timeout=timeout) as routed:
                 result = routed.send(session_id, text, key=key, untrusted=untrusted)
@@ -254,7 +308,10 @@ def send(
     assert home is not None
     try:
         with Client(home, timeout=timeout, retry_for=timeout) as client:
-            result = client.send(session_id, text, key=key, untrusted=untrusted)
+            if streamed:
+                result = print_stream(client.stream(session_id, text, key=key, untrusted=untrusted))
+            else:
+                result = client.send(session_id, text, key=key, untrusted=untrusted)
     except ControlError as exc:
         _fail("send", exc)
     click.echo(json.dumps(result, sort_keys=True))

@@ -30,6 +30,7 @@ COMMANDS: Final = {
     "verify": "supervisor.cli.offline_commands:verify",
     "repair": "supervisor.cli.offline_commands:repair",
     "logs": "supervisor.cli.log_commands:logs",
+    "tail": "supervisor.cli.tail_command:tail",
     "events": "supervisor.cli.stream_commands:events",
     "metrics": "supervisor.cli.stream_commands:metrics",
     "demo": "supervisor.cli.demo_command:demo",

@@ -32,6 +32,7 @@ from supervisor.client.control import (
     result_of,
     timed_out,
 )
+from supervisor.client.streaming import Stream
 from supervisor.errors import ControlError
 from worker.wire import FrameReader, Message, WireError, encode
 
@@ -113,6 +114,64 @@ class Client:
         result = result_of(reply)
         self._saw(session, result)
         return result if isinstance(result, dict) else {"result": result}
+
+    def stream(
+        self, session: str, text: str, *, key: str | None = None, untrusted: bool = False
+    ) -> Stream:
+        """Send one request whose App streams: iterate for its partial texts as they come,
+        then read ``.reply`` (retried by key after a worker's death; partials start again).
+        """
+        self._link(session, time.monotonic() + self.retry_for)
+        request = Request(text=text, key=key or _made_up_key(), untrusted=untrusted)
+        return Stream(self, session, self._payload(session, request))
+
+    def records(self, session: str, *, since: int = 0, epoch: int | None = None) -> Message:
+        """A page of the current epoch's records, from the worker's memory.
+
+        ``since``: lines of the epoch already seen (0: from its SessionStart); ``epoch``:
+        the epoch they belong to (None: the current one; an older one is read from its
+        sealed log). The result holds ``epoch``, ``current`` (the newest epoch),
+        ``records`` (their JSON objects), ``next`` (the ``since`` of the next page) and
+        ``lines`` (the epoch's length).
+        """
+        deadline = time.monotonic() + self.retry_for
+        message: Message = {"op": "records", "since": since}
+        if epoch is not None:
+            message["epoch"] = epoch
+        while True:
+            sock = self._link(session, deadline)
+            try:
+                reply = _round_trip(sock, encode({"id": next(self._ids), **message}))
+            except BlockingIOError as exc:
+                self._drop(session)
+                raise ControlError(
+                    "timeout", f"session {session} did not answer within {self.timeout:g} s"
+                ) from exc
+            except OSError as exc:
+                self._drop(session)
+                if time.monotonic() > deadline:
+                    raise ControlError(
+                        "worker_died", f"the worker of session {session} kept dying: {exc}"
+                    ) from exc
+                continue
+            result = result_of(reply)
+            if not isinstance(result, dict):
+                raise ControlError("bad_reply", f"records: {result!r}")
+            return result
+
+    # -- what a Stream uses (streaming.Connections) ---------------------------------------
+
+    def link(self, session: str, deadline: float) -> socket.socket:
+        return self._link(session, deadline)
+
+    def drop(self, session: str) -> None:
+        self._drop(session)
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def saw(self, session: str, result: object) -> None:
+        self._saw(session, result)
 
     def _payload(self, session: str, request: Request) -> Message:
         payload: Message = {"text": request.text, "key": request.key or _made_up_key()}

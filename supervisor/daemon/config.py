@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from supervisor.daemon.poison import DEFAULT_POISON_AFTER
 from supervisor.daemon.spawn import StartMethod
+from supervisor.hosting.apps import AppConfig
 from supervisor.hosting.settings import HostingSettings
 from supervisor.states import RestartPolicy
+from worker.turns import DEFAULT_MAX_BATCH
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -23,6 +26,8 @@ class ServeConfig:
     stable_after: float = 5.0
     hang_timeout: float = 30.0
     request_deadline: float | None = None
+    max_batch: int = DEFAULT_MAX_BATCH
+    poison_after: int = DEFAULT_POISON_AFTER
     seed: int | None = None
     worker_env: dict[str, str] = field(default_factory=dict)
     start_method: StartMethod = StartMethod.FORK
@@ -30,6 +35,8 @@ class ServeConfig:
     node: str | None = None
     lease_ttl: int | None = None
     hosting: HostingSettings = field(default_factory=HostingSettings)
+    apps: dict[str, AppConfig] = field(default_factory=dict)
+    """The named Apps of loopd.toml's ``[apps]`` (``loopd create ID --app NAME``)."""
 
     def policy(self) -> RestartPolicy:
         return RestartPolicy(

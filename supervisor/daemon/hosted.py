@@ -13,6 +13,7 @@ from supervisor.daemon.endpoints import Waiter, WorkerChannel
 from supervisor.daemon.handover import hand_over
 from supervisor.daemon.hang import HangWatch
 from supervisor.daemon.hosted_status import session_status
+from supervisor.daemon.poison import DEFAULT_POISON_AFTER, PoisonLedger
 from supervisor.daemon.spawn import WorkerProcess, WorkerSpec, describe_exit
 from supervisor.states import RestartPolicy, State, StateMachine
 from worker.process import (
@@ -55,6 +56,7 @@ class HostedSession:
         rng: random.Random,
         *,
         hang_timeout: float | None = None,
+        poison_after: int = DEFAULT_POISON_AFTER,
         state: State = State.STOPPED,
     ) -> None:
         self.loop = loop
@@ -66,6 +68,7 @@ class HostedSession:
         self.worker: WorkerProcess | None = None
         self.link: WorkerChannel | None = None
         self.hang = HangWatch(loop, hang_timeout, self._hung, self._last_beat)
+        self.poison = PoisonLedger(poison_after)
         self.restarts = 0
         self.started_at: float | None = None
         self._last_error: str | None = None
@@ -104,6 +107,9 @@ class HostedSession:
         self.exit_pid = self.exit_code = None
         self.machine.move(State.STARTING)
         self._said = None
+        poisoned = self.poison.poisoned()
+        if poisoned != self.spec.poisoned:
+            self.spec = dataclasses.replace(self.spec, poisoned=poisoned)
         try:
             worker = WorkerProcess(self.spec)
         except OSError as exc:
@@ -199,6 +205,7 @@ class HostedSession:
         said = self._said
         code = worker.reap()
         self.exit_pid, self.exit_code = worker.pid, code
+        turn_started, in_flight = worker.heartbeat.turn()  # what it was handling, if any
         self.loop.unwatch_worker(worker)
         worker.close()
         self.worker = None
@@ -253,6 +260,9 @@ class HostedSession:
             # Only this worker's words: the previous exits' are not chained on, or the
             # text would grow with every restart.
             self.last_error = f"worker {how}" + (f": {said}" if said else "")
+            if in_flight:
+                running = None if turn_started is None else now - turn_started
+                self.last_error = f"{self.last_error}{self.poison.charged(in_flight, running)}"
             self._crashed(now)
 
     def _crashed(self, now: float) -> None:

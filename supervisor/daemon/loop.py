@@ -20,22 +20,22 @@ from collections.abc import Callable
 from typing import Final
 
 from supervisor.cluster.serving import ServingNode, WorkerCluster
-from supervisor.control_socket import make_private_dirs
 from supervisor.daemon.cluster_node import DaemonNode
 from supervisor.daemon.config import ServeConfig
 from supervisor.daemon.connection import connect
 from supervisor.daemon.endpoints import Client, Waiter
+from supervisor.daemon.home import claim_home
 from supervisor.daemon.hosted import HostedSession
 from supervisor.daemon.links import ClientConnection, WorkerLink, WorkerWatch
 from supervisor.daemon.listener import Listener
 from supervisor.daemon.spawn import WorkerProcess, WorkerSpec
-from supervisor.errors import HomeLocked, ServeError
+from supervisor.daemon.worker_specs import UnknownApp, worker_spec
+from supervisor.errors import ServeError
 from supervisor.hosting.intent import IntentError
 from supervisor.hosting.runtime import Hosting
 from supervisor.states import State
-from worker.store.errors import InvalidSessionId, SessionIOError, SessionLocked
+from worker.store.errors import InvalidSessionId
 from worker.store.layout import SESSIONS_DIR
-from worker.store.lock import lock_directory
 from worker.store.session_id import validate_session_id
 from worker.wire import Message, error, ok
 
@@ -128,7 +128,7 @@ class Supervisor:
     def run(self) -> int:
         """Serve until SIGTERM or SIGINT; then stop every worker and return 0."""
         try:
-            home_fd = self._claim_home()
+            home_fd = claim_home(self.home)
         except BaseException:
             self.loop.close()
             raise
@@ -167,26 +167,13 @@ class Supervisor:
         (or rest IDLE when hibernation is on, to start at their first use)."""
         initial = self.hosting.initial_states(sessions)
         for session_id, state in initial.items():
-            hosted = self._host(self._spec(session_id), state or State.STOPPED)
+            try:
+                spec = self._spec(session_id)
+            except UnknownApp as exc:
+                raise ServeError(str(exc)) from exc
+            hosted = self._host(spec, state or State.STOPPED)
             if state is None:
                 self._to_start.append(hosted)
-
-    def _claim_home(self) -> int:
-        """Make the home (0700 whatever the umask) and take its lock; return the lock's fd."""
-        sessions = os.path.join(self.home, SESSIONS_DIR)
-        try:
-            make_private_dirs(self.home)
-            make_private_dirs(sessions)
-            return lock_directory(self.home)
-        except SessionLocked as exc:
-            raise HomeLocked(self.home, exc.pid) from exc
-        except SessionIOError as exc:
-            raise ServeError(f"{exc}; choose a directory you own on a local file system") from exc
-        except OSError as exc:
-            raise ServeError(
-                f"{exc.filename or self.home}: cannot use this home: {exc.strerror}; "
-                "choose a directory you own on a local file system"
-            ) from exc
 
     def _join_cluster(self, url: str) -> list[str]:
         """Register this node and claim its sessions (quarantining the others); those it serves."""
@@ -244,18 +231,15 @@ class Supervisor:
     ) -> WorkerSpec:
         if cluster is None and self.cluster is not None:
             cluster = self.cluster.worker_args(session_id)
-        return WorkerSpec(
-            home=self.home, session=session_id, create=create, slot=slot, app=self.config.app,
-            budget=self.config.budget, extra_env=dict(self.config.worker_env),
-            start_method=self.config.start_method, heartbeat=self.config.hang_timeout / 4,
-            request_deadline=self.config.request_deadline, capture_output=True,
-            cluster=cluster,
-        )  # fmt: skip
+        app = self.hosting.intent.app_of(session_id)
+        return worker_spec(
+            self.config, session_id, app=app, create=create, slot=slot, cluster=cluster
+        )
 
     def _host(self, spec: WorkerSpec, state: State = State.STOPPED) -> HostedSession:
         hosted = HostedSession(
-            self, spec, self.config.policy(), self.rng, hang_timeout=self.config.hang_timeout,
-            state=state,
+            self, spec, self.config.policy(), self.rng, hang_timeout=spec.hang_timeout,
+            poison_after=self.config.poison_after, state=state,
         )  # fmt: skip
         self.sessions[spec.session] = hosted
         return hosted
@@ -283,22 +267,40 @@ class Supervisor:
 
     # -- used by operations -------------------------------------------------------------
 
-    def create_session(self, waiter: Waiter, session_id: str, slot: int) -> None:
+    def create_session(
+        self, waiter: Waiter, session_id: str, slot: int, app: str | None = None
+    ) -> None:
         directory = os.path.join(self.home, SESSIONS_DIR, session_id)
         if session_id in self.sessions or os.path.exists(directory):
             waiter.client.reply(
                 error(waiter.request_id, "exists", f"{directory}: session already exists")
             )
+        elif app is not None and app not in self.config.apps:
+            known = ", ".join(sorted(self.config.apps)) or "none"
+            waiter.client.reply(error(waiter.request_id, "unknown_app", (
+                f"no App named {app!r} in loopd.toml's [apps] (configured: {known})")))  # fmt: skip
         elif self.cluster is None:
-            self._create_hosted(waiter, session_id, slot, None)
+            self._create_hosted(waiter, session_id, slot, None, app)
         elif not self.cluster.refuse_busy(waiter, session_id):  # placed in etcd first, off the loop
             self.cluster.place(
-                waiter, session_id, lambda args: self._create_hosted(waiter, session_id, slot, args)
+                waiter,
+                session_id,
+                lambda args: self._create_hosted(waiter, session_id, slot, args, app),
             )
 
     def _create_hosted(
-        self, waiter: Waiter, session_id: str, slot: int, cluster: WorkerCluster | None
+        self,
+        waiter: Waiter,
+        session_id: str,
+        slot: int,
+        cluster: WorkerCluster | None,
+        app: str | None,
     ) -> None:
+        try:
+            self.hosting.intent.set_app(session_id, app)  # durable before the worker runs
+        except IntentError as exc:
+            waiter.client.reply(error(waiter.request_id, "intent", f"{exc}; nothing was done"))
+            return
         hosted = self._host(self._spec(session_id, create=True, slot=slot, cluster=cluster))
         hosted.ready_waiters.append(waiter)
         hosted.start()

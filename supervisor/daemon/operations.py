@@ -27,13 +27,17 @@ STATUS_PAGE_BYTES: Final = MAX_FRAME // 2
 """Encoded rows in one page: with a bounded ``last_error`` a row is at most a few KiB, so
 a page always fits the frame with room for the reply around it."""
 
+MAX_APP_NAME: Final = 64
+
 
 class Daemon(Protocol):
     """What the operations need of the daemon (passed in, so neither imports the other)."""
 
     @property
     def sessions(self) -> dict[str, HostedSession]: ...
-    def create_session(self, waiter: Waiter, session_id: str, slot: int) -> None: ...
+    def create_session(
+        self, waiter: Waiter, session_id: str, slot: int, app: str | None = None
+    ) -> None: ...
     def forget_pending_start(self, hosted: HostedSession) -> None: ...
     def statuses(self) -> list[Message]: ...
     def daemon_status(self) -> Message: ...
@@ -79,7 +83,10 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
             slot = optional_field(message, "slot", int) or 0
             if slot < 0:
                 raise WireError("field 'slot' must be >= 0")
-            daemon.create_session(waiter, session_id, slot)
+            app = optional_field(message, "app", str)
+            if app is not None and len(app) > MAX_APP_NAME:
+                raise WireError(f"field 'app' must be at most {MAX_APP_NAME} characters")
+            daemon.create_session(waiter, session_id, slot, app)
         elif op == "connect":
             _hosted(daemon, message).submit(waiter, {"op": "connect"})
         elif op in ("send", "compact"):

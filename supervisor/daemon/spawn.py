@@ -51,11 +51,19 @@ class WorkerSpec:
     app: str | None = None
     budget: int | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    """The worker's working directory (None: the supervisor's)."""
+    path: tuple[str, ...] = ()
+    """Directories put first on the worker's import path (exec: through PYTHONPATH)."""
     start_method: StartMethod = StartMethod.FORK
     capture_output: bool = False
     """Give the worker one pipe for stdout and stderr, read by the supervisor (``output``)."""
     heartbeat: float | None = None
     request_deadline: float | None = None
+    hang_timeout: float | None = None
+    max_batch: int | None = None
+    poisoned: tuple[tuple[bytes, int], ...] = ()
+    """Key digests of requests that were in flight at too many deaths (refused)."""
     cluster: WorkerCluster | None = None  # cluster mode: token and lease (docs/scaling.md)
 
     def argv(self, channel_fd: int, heartbeat_fd: int | None = None) -> list[str]:
@@ -75,6 +83,12 @@ class WorkerSpec:
             argv += ["--heartbeat-fd", str(heartbeat_fd)]
         if self.request_deadline is not None:
             argv += ["--request-deadline", repr(self.request_deadline)]
+        if self.hang_timeout is not None:
+            argv += ["--hang-timeout", repr(self.hang_timeout)]
+        if self.max_batch is not None:
+            argv += ["--max-batch", str(self.max_batch)]
+        for digest, deaths in self.poisoned:
+            argv += ["--poison", f"{digest.hex()}:{deaths}"]
         if self.cluster is not None:
             argv += self.cluster.argv()
         return argv
@@ -112,7 +126,8 @@ class WorkerProcess:
                     stdout=output_w,
                     stderr=output_w,
                     start_new_session=True,  # its own process group, for killpg
-                    env={**os.environ, **spec.extra_env},
+                    env=_exec_env(spec),
+                    cwd=spec.cwd,
                 )
                 self.pid = self._popen.pid
             else:
@@ -226,6 +241,9 @@ def _fork_worker(spec: WorkerSpec, channel_fd: int, beat_fd: int, output_fd: int
             os.dup2(output_fd, 2)
         _close_all_but(channel_fd, beat_fd)
         os.environ.update(spec.extra_env)
+        if spec.cwd is not None:
+            os.chdir(spec.cwd)
+        sys.path[:0] = spec.path
         from worker.process import main  # noqa: PLC0415 - only the child runs the worker
 
         code = main(spec.argv(channel_fd, beat_fd)[3:])
@@ -239,6 +257,15 @@ def _fork_worker(spec: WorkerSpec, channel_fd: int, beat_fd: int, output_fd: int
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
         os._exit(code)
+
+
+def _exec_env(spec: WorkerSpec) -> dict[str, str]:
+    """A fresh interpreter's environment: the supervisor's, the App's, its import path."""
+    env = {**os.environ, **spec.extra_env}
+    if spec.path:
+        inherited = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = os.pathsep.join([*spec.path, *([inherited] if inherited else [])])
+    return env
 
 
 def _close_all_but(*keep: int) -> None:

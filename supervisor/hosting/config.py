@@ -19,10 +19,12 @@ import click
 from click.core import ParameterSource
 
 from supervisor.errors import SupervisorError
+from supervisor.hosting.apps import AppConfig, parse_apps
 from supervisor.hosting.regular_file import decode_utf8, read_regular
 
 CONFIG_NAME: Final = "loopd.toml"
 MAX_CONFIG_BYTES: Final = 1 << 20
+APPS_KEY: Final = "apps"
 _EXPLICIT: Final = frozenset({ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT})
 
 
@@ -98,14 +100,14 @@ def option_specs(command: click.Command, *, exclude: frozenset[str]) -> dict[str
     return specs
 
 
-def read_config(path: str, specs: Mapping[str, OptionSpec]) -> dict[str, object]:
-    """The file's values by parameter name; an absent file sets nothing."""
+def _read_table(path: str) -> dict[str, object] | None:
+    """The file as a TOML table; None if there is no file; ConfigError if unusable."""
     try:
         raw = read_regular(path, MAX_CONFIG_BYTES)
     except OSError as exc:
         raise ConfigError(path, f"cannot read: {exc.strerror}") from exc
     if raw is None:
-        return {}
+        return None
     try:
         table = tomllib.loads(decode_utf8(raw))
     except tomllib.TOMLDecodeError as exc:
@@ -114,13 +116,31 @@ def read_config(path: str, specs: Mapping[str, OptionSpec]) -> dict[str, object]
         raise ConfigError(path, str(exc)) from exc
     except RecursionError as exc:
         raise ConfigError(path, "not TOML loopd can read: nested too deeply") from exc
+    return table
+
+
+def read_config(path: str, specs: Mapping[str, OptionSpec]) -> dict[str, object]:
+    """The file's values by parameter name; an absent file sets nothing."""
+    table = _read_table(path)
+    if table is None:
+        return {}
     values: dict[str, object] = {}
     for key, value in table.items():
+        if key == APPS_KEY:
+            continue  # [apps.NAME] tables: read_apps
         spec = specs.get(key)
         if spec is None:
             raise ConfigError(path, f"unknown key {key!r} (known: {', '.join(sorted(specs))})")
         values[spec.name] = spec.check(value, path)
     return values
+
+
+def read_apps(path: str) -> dict[str, AppConfig]:
+    """The file's named Apps (``[apps.NAME]``); none if the file or the table is absent."""
+    table = _read_table(path)
+    if table is None or APPS_KEY not in table:
+        return {}
+    return parse_apps(table[APPS_KEY], path)
 
 
 def merge_config(

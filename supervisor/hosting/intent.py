@@ -1,7 +1,9 @@
 """The operator's intent (which sessions were stopped), kept across supervisor restarts.
 
 The log is a session's only state and a session directory holds nothing else, so the
-intent lives beside the sessions, in ``<home>/intent.json``: ``{"stopped": [id, ...]}``.
+intent lives beside the sessions, in ``<home>/intent.json``: ``{"stopped": [id, ...],
+"apps": {id: NAME, ...}}`` (the named App, of ``loopd.toml``'s ``[apps]``, a session was
+created with; a session without an entry runs serve's ``--app``).
 Every change rewrites the whole file atomically (a temporary file in the home, fsync,
 rename, fsync of the home), so a crash leaves either the old intent or the new one.
 """
@@ -42,6 +44,7 @@ class IntentFile:
         self.home = home
         self.path = os.path.join(home, INTENT_NAME)
         self._stopped: set[str] = set()
+        self._apps: dict[str, str] = {}
 
     @property
     def stopped(self) -> frozenset[str]:
@@ -60,6 +63,7 @@ class IntentFile:
             raise IntentError(self.path, f"cannot read: {exc.strerror}") from exc
         if raw is None:
             self._stopped = set()
+            self._apps = {}
             return self.stopped
         try:
             decoded = json.loads(decode_utf8(raw))
@@ -72,19 +76,48 @@ class IntentFile:
         stopped = decoded.get("stopped") if isinstance(decoded, dict) else None
         if not isinstance(stopped, list) or not all(isinstance(s, str) for s in stopped):
             raise IntentError(self.path, 'expected {"stopped": [session id, ...]}')
+        apps = decoded.get("apps", {})
+        if not isinstance(apps, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in apps.items()
+        ):
+            raise IntentError(self.path, 'expected "apps": {session id: App name, ...}')
         self._stopped = set(stopped)
+        self._apps = dict(apps)
         return self.stopped
+
+    def app_of(self, session_id: str) -> str | None:
+        """The named App the session was created with, if any."""
+        return self._apps.get(session_id)
+
+    @property
+    def apps(self) -> dict[str, str]:
+        return dict(self._apps)
+
+    def set_app(self, session_id: str, app: str | None) -> None:
+        """Record (or forget, with None) the session's named App; durable on return."""
+        wanted = dict(self._apps)
+        if app is None:
+            wanted.pop(session_id, None)
+        else:
+            wanted[session_id] = app
+        if wanted == self._apps:
+            return
+        self._write(self._stopped, wanted)
+        self._apps = wanted
 
     def mark(self, session_id: str, *, stopped: bool) -> None:
         """Record that the operator stopped (or started) a session; durable on return."""
         wanted = self._stopped | {session_id} if stopped else self._stopped - {session_id}
         if wanted == self._stopped:
             return
-        self._write(wanted)
+        self._write(wanted, self._apps)
         self._stopped = wanted
 
-    def _write(self, stopped: set[str]) -> None:
-        data = json.dumps({"stopped": sorted(stopped)}, separators=(",", ":")).encode() + b"\n"
+    def _write(self, stopped: set[str], apps: dict[str, str]) -> None:
+        document: dict[str, object] = {"stopped": sorted(stopped)}
+        if apps:
+            document["apps"] = dict(sorted(apps.items()))
+        data = json.dumps(document, separators=(",", ":")).encode() + b"\n"
         try:
             # Whatever was left at the temporary name (a crash's leftover, or a FIFO
             # planted there, whose open for writing would wait for a reader) goes first,

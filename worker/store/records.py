@@ -56,6 +56,7 @@ __all__ = [
     "decode_record",
     "encode_record",
     "encode_records",
+    "record_document",
     "utc_now",
 ]
 
@@ -186,6 +187,11 @@ def _line(type_name: str, document: dict[str, object]) -> bytes:
     except UnicodeEncodeError as exc:
         # A lone surrogate has no UTF-8 form; writing it escaped would not round-trip.
         raise InvalidRecord(type_name, f"text is not valid Unicode: {exc.reason}") from exc
+
+
+def record_document(record: Record) -> dict[str, object]:
+    """The record as the JSON object its line holds (``"type"`` first), for readers."""
+    return dict(_document(record))
 
 
 def encode_record(record: Record) -> bytes:

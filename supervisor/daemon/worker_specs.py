@@ -1,0 +1,64 @@
+"""How a session's worker is started: serve's settings, under its named App's own."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from supervisor.daemon.config import ServeConfig
+from supervisor.daemon.spawn import WorkerSpec
+
+if TYPE_CHECKING:
+    from supervisor.cluster.serving import WorkerCluster
+
+
+class UnknownApp(Exception):
+    """A session names an App that loopd.toml's ``[apps]`` does not (any more)."""
+
+    def __init__(self, session_id: str, app: str, known: list[str]) -> None:
+        super().__init__(session_id, app, known)
+        self.session_id = session_id
+        self.app = app
+        self.known = known
+
+    def __str__(self) -> str:
+        known = ", ".join(self.known) if self.known else "none"
+        return (
+            f"session {self.session_id} runs App {self.app!r}, which loopd.toml's [apps] does "
+            f"not name (configured: {known}); add [apps.{self.app}] back rather than run the "
+            "session with another App"
+        )
+
+
+def worker_spec(
+    config: ServeConfig,
+    session_id: str,
+    *,
+    app: str | None = None,
+    create: bool = False,
+    slot: int = 0,
+    cluster: WorkerCluster | None = None,
+) -> WorkerSpec:
+    """The spec of ``session_id``'s worker; UnknownApp if its named App is not configured."""
+    named = None
+    if app is not None:
+        named = config.apps.get(app)
+        if named is None:
+            raise UnknownApp(session_id, app, sorted(config.apps))
+    hang_timeout = config.hang_timeout
+    request_deadline = config.request_deadline
+    budget = config.budget
+    env = dict(config.worker_env)
+    if named is not None:
+        hang_timeout = named.hang_timeout or hang_timeout
+        request_deadline = named.request_deadline or request_deadline
+        budget = named.budget or budget
+        env.update(named.env)
+    return WorkerSpec(
+        home=config.home, session=session_id, create=create, slot=slot,
+        app=named.target if named is not None else config.app, budget=budget, extra_env=env,
+        cwd=named.cwd if named is not None else None,
+        path=named.path if named is not None else (),
+        start_method=config.start_method, heartbeat=hang_timeout / 4,
+        request_deadline=request_deadline, capture_output=True, hang_timeout=hang_timeout,
+        max_batch=config.max_batch, cluster=cluster,
+    )  # fmt: skip

@@ -1,0 +1,43 @@
+"""The records one request wrote, found by its key's place: for a duplicate's reply.
+
+A request's records are its ``User`` line and what follows it up to the next request
+(the next ``User``) or the next record the store writes alone. The current epoch's are
+in memory; an older epoch's are read from its sealed log (only when a retry asks).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from worker.store.epoch_log import decode_log
+from worker.store.errors import InvalidLog
+from worker.store.files import open_directory, read_file
+from worker.store.records import EpochEnd, Handoff, Owner, Record, SessionStart, User
+from worker.store.session import Session
+from worker.store.session_state import KeyRef, log_path
+
+_ENDS_A_REQUEST = (User, SessionStart, EpochEnd, Owner, Handoff)
+
+
+def request_records(session: Session, ref: KeyRef) -> list[Record]:
+    """The records of the request applied at ``ref`` (its User first)."""
+    if ref.epoch == session.epoch:
+        records: Sequence[Record] = session.records
+        path = session.log_path
+    else:
+        path = log_path(session.dir, ref.epoch)
+        dir_fd = open_directory(session.dir)
+        try:
+            data = read_file(dir_fd, os.path.basename(path), path)
+        finally:
+            os.close(dir_fd)
+        records = decode_log(path, data).records
+    if not 1 <= ref.line <= len(records) or not isinstance(records[ref.line - 1], User):
+        raise InvalidLog(path, ref.line, "the request's line is not a User record")
+    found = [records[ref.line - 1]]
+    for record in records[ref.line :]:
+        if isinstance(record, _ENDS_A_REQUEST):
+            break
+        found.append(record)
+    return found

@@ -1,0 +1,54 @@
+"""What an App may call while it handles a request: ``progress()`` and ``stream()``.
+
+An App runs inside the worker's loop: while ``handle`` (or ``handle_many``) runs, the
+loop does not turn. ``progress()`` tells the supervisor the App is alive and working
+(as systemd's ``WATCHDOG=1`` does): it stamps the heartbeat and restarts the request's
+deadline, so a ten-minute tool loop that calls it is never taken for a hang, while an
+App that is stuck (no progress) or stopped (SIGSTOP) still is. ``stream(text)`` sends
+partial output to the client of the request being handled; nothing of it is written to
+the log, and a client that loses its worker mid-stream retries by key and sees the
+partials again from the start (they are not durable: docs/apps.md).
+
+Both are no-ops outside a worker (an App's own unit tests may call them freely).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from worker.wire import Message
+
+
+class TurnHooks(Protocol):
+    """The worker's side of the calls below (``worker.turns.TurnRunner``)."""
+
+    def progress(self) -> None: ...
+    def stream(self, text: str, request: Message | None) -> None: ...
+
+
+_hooks: TurnHooks | None = None
+
+
+def install(hooks: TurnHooks | None) -> None:
+    """Route the calls below to ``hooks`` (the worker does this once; None: no-ops)."""
+    global _hooks  # noqa: PLW0603 - one worker, one loop: the App's calls find it here
+    _hooks = hooks
+
+
+def progress() -> None:
+    """Say the App is alive and still working on the current request(s)."""
+    if _hooks is not None:
+        _hooks.progress()
+
+
+def stream(text: str, request: Message | None = None) -> None:
+    """Send ``text`` as partial output of the request being handled.
+
+    ``request`` names which request it belongs to when ``handle_many`` holds several
+    (the request message the App was given); in ``handle`` it may be left out.
+    TypeError if ``text`` is not a string; ValueError if the request is ambiguous.
+    """
+    if type(text) is not str:
+        raise TypeError(f"stream() takes a string, got {type(text).__name__}")
+    if _hooks is not None:
+        _hooks.stream(text, request)

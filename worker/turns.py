@@ -1,0 +1,225 @@
+"""Handing requests to the App: chunks sized to the hang timeout, a deadline per request,
+poison requests refused, and partial output routed to the requesting client.
+
+Requests that arrive together are applied in chunks. A fresh worker starts with chunks
+of one request (it knows nothing of its App's speed, and a batch that killed the last
+worker must not kill this one) and doubles the size while a chunk takes less than its
+time budget (half the smaller of the hang timeout and the request deadline), halving it
+when a chunk takes more: a fast App soon shares one fsync among many requests, a slow
+one is handed one turn at a time. Between requests and chunks the heartbeat is stamped,
+so a worker busy with one slow turn after another is never taken for a hung one.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, Protocol, runtime_checkable
+
+from worker import turn
+from worker.app import App
+from worker.heartbeat import MAX_TURN_KEYS, HeartbeatCell, key_digest
+from worker.peer import Peer
+from worker.store.errors import SessionError
+from worker.store.session import Session
+from worker.wire import Message, WireError
+
+DEFAULT_MAX_BATCH: Final = 64
+"""Requests one chunk may hold at most (``--max-batch``)."""
+MAX_PARTIAL_BACKLOG: Final = 4 << 20
+"""Bytes of partial output queued for a client before further partials are dropped."""
+
+Result = Message | SessionError | WireError
+
+
+@runtime_checkable
+class BatchApp(Protocol):
+    """An app that applies several requests with one group commit (optional seam)."""
+
+    def handle_many(
+        self, session: Session, requests: list[Message]
+    ) -> list[Message | SessionError]: ...
+
+
+class PoisonRequest(SessionError):
+    """A request whose key killed its worker too often; it is refused, not tried again."""
+
+    def __init__(self, key: str, deaths: int) -> None:
+        super().__init__(key, deaths)
+        self.key = key
+        self.deaths = deaths
+
+    def __str__(self) -> str:
+        shown = self.key if len(self.key) <= 80 else self.key[:77] + "..."
+        return (
+            f"request {shown!r} was in flight at {self.deaths} deaths of this session's "
+            "worker (crash, kill, hang or deadline): it is refused as a poison request and "
+            "was not applied; fix the App or the request, then send it with a new key "
+            "(`loopd logs` shows the deaths)"
+        )
+
+
+@dataclass(slots=True)
+class Target:
+    """Where a request's partial output and its reply go."""
+
+    peer: Peer
+    request_id: object
+    streams: bool = False  # asked for partials ("stream": true) on its own connection
+    dropped: int = 0  # partials not sent because the client did not read them
+
+
+class ChunkSizer:
+    """How many requests the next chunk may hold (slow start, as TCP's congestion window)."""
+
+    def __init__(self, budget: float | None, limit: int = DEFAULT_MAX_BATCH) -> None:
+        self.budget = budget
+        self.limit = max(1, limit)
+        self._size = 1 if budget is not None else self.limit
+
+    def size(self) -> int:
+        return self._size
+
+    def took(self, seconds: float, requests: int) -> None:
+        """A chunk of ``requests`` took ``seconds``: grow or shrink the next one."""
+        if self.budget is None:
+            return
+        if seconds > self.budget:
+            self._size = max(1, self._size // 2)
+        elif requests >= self._size:
+            self._size = min(self.limit, self._size * 2)
+
+
+class TurnRunner:
+    """Runs chunks of requests through the App: the worker's side of ``worker.turn``."""
+
+    def __init__(
+        self,
+        app: App,
+        session: Session,
+        *,
+        cell: HeartbeatCell | None = None,
+        request_deadline: float | None = None,
+        hang_timeout: float | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        poisoned: dict[bytes, int] | None = None,
+    ) -> None:
+        self.app = app
+        self.session = session
+        self.cell = cell
+        self.request_deadline = request_deadline
+        budgets = [t / 2 for t in (hang_timeout, request_deadline) if t is not None]
+        self.sizer = ChunkSizer(min(budgets) if budgets else None, min(max_batch, MAX_TURN_KEYS))
+        self.poisoned = dict(poisoned or {})
+        # The runtime Protocol check is slow: made once, not per batch.
+        self._many: Callable[[Session, list[Message]], list[Message | SessionError]] | None = (
+            app.handle_many if isinstance(app, BatchApp) else None
+        )
+        self._targets: dict[int, Target] = {}
+        self._current: Target | None = None
+        self._alarm = 0.0  # the deadline progress() re-arms, 0: none running
+        turn.install(self)
+
+    def chunk_size(self) -> int:
+        return self.sizer.size()
+
+    def run(self, chunk: list[tuple[Target, Message]]) -> list[Result]:
+        """Apply one chunk in order; each request's result or its error."""
+        started = time.monotonic()
+        results: list[Result | None] = [None] * len(chunk)
+        todo: list[int] = []
+        for index, (_target, payload) in enumerate(chunk):
+            refused = self._poison(payload)
+            if refused is not None:
+                results[index] = refused
+            else:
+                todo.append(index)
+        self._targets = {id(chunk[i][1]): chunk[i][0] for i in todo}
+        try:
+            if self._many is not None and todo:
+                payloads = [chunk[i][1] for i in todo]
+                self._current = chunk[todo[0]][0] if len(todo) == 1 else None
+                self._begin(payloads, len(payloads))
+                for i, result in zip(todo, self._many(self.session, payloads), strict=True):
+                    results[i] = result
+            else:
+                for i in todo:
+                    target, payload = chunk[i]
+                    self._current = target
+                    self._begin([payload], 1)
+                    results[i] = self._one(payload)
+        finally:
+            self._end()
+        self.sizer.took(time.monotonic() - started, len(chunk))
+        return [r if r is not None else WireError("no result") for r in results]
+
+    def _one(self, payload: Message) -> Result:
+        try:
+            return self.app.handle(self.session, payload)
+        except SessionError as exc:
+            return exc
+
+    def _poison(self, payload: Message) -> PoisonRequest | None:
+        key = payload.get("key")
+        if not self.poisoned or type(key) is not str:
+            return None
+        deaths = self.poisoned.get(key_digest(key))
+        if deaths is None:
+            return None
+        try:
+            if self.session.find_key(key) is not None:
+                return None  # applied before a death: the App answers it from the log
+        except SessionError:
+            return None  # the App's own rule decides (it may refuse it as expired)
+        return PoisonRequest(key, deaths)
+
+    # -- deadlines and the heartbeat ----------------------------------------------------
+
+    def _begin(self, payloads: list[Message], requests: int) -> None:
+        if self.cell is not None:
+            keys = [k for k in (p.get("key") for p in payloads) if type(k) is str]
+            self.cell.begin_turn(keys)
+        if self.request_deadline is not None:
+            # Past its deadline the default action of SIGALRM ends the process; the
+            # supervisor restarts it and its clients retry with their keys. A chunk of a
+            # handle_many App gets a deadline per request it holds.
+            self._alarm = self.request_deadline * requests
+            signal.setitimer(signal.ITIMER_REAL, self._alarm)
+
+    def _end(self) -> None:
+        self._targets = {}
+        self._current = None
+        if self._alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            self._alarm = 0.0
+        if self.cell is not None:
+            self.cell.end_turn()
+
+    # -- worker.turn ------------------------------------------------------------------
+
+    def progress(self) -> None:
+        if self.cell is not None:
+            self.cell.beat()
+        if self._alarm and self.request_deadline is not None:
+            signal.setitimer(signal.ITIMER_REAL, self.request_deadline)
+
+    def stream(self, text: str, request: Message | None) -> None:
+        if request is not None:
+            target = self._targets.get(id(request))
+            if target is None:
+                raise ValueError("stream(): that request is not one being handled now")
+        elif self._current is not None:
+            target = self._current
+        elif self._targets:
+            raise ValueError("stream(): several requests are being handled; name one")
+        else:
+            return  # outside a turn (a resume, a compact): nobody to stream to
+        if not target.streams:
+            return  # not asked for, or relayed by the supervisor: one reply frame only
+        if len(target.peer.out) > MAX_PARTIAL_BACKLOG:
+            target.dropped += 1
+            return
+        target.peer.queue({"id": target.request_id, "partial": text})
+        target.peer.flush()
