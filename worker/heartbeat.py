@@ -4,6 +4,10 @@ The worker's loop writes ``time.monotonic()`` (CLOCK_MONOTONIC is the same clock
 every process) into the cell at each turn; the supervisor reads it when its hang check
 comes due. A heartbeat is a store to memory, not a message: it wakes no one, so an idle
 supervisor of any number of workers stays asleep.
+
+The cell's second half says whether a batch of requests is in progress (from any
+connection, direct ones included): the supervisor's idle check reads it, so a worker
+in the middle of a request is never stopped as idle.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import struct
 import time
 from typing import Final
 
-_CELL: Final = struct.Struct("d")
+_CELL: Final = struct.Struct("dd")
+_TIME: Final = struct.Struct("d")
+_BUSY_AT: Final = 8
 
 
 class HeartbeatCell:
@@ -38,12 +44,21 @@ class HeartbeatCell:
         return cell, fd
 
     def beat(self) -> None:
-        _CELL.pack_into(self._map, 0, time.monotonic())
+        _TIME.pack_into(self._map, 0, time.monotonic())
 
     def last(self) -> float:
         """The monotonic time of the last heartbeat."""
-        value: float = _CELL.unpack_from(self._map, 0)[0]
+        value: float = _TIME.unpack_from(self._map, 0)[0]
         return value
+
+    def set_busy(self, busy: bool) -> None:
+        """Mark a batch of requests as started (now) or finished."""
+        _TIME.pack_into(self._map, _BUSY_AT, time.monotonic() if busy else 0.0)
+
+    def busy_since(self) -> float | None:
+        """When the batch in progress started; None if the worker is between batches."""
+        value: float = _TIME.unpack_from(self._map, _BUSY_AT)[0]
+        return value if value > 0.0 else None
 
     def close(self) -> None:
         self._map.close()

@@ -25,7 +25,7 @@ from typing import Final
 from worker.app import DEFAULT_APP, DEFAULT_BUDGET, App, load_app
 from worker.heartbeat import HeartbeatCell
 from worker.lease_deadline import LeaseFence
-from worker.server import Server, describe
+from worker.server import Server, StopRequested, describe
 from worker.store.errors import (
     LOG_REFUSED,
     SessionError,
@@ -52,10 +52,6 @@ MAX_REPORT: Final = 2000
 _TRANSIENT_OPEN: Final = frozenset(
     {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EAGAIN, errno.EINTR}
 )
-
-
-class StopRequested(Exception):
-    """Raised by the SIGTERM handler to leave the serving loop cleanly."""
 
 
 class CannotOpen(SessionError):
@@ -153,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run one worker; turn every outcome into the documented exit code."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    # Whatever the start method left (a forked child inherits the supervisor's
+    # dispositions): a client that closes before its reply is an EPIPE on its own
+    # connection, never a SIGPIPE that ends the worker and every other client's batch.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     control = socket.socket(fileno=args.channel_fd)
     channel = Channel(control)
     session: Session | None = None
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         session = _opened(args, app)
         fence = _cluster_fence(args, session)
         channel.send({"op": "ready", **describe(session)})
-        Server(
+        server = Server(
             session,
             app,
             control,
@@ -169,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
             heartbeat_cell=_heartbeat_cell(args.heartbeat_fd),
             request_deadline=args.request_deadline,
             fence=fence,
-        ).run()
+        )
+        signal.signal(signal.SIGTERM, server.on_sigterm)  # a batch is finished first
+        server.run()
     except (StopRequested, BrokenPipeError, ConnectionResetError):
         # SIGTERM, or the supervisor vanished while we wrote to it: a clean stop.
         return EXIT_CLEAN

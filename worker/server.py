@@ -18,6 +18,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
+from types import FrameType
 from typing import Final, Protocol, runtime_checkable
 
 from worker.app import App
@@ -27,11 +28,15 @@ from worker.peer import Peer
 from worker.store.errors import KeyExpired, LogSealed, NotOwnerNow, SessionBroken, SessionError
 from worker.store.session import Session
 from worker.store.stats import STATS
-from worker.wire import Message, WireError, error, field, ok
+from worker.wire import Message, WireError, error, field, ok, request_id_problem
 
 STATE_REPORT_DELAY: Final = 0.05
 """After requests change the session, its state (epoch, records) reaches the supervisor
 within this many seconds, at most once per interval."""
+
+
+class StopRequested(Exception):
+    """Raised by the SIGTERM handler to leave the serving loop cleanly."""
 
 
 @runtime_checkable
@@ -109,6 +114,18 @@ class Server:
         self._stop = False
         STATS.reset()  # count this worker's own work, not what opening it or a parent did
         self._report_due: float | None = None
+        self._applying = False
+
+    def on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        """SIGTERM: stop now, or, during a batch, as soon as it is applied and answered.
+
+        A stop (an operator's, a hibernation's, the daemon's shutdown) never cuts a
+        request short; the daemon's stop deadline still bounds a batch that never ends.
+        """
+        if self._applying:
+            self._stop = True
+            return
+        raise StopRequested(signum)
 
     def run(self) -> None:
         self._add(self.control)
@@ -131,7 +148,8 @@ class Server:
                     self.heartbeat_cell.beat()  # a store to shared memory: it wakes no one
                 self._report_state()
         finally:
-            self.control.flush()
+            for peer in list(self.peers.values()):
+                peer.flush()  # what the sockets take now: the replies of the last batch
             for peer in list(self.peers.values()):
                 self._remove(peer)
             self.selector.close()
@@ -152,10 +170,15 @@ class Server:
             peer.close()
 
     def _update(self, peer: Peer) -> None:
-        """Read only from a peer that reads its replies; watch for writability if owed."""
+        """Read only from a client that reads its replies; watch for writability if owed.
+
+        The control channel is always read, whatever is queued to it: the daemon reads
+        the worker's replies whatever it has queued for the worker, and bounds both, so
+        neither end's flow control ever stops the other direction (no deadlock).
+        """
         if peer.closed or peer.fileno() not in self.peers:
             return
-        events = 0 if peer.backed_up else selectors.EVENT_READ
+        events = 0 if peer.backed_up and peer is not self.control else selectors.EVENT_READ
         if peer.out:
             events |= selectors.EVENT_WRITE
         if events == 0:
@@ -168,9 +191,13 @@ class Server:
         try:
             messages = peer.read()
         except WireError as exc:
-            # A bad frame gets an error reply, never a crash; what was buffered with it
-            # is dropped so the next frame is read from a clean state.
+            # A bad frame gets an error reply, never a crash. The requests whole before
+            # it in the same bytes are applied and answered first; what was buffered
+            # after it is dropped, so the next frame is read from a clean state.
             peer.reader.reset()
+            self._take(peer, exc.decoded, batch)
+            self._apply(batch)
+            batch.clear()
             peer.queue(error(None, "bad_frame", str(exc)))
             return
         if messages is None:
@@ -179,9 +206,20 @@ class Server:
             else:
                 self._remove(peer)
             return
+        self._take(peer, messages, batch)
+
+    def _take(
+        self, peer: Peer, messages: list[Message], batch: list[tuple[Peer, object, Message]]
+    ) -> None:
+        """Add a peer's requests to the batch; act on its other messages in order."""
         for message in messages:
             request_id = message.get("id")
             op = message.get("op")
+            if peer is not self.control and (problem := request_id_problem(request_id)):
+                # Checked as the daemon checks them: a reply must fit a frame whatever
+                # the request's id (a 1 MiB id would make every reply too large).
+                peer.queue(error(None, "bad_request", problem))
+                continue
             if op == "request":
                 try:
                     batch.append((peer, request_id, field(message, "request", dict)))
@@ -219,6 +257,19 @@ class Server:
     def _apply(self, batch: list[tuple[Peer, object, Message]]) -> None:
         if not batch:
             return
+        # Until every reply is queued: a SIGTERM now stops the loop after this batch,
+        # and the daemon's idle check sees a request in progress in the shared cell.
+        self._applying = True
+        if self.heartbeat_cell is not None:
+            self.heartbeat_cell.set_busy(True)
+        try:
+            self._apply_batch(batch)
+        finally:
+            self._applying = False
+            if self.heartbeat_cell is not None:
+                self.heartbeat_cell.set_busy(False)
+
+    def _apply_batch(self, batch: list[tuple[Peer, object, Message]]) -> None:
         started = time.perf_counter()
         if self.request_deadline is not None:
             # Past the deadline the default action of SIGALRM ends the process; the

@@ -13,6 +13,7 @@ from supervisor.daemon.endpoints import Waiter, WorkerChannel
 from supervisor.daemon.handover import hand_over
 from supervisor.daemon.hang import HangWatch
 from supervisor.daemon.hosted_status import session_status
+from supervisor.daemon.relay import Relay
 from supervisor.daemon.spawn import WorkerProcess, WorkerSpec, describe_exit
 from supervisor.states import RestartPolicy, State, StateMachine
 from worker.process import (
@@ -23,14 +24,12 @@ from worker.process import (
     EXIT_REFUSED,
     bounded,
 )
-from worker.wire import Message, WireError, error
+from worker.wire import Message, error
 
 STOP_DEADLINE: Final = 5.0
 MAX_QUEUED: Final = 1000
 MAX_LAST_ERROR: Final = 4000
 """Characters of ``last_error``: the worker's words (at most 2,000) and our next step."""
-MAX_WORKER_BACKLOG: Final = 8 << 20
-"""Bytes queued to a worker that is not reading before new requests are refused (busy)."""
 
 
 class Loop(Protocol):
@@ -72,7 +71,7 @@ class HostedSession:
         self._said: str | None = None  # why the current worker says it exits, if it said
         self.epoch: int | None = None
         self.records: int | None = None
-        self.in_flight: dict[int, Waiter] = {}
+        self.relay = Relay(spec.session)
         self.queued: list[tuple[Waiter, Message]] = []
         self.ready_waiters: list[Waiter] = []
         self.stop_waiters: list[Waiter] = []
@@ -81,11 +80,15 @@ class HostedSession:
         self.exit_pid: int | None = None
         self.exit_code: int | None = None
         self._timer: object | None = None
-        self._next_id = 0
 
     @property
     def state(self) -> State:
         return self.machine.state
+
+    @property
+    def in_flight(self) -> Relay:
+        """Relayed requests awaiting the worker's reply."""
+        return self.relay
 
     @property
     def last_error(self) -> str | None:
@@ -181,14 +184,10 @@ class HostedSession:
             if message.get("code") == "locked" and isinstance(holder, int):
                 self._said += f" (pid {holder} holds it; it is not ours: not fighting it)"
         else:
-            request_id = _int_or_none(message.get("id"))
-            answered = self.in_flight.pop(request_id, None) if request_id is not None else None
             result = message.get("result")
             if isinstance(result, dict):
                 self._take_state(result.get("state"))
-            if answered is not None:
-                message["id"] = answered.request_id
-                answered.client.reply(message)
+            self.relay.answer(_int_or_none(message.get("id")), message)
 
     def on_exit(self) -> None:
         """The pidfd says the worker died: reap, answer what was in flight, decide."""
@@ -308,28 +307,8 @@ class HostedSession:
 
     def forward(self, waiter: Waiter, request: Message) -> None:
         """Relay a request to the worker; exactly one reply reaches the waiter."""
-        link = self.link
-        assert link is not None
-        if link.backlog > MAX_WORKER_BACKLOG:
-            waiter.client.reply(
-                error(waiter.request_id, "busy", f"the worker of session {self.id} is not "
-                      "reading its requests; retry later")
-            )  # fmt: skip
-            return
-        self._next_id += 1
-        try:
-            sent = link.send({**request, "id": self._next_id})
-        except WireError as exc:
-            # Never forwarded: answered here, and no in-flight entry answers it again.
-            waiter.client.reply(error(waiter.request_id, "too_large", str(exc)))
-            return
-        if sent:
-            self.in_flight[self._next_id] = waiter
-        else:
-            waiter.client.reply(
-                error(waiter.request_id, "worker_died", f"the worker of session {self.id} "
-                      "is gone; nothing was applied: retry with the same key")
-            )  # fmt: skip
+        assert self.link is not None
+        self.relay.forward(self.link, waiter, request)
 
     def connect(self, waiter: Waiter) -> None:
         """Give the client a connection of its own to the worker (the direct data path)."""
@@ -338,9 +317,7 @@ class HostedSession:
         hand_over(self.link, waiter, self.id, self.worker.pid, self.epoch)
 
     def _fail_in_flight(self, code: str, message: str) -> None:
-        in_flight, self.in_flight = self.in_flight, {}
-        for waiter in in_flight.values():
-            waiter.client.reply(error(waiter.request_id, code, message))
+        self.relay.fail_all(code, message)
 
     def _fail_waiting(self, code: str, message: str, *, keep_ready: bool = False) -> None:
         self._fail_in_flight(code, message)
