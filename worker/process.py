@@ -25,7 +25,7 @@ from typing import Final
 from worker.app import DEFAULT_APP, DEFAULT_BUDGET, App, load_app
 from worker.heartbeat import HeartbeatCell
 from worker.lease_deadline import LeaseFence
-from worker.server import Server, StopRequested, describe
+from worker.server import Server, describe
 from worker.store.errors import (
     LOG_REFUSED,
     SessionError,
@@ -68,6 +68,11 @@ class CannotOpen(SessionError):
 def bounded(text: str, limit: int = MAX_REPORT) -> str:
     """Return ``text``, cut to ``limit`` characters ending in ``...`` if it is longer."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class StopRequested(Exception):
+    """Raised by the SIGTERM handler while the session opens (the server's own handler
+    then stops its loop at its next turn instead)."""
 
 
 def _opened(args: argparse.Namespace, app: App) -> Session:
@@ -170,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             request_deadline=args.request_deadline,
             fence=fence,
         )
-        signal.signal(signal.SIGTERM, server.on_sigterm)  # a batch is finished first
+        signal.signal(signal.SIGTERM, server.on_sigterm)  # stops at the next turn
         server.run()
     except (StopRequested, BrokenPipeError, ConnectionResetError):
         # SIGTERM, or the supervisor vanished while we wrote to it: a clean stop.

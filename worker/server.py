@@ -25,6 +25,7 @@ from worker.app import App
 from worker.heartbeat import HeartbeatCell
 from worker.lease_deadline import LeaseFence
 from worker.peer import Peer
+from worker.signal_wake import SignalWake
 from worker.store.errors import KeyExpired, LogSealed, NotOwnerNow, SessionBroken, SessionError
 from worker.store.session import Session
 from worker.store.stats import STATS
@@ -33,10 +34,6 @@ from worker.wire import Message, WireError, error, field, ok, request_id_problem
 STATE_REPORT_DELAY: Final = 0.05
 """After requests change the session, its state (epoch, records) reaches the supervisor
 within this many seconds, at most once per interval."""
-
-
-class StopRequested(Exception):
-    """Raised by the SIGTERM handler to leave the serving loop cleanly."""
 
 
 @runtime_checkable
@@ -114,26 +111,29 @@ class Server:
         self._stop = False
         STATS.reset()  # count this worker's own work, not what opening it or a parent did
         self._report_due: float | None = None
-        self._applying = False
 
     def on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        """SIGTERM: stop now, or, during a batch, as soon as it is applied and answered.
+        """SIGTERM: stop at the loop's next turn; never inside a batch or a write.
 
         A stop (an operator's, a hibernation's, the daemon's shutdown) never cuts a
-        request short; the daemon's stop deadline still bounds a batch that never ends.
+        request short, and never repeats or tears a reply half sent; the daemon's stop
+        deadline still bounds a batch that never ends. The signal's wake-up descriptor
+        ends a wait in select at once.
         """
-        if self._applying:
-            self._stop = True
-            return
-        raise StopRequested(signum)
+        self._stop = True
 
     def run(self) -> None:
         self._add(self.control)
+        wake = SignalWake()
+        self.selector.register(wake.sock, selectors.EVENT_READ, None)
         try:
             while not self._stop:
                 batch: list[tuple[Peer, object, Message]] = []
                 for key, mask in self.selector.select(self._timeout()):
-                    peer: Peer = key.data
+                    peer: Peer | None = key.data
+                    if peer is None:
+                        wake.drain()
+                        continue
                     if mask & selectors.EVENT_WRITE:
                         peer.flush()
                     if mask & selectors.EVENT_READ and not peer.closed:
@@ -153,6 +153,7 @@ class Server:
             for peer in list(self.peers.values()):
                 self._remove(peer)
             self.selector.close()
+            wake.close()
 
     # -- connections --------------------------------------------------------------------
 
@@ -257,15 +258,13 @@ class Server:
     def _apply(self, batch: list[tuple[Peer, object, Message]]) -> None:
         if not batch:
             return
-        # Until every reply is queued: a SIGTERM now stops the loop after this batch,
-        # and the daemon's idle check sees a request in progress in the shared cell.
-        self._applying = True
+        # Until every reply is queued, the daemon's idle check sees a request in
+        # progress in the shared cell: a worker that is serving is never idle.
         if self.heartbeat_cell is not None:
             self.heartbeat_cell.set_busy(True)
         try:
             self._apply_batch(batch)
         finally:
-            self._applying = False
             if self.heartbeat_cell is not None:
                 self.heartbeat_cell.set_busy(False)
 
