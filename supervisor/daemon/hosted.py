@@ -41,6 +41,7 @@ class Loop(Protocol):
     def cancel(self, timer: object) -> None: ...
     def on_move(self, hosted: HostedSession, old: State, new: State) -> None: ...
     def on_report(self, hosted: HostedSession, message: Message) -> None: ...
+    def wake(self, hosted: HostedSession) -> None: ...
 
 
 class HostedSession:
@@ -215,7 +216,7 @@ class HostedSession:
             self.hibernating = False
             self.machine.move(State.IDLE)
             if self.queued or self.ready_waiters:
-                self.start()  # used again while it was stopping
+                self.loop.wake(self)  # used again while it was stopping
             return
         if self.state is State.STOPPING:
             self.machine.move(State.STOPPED)
@@ -288,7 +289,7 @@ class HostedSession:
         ) and len(self.queued) < MAX_QUEUED:
             self.queued.append((waiter, request))
             if self.state is State.IDLE:
-                self.start()  # wake on demand: the request waits for the start
+                self.loop.wake(self)  # on demand: the request waits for the start
         else:
             detail = f": {self.last_error}" if self.last_error else ""
             waiter.client.reply(

@@ -84,6 +84,9 @@ class Supervisor:
     def on_report(self, hosted: HostedSession, message: Message) -> None:
         self.hosting.on_report(hosted, message)
 
+    def wake(self, hosted: HostedSession) -> None:
+        self.hosting.wake(hosted)
+
     def unwatch_worker(self, worker: WorkerProcess) -> None:
         """Nothing left to do: the pidfd reader went at the death, the channel at its end."""
 

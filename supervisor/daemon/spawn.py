@@ -174,6 +174,10 @@ class WorkerProcess:
             self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
+    def in_request(self) -> bool:
+        """The worker is applying a batch of requests now (its heartbeat cell says)."""
+        return self.heartbeat.busy_since() is not None
+
     def rss_bytes(self) -> int | None:
         """The worker's resident set size, if it is alive."""
         if not self.is_same_process():
