@@ -9,21 +9,18 @@ import time
 from collections.abc import Callable
 from typing import Final, Protocol
 
+import psutil
+
 from supervisor.daemon.endpoints import Waiter, WorkerChannel
+from supervisor.daemon.exit_advice import fatal_reason
 from supervisor.daemon.handover import hand_over
 from supervisor.daemon.hang import HangWatch
 from supervisor.daemon.hosted_status import session_status
+from supervisor.daemon.lock_wait import outgoing_worker
 from supervisor.daemon.relay import Relay
 from supervisor.daemon.spawn import WorkerProcess, WorkerSpec, describe_exit
 from supervisor.states import RestartPolicy, State, StateMachine
-from worker.process import (
-    EXIT_CANNOT_OPEN,
-    EXIT_CLEAN,
-    EXIT_LOCKED,
-    EXIT_NOT_FOUND,
-    EXIT_REFUSED,
-    bounded,
-)
+from worker.process import EXIT_CLEAN, EXIT_LOCKED, bounded
 from worker.wire import Message, error
 
 STOP_DEADLINE: Final = 5.0
@@ -41,6 +38,10 @@ class Loop(Protocol):
     def cancel(self, timer: object) -> None: ...
     def on_move(self, hosted: HostedSession, old: State, new: State) -> None: ...
     def on_report(self, hosted: HostedSession, message: Message) -> None: ...
+    def wait_for_exit(
+        self, proc: psutil.Process, bound: float, on_exit: Callable[[], None],
+        on_stuck: Callable[[str], None],
+    ) -> object: ...  # fmt: skip
     def wake(self, hosted: HostedSession) -> None: ...
 
 
@@ -70,6 +71,7 @@ class HostedSession:
         self.started_at: float | None = None
         self._last_error: str | None = None
         self._said: str | None = None  # why the current worker says it exits, if it said
+        self._holder: int | None = None  # who holds the lock the current worker found held
         self.epoch: int | None = None
         self.records: int | None = None
         self.relay = Relay(spec.session)
@@ -108,6 +110,7 @@ class HostedSession:
         self.exit_pid = self.exit_code = None
         self.machine.move(State.STARTING)
         self._said = None
+        self._holder = None
         try:
             worker = WorkerProcess(self.spec)
         except OSError as exc:
@@ -182,8 +185,8 @@ class HostedSession:
             # Bounded again here: a worker of another version may send any length.
             self._said = bounded(str(message.get("message")))
             holder = message.get("holder")
-            if message.get("code") == "locked" and isinstance(holder, int):
-                self._said += f" (pid {holder} holds it; it is not ours: not fighting it)"
+            if message.get("code") == "locked" and type(holder) is int:
+                self._holder = holder
         else:
             result = message.get("result")
             if isinstance(result, dict):
@@ -228,24 +231,11 @@ class HostedSession:
                 self.restart_after_stop = False
                 self.operator_start()
             return
-        if code == EXIT_REFUSED:
-            self._fatal(
-                f"{said or 'log refused'} -- the log is refused and will not be "
-                f"restarted. Next: `loopd inspect --home {self.spec.home} {self.id}`; if the "
-                f"last line is torn, `loopd repair --home {self.spec.home} {self.id}`, then "
-                f"`loopd start {self.id}`"
-            )
-        elif code == EXIT_CANNOT_OPEN:
-            self._fatal(
-                f"{said or 'the session cannot be opened'} -- opening the session failed in "
-                f"a way a restart will not fix, so it is not restarted. Next: fix the file "
-                f"or directory named (its type, owner, mode, or the free space), then "
-                f"`loopd start {self.id}`"
-            )
-        elif code == EXIT_LOCKED:
-            self._fatal(said or "the session is locked by another process")
-        elif code == EXIT_NOT_FOUND:
-            self._fatal(said or "no such session")
+        if code == EXIT_LOCKED and self._wait_for_holder():
+            return
+        fatal = fatal_reason(code, said, self.spec.home, self.id, self._holder)
+        if fatal is not None:
+            self._fatal(fatal)
         elif code == EXIT_CLEAN:
             self.machine.move(State.EXITED)
             self._fail_waiting("exited", f"the worker of session {self.id} exited")
@@ -271,6 +261,29 @@ class HostedSession:
             self.start()
         else:
             self._timer = self.loop.call_at(now + delay, self.start)
+
+    def _wait_for_holder(self) -> bool:
+        """The lock is held by a worker of a previous supervisor, finishing its last batch:
+        wait for it to exit (BACKOFF, bounded by the hang timeout), then start. False if
+        the holder is anything else (not ours: not fighting it)."""
+        holder = self._holder
+        proc = outgoing_worker(holder, self.id) if holder is not None else None
+        if proc is None:
+            return False
+        bound = self.hang.timeout if self.hang.timeout is not None else STOP_DEADLINE
+        self.last_error = (
+            f"the session is locked by pid {holder}, a worker of the previous supervisor "
+            f"finishing its last batch: waiting up to {bound:g} s for it to exit"
+        )
+        self.machine.move(State.BACKOFF)
+        self._timer = self.loop.wait_for_exit(proc, bound, self._holder_gone, self._fatal)
+        return True
+
+    def _holder_gone(self) -> None:
+        self._timer = None
+        if self.state is State.BACKOFF:
+            self.last_error = None
+            self.start()
 
     def _fatal(self, why: str) -> None:
         self.last_error = why

@@ -21,24 +21,24 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
+import psutil
+
 from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.serving import ServingNode, WorkerCluster
-from supervisor.control_socket import make_private_dirs
 from supervisor.daemon.config import ServeConfig
 from supervisor.daemon.connection import connect
 from supervisor.daemon.endpoints import Client, Waiter
+from supervisor.daemon.home import claim_home, existing_sessions
 from supervisor.daemon.hosted import HostedSession
 from supervisor.daemon.links import ClientConnection, WorkerLink, WorkerWatch
 from supervisor.daemon.listener import Listener
+from supervisor.daemon.lock_wait import HolderWait
 from supervisor.daemon.spawn import WorkerProcess, WorkerSpec
-from supervisor.errors import HomeLocked, ServeError
+from supervisor.errors import ServeError
 from supervisor.hosting.intent import IntentError
 from supervisor.hosting.runtime import Hosting
 from supervisor.states import State
-from worker.store.errors import InvalidSessionId, SessionIOError, SessionLocked
 from worker.store.layout import SESSIONS_DIR
-from worker.store.lock import lock_directory
-from worker.store.session_id import validate_session_id
 from worker.wire import Message, error, ok
 
 __all__ = ["ServeConfig", "Supervisor"]
@@ -87,6 +87,12 @@ class Supervisor:
     def wake(self, hosted: HostedSession) -> None:
         self.hosting.wake(hosted)
 
+    def wait_for_exit(
+        self, proc: psutil.Process, bound: float, on_exit: Callable[[], None],
+        on_stuck: Callable[[str], None],
+    ) -> HolderWait:  # fmt: skip
+        return HolderWait(self.loop, proc, bound, on_exit, on_stuck)
+
     def unwatch_worker(self, worker: WorkerProcess) -> None:
         """Nothing left to do: the pidfd reader went at the death, the channel at its end."""
 
@@ -94,7 +100,7 @@ class Supervisor:
         return self.loop.call_at(when, callback)  # loop.time() is time.monotonic()
 
     def cancel(self, timer: object) -> None:
-        if isinstance(timer, asyncio.TimerHandle):
+        if isinstance(timer, asyncio.TimerHandle | HolderWait):
             timer.cancel()
 
     def _worker_died(self, watch: WorkerWatch) -> None:
@@ -133,7 +139,7 @@ class Supervisor:
     def run(self) -> int:
         """Serve until SIGTERM or SIGINT; then stop every worker and return 0."""
         try:
-            home_fd = self._claim_home()
+            home_fd = claim_home(self.home)
         except BaseException:
             self.loop.close()
             raise
@@ -142,7 +148,7 @@ class Supervisor:
             # (it is handled once the loop runs, after everything below is set up).
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self.loop.add_signal_handler(sig, self._on_signal)
-            sessions = self._existing_sessions()
+            sessions = existing_sessions(self.home)
             if self.config.cluster is not None:
                 sessions = self._join_cluster(self.config.cluster)
             self._listener.open()
@@ -175,23 +181,6 @@ class Supervisor:
             hosted = self._host(self._spec(session_id), state or State.STOPPED)
             if state is None:
                 self._to_start.append(hosted)
-
-    def _claim_home(self) -> int:
-        """Make the home (0700 whatever the umask) and take its lock; return the lock's fd."""
-        sessions = os.path.join(self.home, SESSIONS_DIR)
-        try:
-            make_private_dirs(self.home)
-            make_private_dirs(sessions)
-            return lock_directory(self.home)
-        except SessionLocked as exc:
-            raise HomeLocked(self.home, exc.pid) from exc
-        except SessionIOError as exc:
-            raise ServeError(f"{exc}; choose a directory you own on a local file system") from exc
-        except OSError as exc:
-            raise ServeError(
-                f"{exc.filename or self.home}: cannot use this home: {exc.strerror}; "
-                "choose a directory you own on a local file system"
-            ) from exc
 
     def _join_cluster(self, url: str) -> list[str]:
         """Register this node and claim its sessions (quarantining the others); those it serves."""
@@ -283,15 +272,6 @@ class Supervisor:
         )  # fmt: skip
         self.sessions[spec.session] = hosted
         return hosted
-
-    def _existing_sessions(self) -> list[str]:
-        found = []
-        for name in sorted(os.listdir(os.path.join(self.home, SESSIONS_DIR))):
-            try:
-                found.append(validate_session_id(name))
-            except InvalidSessionId:
-                continue  # not a session directory (the operator's own files)
-        return found
 
     # -- the control socket ---------------------------------------------------------------
 
