@@ -26,7 +26,7 @@ class ClientConnection(FramedConnection):
         self.daemon = daemon
         self.pending = 0
         self.on_end: Callable[[ClientConnection], None] = lambda _connection: None
-        self._close_when_answered = False
+        self._bad_frame: WireError | None = None  # answered once the requests before it are
 
     def on_message(self, message: Message) -> None:
         self.pending += 1
@@ -41,7 +41,9 @@ class ClientConnection(FramedConnection):
             self.resume_reading_for("pending")
 
     def _after_reply(self) -> None:
-        if self._close_when_answered and not self.pending:
+        if self._bad_frame is not None and not self.pending:
+            self.send(error(None, "bad_frame", str(self._bad_frame)))
+            self._bad_frame = None
             self.close()
 
     def reply(self, message: Message) -> None:
@@ -60,9 +62,8 @@ class ClientConnection(FramedConnection):
         self._after_reply()
 
     def on_bad_frame(self, exc: WireError) -> None:
-        """Answer the bad frame; close once the requests before it are answered too."""
-        self.send(error(None, "bad_frame", str(exc)))
-        self._close_when_answered = True
+        """Answer the bad frame once the requests before it are answered, then close."""
+        self._bad_frame = exc
         self._after_reply()
 
     def reply_with_fd(self, message: Message, fd: int) -> bool:
