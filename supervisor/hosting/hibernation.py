@@ -9,7 +9,7 @@ A session is never idle while a request is in progress in its worker, relayed or
 direct connection (the worker says so in its heartbeat cell). Under ``--max-live`` a
 woken session starts only when fewer workers than the cap are alive; until then it
 waits, still IDLE with its requests queued, while the least recently used sessions
-that are not serving make room (a worker just started is first given the chance to
+that are not serving make room (a worker just woken is first given the chance to
 serve what woke it).
 """
 
@@ -25,8 +25,10 @@ from supervisor.hosting.session_actions import Hosted, is_busy
 from supervisor.states import State
 
 RESIDENCY: Final = 1.0
-"""Seconds a worker just started may keep its place under ``--max-live`` before it has
-served a request: a woken session serves what woke it before it makes room again."""
+"""Seconds a worker woken by a request may keep its place under ``--max-live`` before it
+has served one: a woken session serves what woke it before it makes room again. (A
+worker started explicitly, by create or start, has nothing waiting and gets no such
+grace: it makes room for the next start at once, least recently used first.)"""
 _LIVE: Final = frozenset({State.STARTING, State.RUNNING, State.STOPPING})
 
 
@@ -114,7 +116,8 @@ class Hibernation:
         self._live = 0  # sessions with a worker: STARTING, RUNNING or STOPPING
         self._leaving = 0  # of those, the ones STOPPING
         self._waking: OrderedDict[str, None] = OrderedDict()  # IDLE, waiting for room
-        self._fresh: dict[str, float] = {}  # RUNNING since this time, nothing served yet
+        self._woken: set[str] = set()  # started from the line: fresh once RUNNING
+        self._fresh: dict[str, float] = {}  # woken, RUNNING since this time, nothing served
         self._idle_timer: asyncio.TimerHandle | None = None
         self._room_timer: asyncio.TimerHandle | None = None
         self._soon: asyncio.Handle | None = None
@@ -128,12 +131,15 @@ class Hibernation:
         self._live += (new in _LIVE) - (old in _LIVE)
         self._leaving += (new is State.STOPPING) - (old is State.STOPPING)
         if new is State.RUNNING:
-            self._fresh[hosted.id] = time.monotonic()
+            if hosted.id in self._woken:
+                self._fresh[hosted.id] = time.monotonic()
             self.used(hosted.id)
         elif old is State.RUNNING:
             self._fresh.pop(hosted.id, None)
             self.clock.forget(hosted.id)
             self._arm_idle_timer()
+        if new is not State.STARTING:
+            self._woken.discard(hosted.id)
         if self.clock.max_live is not None:
             self._balance_soon()
 
@@ -213,6 +219,7 @@ class Hibernation:
             session, _ = self._waking.popitem(last=False)
             hosted = self.sessions.get(session)
             if hosted is not None and hosted.state is State.IDLE:
+                self._woken.add(session)
                 hosted.start()  # counted live by the move to STARTING
 
     def _make_room(self) -> None:
