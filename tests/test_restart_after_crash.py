@@ -70,12 +70,14 @@ def _in_request(home: Path, pid: int, key: str) -> bool:
 
 
 @pytest.mark.timeout(100)
+@pytest.mark.parametrize("method", ["fork", "exec"])
 def test_a_busy_worker_of_a_killed_supervisor_is_waited_for_then_the_session_starts(
-    tmp_path: Path,
+    tmp_path: Path, method: str
 ) -> None:
     home = tmp_path / "home"
+    args = (*SLOW, "--start-method", method)
     with orphans_come_to_us():
-        first = Daemon(home, *SLOW)
+        first = Daemon(home, *args)
         old: int | None = None
         second: Daemon | None = None
         try:
@@ -92,7 +94,7 @@ def test_a_busy_worker_of_a_killed_supervisor_is_waited_for_then_the_session_sta
             poll_until(lambda: _in_request(home, old or 0, "slow"), what="the slow request")
             first.proc.kill()  # SIGKILL: the worker is left busy, holding the session's lock
             first.proc.wait()
-            second = Daemon(home, *SLOW)
+            second = Daemon(home, *args)
             seen: list[str] = []
             poll_until(lambda: _states_until_running(home, seen), timeout=30,
                        what="the session to start after the old worker's exit")  # fmt: skip
