@@ -54,6 +54,11 @@ _TRANSIENT_OPEN: Final = frozenset(
 )
 
 
+class StopRequested(Exception):
+    """Raised by the SIGTERM handler while the session opens (the server's own handler
+    then stops its loop at its next turn instead)."""
+
+
 class CannotOpen(SessionError):
     """Opening or resuming the session failed in a way a restart will not fix."""
 
@@ -68,11 +73,6 @@ class CannotOpen(SessionError):
 def bounded(text: str, limit: int = MAX_REPORT) -> str:
     """Return ``text``, cut to ``limit`` characters ending in ``...`` if it is longer."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-class StopRequested(Exception):
-    """Raised by the SIGTERM handler while the session opens (the server's own handler
-    then stops its loop at its next turn instead)."""
 
 
 def _opened(args: argparse.Namespace, app: App) -> Session:
