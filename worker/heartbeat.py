@@ -6,9 +6,17 @@ whenever the App calls ``worker.turn.progress()``; the supervisor reads it when 
 check comes due. A heartbeat is a store to memory, not a message: it wakes no one, so an
 idle supervisor of any number of workers stays asleep.
 
-The rest of the page names the requests being handled now (their keys' digests), so
-that when a worker dies or is killed mid-turn its supervisor knows which requests were
-running: a request that keeps killing its worker is refused as a poison request.
+The cell also says whether a batch of requests is in progress (from any connection,
+direct ones included): the supervisor's idle check reads it, so a worker in the middle
+of a request is never stopped as idle. And it names the requests being handed to the
+App now (their keys' digests), so that when a worker dies or is killed mid-turn its
+supervisor knows which requests were running: a request that keeps killing its worker
+is refused as a poison request.
+
+Layout: the last beat, when the batch in progress began (0: none), when the running
+chunk began (0: none), how many digests follow, then the digests. Each field is one
+aligned store, read without a lock: the worst a torn read can do is take a session as
+busy or a chunk as running for one check more.
 """
 
 from __future__ import annotations
@@ -21,10 +29,16 @@ import time
 from collections.abc import Iterable
 from typing import Final
 
-_HEAD: Final = struct.Struct("ddI")  # last beat, start of the running turn, digests held
+_TIME: Final = struct.Struct("d")
+_BEAT_AT: Final = 0
+_BUSY_AT: Final = 8
+_TURN_AT: Final = 16
+_COUNT: Final = struct.Struct("I")
+_COUNT_AT: Final = 24
+_DIGESTS_AT: Final = 32
 PAGE: Final = 4096
 DIGEST_SIZE: Final = 16
-MAX_TURN_KEYS: Final = (PAGE - _HEAD.size) // DIGEST_SIZE
+MAX_TURN_KEYS: Final = (PAGE - _DIGESTS_AT) // DIGEST_SIZE
 """Requests a cell can name at once (a chunk of a batch never holds more)."""
 
 
@@ -34,7 +48,7 @@ def key_digest(key: str) -> bytes:
 
 
 class HeartbeatCell:
-    """One page of shared memory: the time of the last heartbeat and the running turn."""
+    """One page of shared memory: the last heartbeat, the batch and the chunk running."""
 
     def __init__(self, fd: int) -> None:
         """Map the memfd ``fd`` (the caller keeps or closes the descriptor itself)."""
@@ -54,31 +68,44 @@ class HeartbeatCell:
         return cell, fd
 
     def beat(self) -> None:
-        struct.pack_into("d", self._map, 0, time.monotonic())
+        _TIME.pack_into(self._map, _BEAT_AT, time.monotonic())
 
     def last(self) -> float:
         """The monotonic time of the last heartbeat."""
-        value: float = struct.unpack_from("d", self._map, 0)[0]
+        value: float = _TIME.unpack_from(self._map, _BEAT_AT)[0]
         return value
+
+    def set_busy(self, busy: bool) -> None:
+        """Mark a batch of requests as started (now) or finished."""
+        _TIME.pack_into(self._map, _BUSY_AT, time.monotonic() if busy else 0.0)
+
+    def busy_since(self) -> float | None:
+        """When the batch in progress started; None if the worker is between batches."""
+        value: float = _TIME.unpack_from(self._map, _BUSY_AT)[0]
+        return value if value > 0.0 else None
 
     def begin_turn(self, keys: Iterable[str]) -> None:
         """Name the requests handed to the App now (at most MAX_TURN_KEYS), and beat."""
         digests = [key_digest(key) for key in keys][:MAX_TURN_KEYS]
         now = time.monotonic()
-        self._map[_HEAD.size : _HEAD.size + len(digests) * DIGEST_SIZE] = b"".join(digests)
-        _HEAD.pack_into(self._map, 0, now, now, len(digests))
+        self._map[_DIGESTS_AT : _DIGESTS_AT + len(digests) * DIGEST_SIZE] = b"".join(digests)
+        _COUNT.pack_into(self._map, _COUNT_AT, len(digests))
+        _TIME.pack_into(self._map, _TURN_AT, now)
+        _TIME.pack_into(self._map, _BEAT_AT, now)
 
     def end_turn(self) -> None:
-        """No request is being handled any more."""
-        _HEAD.pack_into(self._map, 0, time.monotonic(), 0.0, 0)
+        """No request is being handed to the App any more (the batch may go on)."""
+        _COUNT.pack_into(self._map, _COUNT_AT, 0)
+        _TIME.pack_into(self._map, _TURN_AT, 0.0)
+        self.beat()
 
     def turn(self) -> tuple[float | None, list[bytes]]:
-        """When the running turn began (None: no turn) and its requests' key digests."""
-        _beat, started, count = _HEAD.unpack_from(self._map, 0)
-        count = min(count, MAX_TURN_KEYS)
-        raw = bytes(self._map[_HEAD.size : _HEAD.size + count * DIGEST_SIZE])
+        """When the running chunk began (None: none) and its requests' key digests."""
+        started: float = _TIME.unpack_from(self._map, _TURN_AT)[0]
+        count = min(_COUNT.unpack_from(self._map, _COUNT_AT)[0], MAX_TURN_KEYS)
+        raw = bytes(self._map[_DIGESTS_AT : _DIGESTS_AT + count * DIGEST_SIZE])
         digests = [raw[i : i + DIGEST_SIZE] for i in range(0, len(raw), DIGEST_SIZE)]
-        return (started if started else None), digests
+        return (started if started > 0.0 else None), digests
 
     def close(self) -> None:
         self._map.close()

@@ -8,13 +8,12 @@ import socket
 from collections import deque
 from typing import Final
 
-from worker.wire import FrameReader, Message, WireError, encode
+from worker.wire import FrameReader, Message, encode_reply
 
 READ_SIZE: Final = 1 << 18
 MAX_OUTPUT: Final = 4 << 20
 """Bytes queued for a peer before the worker stops reading its requests."""
 MAX_FDS: Final = 16
-_SHORT_FIELD: Final = 256
 
 
 class Peer:
@@ -68,17 +67,15 @@ class Peer:
         The request was applied by then, so it must be answered as applied, never as
         failed (a retry without a key would apply it twice).
         """
-        try:
-            frame = encode(message)
-        except WireError:
-            frame = encode(_shrunk(message))
-        self.out += frame
+        self.out += encode_reply(message)
 
     def flush(self) -> None:
         """Write what the socket takes now."""
         while self.out and not self.closed:
             try:
-                sent = self.sock.send(self.out)
+                # MSG_NOSIGNAL: a client gone before its reply is an EPIPE, never a
+                # SIGPIPE that would end the worker (and every other client's batch).
+                sent = self.sock.send(self.out, socket.MSG_NOSIGNAL)
             except (BlockingIOError, InterruptedError):
                 return
             except (BrokenPipeError, ConnectionResetError):
@@ -96,19 +93,3 @@ class Peer:
             self.sock.close()
             while self.fds:
                 os.close(self.fds.popleft())
-
-
-def _shrunk(message: Message) -> Message:
-    """The reply without the fields that made it too large, naming what was left out."""
-    result = message.get("result")
-    if not isinstance(result, dict):
-        return {"id": message.get("id"), "ok": message.get("ok"), "result": None}
-    kept: dict[str, object] = {}
-    omitted: list[str] = []
-    for name, value in result.items():
-        if isinstance(value, str | bytes) and len(value) > _SHORT_FIELD:
-            omitted.append(str(name))
-        else:
-            kept[str(name)] = value
-    kept["omitted"] = omitted
-    return {"id": message.get("id"), "ok": message.get("ok"), "result": kept}

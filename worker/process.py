@@ -56,7 +56,8 @@ _TRANSIENT_OPEN: Final = frozenset(
 
 
 class StopRequested(Exception):
-    """Raised by the SIGTERM handler to leave the serving loop cleanly."""
+    """Raised by the SIGTERM handler while the session opens (the server's own handler
+    then stops its loop at its next turn instead)."""
 
 
 class CannotOpen(SessionError):
@@ -177,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run one worker; turn every outcome into the documented exit code."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    # Whatever the start method left (a forked child inherits the supervisor's
+    # dispositions): a client that closes before its reply is an EPIPE on its own
+    # connection, never a SIGPIPE that ends the worker and every other client's batch.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     control = socket.socket(fileno=args.channel_fd)
     channel = Channel(control)
     session: Session | None = None
@@ -185,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         session = _opened(args, app)
         fence = _cluster_fence(args, session)
         channel.send({"op": "ready", **describe(session)})
-        Server(
+        server = Server(
             session,
             app,
             control,
@@ -196,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
             max_batch=args.max_batch,
             poisoned=_poisoned(args.poison),
             fence=fence,
-        ).run()
+        )
+        signal.signal(signal.SIGTERM, server.on_sigterm)  # stops at the next turn
+        server.run()
     except (StopRequested, BrokenPipeError, ConnectionResetError):
         # SIGTERM, or the supervisor vanished while we wrote to it: a clean stop.
         return EXIT_CLEAN

@@ -15,6 +15,7 @@ import os
 import selectors
 import socket
 import time
+from types import FrameType
 from typing import Final
 
 from worker.app import App
@@ -22,11 +23,12 @@ from worker.heartbeat import HeartbeatCell
 from worker.lease_deadline import LeaseFence
 from worker.peer import Peer
 from worker.record_feed import records_page
+from worker.signal_wake import SignalWake
 from worker.store.errors import KeyExpired, LogSealed, NotOwnerNow, SessionBroken, SessionError
 from worker.store.session import Session
 from worker.store.stats import STATS
 from worker.turns import DEFAULT_MAX_BATCH, PoisonRequest, Target, TurnRunner
-from worker.wire import Message, WireError, error, field, ok
+from worker.wire import Message, WireError, error, field, ok, request_id_problem
 
 STATE_REPORT_DELAY: Final = 0.05
 """After requests change the session, its state (epoch, records) reaches the supervisor
@@ -95,13 +97,28 @@ class Server:
         STATS.reset()  # count this worker's own work, not what opening it or a parent did
         self._report_due: float | None = None
 
+    def on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        """SIGTERM: stop at the loop's next turn; never inside a batch or a write.
+
+        A stop (an operator's, a hibernation's, the daemon's shutdown) never cuts a
+        request short, and never repeats or tears a reply half sent; the daemon's stop
+        deadline still bounds a batch that never ends. The signal's wake-up descriptor
+        ends a wait in select at once.
+        """
+        self._stop = True
+
     def run(self) -> None:
         self._add(self.control)
+        wake = SignalWake()
+        self.selector.register(wake.sock, selectors.EVENT_READ, None)
         try:
             while not self._stop:
                 batch: list[tuple[Peer, object, Message]] = []
                 for key, mask in self.selector.select(self._timeout()):
-                    peer: Peer = key.data
+                    peer: Peer | None = key.data
+                    if peer is None:
+                        wake.drain()
+                        continue
                     if mask & selectors.EVENT_WRITE:
                         peer.flush()
                     if mask & selectors.EVENT_READ and not peer.closed:
@@ -116,10 +133,12 @@ class Server:
                     self.heartbeat_cell.beat()  # a store to shared memory: it wakes no one
                 self._report_state()
         finally:
-            self.control.flush()
+            for peer in list(self.peers.values()):
+                peer.flush()  # what the sockets take now: the replies of the last batch
             for peer in list(self.peers.values()):
                 self._remove(peer)
             self.selector.close()
+            wake.close()
 
     # -- connections --------------------------------------------------------------------
 
@@ -137,10 +156,15 @@ class Server:
             peer.close()
 
     def _update(self, peer: Peer) -> None:
-        """Read only from a peer that reads its replies; watch for writability if owed."""
+        """Read only from a client that reads its replies; watch for writability if owed.
+
+        The control channel is always read, whatever is queued to it: the daemon reads
+        the worker's replies whatever it has queued for the worker, and bounds both, so
+        neither end's flow control ever stops the other direction (no deadlock).
+        """
         if peer.closed or peer.fileno() not in self.peers:
             return
-        events = 0 if peer.backed_up else selectors.EVENT_READ
+        events = 0 if peer.backed_up and peer is not self.control else selectors.EVENT_READ
         if peer.out:
             events |= selectors.EVENT_WRITE
         if events == 0:
@@ -153,9 +177,13 @@ class Server:
         try:
             messages = peer.read()
         except WireError as exc:
-            # A bad frame gets an error reply, never a crash; what was buffered with it
-            # is dropped so the next frame is read from a clean state.
+            # A bad frame gets an error reply, never a crash. The requests whole before
+            # it in the same bytes are applied and answered first; what was buffered
+            # after it is dropped, so the next frame is read from a clean state.
             peer.reader.reset()
+            self._take(peer, exc.decoded, batch)
+            self._apply(batch)
+            batch.clear()
             peer.queue(error(None, "bad_frame", str(exc)))
             return
         if messages is None:
@@ -164,9 +192,20 @@ class Server:
             else:
                 self._remove(peer)
             return
+        self._take(peer, messages, batch)
+
+    def _take(
+        self, peer: Peer, messages: list[Message], batch: list[tuple[Peer, object, Message]]
+    ) -> None:
+        """Add a peer's requests to the batch; act on its other messages in order."""
         for message in messages:
             request_id = message.get("id")
             op = message.get("op")
+            if peer is not self.control and (problem := request_id_problem(request_id)):
+                # Checked as the daemon checks them: a reply must fit a frame whatever
+                # the request's id (a 1 MiB id would make every reply too large).
+                peer.queue(error(None, "bad_request", problem))
+                continue
             if op == "request":
                 try:
                     batch.append((peer, request_id, field(message, "request", dict)))
@@ -208,16 +247,26 @@ class Server:
 
     def _apply(self, batch: list[tuple[Peer, object, Message]]) -> None:
         """Apply the requests that arrived together, in chunks the runner sizes."""
-        done = 0
-        while done < len(batch):
-            size = self.runner.chunk_size()
-            self._apply_chunk(batch[done : done + size])
-            done += size
-            if done < len(batch):
-                for peer in list(self.peers.values()):
-                    peer.flush()  # the earlier requests' replies go out now
-                if self.heartbeat_cell is not None:
-                    self.heartbeat_cell.beat()
+        if not batch:
+            return
+        # Until every reply is queued, the daemon's idle check sees a request in
+        # progress in the shared cell: a worker that is serving is never idle.
+        if self.heartbeat_cell is not None:
+            self.heartbeat_cell.set_busy(True)
+        try:
+            done = 0
+            while done < len(batch):
+                size = self.runner.chunk_size()
+                self._apply_chunk(batch[done : done + size])
+                done += size
+                if done < len(batch):
+                    for peer in list(self.peers.values()):
+                        peer.flush()  # the earlier requests' replies go out now
+                    if self.heartbeat_cell is not None:
+                        self.heartbeat_cell.beat()
+        finally:
+            if self.heartbeat_cell is not None:
+                self.heartbeat_cell.set_busy(False)
 
     def _apply_chunk(self, batch: list[tuple[Peer, object, Message]]) -> None:
         started = time.perf_counter()

@@ -18,6 +18,9 @@ from worker.store.errors import SessionError
 MAX_FRAME: Final = 1 << 20
 MAX_REQUEST_ID: Final = 256
 """The longest string a request id may be: a reply must never outgrow its request."""
+SHORT_FIELD: Final = 256
+"""Characters (or bytes) of a reply's field kept when the whole reply is too large."""
+_ERROR_TEXT: Final = 2000
 _READ_SIZE: Final = 65536
 _FEED_SIZE: Final = 1 << 18
 Message = dict[str, object]
@@ -25,11 +28,16 @@ _T = TypeVar("_T")
 
 
 class WireError(SessionError):
-    """A frame broke the protocol (too large, undecodable, or not a map of string keys)."""
+    """A frame broke the protocol (too large, undecodable, or not a map of string keys).
 
-    def __init__(self, why: str) -> None:
+    ``decoded`` holds the whole messages that came before the bad frame in the same
+    bytes: they are answered first, then the bad frame.
+    """
+
+    def __init__(self, why: str, decoded: list[Message] | None = None) -> None:
         super().__init__(why)
         self.why = why
+        self.decoded: list[Message] = decoded if decoded is not None else []
 
     def __str__(self) -> str:
         return f"protocol error: {self.why}"
@@ -56,12 +64,65 @@ def optional_field(message: Message, name: str, kind: type[_T]) -> _T | None:
     return field(message, name, kind)
 
 
+def request_id_problem(request_id: object) -> str | None:
+    """Why ``request_id`` cannot be a request's id (an int, or a string of at most
+    MAX_REQUEST_ID characters), or None if it can."""
+    if type(request_id) is int or (type(request_id) is str and len(request_id) <= MAX_REQUEST_ID):
+        return None
+    return f"field 'id' must be an int or a string of at most {MAX_REQUEST_ID} characters"
+
+
 def encode(message: Message) -> bytes:
     """Return the frame of one message."""
     frame: bytes = msgpack.packb(message, use_bin_type=True)
     if len(frame) > MAX_FRAME:
         raise WireError(_too_large(len(frame), MAX_FRAME))
     return frame
+
+
+def encode_reply(message: Message) -> bytes:
+    """Return the frame of a reply to a request that was applied; never raises.
+
+    A reply too large for a frame is sent without its big fields, which ``omitted``
+    names: the request was applied, so it must be answered as applied, never as failed
+    (a retry without a key would apply it twice).
+    """
+    try:
+        return encode(message)
+    except WireError:
+        pass
+    try:
+        return encode(shrunk(message))
+    except WireError:
+        # Still too large (a result of many small fields): its status alone, and the id.
+        result = message.get("result")
+        names = [str(name) for name in result] if isinstance(result, dict) else []
+        return encode(
+            {"id": message.get("id"), "ok": message.get("ok"),
+             "result": {"omitted": names[:SHORT_FIELD]}}
+        )  # fmt: skip
+
+
+def shrunk(message: Message) -> Message:
+    """The reply without the fields that made it too large, naming what was left out."""
+    failure = message.get("error")
+    if isinstance(failure, dict):
+        text = str(failure.get("message"))
+        cut = text if len(text) <= _ERROR_TEXT else text[: _ERROR_TEXT - 3] + "..."
+        code = str(failure.get("code"))[:SHORT_FIELD]
+        return {"id": message.get("id"), "ok": False, "error": {"code": code, "message": cut}}
+    result = message.get("result")
+    if not isinstance(result, dict):
+        return {"id": message.get("id"), "ok": message.get("ok"), "result": None}
+    kept: dict[str, object] = {}
+    omitted: list[str] = []
+    for name, value in result.items():
+        if isinstance(value, str | bytes) and len(value) > SHORT_FIELD:
+            omitted.append(str(name))
+        else:
+            kept[str(name)] = value
+    kept["omitted"] = omitted
+    return {"id": message.get("id"), "ok": message.get("ok"), "result": kept}
 
 
 def ok(request_id: object, result: object) -> Message:
@@ -98,14 +159,21 @@ class FrameReader:
         )
 
     def feed(self, data: bytes) -> list[Message]:
-        """Add bytes; return the messages they complete. WireError on a bad frame."""
+        """Add bytes; return the messages they complete.
+
+        WireError on a bad frame, carrying in ``decoded`` the messages before it.
+        """
         ready: list[Message] = []
-        if len(data) <= _FEED_SIZE:
-            self._feed_chunk(data, ready)
-        else:
-            view = memoryview(data)
-            for start in range(0, len(view), _FEED_SIZE):
-                self._feed_chunk(view[start : start + _FEED_SIZE], ready)
+        try:
+            if len(data) <= _FEED_SIZE:
+                self._feed_chunk(data, ready)
+            else:
+                view = memoryview(data)
+                for start in range(0, len(view), _FEED_SIZE):
+                    self._feed_chunk(view[start : start + _FEED_SIZE], ready)
+        except WireError as exc:
+            exc.decoded = ready
+            raise
         return ready
 
     def _feed_chunk(self, chunk: bytes | memoryview, ready: list[Message]) -> None:
@@ -161,8 +229,8 @@ class Channel:
         return self.sock.fileno()
 
     def send(self, message: Message) -> None:
-        """Send one message whole."""
-        self.sock.sendall(encode(message))
+        """Send one message whole (EPIPE raises BrokenPipeError; never SIGPIPE)."""
+        self.sock.sendall(encode(message), socket.MSG_NOSIGNAL)
 
     def read_nowait(self) -> list[Message]:
         """Read what the socket has now (call when it is readable); return whole messages.

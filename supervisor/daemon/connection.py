@@ -1,10 +1,13 @@
 """One framed connection of the daemon's loop: msgpack messages, bounded both ways.
 
 Each connection is an asyncio Protocol on a non-blocking transport. Output is bounded:
-above the high-water mark the transport calls ``pause_writing`` and the connection
-stops reading from its peer (a peer that does not read gets nothing more to answer);
-past a hard limit the connection is aborted. Input is bounded by the frame limit. The
-transport owns the socket and closes it once; ``connection_lost`` is the one place
+above the high-water mark the transport calls ``pause_writing`` and a client's
+connection stops reading from its peer (a peer that does not read gets nothing more to
+answer); past a hard limit the connection is aborted. A worker's channel is read
+whatever is queued to it (``READS_WHEN_BACKED_UP``): its replies are what drains the
+worker, so stopping them would deadlock both ends. Input is bounded by the frame
+limit; the messages whole before a bad frame are acted on first, then the bad frame.
+The transport owns the socket and closes it once; ``connection_lost`` is the one place
 where a connection ends.
 """
 
@@ -27,10 +30,16 @@ MESSAGES_PER_TURN: Final = 64
 """Messages of one connection acted on per loop turn: a pipelining peer waits its turn."""
 _FULL: Final = frozenset({errno.EAGAIN, errno.ENOBUFS})
 _GONE: Final = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN})
+_OWN_PAUSES: Final = frozenset({"inbox", "broken"})
+"""Reasons reading stops that still let the messages already read be acted on."""
+_ANSWERED: Final = WireError("a bad frame, already answered")
 
 
 class FramedConnection(asyncio.Protocol):
     """A stream of messages in both directions; subclasses say what a message does."""
+
+    READS_WHEN_BACKED_UP = False
+    """Keep reading the peer while output to it is over the high-water mark."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock  # kept for passing descriptors (sendmsg); the transport owns it
@@ -40,6 +49,7 @@ class FramedConnection(asyncio.Protocol):
         self._paused_for: set[str] = set()
         self._inbox: deque[Message] = deque()
         self._scheduled = False
+        self._broken: WireError | None = None  # a bad frame, answered after the inbox
 
     # -- asyncio.Protocol -------------------------------------------------------------
 
@@ -51,34 +61,42 @@ class FramedConnection(asyncio.Protocol):
             transport.pause_reading()
 
     def data_received(self, data: bytes) -> None:
+        if self._broken is not None:
+            return  # nothing after a bad frame can be read
         try:
             self._inbox.extend(self._reader.feed(data))
         except WireError as exc:
-            self._inbox.clear()
-            self.on_bad_frame(exc)
-            return
+            # What came whole before the bad frame is acted on first, then the bad frame.
+            self._inbox.extend(exc.decoded)
+            self._broken = exc
+            self.pause_reading_for("broken")
         self._work()
 
     def _work(self) -> None:
         """Act on a few waiting messages; read more only once all are taken."""
         self._scheduled = False
         for _ in range(MESSAGES_PER_TURN):
-            if not self._inbox or self.closed or self._paused_for - {"inbox"}:
+            if not self._inbox or self.closed or self._paused_for - _OWN_PAUSES:
                 break
             self.on_message(self._inbox.popleft())
         if self._inbox and not self.closed:
             self.pause_reading_for("inbox")
-            if not self._paused_for - {"inbox"} and not self._scheduled:
+            if not self._paused_for - _OWN_PAUSES and not self._scheduled:
                 self._scheduled = True
                 asyncio.get_running_loop().call_soon(self._work)
-        else:
-            self.resume_reading_for("inbox")
+            return
+        self.resume_reading_for("inbox")
+        broken = self._broken
+        if broken is not None and broken is not _ANSWERED and not self.closed:
+            self._broken = _ANSWERED  # answered once; still nothing more is read
+            self.on_bad_frame(broken)
 
     def eof_received(self) -> bool | None:
         return False  # close our side too: a half-closed peer gets no further replies
 
     def pause_writing(self) -> None:
-        self.pause_reading_for("output")
+        if not self.READS_WHEN_BACKED_UP:
+            self.pause_reading_for("output")
 
     def resume_writing(self) -> None:
         self.resume_reading_for("output")
@@ -114,7 +132,10 @@ class FramedConnection(asyncio.Protocol):
 
         Raises WireError if the message cannot be encoded (too large): nothing is sent.
         """
-        frame = encode(message)
+        return self.send_frame(encode(message))
+
+    def send_frame(self, frame: bytes) -> bool:
+        """Queue one encoded message; False if the connection is gone or was dropped."""
         if self.closed or self.transport is None or self.transport.is_closing():
             return False  # its end is on the way (connection_lost follows); nobody reads
         if self.backlog + len(frame) > MAX_OUTPUT:
@@ -155,7 +176,11 @@ class FramedConnection(asyncio.Protocol):
             return
         if not self._paused_for:
             self.transport.resume_reading()
-        elif self._paused_for == {"inbox"} and not self._scheduled:
+        elif (
+            "inbox" in self._paused_for
+            and not self._paused_for - _OWN_PAUSES
+            and not self._scheduled
+        ):
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._work)
 

@@ -1,4 +1,4 @@
-"""The home a daemon serves: made private, and held by one daemon at a time."""
+"""The daemon's home: made private and locked at start, and the sessions found in it."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import os
 
 from supervisor.control_socket import make_private_dirs
 from supervisor.errors import HomeLocked, ServeError
-from worker.store.errors import SessionIOError, SessionLocked
+from worker.store.errors import InvalidSessionId, SessionIOError, SessionLocked
 from worker.store.layout import SESSIONS_DIR
 from worker.store.lock import lock_directory
+from worker.store.session_id import validate_session_id
 
 
 def claim_home(home: str) -> int:
@@ -27,3 +28,14 @@ def claim_home(home: str) -> int:
             f"{exc.filename or home}: cannot use this home: {exc.strerror}; "
             "choose a directory you own on a local file system"
         ) from exc
+
+
+def existing_sessions(home: str) -> list[str]:
+    """The session ids of the home's session directories, sorted."""
+    found = []
+    for name in sorted(os.listdir(os.path.join(home, SESSIONS_DIR))):
+        try:
+            found.append(validate_session_id(name))
+        except InvalidSessionId:
+            continue  # not a session directory (the operator's own files)
+    return found

@@ -9,29 +9,25 @@ import time
 from collections.abc import Callable
 from typing import Final, Protocol
 
+import psutil
+
 from supervisor.daemon.endpoints import Waiter, WorkerChannel
+from supervisor.daemon.exit_advice import fatal_reason
 from supervisor.daemon.handover import hand_over
 from supervisor.daemon.hang import HangWatch
 from supervisor.daemon.hosted_status import session_status
+from supervisor.daemon.lock_wait import outgoing_worker
 from supervisor.daemon.poison import DEFAULT_POISON_AFTER, PoisonLedger
+from supervisor.daemon.relay import Relay
 from supervisor.daemon.spawn import WorkerProcess, WorkerSpec, describe_exit
 from supervisor.states import RestartPolicy, State, StateMachine
-from worker.process import (
-    EXIT_CANNOT_OPEN,
-    EXIT_CLEAN,
-    EXIT_LOCKED,
-    EXIT_NOT_FOUND,
-    EXIT_REFUSED,
-    bounded,
-)
-from worker.wire import Message, WireError, error
+from worker.process import EXIT_CLEAN, EXIT_LOCKED, bounded
+from worker.wire import Message, error
 
 STOP_DEADLINE: Final = 5.0
 MAX_QUEUED: Final = 1000
 MAX_LAST_ERROR: Final = 4000
 """Characters of ``last_error``: the worker's words (at most 2,000) and our next step."""
-MAX_WORKER_BACKLOG: Final = 8 << 20
-"""Bytes queued to a worker that is not reading before new requests are refused (busy)."""
 
 
 class Loop(Protocol):
@@ -43,6 +39,11 @@ class Loop(Protocol):
     def cancel(self, timer: object) -> None: ...
     def on_move(self, hosted: HostedSession, old: State, new: State) -> None: ...
     def on_report(self, hosted: HostedSession, message: Message) -> None: ...
+    def wait_for_exit(
+        self, proc: psutil.Process, bound: float, on_exit: Callable[[], None],
+        on_stuck: Callable[[str], None],
+    ) -> object: ...  # fmt: skip
+    def wake(self, hosted: HostedSession) -> None: ...
 
 
 class HostedSession:
@@ -73,9 +74,10 @@ class HostedSession:
         self.started_at: float | None = None
         self._last_error: str | None = None
         self._said: str | None = None  # why the current worker says it exits, if it said
+        self._holder: int | None = None  # who holds the lock the current worker found held
         self.epoch: int | None = None
         self.records: int | None = None
-        self.in_flight: dict[int, Waiter] = {}
+        self.relay = Relay(spec.session)
         self.queued: list[tuple[Waiter, Message]] = []
         self.ready_waiters: list[Waiter] = []
         self.stop_waiters: list[Waiter] = []
@@ -84,11 +86,15 @@ class HostedSession:
         self.exit_pid: int | None = None
         self.exit_code: int | None = None
         self._timer: object | None = None
-        self._next_id = 0
 
     @property
     def state(self) -> State:
         return self.machine.state
+
+    @property
+    def in_flight(self) -> Relay:
+        """Relayed requests awaiting the worker's reply."""
+        return self.relay
 
     @property
     def last_error(self) -> str | None:
@@ -110,6 +116,7 @@ class HostedSession:
         poisoned = self.poison.poisoned()
         if poisoned != self.spec.poisoned:
             self.spec = dataclasses.replace(self.spec, poisoned=poisoned)
+        self._holder = None
         try:
             worker = WorkerProcess(self.spec)
         except OSError as exc:
@@ -184,17 +191,13 @@ class HostedSession:
             # Bounded again here: a worker of another version may send any length.
             self._said = bounded(str(message.get("message")))
             holder = message.get("holder")
-            if message.get("code") == "locked" and isinstance(holder, int):
-                self._said += f" (pid {holder} holds it; it is not ours: not fighting it)"
+            if message.get("code") == "locked" and type(holder) is int:
+                self._holder = holder
         else:
-            request_id = _int_or_none(message.get("id"))
-            answered = self.in_flight.pop(request_id, None) if request_id is not None else None
             result = message.get("result")
             if isinstance(result, dict):
                 self._take_state(result.get("state"))
-            if answered is not None:
-                message["id"] = answered.request_id
-                answered.client.reply(message)
+            self.relay.answer(_int_or_none(message.get("id")), message)
 
     def on_exit(self) -> None:
         """The pidfd says the worker died: reap, answer what was in flight, decide."""
@@ -205,7 +208,7 @@ class HostedSession:
         said = self._said
         code = worker.reap()
         self.exit_pid, self.exit_code = worker.pid, code
-        turn_started, in_flight = worker.heartbeat.turn()  # what it was handling, if any
+        turn_started, turn_keys = worker.heartbeat.turn()  # what it was handling, if any
         self.loop.unwatch_worker(worker)
         worker.close()
         self.worker = None
@@ -223,7 +226,7 @@ class HostedSession:
             self.hibernating = False
             self.machine.move(State.IDLE)
             if self.queued or self.ready_waiters:
-                self.start()  # used again while it was stopping
+                self.loop.wake(self)  # used again while it was stopping
             return
         if self.state is State.STOPPING:
             self.machine.move(State.STOPPED)
@@ -235,24 +238,11 @@ class HostedSession:
                 self.restart_after_stop = False
                 self.operator_start()
             return
-        if code == EXIT_REFUSED:
-            self._fatal(
-                f"{said or 'log refused'} -- the log is refused and will not be "
-                f"restarted. Next: `loopd inspect --home {self.spec.home} {self.id}`; if the "
-                f"last line is torn, `loopd repair --home {self.spec.home} {self.id}`, then "
-                f"`loopd start {self.id}`"
-            )
-        elif code == EXIT_CANNOT_OPEN:
-            self._fatal(
-                f"{said or 'the session cannot be opened'} -- opening the session failed in "
-                f"a way a restart will not fix, so it is not restarted. Next: fix the file "
-                f"or directory named (its type, owner, mode, or the free space), then "
-                f"`loopd start {self.id}`"
-            )
-        elif code == EXIT_LOCKED:
-            self._fatal(said or "the session is locked by another process")
-        elif code == EXIT_NOT_FOUND:
-            self._fatal(said or "no such session")
+        if code == EXIT_LOCKED and self._wait_for_holder():
+            return
+        fatal = fatal_reason(code, said, self.spec.home, self.id, self._holder)
+        if fatal is not None:
+            self._fatal(fatal)
         elif code == EXIT_CLEAN:
             self.machine.move(State.EXITED)
             self._fail_waiting("exited", f"the worker of session {self.id} exited")
@@ -260,9 +250,9 @@ class HostedSession:
             # Only this worker's words: the previous exits' are not chained on, or the
             # text would grow with every restart.
             self.last_error = f"worker {how}" + (f": {said}" if said else "")
-            if in_flight:
+            if turn_keys:
                 running = None if turn_started is None else now - turn_started
-                self.last_error = f"{self.last_error}{self.poison.charged(in_flight, running)}"
+                self.last_error = f"{self.last_error}{self.poison.charged(turn_keys, running)}"
             self._crashed(now)
 
     def _crashed(self, now: float) -> None:
@@ -282,6 +272,29 @@ class HostedSession:
         else:
             self._timer = self.loop.call_at(now + delay, self.start)
 
+    def _wait_for_holder(self) -> bool:
+        """The lock is held by a worker of a previous supervisor, finishing its last batch:
+        wait for it to exit (BACKOFF, bounded by the hang timeout), then start. False if
+        the holder is anything else (not ours: not fighting it)."""
+        holder = self._holder
+        proc = outgoing_worker(holder, self.id) if holder is not None else None
+        if proc is None:
+            return False
+        bound = self.hang.timeout if self.hang.timeout is not None else STOP_DEADLINE
+        self.last_error = (
+            f"the session is locked by pid {holder}, a worker of the previous supervisor "
+            f"finishing its last batch: waiting up to {bound:g} s for it to exit"
+        )
+        self.machine.move(State.BACKOFF)
+        self._timer = self.loop.wait_for_exit(proc, bound, self._holder_gone, self._fatal)
+        return True
+
+    def _holder_gone(self) -> None:
+        self._timer = None
+        if self.state is State.BACKOFF:
+            self.last_error = None
+            self.start()
+
     def _fatal(self, why: str) -> None:
         self.last_error = why
         self.machine.move(State.FATAL)
@@ -299,7 +312,7 @@ class HostedSession:
         ) and len(self.queued) < MAX_QUEUED:
             self.queued.append((waiter, request))
             if self.state is State.IDLE:
-                self.start()  # wake on demand: the request waits for the start
+                self.loop.wake(self)  # on demand: the request waits for the start
         else:
             detail = f": {self.last_error}" if self.last_error else ""
             waiter.client.reply(
@@ -318,28 +331,8 @@ class HostedSession:
 
     def forward(self, waiter: Waiter, request: Message) -> None:
         """Relay a request to the worker; exactly one reply reaches the waiter."""
-        link = self.link
-        assert link is not None
-        if link.backlog > MAX_WORKER_BACKLOG:
-            waiter.client.reply(
-                error(waiter.request_id, "busy", f"the worker of session {self.id} is not "
-                      "reading its requests; retry later")
-            )  # fmt: skip
-            return
-        self._next_id += 1
-        try:
-            sent = link.send({**request, "id": self._next_id})
-        except WireError as exc:
-            # Never forwarded: answered here, and no in-flight entry answers it again.
-            waiter.client.reply(error(waiter.request_id, "too_large", str(exc)))
-            return
-        if sent:
-            self.in_flight[self._next_id] = waiter
-        else:
-            waiter.client.reply(
-                error(waiter.request_id, "worker_died", f"the worker of session {self.id} "
-                      "is gone; nothing was applied: retry with the same key")
-            )  # fmt: skip
+        assert self.link is not None
+        self.relay.forward(self.link, waiter, request)
 
     def connect(self, waiter: Waiter) -> None:
         """Give the client a connection of its own to the worker (the direct data path)."""
@@ -348,9 +341,7 @@ class HostedSession:
         hand_over(self.link, waiter, self.id, self.worker.pid, self.epoch)
 
     def _fail_in_flight(self, code: str, message: str) -> None:
-        in_flight, self.in_flight = self.in_flight, {}
-        for waiter in in_flight.values():
-            waiter.client.reply(error(waiter.request_id, code, message))
+        self.relay.fail_all(code, message)
 
     def _fail_waiting(self, code: str, message: str, *, keep_ready: bool = False) -> None:
         self._fail_in_flight(code, message)

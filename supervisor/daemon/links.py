@@ -12,7 +12,7 @@ from supervisor.daemon.connection import FramedConnection
 from supervisor.daemon.hosted import HostedSession
 from supervisor.daemon.operations import Daemon, dispatch
 from supervisor.daemon.spawn import WorkerProcess
-from worker.wire import Message, WireError, error
+from worker.wire import Message, WireError, encode_reply, error
 
 MAX_PENDING: Final = 256
 """Requests of one connection awaiting their reply before the daemon stops reading it."""
@@ -26,6 +26,7 @@ class ClientConnection(FramedConnection):
         self.daemon = daemon
         self.pending = 0
         self.on_end: Callable[[ClientConnection], None] = lambda _connection: None
+        self._bad_frame: WireError | None = None  # answered once the requests before it are
 
     def on_message(self, message: Message) -> None:
         self.pending += 1
@@ -39,18 +40,38 @@ class ClientConnection(FramedConnection):
         if self.pending <= MAX_PENDING // 2:
             self.resume_reading_for("pending")
 
+    def _after_reply(self) -> None:
+        if self._bad_frame is not None and not self.pending:
+            self.send(error(None, "bad_frame", str(self._bad_frame)))
+            self._bad_frame = None
+            self.close()
+
     def reply(self, message: Message) -> None:
         self._answered()
         try:
             self.send(message)
         except WireError as exc:
             self.send(error(message.get("id"), "too_large", str(exc)))
+        self._after_reply()
+
+    def reply_relayed(self, message: Message) -> None:
+        """Reply for a request the worker applied: too large, it loses its big fields
+        (named in ``omitted``), never its outcome (a keyless retry would apply it twice)."""
+        self._answered()
+        self.send_frame(encode_reply(message))
+        self._after_reply()
+
+    def on_bad_frame(self, exc: WireError) -> None:
+        """Answer the bad frame once the requests before it are answered, then close."""
+        self._bad_frame = exc
+        self._after_reply()
 
     def reply_with_fd(self, message: Message, fd: int) -> bool:
         """Reply with a descriptor attached; False (nothing sent) if it cannot go now."""
         if not self.send_with_fd(message, fd):
             return False
         self._answered()
+        self._after_reply()
         return True
 
     def deliver(self, message: Message) -> bool:
@@ -62,7 +83,14 @@ class ClientConnection(FramedConnection):
 
 
 class WorkerLink(FramedConnection):
-    """The daemon's end of a worker's control channel."""
+    """The daemon's end of a worker's control channel, read whatever is queued to it.
+
+    What the daemon sends a worker is bounded where it is sent (``busy`` past
+    MAX_WORKER_BACKLOG); what the worker sends back is what drains it, so its replies are
+    read whatever the backlog (flow control on one direction never stops the other).
+    """
+
+    READS_WHEN_BACKED_UP = True
 
     def __init__(self, sock: socket.socket, hosted: HostedSession) -> None:
         super().__init__(sock)

@@ -19,24 +19,25 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
+import psutil
+
 from supervisor.cluster.serving import ServingNode, WorkerCluster
 from supervisor.daemon.cluster_node import DaemonNode
 from supervisor.daemon.config import ServeConfig
 from supervisor.daemon.connection import connect
 from supervisor.daemon.endpoints import Client, Waiter
-from supervisor.daemon.home import claim_home
+from supervisor.daemon.home import claim_home, existing_sessions
 from supervisor.daemon.hosted import HostedSession
 from supervisor.daemon.links import ClientConnection, WorkerLink, WorkerWatch
 from supervisor.daemon.listener import Listener
+from supervisor.daemon.lock_wait import HolderWait
 from supervisor.daemon.spawn import WorkerProcess, WorkerSpec
 from supervisor.daemon.worker_specs import UnknownApp, worker_spec
 from supervisor.errors import ServeError
 from supervisor.hosting.intent import IntentError
 from supervisor.hosting.runtime import Hosting
 from supervisor.states import State
-from worker.store.errors import InvalidSessionId
 from worker.store.layout import SESSIONS_DIR
-from worker.store.session_id import validate_session_id
 from worker.wire import Message, error, ok
 
 __all__ = ["ServeConfig", "Supervisor"]
@@ -82,6 +83,15 @@ class Supervisor:
     def on_report(self, hosted: HostedSession, message: Message) -> None:
         self.hosting.on_report(hosted, message)
 
+    def wake(self, hosted: HostedSession) -> None:
+        self.hosting.wake(hosted)
+
+    def wait_for_exit(
+        self, proc: psutil.Process, bound: float, on_exit: Callable[[], None],
+        on_stuck: Callable[[str], None],
+    ) -> HolderWait:  # fmt: skip
+        return HolderWait(self.loop, proc, bound, on_exit, on_stuck)
+
     def unwatch_worker(self, worker: WorkerProcess) -> None:
         """Nothing left to do: the pidfd reader went at the death, the channel at its end."""
 
@@ -89,7 +99,7 @@ class Supervisor:
         return self.loop.call_at(when, callback)  # loop.time() is time.monotonic()
 
     def cancel(self, timer: object) -> None:
-        if isinstance(timer, asyncio.TimerHandle):
+        if isinstance(timer, asyncio.TimerHandle | HolderWait):
             timer.cancel()
 
     def _worker_died(self, watch: WorkerWatch) -> None:
@@ -137,7 +147,7 @@ class Supervisor:
             # (it is handled once the loop runs, after everything below is set up).
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self.loop.add_signal_handler(sig, self._on_signal)
-            sessions = self._existing_sessions()
+            sessions = existing_sessions(self.home)
             if self.config.cluster is not None:
                 sessions = self._join_cluster(self.config.cluster)
             self._listener.open()
@@ -243,15 +253,6 @@ class Supervisor:
         )  # fmt: skip
         self.sessions[spec.session] = hosted
         return hosted
-
-    def _existing_sessions(self) -> list[str]:
-        found = []
-        for name in sorted(os.listdir(os.path.join(self.home, SESSIONS_DIR))):
-            try:
-                found.append(validate_session_id(name))
-            except InvalidSessionId:
-                continue  # not a session directory (the operator's own files)
-        return found
 
     # -- the control socket ---------------------------------------------------------------
 

@@ -11,7 +11,6 @@ from worker.store.errors import InvalidSessionId
 from worker.store.session_id import validate_session_id
 from worker.wire import (
     MAX_FRAME,
-    MAX_REQUEST_ID,
     Message,
     WireError,
     encode,
@@ -19,6 +18,7 @@ from worker.wire import (
     field,
     ok,
     optional_field,
+    request_id_problem,
 )
 
 MAX_STATUS_PAGE: Final = 1000
@@ -51,13 +51,9 @@ class Daemon(Protocol):
 def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
     """Answer one control request; a malformed one gets an error reply, never a crash."""
     request_id = message.get("id")
-    if type(request_id) not in (int, str) or (
-        isinstance(request_id, str) and len(request_id) > MAX_REQUEST_ID
-    ):
-        client.reply(
-            error(None, "bad_request", f"field 'id' must be an int or a string of at most "
-                  f"{MAX_REQUEST_ID} characters")
-        )  # fmt: skip
+    problem = request_id_problem(request_id)
+    if problem is not None:
+        client.reply(error(None, "bad_request", problem))
         return
     waiter = Waiter(client, request_id)
     try:

@@ -189,6 +189,10 @@ class WorkerProcess:
             self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
+    def in_request(self) -> bool:
+        """The worker is applying a batch of requests now (its heartbeat cell says)."""
+        return self.heartbeat.busy_since() is not None
+
     def rss_bytes(self) -> int | None:
         """The worker's resident set size, if it is alive."""
         if not self.is_same_process():
@@ -229,8 +233,10 @@ def _fork_worker(spec: WorkerSpec, channel_fd: int, beat_fd: int, output_fd: int
         os.setsid()  # its own session and process group, for killpg
         _name_process(f"loopd:{spec.session}")
         signal.set_wakeup_fd(-1)
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
+        # As a fresh interpreter has it (exec): a peer gone before its reply is EPIPE.
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         # Objects of the supervisor that own descriptors must never be finalized here:
         # their fd numbers are closed below and will be reused by the worker's files.
         gc.freeze()

@@ -17,12 +17,12 @@ from supervisor.errors import ServeError
 from supervisor.hosting.daemon_metrics import DaemonMetrics
 from supervisor.hosting.daemon_output import DaemonOutput
 from supervisor.hosting.events import Event, EventHub
-from supervisor.hosting.hibernation import UsageClock
+from supervisor.hosting.hibernation import Hibernation
 from supervisor.hosting.intent import IntentError, IntentFile
 from supervisor.hosting.metrics_http import ScrapeGate, TokenError, read_token, serve_metrics
 from supervisor.hosting.rss_cache import MeasuredWorker, RssCache
 from supervisor.hosting.sd_notify import Notifier
-from supervisor.hosting.session_actions import Hosted, hibernate, is_busy, restart_for_memory
+from supervisor.hosting.session_actions import Hosted, hibernate, restart_for_memory
 from supervisor.hosting.settings import HostingSettings
 from supervisor.hosting.worker_logs import WorkerLogs
 from supervisor.states import State
@@ -57,7 +57,10 @@ class Hosting:
         self.notifier = notifier or Notifier.from_environ(report=report)
         self.intent = IntentFile(home)
         self.events = EventHub(report, loop.call_later)
-        self.clock = UsageClock(idle_stop=settings.idle_stop, max_live=settings.max_live)
+        self.hibernation = Hibernation(
+            loop, sessions, self._hibernate, idle_stop=settings.idle_stop,
+            max_live=settings.max_live,
+        )  # fmt: skip
         self.rss = RssCache(loop, self._live_workers)
         self.scrapes = ScrapeGate()
         self.metrics = DaemonMetrics(
@@ -74,7 +77,6 @@ class Hosting:
         self._capped: set[int] = set()  # workers killed for their RSS, not yet reaped
         self._sampled: dict[str, float] = {}
         self._epochs: dict[str, int] = {}
-        self._idle_timer: asyncio.TimerHandle | None = None
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._metrics_server: asyncio.Server | None = None
         self._ready_sent = False
@@ -131,6 +133,7 @@ class Hosting:
             self.notifier.ready(self.summary())
 
     def stopping(self) -> None:
+        self.hibernation.stopping()
         self.notifier.stopping("stopping every worker")
 
     def close(self) -> None:
@@ -138,8 +141,7 @@ class Hosting:
             self._metrics_server.close()
         for timer in self._timers.values():
             timer.cancel()
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
+        self.hibernation.close()
         self.logs.close()
         self.notifier.close()
         self.output.close()
@@ -176,17 +178,9 @@ class Hosting:
             Event(session=hosted.id, from_state=old.value, to_state=new.value, reason=reason,
                   pid=pid, exit_code=exit_code, signal=signal)
         )  # fmt: skip
-        if new is State.RUNNING:
-            self._used(hosted.id)
-            if hosted.epoch is not None:
-                self._epochs[hosted.id] = hosted.epoch  # as opened: later changes count
-        elif old is State.RUNNING:
-            self.clock.forget(hosted.id)
-            self._arm_idle_timer()
-        if new is State.STARTING and self.settings.max_live is not None:
-            for session in self.clock.over_cap(self._busy, room_for=1):
-                self._hibernate(session, f"least recently used past --max-live "
-                                f"{self.settings.max_live}")  # fmt: skip
+        if new is State.RUNNING and hosted.epoch is not None:
+            self._epochs[hosted.id] = hosted.epoch  # as opened: later changes count
+        self.hibernation.on_move(hosted, old, new)
         now = time.monotonic()
         if self._ready_sent and now - self._last_status >= STATUS_GAP:
             self._last_status = now
@@ -213,7 +207,7 @@ class Hosting:
             requests = stats.get("requests")
             if isinstance(requests, int) and requests != self._requests.get(hosted.id):
                 self._requests[hosted.id] = requests
-                self._used(hosted.id)
+                self.hibernation.served(hosted.id)
                 self._sample_rss(hosted)
         state = message.get("state")
         epoch = state.get("epoch") if isinstance(state, dict) else None
@@ -231,36 +225,11 @@ class Hosting:
 
     # -- hibernation ---------------------------------------------------------------------
 
-    def _used(self, session: str) -> None:
-        first = session not in self.clock
-        self.clock.used(session, time.monotonic())
-        if first:
-            self._arm_idle_timer()
-
-    def _busy(self, session: str) -> bool:
-        hosted = self.sessions.get(session)
-        return hosted is None or is_busy(hosted) or hosted.state is not State.RUNNING
-
-    def _arm_idle_timer(self) -> None:
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
-        when = self.clock.next_idle_check()
-        if when is not None:
-            self._idle_timer = self.loop.call_at(when, self._idle_check)
-
-    def _idle_check(self) -> None:
-        self._idle_timer = None
-        for session in self.clock.idle(time.monotonic()):
-            hosted = self.sessions.get(session)
-            if hosted is None or self._busy(session):
-                self._used(session)  # look again a full period later
-            else:
-                self._hibernate(session, f"no request for {self.settings.idle_stop:g} s")
-        self._arm_idle_timer()
+    def wake(self, hosted: Hosted) -> None:
+        """A request wants an IDLE session: it starts now, or when --max-live has room."""
+        self.hibernation.wake(hosted)
 
     def _hibernate(self, session: str, why: str) -> None:
-        self.clock.forget(session)
         self._why[session] = why  # the reason of the STOPPING move that follows
         hibernate(self.sessions[session])
         self._why.pop(session, None)

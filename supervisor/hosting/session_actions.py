@@ -14,6 +14,7 @@ class Worker(Protocol):
     def pid(self) -> int: ...
     def rss_bytes(self) -> int | None: ...
     def kill(self) -> bool: ...
+    def in_request(self) -> bool: ...
 
 
 class Hosted(Protocol):
@@ -43,11 +44,16 @@ class Hosted(Protocol):
     def last_error(self) -> str | None: ...
     def stop(self, *, restart: bool = False) -> None: ...
     def kill_for(self, why: str) -> None: ...
+    def start(self) -> None: ...
 
 
 def is_busy(hosted: Hosted) -> bool:
-    """Requests or clients are waiting on the session's worker."""
-    return bool(hosted.in_flight or hosted.queued or hosted.ready_waiters)
+    """Requests or clients are waiting on the session's worker, or it is serving a batch
+    of requests (from any connection, direct ones included: its heartbeat cell says)."""
+    if hosted.in_flight or hosted.queued or hosted.ready_waiters:
+        return True
+    worker = hosted.worker
+    return worker is not None and worker.in_request()
 
 
 def hibernate(hosted: Hosted) -> None:
