@@ -28,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from typing import Any
@@ -52,13 +54,18 @@ def _start_daemon(home: str, *args: str) -> subprocess.Popen[bytes]:
         [sys.executable, "-m", "supervisor", "serve", "--home", home, "--budget",
          "1000000000", "--max-restarts", "1000", *args],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,  # a ^C reaches the script, which stops the daemon itself
     )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if os.path.exists(os.path.join(home, SOCKET_NAME)) and _pings(home):
-            return proc
-        time.sleep(0.01)
-    raise RuntimeError("the daemon did not start")
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if os.path.exists(os.path.join(home, SOCKET_NAME)) and _pings(home):
+                return proc
+            time.sleep(0.01)
+        raise RuntimeError("the daemon did not start")
+    except BaseException:  # not started, or ^C while waiting: never leave it running
+        _stop_daemon(proc)
+        raise
 
 
 def _pings(home: str) -> bool:
@@ -70,8 +77,13 @@ def _pings(home: str) -> bool:
 
 
 def _stop_daemon(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the daemon stops its workers), SIGKILL after 60 s; always reaped."""
     proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=60)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _raw_loop(path: str, count: int) -> float:
@@ -102,16 +114,42 @@ def _client_worker(
         out.put(time.perf_counter() - start)
 
 
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold ^C and SIGTERM (delivered at the end): for forking children or cleaning up."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def _child(target: Any, *args: Any) -> None:
+    """One of ``_parallel``'s processes: a ^C is the parent's to handle (it kills us)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    target(*args)
+
+
 def _parallel(targets: list[tuple[Any, tuple[Any, ...]]]) -> float:
     """Run the targets in processes from one barrier; return the slowest one's time."""
     barrier = _FORK.Barrier(len(targets))
     out = _FORK.Queue()
-    procs = [_FORK.Process(target=t, args=(*a, barrier, out)) for t, a in targets]
-    for proc in procs:
-        proc.start()
-    times = [out.get(timeout=600) for _ in procs]
-    for proc in procs:
-        proc.join()
+    procs = [_FORK.Process(target=_child, args=(t, *a, barrier, out)) for t, a in targets]
+    try:
+        with _signals_held():  # no ^C between a fork and the handle that can kill it
+            for proc in procs:
+                proc.start()
+        times = [out.get(timeout=600) for _ in procs]
+    except BaseException:  # a failed or interrupted run: no process left behind
+        for proc in procs:
+            if proc.pid is not None:
+                proc.kill()
+        raise
+    finally:
+        for proc in procs:
+            if proc.pid is not None:
+                proc.join()
     return float(max(times))
 
 
