@@ -183,7 +183,12 @@ class NotOwnerNow(SessionError):
 
 
 class KeyExpired(SessionError):
-    """A keyed request that may have been applied in an epoch the key index no longer sees."""
+    """Never raised any more: every key of a session is found (the key index).
+
+    A keyed request was once refused with it when its key had left a retry window of
+    two epochs. It stays defined so that code naming it (an App, the worker's error
+    codes) still imports; nothing in the store raises it.
+    """
 
     def __init__(self, key: str, seen_epoch: int, epoch: int) -> None:
         super().__init__(key, seen_epoch, epoch)

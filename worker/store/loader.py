@@ -19,11 +19,25 @@ from collections.abc import Callable
 from typing import Final
 
 from worker.store.baseline import Baseline, hash_bytes
+from worker.store.carried_checks import (
+    EpochEndAt,
+    check_carried_digest,
+    check_carried_fields,
+    check_index_against_history,
+    check_planned_digest,
+)
 from worker.store.carried_state import parse_recent_keys
-from worker.store.epoch_log import DecodedLog, check_epoch, check_groups, decode_log
+from worker.store.epoch_log import (
+    DecodedLog,
+    check_epoch,
+    check_groups,
+    decode_log,
+    key_applied_at,
+)
 from worker.store.errors import BaselineError, InvalidLog, SessionIOError, SessionNotFound, quote
 from worker.store.fencing import NO_FENCE, advance
 from worker.store.files import open_directory, read_file
+from worker.store.key_index import KeyIndex, load_index
 from worker.store.records import (
     EpochEnd,
     Handoff,
@@ -151,6 +165,8 @@ class _Reader:
         self.newest_data = newest_data
         self.sizes: list[int] = []
         self.keys: dict[str, KeyRef] = {}
+        self.repeats: list[tuple[str, KeyRef]] = []
+        self.index = KeyIndex()
         self.max_call = 0
         self.next_call = 1
         self.prior_users = self.prior_untrusted = 0
@@ -163,24 +179,37 @@ class _Reader:
         path, records = self._read(newest, newest=True)
         first = records[0]
         assert isinstance(first, SessionStart)  # check_epoch guarantees it
-        if newest > 0 and first.carries_state and not history:
+        if newest > 0 and first.key_index is not None and not history:
+            # The newest epoch carries all that open needs of the older ones, bound by
+            # the digest in the EpochEnd before it, and the key index finds their keys.
             first_read = newest
             self._take_carried(path, first, newest)
-            self.carry = self._previous_summary(newest)
-            self._count(path, newest, records, newest=True, check_carried=False)
+            end = self._previous_end(newest)
+            self.carry = end.record.summary
+            check_carried_digest(path, first, end)
+            self.index = load_index(self.dir_fd, self.directory, path, newest, first.key_index)
+            self._count(path, newest, records, newest=True)
         else:
+            # Written before the key index existed (or the history is asked for): every
+            # epoch is read, and every carried field checked against what it holds.
             first_read = 0
             newest_size = self.sizes.pop()
+            closing: EpochEndAt | None = None
             for epoch in epochs[:-1]:
                 older_path, older = self._read(epoch, newest=False)
-                self._count(older_path, epoch, older, newest=False, check_carried=epoch > 0)
+                self._count(older_path, epoch, older, newest=False, end=closing)
                 last = older[-1]
                 assert isinstance(last, EpochEnd)  # check_epoch guarantees it
+                closing = EpochEndAt(older_path, len(older), last)
                 self.carry = last.summary
             self.sizes.append(newest_size)
-            self._count(path, newest, records, newest=True, check_carried=newest > 0)
+            self._count(path, newest, records, newest=True, end=closing)
+            if newest > 0 and first.key_index is not None:
+                self.index = check_index_against_history(
+                    self.dir_fd, self.directory, path, first, self.keys, self.repeats
+                )
         baseline = load_baseline(self.dir_fd, baseline_path(self.directory, newest), first.baseline)
-        return SessionState(
+        state = SessionState(
             session_id=self.session_id,
             directory=self.directory,
             epoch=newest,
@@ -193,11 +222,18 @@ class _Reader:
             prior_untrusted=self.prior_untrusted,
             max_call=self.max_call,
             keys=self.keys,
+            repeats=self.repeats,
+            key_index=self.index,
             epoch_sizes=self.sizes,
             first_read=first_read,
             next_call=max(self.next_call, self.max_call + 1),
             fence=self.fence,
         )
+        last = records[-1]
+        if isinstance(last, EpochEnd):
+            # An epoch change cut short: its resume must carry what the EpochEnd binds.
+            check_planned_digest(path, len(records), last, state)
+        return state
 
     def _read(self, epoch: int, *, newest: bool) -> tuple[str, list[Record]]:
         path = log_path(self.directory, epoch)
@@ -224,7 +260,7 @@ class _Reader:
         for key, line in parse_recent_keys(path, first.recent_keys).items():
             self.keys[key] = KeyRef(epoch - 1, line)
 
-    def _previous_summary(self, epoch: int) -> str:
+    def _previous_end(self, epoch: int) -> EpochEndAt:
         """Read the previous log's last line: it must be the EpochEnd leading to ``epoch``."""
         path = log_path(self.directory, epoch - 1)
         data = read_file(self.dir_fd, os.path.basename(path), path)
@@ -240,21 +276,31 @@ class _Reader:
                 max(lines, 1),
                 f"epoch {epoch - 1} does not end with EpochEnd (the one leading to epoch {epoch})",
             )
-        return last.summary
+        return EpochEndAt(path, lines, last)
 
     def _count(
-        self, path: str, epoch: int, records: list[Record], *, newest: bool, check_carried: bool
+        self,
+        path: str,
+        epoch: int,
+        records: list[Record],
+        *,
+        newest: bool,
+        end: EpochEndAt | None = None,
     ) -> None:
-        """Check one epoch's calls and keys against what came before, and add them up."""
+        """Check one epoch's calls and keys against what came before, and add them up.
+
+        With ``end`` (the EpochEnd before, when the history is read) its carried state
+        is checked against the older epochs' and the digest ``end`` recorded.
+        """
         first = records[0]
         assert isinstance(first, SessionStart)
-        if check_carried and first.carries_state:
+        if end is not None and first.carries_state:
             self._check_carried(path, first, epoch)
+            check_carried_digest(path, first, end)
         if self.on_epoch is not None:
             self.on_epoch(records)
         if self.fence.sealed is not None or any(type(r) in _FENCING for r in records):
             self._fence(path, records)
-        window = epoch - 1  # keys of older epochs than this have left the retry window
         # Comprehensions over the types, not a Python branch per record: a large log's
         # calls and keys are checked in a few C-speed passes; the place of a problem is
         # looked up only when there is one.
@@ -264,23 +310,47 @@ class _Reader:
             self._reused_call(path, records, floor)
         if calls:
             self.max_call = calls[-1]
-        users = [(n, r) for n, r in enumerate(records, start=1) if type(r) is User]
-        for number, user in users:
-            assert isinstance(user, User)
-            if user.key is not None:
-                applied = self.keys.get(user.key)
-                if applied is not None and applied.epoch >= window:
-                    raise InvalidLog(
-                        path,
-                        number,
-                        f"request key {quote(user.key, 80)} was already applied "
-                        f"(epoch {applied.epoch}, line {applied.line}): a request is "
-                        "applied once",
-                    )
-                self.keys[user.key] = KeyRef(epoch, number)
+        users = [(n, r) for n, r in enumerate(records, start=1) if isinstance(r, User)]
+        self._keys(path, epoch, users, exact=first.key_index is not None)
         if not newest:
             self.prior_users += len(users)
             self.prior_untrusted += sum(u.untrusted for _n, u in users)
+
+    def _keys(self, path: str, epoch: int, users: list[tuple[int, User]], *, exact: bool) -> None:
+        """Refuse a key applied twice; index the keys of the epoch.
+
+        Within the retry window of old (the same or adjacent epochs) a key was always
+        applied once; from the first epoch whose SessionStart has a key index on, every
+        key is (``exact``). A key found again further back in a log written before is
+        kept with both places (``repeats``).
+        """
+        window = epoch - 1
+        index = self.index
+        for number, user in users:
+            key = user.key
+            if key is None:
+                continue
+            applied = self.keys.get(key)
+            if applied is None and index.segments:
+                found = index.find(key, self._confirm(key))
+                applied = KeyRef(*found) if found is not None else None
+            if applied is not None:
+                if applied.epoch >= window or exact:
+                    raise InvalidLog(
+                        path,
+                        number,
+                        f"request key {quote(key, 80)} was already applied "
+                        f"(epoch {applied.epoch}, line {applied.line}): a request is "
+                        "applied once",
+                    )
+                self.repeats.append((key, applied))
+            self.keys[key] = KeyRef(epoch, number)
+
+    def _confirm(self, key: str) -> Callable[[int, int], bool]:
+        def confirm(epoch: int, line: int) -> bool:
+            return key_applied_at(self.dir_fd, log_path(self.directory, epoch), line, key)
+
+        return confirm
 
     def _fence(self, path: str, records: list[Record]) -> None:
         """Follow the Owner and Handoff records in order (worker.fencing); InvalidLog if broken."""
@@ -308,28 +378,14 @@ class _Reader:
 
     def _check_carried(self, path: str, first: SessionStart, epoch: int) -> None:
         """Check a SessionStart's carried state against the older epochs just read."""
-        previous = {k: ref.line for k, ref in self.keys.items() if ref.epoch == epoch - 1}
-        carried = parse_recent_keys(path, str(first.recent_keys))
-        problems = [
-            (first.prior_users, self.prior_users, "prior_users"),
-            (first.prior_untrusted, self.prior_untrusted, "prior_untrusted"),
-        ]
-        for said, held, name in problems:
-            if said != held:
-                raise InvalidLog(
-                    path, 1, f"SessionStart.{name} is {said}, the older epochs hold {held}"
-                )
-        if first.next_call is None or first.next_call <= self.max_call:
-            raise InvalidLog(
-                path,
-                1,
-                f"SessionStart.next_call is {first.next_call}, but call {self.max_call} "
-                "was already used",
-            )
-        if carried != previous:
-            raise InvalidLog(
-                path,
-                1,
-                f"SessionStart.recent_keys does not match the request keys of epoch {epoch - 1}",
-            )
+        check_carried_fields(
+            path,
+            first,
+            epoch,
+            keys=self.keys,
+            prior_users=self.prior_users,
+            prior_untrusted=self.prior_untrusted,
+            max_call=self.max_call,
+        )
+        assert first.next_call is not None  # checked above
         self.next_call = first.next_call
