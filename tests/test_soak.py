@@ -1,8 +1,10 @@
 """A bounded soak: many clients and sessions under random SIGKILLs, SIGSTOPs, disconnects.
 
-30 s by default; ``pytest -m long_soak`` runs the same for 60 s. Afterwards the daemon
-is alive, every acknowledged key is in its log exactly once, and the daemon holds the
-same descriptors and the same number of workers as before.
+30 s by default; ``pytest -m long_soak`` runs the same for 60 s. The clients' batches
+cross epoch changes and their unanswered parts are retried with their keys
+(``tests/soak_client.py``). Afterwards the daemon is alive, no request was refused,
+every acknowledged key is in its log exactly once, and the daemon holds the same
+descriptors and the same number of workers as before.
 """
 
 from __future__ import annotations
@@ -113,6 +115,8 @@ def _soak(tmp_path: Path, seconds: float) -> None:
             if client.stderr is not None:
                 client.stderr.close()
         assert codes == [0] * CLIENTS, stderr
+        # No request was refused, a new one or a retry, however many epochs had passed.
+        assert not [line for err in stderr for line in err.splitlines() if "refused" in line]
         assert faults["SIGKILL"] > 0
         assert faults["SIGSTOP"] > 0
         assert daemon.proc.poll() is None
@@ -136,10 +140,13 @@ def _soak(tmp_path: Path, seconds: float) -> None:
             session, key = line.split()
             acknowledged[session].append(key)
     assert sum(len(keys) for keys in acknowledged.values()) > 50
+    epochs = 0
     for session, keys in acknowledged.items():
         on_disk = Counter(_log_keys(home, session))
         assert [k for k, n in on_disk.items() if n > 1] == []  # no key applied twice
         assert set(keys) <= set(on_disk), f"{session}: acknowledged keys missing from the log"
+        epochs += len(list((home / "sessions" / session).glob("*.jsonl"))) - 1
+    assert epochs > 2 * len(SESSIONS)  # the batches crossed epoch changes
 
 
 def test_a_30_second_soak_loses_nothing_acknowledged_and_leaks_nothing(tmp_path: Path) -> None:
