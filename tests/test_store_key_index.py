@@ -20,6 +20,7 @@ from tests.support import loopd
 from worker import Baseline, InvalidLog, InvalidRecord, Session, SessionStart, ToolResult, User
 from worker.store import key_index
 from worker.store.carried_state import carried_digest
+from worker.store.errors import KeyIndexFileError
 from worker.store.loader import load_session
 from worker.store.records import EpochEnd, decode_record, encode_record
 
@@ -136,7 +137,7 @@ def test_the_store_refuses_to_write_a_key_applied_in_any_older_epoch(home: Path)
         ("emptied", "SessionStart.key_index says 0-3.keys hashes to"),
     ],
 )
-def test_open_and_verify_refuse_an_index_file_that_is_missing_or_changed(
+def test_open_and_verify_refuse_an_index_file_that_is_missing_or_changed_and_repair_rebuilds_it(
     home: Path, damage: str, why: str
 ) -> None:
     directory = _epochs(home, 5)
@@ -153,10 +154,18 @@ def test_open_and_verify_refuse_an_index_file_that_is_missing_or_changed(
     with pytest.raises(InvalidLog, match=why) as caught:
         Session.open(home, "s1")
     assert (caught.value.path, caught.value.line) == (str(newest), 1)
-    assert "`loopd repair` rebuilds it" in str(caught.value)
+    assert isinstance(caught.value, KeyIndexFileError)
+    assert "`loopd repair ID` rebuilds it" in str(caught.value)
     code, out = _verify(home)
     assert code == 1
     assert f"{newest}:1: {why}" in out
+    repaired = loopd("repair", "--home", str(home), "s1")
+    assert repaired.returncode == 0, repaired.stderr
+    assert repaired.stdout.startswith(f"rebuilt the key index from the logs ({newest}:1: {why}")
+    assert f"   {index}\n" in repaired.stdout
+    with Session.open(home, "s1") as session:
+        assert session.find_key("e0-2") is not None
+    assert _verify(home)[0] == 0
 
 
 def test_verify_refuses_a_key_index_that_does_not_match_the_logs(home: Path) -> None:

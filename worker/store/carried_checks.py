@@ -105,8 +105,14 @@ def check_index_against_history(
     first: SessionStart,
     keys: dict[str, KeyRef],
     repeats: list[tuple[str, KeyRef]],
+    *,
+    read_files: bool = True,
 ) -> KeyIndex:
-    """Rebuild the newest epoch's key index from the logs; it and its files must match."""
+    """Rebuild the newest epoch's key index from the logs; it and its files must match.
+
+    Without ``read_files`` the files are not read: the rebuilt index is returned (what
+    ``loopd repair`` writes when a file is missing or damaged).
+    """
     assert first.key_index is not None
     epochs = first.epoch
     places = [*keys.items(), *repeats]
@@ -119,4 +125,6 @@ def check_index_against_history(
             f"SessionStart.key_index does not match the request keys of epochs 0-{epochs - 1}: "
             f"the logs give {quote(rebuilt.field(), 120)}",
         )
+    if not read_files:
+        return rebuilt
     return load_index(dir_fd, directory, path, epochs, first.key_index)

@@ -138,6 +138,13 @@ class InvalidLog(LogError):
     """The records decode but break the log's structure (SessionStart, EpochEnd, epochs)."""
 
 
+class KeyIndexFileError(InvalidLog):
+    """A key index file a SessionStart names is missing or hashes otherwise (the line names it).
+
+    The index is derived from the logs: ``loopd repair`` rebuilds it from them.
+    """
+
+
 class BaselineError(PathError):
     """The epoch's baseline is missing, unparsable, or does not hash to SessionStart.baseline."""
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from worker.store import durable
-from worker.store.errors import InvalidLog, SessionIOError, quote
+from worker.store.errors import InvalidLog, KeyIndexFileError, SessionIOError, quote
 from worker.store.files import read_file
 
 INDEX_SUFFIX: Final = ".keys"
@@ -233,13 +233,12 @@ def load_index(dir_fd: int, directory: str, path: str, epochs: int, text: str) -
             data = read_file(dir_fd, name, file_path)
         except SessionIOError as exc:
             if exc.errno in _MISSING:
-                raise InvalidLog(
-                    path, 1, f"SessionStart.key_index names {name}, which is missing{_REBUILD}"
-                ) from exc
+                why = f"SessionStart.key_index names {name}, which is missing{_REBUILD}"
+                raise KeyIndexFileError(path, 1, why) from exc
             raise
         actual = hashlib.sha256(data).hexdigest()
         if actual != digest or len(data) % 16:
-            raise InvalidLog(
+            raise KeyIndexFileError(
                 path,
                 1,
                 f"SessionStart.key_index says {name} hashes to {digest}, it hashes to "
@@ -249,7 +248,7 @@ def load_index(dir_fd: int, directory: str, path: str, epochs: int, text: str) -
     return KeyIndex(epochs, segments)
 
 
-_REBUILD: Final = "; the index is derived from the logs: `loopd repair` rebuilds it"
+_REBUILD: Final = "; the index is derived from the logs: `loopd repair ID` rebuilds it"
 
 
 def write_segments(directory: str, segments: Iterable[Segment]) -> None:

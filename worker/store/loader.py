@@ -129,6 +129,7 @@ def load_session(
     dir_fd: int | None = None,
     newest_data: bytes | None = None,
     history: bool = False,
+    index_files: bool = True,
 ) -> SessionState:
     """Read and check the session in ``session_dir``; change nothing.
 
@@ -136,13 +137,16 @@ def load_session(
     one holding its lock), or to an fd of ``session_dir`` opened without following a
     link. ``on_epoch`` sees each epoch read, oldest first. With ``newest_data`` those
     bytes stand for the newest log's (repair checks a cut with it). With ``history``
-    every epoch is read and every carried field checked against it.
+    every epoch is read and every carried field checked against it; with ``history`` and
+    not ``index_files`` the key index is rebuilt from the logs, its files left unread.
     """
     if dir_fd is not None:
-        return _Reader(session_dir, session_id, dir_fd, on_epoch, newest_data).load(history)
+        reader = _Reader(session_dir, session_id, dir_fd, on_epoch, newest_data)
+        return reader.load(history, index_files)
     own_fd = open_directory(session_dir)
     try:
-        return _Reader(session_dir, session_id, own_fd, on_epoch, newest_data).load(history)
+        reader = _Reader(session_dir, session_id, own_fd, on_epoch, newest_data)
+        return reader.load(history, index_files)
     finally:
         os.close(own_fd)
 
@@ -173,7 +177,7 @@ class _Reader:
         self.carry: str | None = None
         self.fence = NO_FENCE
 
-    def load(self, history: bool) -> SessionState:
+    def load(self, history: bool, index_files: bool = True) -> SessionState:
         epochs = list_epochs(self.directory, self.dir_fd)
         newest = epochs[-1]
         path, records = self._read(newest, newest=True)
@@ -206,7 +210,13 @@ class _Reader:
             self._count(path, newest, records, newest=True, end=closing)
             if newest > 0 and first.key_index is not None:
                 self.index = check_index_against_history(
-                    self.dir_fd, self.directory, path, first, self.keys, self.repeats
+                    self.dir_fd,
+                    self.directory,
+                    path,
+                    first,
+                    self.keys,
+                    self.repeats,
+                    read_files=index_files,
                 )
         baseline = load_baseline(self.dir_fd, baseline_path(self.directory, newest), first.baseline)
         state = SessionState(
