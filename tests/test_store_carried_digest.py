@@ -108,7 +108,7 @@ def test_the_epoch_end_digest_is_of_the_state_the_next_session_start_carries(hom
         start = _record(directory / f"{epoch}.jsonl", 0)
         assert isinstance(end, EpochEnd)
         assert isinstance(start, SessionStart)
-        assert end.carried == carried_digest(start.carried)
+        assert end.carried == carried_digest(start.carried_fields)
 
 
 def test_a_resume_after_the_epoch_end_carries_what_it_recorded_not_reserved_numbers(
@@ -138,7 +138,7 @@ def test_a_resume_after_the_epoch_end_carries_what_it_recorded_not_reserved_numb
     start = _record(directory / "2.jsonl", 0)
     assert isinstance(start, SessionStart)
     assert start.next_call == 7  # what the log says, as a restart computes it
-    assert carried_digest(start.carried) == end.carried
+    assert carried_digest(start.carried_fields) == end.carried
     with Session.open(home, "s1") as session:
         assert (session.epoch, session.carry) == (2, "summary 1")
     assert loopd("verify", "--home", str(home)).returncode == 0

@@ -177,7 +177,7 @@ def test_verify_refuses_a_key_index_that_does_not_match_the_logs(home: Path) -> 
     short, segments = shown.extended(2, entries[:-1])
     key_index.write_segments(str(directory), segments)
     _rewrite_line(directory / "2.jsonl", 0, key_index=short.field())
-    digest = carried_digest(_first(directory / "2.jsonl").carried)
+    digest = carried_digest(_first(directory / "2.jsonl").carried_fields)
     _rewrite_line(directory / "1.jsonl", -1, carried=digest)
     code, out = _verify(home)
     assert code == 1

@@ -37,7 +37,7 @@ def check_carried_digest(path: str, first: SessionStart, end: EpochEndAt) -> Non
     recorded = end.record.carried
     if recorded is None or not first.carries_state:
         return
-    actual = carried_digest(first.carried)
+    actual = carried_digest(first.carried_fields)
     if actual != recorded:
         raise InvalidLog(
             path,

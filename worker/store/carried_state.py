@@ -31,8 +31,8 @@ class NextEpoch:
     new_segments: list[Segment]  # the files of ``index`` the commit writes
 
     @property
-    def carried(self) -> dict[str, object]:
-        """The carried fields by name, in the order of ``SessionStart.carried``."""
+    def carried_fields(self) -> dict[str, object]:
+        """The carried fields by name, in the order of ``SessionStart.carried_fields``."""
         return {
             "next_call": self.next_call,
             "prior_users": self.prior_users,
@@ -44,7 +44,7 @@ class NextEpoch:
     @property
     def digest(self) -> str:
         """``EpochEnd.carried``: the digest the next SessionStart's carried fields must have."""
-        return carried_digest(self.carried)
+        return carried_digest(self.carried_fields)
 
     def start(self, state: SessionState, baseline_hash: str) -> SessionStart:
         """The SessionStart of the epoch after ``state``'s, carrying this."""

@@ -193,8 +193,8 @@ class KeyIndex:
             else:
                 pending.setdefault(where, []).extend(segment.entries())
         new = {where: Segment.build(*where, values) for where, values in pending.items()}
-        segments = [kept.get(where) or new[where] for where in ranges if {where} & {*kept, *new}]
-        return KeyIndex(epochs, segments), [s for s in segments if s in new.values()]
+        segments = [kept.get(where) or new[where] for where in ranges if where in kept | new]
+        return KeyIndex(epochs, segments), [new[where] for where in ranges if where in new]
 
 
 def parse_field(path: str, epochs: int, text: str) -> list[tuple[int, int, str]]:

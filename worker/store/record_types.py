@@ -57,7 +57,7 @@ class SessionStart:
         return self.next_call is not None
 
     @property
-    def carried(self) -> dict[str, object]:
+    def carried_fields(self) -> dict[str, object]:
         """The carried fields by name, as the previous EpochEnd's ``carried`` digest binds them."""
         return {name: getattr(self, name) for block in self.OPTIONAL for name in block}
 
