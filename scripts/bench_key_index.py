@@ -80,15 +80,15 @@ def _opener(home: str) -> Callable[[], float]:
     return run
 
 
-def _retained(home: str) -> int:
-    """Bytes of Python memory an open session holds (tracemalloc, after open returns)."""
+def _retained(home: str) -> tuple[int, int]:
+    """Bytes of Python memory an open session holds, and the peak while it opened."""
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     session = Session.open(home, "k")
-    held = tracemalloc.get_traced_memory()[0] - before
+    held, peak = tracemalloc.get_traced_memory()
     session.close()
     tracemalloc.stop()
-    return held
+    return held - before, peak - before
 
 
 def _lookups(home: str, keys: list[str]) -> float:
@@ -121,7 +121,7 @@ def bench_key_index(root: str, epochs: int, per_epoch: int, rounds: int) -> dict
     strip_index(os.path.join(old, "sessions", "k"))
     assert load_session(os.path.join(many, "sessions", "k"), "k").first_read == epochs - 1
     t_many, t_alone, t_old = _fastest(rounds, _opener(many), _opener(alone), _opener(old))
-    held_many, held_alone = _retained(many), _retained(alone)
+    (held_many, peak_many), (held_alone, _peak) = _retained(many), _retained(alone)
     new_keys = [f"new-{n}" for n in range(20_000)]
     miss_many, miss_alone = _lookups(many, new_keys), _lookups(alone, new_keys)
     old_keys = [f"k-{e}-{e % per_epoch}" for e in range(0, epochs - 2, max(1, epochs // 200))]
@@ -141,6 +141,7 @@ def bench_key_index(root: str, epochs: int, per_epoch: int, rounds: int) -> dict
         "index_old_vs_index": t_old / t_many,
         "index_memory_mb": held_many / 1e6,
         "index_memory_alone_mb": held_alone / 1e6,
+        "index_memory_peak_mb": peak_many / 1e6,
         "index_bytes_per_key": (held_many - held_alone) / ((epochs - 1) * per_epoch),
         "index_file_mb": index_bytes / 1e6,
         "index_miss_us": miss_many * 1e6,
@@ -169,7 +170,8 @@ def markdown_rows(figures: dict[str, object]) -> list[str]:
         f"| memory of that open session / the newest epoch alone | "
         f"{f('index_memory_mb', '{:.1f}')} MB / {f('index_memory_alone_mb', '{:.1f}')} MB: "
         f"{f('index_bytes_per_key', '{:.1f}')} bytes per sealed key (index files "
-        f"{f('index_file_mb', '{:.1f}')} MB) | 16 bytes per key |",
+        f"{f('index_file_mb', '{:.1f}')} MB; peak while opening "
+        f"{f('index_memory_peak_mb', '{:.1f}')} MB) | 16 bytes per key |",
         f"| `find_key` of a new key, {keys} / the newest epoch alone | "
         f"{f('index_miss_vs_alone', '{:.1f}')}x ({f('index_miss_us', '{:.1f}')} us) | "
         f"a few us |",

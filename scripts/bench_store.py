@@ -309,7 +309,7 @@ def main() -> int:
         figures.update(bench_open(root, sizes, rounds))
         figures.update(bench_history(root, 20 if args.quick else 100, 1000, rounds))
         figures.update(bench_open_durability(root, 10_000, rounds))
-        figures.update(bench_key_index(root, 100 if args.quick else 1000, 1000, rounds))
+        figures.update(bench_key_index(root, 100 if args.quick else 1000, 1000, 3))
         figures["fs"] = _filesystem(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
