@@ -19,6 +19,7 @@ from worker.store.records import (
     EpochEnd,
     Record,
     SessionStart,
+    ToolResult,
     User,
     decode_line,
     decode_lines_fast,
@@ -187,3 +188,18 @@ def key_applied_at(dir_fd: int, path: str, line: int, key: str) -> bool:
     except ValueError as exc:
         raise InvalidLog(path, line, f"undecodable record: {exc}") from exc
     return isinstance(record, User) and record.key == key
+
+
+def refuse_reused_call(path: str, records: list[Record], floor: int) -> None:
+    """Raise InvalidLog at the first ToolResult whose call number is below ``floor`` or not new."""
+    highest = floor - 1
+    for number, record in enumerate(records, start=1):
+        if isinstance(record, ToolResult):
+            if record.call <= highest:
+                raise InvalidLog(
+                    path,
+                    number,
+                    f"ToolResult.call {record.call} reuses a call number (the next free "
+                    f"one is {highest + 1})",
+                )
+            highest = record.call

@@ -1,13 +1,13 @@
 """Read and validate a session directory without changing a byte of it.
 
 ``load_session`` is the whole of ``open``'s reading. A session whose newest
-``SessionStart`` carries the state of the older epochs (next call, prior counters, the
-previous epoch's request keys) is opened from its newest epoch alone, plus the last
-line of the previous log (its ``EpochEnd``: the carry, and the chain between them).
-A session written before that state was carried, or a reader asking for the history
-(``loopd verify``, ``inspect --all``), reads every epoch and, where a ``SessionStart``
-carries state, checks it against what the older epochs hold. Nothing is repaired: the
-first problem is raised as TornLog, InvalidLog or BaselineError with its place.
+``SessionStart`` carries all the state of the older epochs is opened from its newest
+epoch, the key index files it names, and the previous log's last line (its
+``EpochEnd``: the carry, the chain, the digest of the carried state). A session written
+before, or a reader asking for the history (``loopd verify``, ``inspect --all``), reads
+every epoch and checks every carried field and the key index against them. Nothing is
+repaired: the first problem is raised as TornLog, InvalidLog or BaselineError with its
+place.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from worker.store.epoch_log import (
     check_groups,
     decode_log,
     key_applied_at,
+    refuse_reused_call,
 )
 from worker.store.errors import BaselineError, InvalidLog, SessionIOError, SessionNotFound, quote
 from worker.store.fencing import NO_FENCE, advance
@@ -140,15 +141,14 @@ def load_session(
     every epoch is read and every carried field checked against it; with ``history`` and
     not ``index_files`` the key index is rebuilt from the logs, its files left unread.
     """
-    if dir_fd is not None:
-        reader = _Reader(session_dir, session_id, dir_fd, on_epoch, newest_data)
-        return reader.load(history, index_files)
-    own_fd = open_directory(session_dir)
+    fd = open_directory(session_dir) if dir_fd is None else dir_fd
     try:
-        reader = _Reader(session_dir, session_id, own_fd, on_epoch, newest_data)
-        return reader.load(history, index_files)
+        return _Reader(session_dir, session_id, fd, on_epoch, newest_data).load(
+            history, index_files
+        )
     finally:
-        os.close(own_fd)
+        if dir_fd is None:
+            os.close(fd)
 
 
 class _Reader:
@@ -317,7 +317,7 @@ class _Reader:
         calls = [r.call for r in records if type(r) is ToolResult]
         floor = max(self.max_call + 1, self.next_call)
         if calls and (calls[0] < floor or calls != sorted(set(calls))):
-            self._reused_call(path, records, floor)
+            refuse_reused_call(path, records, floor)
         if calls:
             self.max_call = calls[-1]
         users = [(n, r) for n, r in enumerate(records, start=1) if isinstance(r, User)]
@@ -370,21 +370,6 @@ class _Reader:
                 if isinstance(fenced, str):
                     raise InvalidLog(path, number, fenced)
                 self.fence = fenced
-
-    @staticmethod
-    def _reused_call(path: str, records: list[Record], floor: int) -> None:
-        """Raise InvalidLog at the first ToolResult whose call number is not new."""
-        highest = floor - 1
-        for number, record in enumerate(records, start=1):
-            if isinstance(record, ToolResult):
-                if record.call <= highest:
-                    raise InvalidLog(
-                        path,
-                        number,
-                        f"ToolResult.call {record.call} reuses a call number (the next free "
-                        f"one is {highest + 1})",
-                    )
-                highest = record.call
 
     def _check_carried(self, path: str, first: SessionStart, epoch: int) -> None:
         """Check a SessionStart's carried state against the older epochs just read."""
