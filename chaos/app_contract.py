@@ -10,8 +10,8 @@ Checked on every case run with ``--app``, after the crash-recovery invariants:
   App anew, as a restarted worker does) open the final session and get the same
   ``summarize`` and the same ``next_baseline`` for it.
 - ``app-retry-applied-once``: a fresh worker is sent every request of the scenario again
-  with its key (and the epoch the client had seen); no key may be applied a second time
-  (a ``key_expired`` refusal is fine: it is not applied).
+  with its key; each must be answered (from the log when it was applied, in any epoch),
+  none applied a second time or refused.
 - ``app-writes-only-its-session``: the worker's working directory and ``$HOME`` are an
   empty ``outside/`` directory; after the case it must still be empty, and the store's
   home may hold nothing but the session's directory (and ``quarantine/<session>/``,
@@ -81,6 +81,12 @@ def check_app_contract(result: CaseResult, scenario: Scenario, home: str, log: C
         result.violate(
             "app-retry-applied-once",
             f"requests sent again with the same key were applied again: {again}",
+        )
+    if log.refused_retries:
+        result.violate(
+            "app-retry-applied-once",
+            "requests sent again with the same key were refused, not answered from the "
+            f"log: {log.refused_retries[:8]}",
         )
     _check_writes_only_its_session(result, home)
 

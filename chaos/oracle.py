@@ -31,7 +31,9 @@ class ClientLog:
     acked_epoch: int = -1  # the newest epoch a client was told about; -1: none yet
     started: bool = False  # a worker said it was ready: later ones start without --create
     compacted: bool = False  # the operator's compaction was acknowledged
-    seen: dict[str, int] = field(default_factory=dict)  # key: epoch known when first sent
+    # Requests sent again (the App contract's retry check) that got an error, not the
+    # answer from the log: "key (error code)".
+    refused_retries: list[str] = field(default_factory=list)
 
     def start(self, key: str) -> None:
         if key:

@@ -92,7 +92,10 @@ class RequestsClient:
                 self.pending.pop(0)
             self.tries = 0
         elif self.sent is not None and self.resend:
-            self.pending.pop(0)  # a refused retry (e.g. key_expired) is not applied: next
+            error = message.get("error")
+            code = error.get("code") if isinstance(error, dict) else error
+            self.log.refused_retries.append(f"{self.sent} ({code})")
+            self.pending.pop(0)
         elif self.sent is not None:
             self.tries += 1
             if self.tries > 1:  # the retry failed too: the worker exits or is broken
@@ -115,11 +118,8 @@ class RequestsClient:
             key, text = self.pending[0]
             self.log.start(key)
             self.sent = key
-            # The newest epoch seen before the key was first sent, as a client says it:
-            # a retry from beyond the store's window is refused, never applied twice.
-            seen = self.log.seen.setdefault(key, max(self.log.acked_epoch, 0))
             self._send({"id": len(self.pending), "op": "request",
-                        "request": {"text": text, "key": key, "epoch": seen}})  # fmt: skip
+                        "request": {"text": text, "key": key}})  # fmt: skip
             return
         self.sent = None
         self._send({"id": 0, "op": "stop"})

@@ -14,11 +14,15 @@ from worker.wire import Message, field, optional_field
 
 
 class TwiceNotesApp(NotesApp):
-    """Drops the epoch the client had seen: a retry from before the store's two-epoch
-    window is not recognized as one (no ``key_expired``) and is applied a second time."""
+    """Looks a key up in the current epoch's records instead of with ``find_key``: a retry
+    of a request from an earlier epoch is applied again, or (as the store refuses to write
+    a key twice) fails, instead of being answered from the log."""
 
     def handle(self, session: Session, request: Message) -> Message:
-        return super().handle(session, {k: v for k, v in request.items() if k != "epoch"})
+        key = optional_field(request, "key", str)
+        if key is not None and any(isinstance(r, User) and r.key == key for r in session.records):
+            return {"duplicate": True, "key": key}
+        return self.add_note(session, field(request, "text", str), key)
 
 
 class SplitNotesApp(NotesApp):
@@ -26,7 +30,7 @@ class SplitNotesApp(NotesApp):
 
     def handle(self, session: Session, request: Message) -> Message:
         key = optional_field(request, "key", str)
-        if key is not None and session.find_key(key, optional_field(request, "epoch", int)):
+        if key is not None and session.find_key(key):
             return {"duplicate": True, "key": key}
         number = self.notes(session) + 1
         session.append(User(text=field(request, "text", str), key=key))

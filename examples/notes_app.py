@@ -5,7 +5,7 @@ Run the crash rig through it::
     loopd chaos run --app examples.notes_app:NotesApp
     pytest --loopd-chaos=examples.notes_app:NotesApp -n auto
 
-Each request ``{"text": ..., "key": ..., "epoch": ...}`` adds a note: a ``User`` record
+Each request ``{"text": ..., "key": ...}`` adds a note: a ``User`` record
 with the request's key and an ``Assistant`` record that numbers it, in one group commit.
 An epoch closes once it holds enough notes for the context budget, and the next epoch's
 baseline carries the summary as its memory.
@@ -43,15 +43,17 @@ class NotesApp:
         return f"epoch {session.epoch}: {len(notes)} notes; " + "; ".join(n[:16] for n in notes)
 
     def handle(self, session: Session, request: Message) -> Message:
-        text = field(request, "text", str)
         key = optional_field(request, "key", str)
-        seen_epoch = optional_field(request, "epoch", int)
         if key is not None:
-            # A retry of a request that reached the log is answered from the log; one
-            # from before the store's retry window raises KeyExpired (never applied twice).
-            ref = session.find_key(key, seen_epoch)
+            # A retry of a request that reached the log, in any epoch, is answered from
+            # the log.
+            ref = session.find_key(key)
             if ref is not None:
                 return {"duplicate": True, "key": key, "epoch": ref.epoch, "line": ref.line}
+        return self.add_note(session, field(request, "text", str), key)
+
+    def add_note(self, session: Session, text: str, key: str | None) -> Message:
+        """Add the note: one group commit; close the epoch once the notes fill the budget."""
         number = self.notes(session) + 1
         # One group commit: a crash leaves the note and its answer, or neither.
         session.append_many([User(text=text, key=key), Assistant(text=f"note {number} kept")])

@@ -2,6 +2,8 @@
 
     python scripts/bench_store.py [--dir D] [--quick] [--write-docs]
 
+(the key index figures come from ``scripts/bench_key_index.py``, run from here)
+
 Every figure is a ratio against a reference measured side by side, in alternating
 rounds, on the same disk: the machines are shared and noisy, so absolute times alone
 say little. ``--write-docs`` replaces the store section of docs/benchmarks.md.
@@ -19,6 +21,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from bench_key_index import bench_key_index, markdown_rows, strip_index
 
 from worker import Assistant, Baseline, Session, SessionStart, ToolResult, Usage, User
 from worker.store import durable
@@ -177,6 +181,7 @@ def _make_history(home: str, name: str, epochs: int, per_epoch: int) -> str:
 
 def _strip_carried(directory: str) -> None:
     """Rewrite every SessionStart as a writer from before carried state would have."""
+    strip_index(directory)
     for name in os.listdir(directory):
         if not name.endswith(".jsonl") or name == "0.jsonl":
             continue
@@ -184,8 +189,9 @@ def _strip_carried(directory: str) -> None:
         with open(path, "rb") as f:
             first, rest = f.read().split(b"\n", 1)
         start = json.loads(first)
-        for key in SessionStart.CARRIED:
-            del start[key]
+        for block in SessionStart.OPTIONAL:
+            for key in block:
+                start.pop(key, None)
         with open(path, "wb") as f:
             f.write(json.dumps(start, separators=(",", ":")).encode() + b"\n" + rest)
 
@@ -281,6 +287,7 @@ def _markdown(figures: dict[str, object], command: str) -> str:
             f"| `Session.open` of {f('open_sync_records', '{:,.0f}')} records, with / "
             f"without its fsync of what it read | {f('open_sync_vs_open')}x "
             f"(+{float(str(figures['open_sync_s'])) * 1000:.1f} ms) | restart within 10% |",
+            *markdown_rows(figures),
             "",
             "<!-- store-bench:end -->",
         ]
@@ -302,6 +309,7 @@ def main() -> int:
         figures.update(bench_open(root, sizes, rounds))
         figures.update(bench_history(root, 20 if args.quick else 100, 1000, rounds))
         figures.update(bench_open_durability(root, 10_000, rounds))
+        figures.update(bench_key_index(root, 100 if args.quick else 1000, 1000, 3))
         figures["fs"] = _filesystem(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)

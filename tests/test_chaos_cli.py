@@ -48,10 +48,10 @@ def test_chaos_replay_reproduces_a_case_and_exits_1_on_a_violation() -> None:
 def test_chaos_replay_cuts_the_power_after_a_resume_and_catches_an_open_that_syncs_nothing() -> (
     None
 ):
-    clean = loopd("chaos", "replay", "requests:kill:-:50:pend")
+    clean = loopd("chaos", "replay", "requests:kill:-:58:pend")
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert "the power failed at its end" in clean.stdout
-    broken = loopd("chaos", "replay", "requests:kill:-:50:pend@open-makes-nothing-durable")
+    broken = loopd("chaos", "replay", "requests:kill:-:58:pend@open-makes-nothing-durable")
     assert broken.returncode == 1
     assert "VIOLATION  acknowledged-on-disk: acknowledged keys lost by the crash: ['q5']" in (
         broken.stdout

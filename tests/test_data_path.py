@@ -9,6 +9,7 @@ import socket
 import threading
 from functools import partial
 from pathlib import Path
+from typing import cast
 
 import msgpack
 import psutil
@@ -60,6 +61,65 @@ def test_pipelined_requests_share_group_commits_and_each_key_is_applied_once_in_
         again = client.send_many("s1", requests[:5])
         assert all(r["duplicate"] for r in again)
     assert _keys(home, "s1") == [f"p{n}" for n in range(300)]
+
+
+def test_send_many_across_two_epoch_changes_applies_each_key_once_and_its_retry_is_answered(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    with running_daemon(home, "--budget", "30"), Client(str(home)) as client:
+        call(str(home), "create", session="s1")
+        batch = [Request(text="x" * 80, key=f"b{n}") for n in range(8)]  # each commits
+        outcomes = client.send_many("s1", batch)
+        assert [o["outcome"] for o in outcomes] == ["applied"] * 8
+        assert [o["epoch"] for o in outcomes] == list(range(8))
+        again = client.send_many("s1", batch)  # the caller's retry of the whole batch
+        assert [(o["outcome"], o["epoch"]) for o in again] == [("duplicate", n) for n in range(8)]
+        with Client(str(home)) as other:  # another client, later: still a duplicate
+            assert other.send("s1", "x" * 80, key="b0")["duplicate"] is True
+    assert _keys(home, "s1") == [f"b{n}" for n in range(8)]
+
+
+def test_send_many_reports_each_outcome_and_keeps_the_applied_ones_when_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    with running_daemon(home, "--budget", "30"), Client(str(home)) as client:
+        call(str(home), "create", session="s1")
+        bad = Request(text=cast(str, 5), key="bad")  # the worker refuses a text that is no string
+        batch = [Request(text="x" * 80, key="a1"), bad, Request(text="x" * 80, key="a2")]
+        outcomes = client.send_many("s1", batch)
+        assert [(o["outcome"], o["key"]) for o in outcomes] == [
+            ("applied", "a1"), ("refused", "bad"), ("applied", "a2"),
+        ]  # fmt: skip
+        error = outcomes[1]["error"]
+        assert isinstance(error, dict)
+        assert "text" in str(error["message"])
+        # The caller retries the batch with the refused one fixed: applied once each.
+        retried = client.send_many("s1", [batch[0], Request(text="fixed", key="bad"), batch[2]])
+        assert [o["outcome"] for o in retried] == ["duplicate", "applied", "duplicate"]
+    assert _keys(home, "s1") == ["a1", "a2", "bad"]
+
+
+def test_a_cli_retry_from_a_new_process_after_two_epoch_changes_is_answered_as_a_duplicate(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    with running_daemon(home, "--budget", "30"):
+        call(str(home), "create", session="s1")
+
+        def send(key: str) -> dict[str, object]:
+            sent = loopd("send", "--home", str(home), "s1", "x" * 80, "--key", key)
+            assert sent.returncode == 0, sent.stderr
+            reply = json.loads(sent.stdout)
+            assert isinstance(reply, dict)
+            return reply
+
+        assert send("K")["duplicate"] is False
+        assert [send(f"other{n}")["epoch"] for n in range(2)] == [1, 2]  # two epoch changes
+        retried = send("K")
+        assert (retried["duplicate"], retried["epoch"], retried["line"]) == (True, 0, 2)
+    assert _keys(home, "s1") == ["K", "other0", "other1"]
 
 
 def test_concurrent_clients_of_one_session_share_fsyncs(tmp_path: Path) -> None:

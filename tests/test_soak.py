@@ -1,8 +1,12 @@
 """A bounded soak: many clients and sessions under random SIGKILLs, SIGSTOPs, disconnects.
 
-30 s by default; ``pytest -m long_soak`` runs the same for 60 s. Afterwards the daemon
-is alive, every acknowledged key is in its log exactly once, and the daemon holds the
-same descriptors and the same number of workers as before.
+30 s by default; ``pytest -m long_soak`` runs the same for 60 s. The clients' batches
+cross epoch changes and their unanswered parts are retried with their keys
+(``tests/soak_client.py``); another client hangs up before each reply and retries by
+key (``tests/soak_hangups.py``); an events follower never reads. Afterwards the daemon
+is alive, no request was refused,
+every acknowledged key is in its log exactly once, and the daemon holds the same
+descriptors and the same number of workers as before.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,7 +26,9 @@ import psutil
 import pytest
 
 from supervisor.client import call
+from supervisor.control_socket import socket_path
 from tests.support import REPO, poll_until, running_daemon, status
+from worker.wire import encode
 
 SESSIONS = ("s0", "s1", "s2", "s3", "s4")
 CLIENTS = 4
@@ -70,6 +77,15 @@ def _descriptors(pid: int) -> dict[int, str]:
     return found
 
 
+def _silent_follower(home: Path) -> socket.socket:
+    """An events follower that never reads: the daemon must bound it, never stall on it."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(socket_path(str(home)))
+    sock.sendall(encode({"id": 1, "op": "events"}))
+    return sock
+
+
 def _soak(tmp_path: Path, seconds: float) -> None:
     home = tmp_path / "home"
     rng = random.Random(8)
@@ -81,24 +97,20 @@ def _soak(tmp_path: Path, seconds: float) -> None:
         supervisor = psutil.Process(daemon.proc.pid)
         fds_before = supervisor.num_fds()
         open_before = _descriptors(daemon.proc.pid)
-        outs = [tmp_path / f"acked-{n}" for n in range(CLIENTS)]
+        # Clients that pipeline and retry (soak_client) and one that hangs up before
+        # every reply and then retries by key (soak_hangups); and an events follower
+        # that never reads a byte, held through the whole soak.
+        kinds = ["tests.soak_client"] * CLIENTS + ["tests.soak_hangups"]
+        outs = [tmp_path / f"acked-{n}" for n in range(len(kinds))]
+        follower = _silent_follower(home)
         clients = [
             subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "tests.soak_client",
-                    str(home),
-                    str(out),
-                    str(n),
-                    str(seconds),
-                    *SESSIONS,
-                ],
+                [sys.executable, "-m", kind, str(home), str(out), str(n), str(seconds), *SESSIONS],
                 cwd=REPO,
                 stderr=subprocess.PIPE,
                 text=True,
-            )
-            for n, out in enumerate(outs)
+            )  # fmt: skip
+            for n, (kind, out) in enumerate(zip(kinds, outs, strict=True))
         ]
         try:
             faults = _chaos(home, rng, time.monotonic() + seconds)
@@ -112,7 +124,9 @@ def _soak(tmp_path: Path, seconds: float) -> None:
         for client in clients:
             if client.stderr is not None:
                 client.stderr.close()
-        assert codes == [0] * CLIENTS, stderr
+        assert codes == [0] * len(kinds), stderr
+        # No request was refused, a new one or a retry, however many epochs had passed.
+        assert not [line for err in stderr for line in err.splitlines() if "refused" in line]
         assert faults["SIGKILL"] > 0
         assert faults["SIGSTOP"] > 0
         assert daemon.proc.poll() is None
@@ -129,6 +143,7 @@ def _soak(tmp_path: Path, seconds: float) -> None:
             raise AssertionError(leak) from exc
         assert len(supervisor.children()) == len(SESSIONS)
         assert call(str(home), "ping")
+        follower.close()
         assert daemon.stop() == 0
     acknowledged: dict[str, list[str]] = {s: [] for s in SESSIONS}
     for out in outs:
@@ -136,10 +151,13 @@ def _soak(tmp_path: Path, seconds: float) -> None:
             session, key = line.split()
             acknowledged[session].append(key)
     assert sum(len(keys) for keys in acknowledged.values()) > 50
+    epochs = 0
     for session, keys in acknowledged.items():
         on_disk = Counter(_log_keys(home, session))
         assert [k for k, n in on_disk.items() if n > 1] == []  # no key applied twice
         assert set(keys) <= set(on_disk), f"{session}: acknowledged keys missing from the log"
+        epochs += len(list((home / "sessions" / session).glob("*.jsonl"))) - 1
+    assert epochs > 2 * len(SESSIONS)  # the batches crossed epoch changes
 
 
 def test_a_30_second_soak_loses_nothing_acknowledged_and_leaks_nothing(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import HUGE_LINE, torn_session
 from tests.support import REPO
-from worker import KeyExpired, Session
+from worker import Session
 from worker.app import DefaultApp
 from worker.process import (
     EXIT_CANNOT_OPEN,
@@ -130,14 +130,26 @@ def test_the_default_app_commits_an_epoch_when_the_context_passes_the_budget(
         assert session.carry is not None
         assert session.carry.startswith("epoch 2: 1 requests")
         assert session.baseline.memory == session.carry
-        # The retry window is the current and the previous epoch: k2 is in it, and a
-        # retry of k0 (first sent at epoch 0) is refused rather than applied again.
-        assert session.find_key("k2") is not None
-        with pytest.raises(KeyExpired, match="left the retry window"):
-            session.find_key("k0", seen_epoch=0)
+        # Every epoch's keys are found, the oldest as the newest.
+        assert [
+            (ref.epoch, ref.line) for k in ("k0", "k1", "k2") if (ref := session.find_key(k))
+        ] == [
+            (0, 2),
+            (1, 2),
+            (2, 2),
+        ]
 
 
-def test_a_retry_from_before_the_key_window_is_refused_as_expired_and_applied_once(
+def _log_keys(home: Path, session: str = "s1") -> list[str]:
+    return [
+        key
+        for log in sorted((home / "sessions" / session).glob("*.jsonl"))
+        for line in log.read_bytes().splitlines()
+        if (key := json.loads(line).get("key"))
+    ]
+
+
+def test_a_retry_of_a_key_from_any_epoch_is_answered_from_the_log_and_a_new_key_applied(
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "home"
@@ -146,26 +158,68 @@ def test_a_retry_from_before_the_key_window_is_refused_as_expired_and_applied_on
         for n in range(3):  # each request passes the budget: epochs 1, 2, 3
             assert _request(w, "x" * 80, f"k{n}")["committed"] is True
 
-        def retry(key: str, epoch: int) -> dict[str, object]:
-            return w.ask("request", request={"text": "x" * 80, "key": key, "epoch": epoch})
+        def send(key: str, epoch: int) -> Message:
+            # "epoch": the newest epoch an older client had seen; it no longer matters.
+            reply = w.ask("request", request={"text": "x" * 80, "key": key, "epoch": epoch})
+            assert reply["ok"] is True, reply
+            result = reply["result"]
+            assert isinstance(result, dict)
+            return result
 
-        inside = retry("k2", 2)  # applied in epoch 2, the previous one: answered from it
-        assert inside["ok"] is True, inside
-        assert isinstance(inside["result"], dict)
-        assert inside["result"]["duplicate"] is True
-        expired = retry("k0", 0)  # first sent at epoch 0: it may be in epoch 0 or 1
-        assert expired["ok"] is False
-        assert isinstance(expired["error"], dict)
-        assert expired["error"]["code"] == "key_expired"
-        assert "left the retry window" in str(expired["error"]["message"])
+        old = send("k0", 0)  # applied in epoch 0, three epoch changes ago
+        assert (old["duplicate"], old["epoch"], old["line"]) == (True, 0, 2)
+        new = send("fresh", 0)  # a new key from a client that last saw epoch 0
+        assert (new["duplicate"], new["epoch"]) == (False, 3)
         w.ask("stop")
         assert w.proc.wait(timeout=20) == EXIT_CLEAN
-    keys = [
-        json.loads(line).get("key")
-        for log in sorted((home / "sessions" / "s1").glob("*.jsonl"))
-        for line in log.read_bytes().splitlines()
-    ]
-    assert [k for k in keys if k] == ["k0", "k1", "k2"]
+    with worker(home, "s1") as w:  # a new process: nothing of the old one in memory
+        assert w.channel.recv() is not None
+        for key, epoch in (("k0", 0), ("k1", 1), ("fresh", 3)):
+            again = _request(w, "x" * 80, key)
+            assert (again["duplicate"], again["epoch"]) == (True, epoch)
+        w.ask("stop")
+        assert w.proc.wait(timeout=20) == EXIT_CLEAN
+    assert _log_keys(home) == ["k0", "k1", "k2", "fresh"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("recent_keys", "{}"), ("next_call", 1)],
+    ids=["recent-keys-emptied", "next-call-lowered"],
+)
+def test_a_worker_refuses_carried_state_that_verify_refuses_and_exits_4_with_path_line(
+    tmp_path: Path, field: str, value: object
+) -> None:
+    home = tmp_path / "home"
+    with worker(home, "s1", "--create", "--budget", "30") as w:
+        assert w.channel.recv() is not None
+        for n in range(2):  # epochs 1 and 2; k1, with call 2, is in epoch 1
+            assert _request(w, "x" * 80, f"k{n}")["committed"] is True
+        w.ask("stop")
+        assert w.proc.wait(timeout=20) == EXIT_CLEAN
+    log = home / "sessions" / "s1" / "2.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    start = json.loads(lines[0])
+    start[field] = value
+    lines[0] = json.dumps(start, separators=(",", ":")).encode() + b"\n"
+    log.write_bytes(b"".join(lines))
+    with worker(home, "s1") as w:
+        said = w.channel.recv()
+        assert said is not None
+        if said.get("op") == "ready":  # served: show what it does with the crafted state
+            w.ask("request", request={"text": "x", "key": "k1"})
+            w.ask("stop")
+        assert w.proc.wait(timeout=20) == EXIT_REFUSED, _log_keys(home)
+        assert w.proc.stderr is not None
+        stderr = w.proc.stderr.read().decode().strip()
+    assert stderr.startswith(f"{log}:1: SessionStart's carried state hashes to"), stderr
+    assert said["code"] == "refused"
+    verified = subprocess.run(
+        [sys.executable, "-m", "supervisor", "verify", "--home", str(home)],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert verified.returncode == 1
+    assert f"{log}:1:" in verified.stdout
 
 
 def test_sigterm_stops_a_worker_with_exit_code_0(tmp_path: Path) -> None:

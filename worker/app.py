@@ -11,7 +11,7 @@ import importlib
 from typing import Final, Protocol
 
 from worker.store.baseline import Baseline
-from worker.store.errors import KeyExpired, SessionError
+from worker.store.errors import SessionError
 from worker.store.records import Assistant, Record, ToolResult, Usage, User, utc_now
 from worker.store.request_records import request_records
 from worker.store.session import Session
@@ -137,17 +137,20 @@ class DefaultApp:
                 text = field(request, "text", str)
                 key = optional_field(request, "key", str)
                 untrusted = bool(optional_field(request, "untrusted", bool))
-                seen_epoch = optional_field(request, "epoch", int)
             except WireError as exc:
                 batch.results[index] = exc
                 continue
             if key is not None and key in batch.keys:
                 batch.flush()  # a repeated key is answered from the log, as a retry is
             if key is not None:
+                # Found in any epoch of the session (the key index): applied once, ever.
+                # A client's "epoch" field, which the retry window of old needed, is
+                # ignored. A sealed log that cannot be read to confirm a hit is this
+                # request's error: it is not applied.
                 try:
-                    ref = session.find_key(key, seen_epoch)
-                except KeyExpired as exc:
-                    batch.results[index] = exc  # may have been applied: never twice
+                    ref = session.find_key(key)
+                except SessionError as exc:
+                    batch.results[index] = exc
                     continue
                 if ref is not None:
                     # The same answer the first reply carried, rebuilt from the records

@@ -269,7 +269,11 @@ def create(
 @click.argument("session_id", metavar="ID")
 @click.argument("text")
 @click.option(
-    "--key", default=None, help="request key: a retry with it applies once (default: a new one)."
+    "--key",
+    default=None,
+    help="request key: the request is applied once for the life of the session, however "
+    "often and from whichever process it is sent with this key; a retry is answered from "
+    "the log (default: a new key).",
 )
 @click.option("--untrusted", is_flag=True, help="mark the text as untrusted input.")
 @click.option(

@@ -11,6 +11,7 @@ import click
 
 from supervisor.cli.options import existing_home_option
 from worker.store.errors import InvalidSessionId, LogError, SessionError
+from worker.store.index_repair import key_index_damaged, rebuild_key_index
 from worker.store.inspection import Inspection, inspect_session
 from worker.store.layout import SESSIONS_DIR
 from worker.store.repair import repair_torn_tail
@@ -119,12 +120,23 @@ def verify(home: str) -> None:
 def repair(home: str, session_id: str) -> None:
     """Move a damaged last group of ID's newest log into <home>/quarantine/ID/.
 
+    Or, when the key index files are what open refuses, rebuild them from the logs
+    (after checking the whole history, as verify does).
+
     Explicit and narrow: it refuses while a worker holds the session, refuses a clean
     log, never touches a bad line in the middle of a log, and changes nothing unless
     the session will open afterwards.
     """
     require_home("repair", home)
     try:
+        damaged = key_index_damaged(home, session_id)
+        if damaged is not None:
+            written = rebuild_key_index(home, session_id)
+            click.echo(f"rebuilt the key index from the logs ({damaged}):")
+            for path in written:
+                click.echo(f"   {path}")
+            click.echo(f"the session opens cleanly; next: loopd start {session_id}")
+            return
         result = repair_torn_tail(home, session_id)
     except SessionError as exc:
         click.echo(f"loopd repair: refused: {exc}", err=True)

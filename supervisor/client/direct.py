@@ -5,7 +5,10 @@ direct connection to the session's worker that the daemon hands over (SCM_RIGHTS
 requests then cost two process wake-ups (client, worker) and never pass through the
 daemon's loop. Every request carries a key (one is made up when the caller gives none),
 so after a worker's death (an end of stream) the client reconnects through the daemon
-and sends what was unanswered again: what was applied is answered from the log.
+and sends what was unanswered again: what was applied is answered from the log. A key
+is applied once for the life of the session, whichever client or process sends it and
+however many epochs have passed (docs/format.md, "The key index"): a request whose
+outcome is unknown may always be sent again with its key.
 
 Before sending anything, both check that the socket file and the process behind it
 belong to the caller's own uid: another user cannot stand in for the daemon.
@@ -48,9 +51,6 @@ class Request:
     text: str
     key: str | None = None
     untrusted: bool = False
-    # The session's epoch when this request was first sent, for a request saved by an
-    # earlier client and sent again now; None: the newest epoch this client has seen.
-    epoch: int | None = None
 
 
 class Client:
@@ -62,10 +62,6 @@ class Client:
         self.retry_for = retry_for
         self._links: dict[str, socket.socket] = {}
         self._ids = itertools.count(1)
-        # The newest epoch seen of each session: sent with every request, and kept with
-        # it through its retries, so that a retry from before the worker's key window is
-        # refused (key_expired) instead of applied again (docs/format.md).
-        self._epochs: dict[str, int] = {}
 
     def __enter__(self) -> Client:
         return self
@@ -88,12 +84,12 @@ class Client:
     ) -> Message:
         """Apply one request to ``session`` and return its result (retried by key)."""
         sock = self._links.get(session)
+        request = Request(text=text, key=key or _made_up_key(), untrusted=untrusted)
         if sock is None:
-            return self.send_many(session, [Request(text=text, key=key, untrusted=untrusted)])[0]
+            return _result_or_raise(self.send_many(session, [request])[0])
         # The common case, kept short: a live connection, one frame out, one frame back,
         # on a blocking socket whose kernel timeouts (SO_RCVTIMEO) spare a poll per call.
-        key = key or _made_up_key()
-        payload = self._payload(session, Request(text=text, key=key, untrusted=untrusted))
+        payload = _payload(request)
         request_id = next(self._ids)
         frame = encode({"id": request_id, "op": "request", "request": payload})
         try:
@@ -107,12 +103,11 @@ class Client:
             # The worker died (end of stream): the general path reconnects and sends the
             # same frame (the same key) again.
             self._drop(session)
-            return self._send_payloads(session, [payload])[0]
+            return _result_or_raise(self._send_payloads(session, [payload])[0])
         if reply.get("id") != request_id:
             self._drop(session)
             raise ControlError("bad_reply", f"a reply to another request: {reply!r}")
         result = result_of(reply)
-        self._saw(session, result)
         return result if isinstance(result, dict) else {"result": result}
 
     def stream(
@@ -123,7 +118,7 @@ class Client:
         """
         self._link(session, time.monotonic() + self.retry_for)
         request = Request(text=text, key=key or _made_up_key(), untrusted=untrusted)
-        return Stream(self, session, self._payload(session, request))
+        return Stream(self, session, _payload(request))
 
     def records(self, session: str, *, since: int = 0, epoch: int | None = None) -> Message:
         """A page of the current epoch's records, from the worker's memory.
@@ -170,79 +165,86 @@ class Client:
     def next_id(self) -> int:
         return next(self._ids)
 
-    def saw(self, session: str, result: object) -> None:
-        self._saw(session, result)
-
-    def _payload(self, session: str, request: Request) -> Message:
-        payload: Message = {"text": request.text, "key": request.key or _made_up_key()}
-        if request.untrusted:
-            payload["untrusted"] = True
-        epoch = request.epoch if request.epoch is not None else self._epochs.get(session)
-        if epoch is not None:
-            payload["epoch"] = epoch
-        return payload
-
-    def _saw(self, session: str, result: object) -> None:
-        """Note the session's epoch from a result (its ``state``) or a connect reply."""
-        if not isinstance(result, dict):
-            return
-        state = result.get("state")
-        epoch = state.get("epoch") if isinstance(state, dict) else result.get("epoch")
-        if type(epoch) is int and epoch > self._epochs.get(session, -1):
-            self._epochs[session] = epoch
-
     def send_many(self, session: str, requests: Sequence[Request]) -> list[Message]:
-        """Pipeline requests to ``session``; return their results in order.
+        """Pipeline requests to ``session``; return each one's own outcome, in order.
 
         Requests sent together share the worker's group commits. After a worker's death
         the unanswered ones are sent again with their keys until ``retry_for`` passes.
-        Raises ControlError for the first request refused.
+        One request's failure never hides another's outcome; each is a dict with its
+        ``"key"`` (the caller's, or the one made up for it) and ``"outcome"``:
+
+        - ``"applied"``: applied now; the rest is the worker's result (``epoch``,
+          ``call``, ``text``, ``committed``, ...).
+        - ``"duplicate"``: the key was applied before (by this call's earlier try, or
+          any client, in any epoch); nothing was applied again; the result says where
+          (``epoch``, ``line``).
+        - ``"refused"``: the worker answered with an error, ``"error": {"code",
+          "message"}``; not applied.
+        - ``"unanswered"``: no answer came (``"error"`` says why: a timeout, a worker
+          that kept dying, a session that went away); it may or may not be applied.
+
+        A refused or unanswered request may be sent again with the same key: it is
+        applied at most once. Raises ControlError only if the session cannot be
+        reached before anything is sent (then nothing was applied).
         """
-        # Connected first: the connect reply says the epoch the requests then carry.
         self._link(session, time.monotonic() + self.retry_for)
-        return self._send_payloads(session, [self._payload(session, r) for r in requests])
+        return self._send_payloads(session, [_payload(r) for r in requests])
 
     def _send_payloads(self, session: str, payloads: list[Message]) -> list[Message]:
         deadline = time.monotonic() + self.retry_for
         frames: dict[int, bytes] = {}
-        order: list[int] = []
+        keys: dict[int, object] = {}
         for payload in payloads:
             request_id = next(self._ids)
             frames[request_id] = encode({"id": request_id, "op": "request", "request": payload})
-            order.append(request_id)
+            keys[request_id] = payload["key"]
         answers: dict[int, Message] = {}
-        while len(answers) < len(order):
+        while len(answers) < len(frames):
+            failure = self._exchange_rest(session, frames, answers, deadline)
+            if failure is not None:
+                return [
+                    _outcome(answers[i], keys[i]) if i in answers else _unanswered(failure, keys[i])
+                    for i in frames
+                ]
+        return [_outcome(answers[i], keys[i]) for i in frames]
+
+    def _exchange_rest(
+        self, session: str, frames: dict[int, bytes], answers: dict[int, Message], deadline: float
+    ) -> ControlError | None:
+        """Send the unanswered frames once and take what comes back; why it stopped, if it did."""
+        try:
             sock = self._link(session, deadline)
-            waiting = [i for i in order if i not in answers]
-            try:
-                replies, fds = exchange(
-                    sock, b"".join(frames[i] for i in waiting), len(waiting),
-                    max(deadline, time.monotonic() + self.timeout),
-                )  # fmt: skip
-            except TimeoutError as exc:
-                self._drop(session)
-                raise ControlError(
-                    "timeout", f"session {session} did not answer within {self.timeout:g} s"
-                ) from exc
-            except OSError as exc:
-                # The worker died (end of stream): reconnect and send the rest again.
-                self._drop(session)
-                if time.monotonic() > deadline:
-                    raise ControlError(
-                        "worker_died", f"the worker of session {session} kept dying: {exc}"
-                    ) from exc
-                continue
-            for fd in fds:
-                os.close(fd)
-            for reply in replies:
-                if type(reply.get("id")) is int:
-                    answers[int(str(reply["id"]))] = reply
-        results = []
-        for request_id in order:
-            result = result_of(answers[request_id])
-            self._saw(session, result)
-            results.append(result if isinstance(result, dict) else {"result": result})
-        return results
+        except ControlError as exc:
+            return exc  # the session went away: what was not answered stays unknown
+        waiting = [i for i in frames if i not in answers]
+        try:
+            replies, fds = exchange(
+                sock, b"".join(frames[i] for i in waiting), len(waiting),
+                max(deadline, time.monotonic() + self.timeout),
+            )  # fmt: skip
+        except TimeoutError:
+            self._drop(session)
+            return ControlError(
+                "timeout", f"session {session} did not answer within {self.timeout:g} s"
+            )
+        except ControlError as exc:  # a reply that does not decode
+            self._drop(session)
+            return exc
+        except OSError as exc:
+            # The worker died (end of stream): reconnect and send the rest again.
+            self._drop(session)
+            if time.monotonic() > deadline:
+                return ControlError(
+                    "worker_died", f"the worker of session {session} kept dying: {exc}"
+                )
+            return None
+        for fd in fds:
+            os.close(fd)
+        for reply in replies:
+            request_id = reply.get("id")
+            if type(request_id) is int and request_id in frames:
+                answers[request_id] = reply
+        return None
 
     def _link(self, session: str, deadline: float) -> socket.socket:
         """The direct connection to ``session``'s worker, asked of the daemon if needed."""
@@ -275,7 +277,7 @@ class Client:
         finally:
             control.close()
         try:
-            self._saw(session, result_of(replies[0]))
+            result_of(replies[0])
         except ControlError:
             for fd in fds:
                 os.close(fd)
@@ -317,3 +319,40 @@ def _round_trip(sock: socket.socket, frame: bytes) -> Message:
 
 def _made_up_key() -> str:
     return f"auto-{uuid.uuid4().hex}"
+
+
+def _payload(request: Request) -> Message:
+    payload: Message = {"text": request.text, "key": request.key or _made_up_key()}
+    if request.untrusted:
+        payload["untrusted"] = True
+    return payload
+
+
+def _outcome(reply: Message, key: object) -> Message:
+    """A request's outcome from its reply (``send_many``'s docstring)."""
+    try:
+        result = result_of(reply)
+    except ControlError as exc:
+        return {
+            "outcome": "refused",
+            "key": key,
+            "error": {"code": exc.code, "message": exc.message},
+        }
+    outcome: Message = dict(result) if isinstance(result, dict) else {"result": result}
+    outcome.setdefault("key", key)
+    outcome["outcome"] = "duplicate" if outcome.get("duplicate") is True else "applied"
+    return outcome
+
+
+def _unanswered(failure: ControlError, key: object) -> Message:
+    error = {"code": failure.code, "message": failure.message}
+    return {"outcome": "unanswered", "key": key, "error": error}
+
+
+def _result_or_raise(outcome: Message) -> Message:
+    """``send``'s answer from an outcome: the worker's result, or its error raised."""
+    if outcome["outcome"] in ("refused", "unanswered"):
+        error = outcome["error"]
+        assert isinstance(error, dict)
+        raise ControlError(str(error["code"]), str(error["message"]))
+    return {k: v for k, v in outcome.items() if k != "outcome"}

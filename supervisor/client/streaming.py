@@ -30,7 +30,6 @@ class Connections(Protocol):
     def link(self, session: str, deadline: float) -> socket.socket: ...
     def drop(self, session: str) -> None: ...
     def next_id(self) -> int: ...
-    def saw(self, session: str, result: object) -> None: ...
 
 
 class Stream:
@@ -69,7 +68,6 @@ class Stream:
                             yield partial
                             continue
                         result = result_of(message)
-                        client.saw(session, result)
                         self.reply = result if isinstance(result, dict) else {"result": result}
                         return
             except BlockingIOError as exc:

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from worker.store.errors import InvalidRecord, LogSealed, quote
 from worker.store.fencing import Fence, advance
 from worker.store.records import Handoff, Owner, Record, ToolResult, User
 from worker.store.session_state import SessionState
 
 
-def highest_call_after(state: SessionState, batch: list[Record]) -> int:
-    """The highest tool call number once ``batch`` is in; refuse a reused number or key."""
+def highest_call_after(
+    state: SessionState, batch: list[Record], applied: Callable[[str], bool]
+) -> int:
+    """The highest tool call number once ``batch`` is in; refuse a reused number or key.
+
+    ``applied`` says whether a key was applied in any epoch (``Session.find_key``): the
+    store never writes a key twice, whatever the App looked up.
+    """
     highest = state.max_call
     new_keys: set[str] = set()
     for record in batch:
@@ -20,7 +28,7 @@ def highest_call_after(state: SessionState, batch: list[Record]) -> int:
                 )
             highest = record.call
         elif isinstance(record, User) and record.key is not None:
-            if record.key in state.keys or record.key in new_keys:
+            if record.key in new_keys or record.key in state.keys or applied(record.key):
                 raise InvalidRecord("User", f"key {quote(record.key)} is already in the log")
             new_keys.add(record.key)
     return highest

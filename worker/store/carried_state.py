@@ -2,34 +2,95 @@
 
 Written by ``Session.commit_epoch`` and read back by the loader, so that open reads the
 newest epoch alone (docs/format.md, "State carried forward at the epoch commit").
+Everything here is computed from what the logs hold, never from memory alone: a
+resume after the ``EpochEnd`` computes the same next ``SessionStart`` as the writer
+did, and the ``EpochEnd.carried`` digest of it binds the two.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from dataclasses import dataclass
 
 from worker.store.errors import InvalidLog
+from worker.store.key_index import KeyIndex, Segment, entry
 from worker.store.records import SessionStart, User
 from worker.store.session_state import SessionState
 
 
-def next_epoch_start(state: SessionState, baseline_hash: str, next_call: int) -> SessionStart:
-    """The SessionStart of the epoch after ``state``'s, carrying what open needs of it.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NextEpoch:
+    """What the commit of an epoch carries into the next one, and the index files it writes."""
 
-    ``recent_keys`` holds the request keys applied in the closing epoch with their
-    lines: with the new epoch's own, the retry window.
+    next_call: int
+    prior_users: int
+    prior_untrusted: int
+    recent_keys: str  # JSON object {key: line} of the closing epoch's keys
+    index: KeyIndex  # of every epoch up to the closing one: ``key_index``
+    new_segments: list[Segment]  # the files of ``index`` the commit writes
+
+    @property
+    def carried_fields(self) -> dict[str, object]:
+        """The carried fields by name, in the order of ``SessionStart.carried_fields``."""
+        return {
+            "next_call": self.next_call,
+            "prior_users": self.prior_users,
+            "prior_untrusted": self.prior_untrusted,
+            "recent_keys": self.recent_keys,
+            "key_index": self.index.field(),
+        }
+
+    @property
+    def digest(self) -> str:
+        """``EpochEnd.carried``: the digest the next SessionStart's carried fields must have."""
+        return carried_digest(self.carried_fields)
+
+    def start(self, state: SessionState, baseline_hash: str) -> SessionStart:
+        """The SessionStart of the epoch after ``state``'s, carrying this."""
+        return SessionStart(
+            session=state.session_id,
+            epoch=state.epoch + 1,
+            slot=state.slot,
+            baseline=baseline_hash,
+            next_call=self.next_call,
+            prior_users=self.prior_users,
+            prior_untrusted=self.prior_untrusted,
+            recent_keys=self.recent_keys,
+            key_index=self.index.field(),
+        )
+
+
+def carried_digest(carried: dict[str, object]) -> str:
+    """SHA-256 (hex) of carried fields, as compact JSON in the writer's field order."""
+    text = json.dumps(carried, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def plan_next_epoch(state: SessionState) -> NextEpoch:
+    """The next epoch's carried state, computed from ``state`` as open learns it from the logs.
+
+    ``next_call`` is the one open would compute (above every call in the log, and at
+    least what the current SessionStart carries): a number ``next_call()`` handed out
+    and never written is not carried, as a restart does not keep it either.
+    ``recent_keys`` holds the closing epoch's keys with their lines, in line order; the
+    index grows by every key of the epochs it does not cover yet.
     """
     users = [r for r in state.records if isinstance(r, User)]
-    recent = {k: ref.line for k, ref in state.keys.items() if ref.epoch == state.epoch}
-    return SessionStart(
-        session=state.session_id,
-        epoch=state.epoch + 1,
-        slot=state.slot,
-        baseline=baseline_hash,
-        next_call=next_call,
+    closing = sorted((ref.line, k) for k, ref in state.keys.items() if ref.epoch == state.epoch)
+    covers = state.key_index.covers
+    places = [*state.keys.items(), *state.repeats]
+    entries = [entry(k, ref.epoch, ref.line) for k, ref in places if ref.epoch >= covers]
+    index, new_segments = state.key_index.extended(state.epoch + 1, entries)
+    return NextEpoch(
+        next_call=max(state.next_call, state.max_call + 1),
         prior_users=state.prior_users + len(users),
         prior_untrusted=state.prior_untrusted + sum(u.untrusted for u in users),
-        recent_keys=json.dumps(recent, ensure_ascii=False, separators=(",", ":")),
+        recent_keys=json.dumps(
+            {k: line for line, k in closing}, ensure_ascii=False, separators=(",", ":")
+        ),
+        index=index,
+        new_segments=new_segments,
     )
 
 

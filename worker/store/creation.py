@@ -46,3 +46,18 @@ def write_first_epoch(
         carry=None,
     )
     return state, log_fd
+
+
+def make_opened_durable(state: SessionState, log_fd: int) -> None:
+    """Make everything open read and will build on durable, before anything is acknowledged.
+
+    A worker killed before an fsync leaves bytes and names in the page cache, where the
+    next one reads them; a power loss would then take what it acknowledged on top of
+    them. So, as RocksDB, LevelDB and etcd recover: the newest log, its baseline, the
+    session directory, ``sessions/`` and the home are fsynced first (docs/format.md).
+    """
+    log = log_path(state.directory, state.epoch)
+    durable.fdatasync(log_fd, log)
+    durable.fsync_file(baseline_path(state.directory, state.epoch))
+    durable.fsync_dir(state.directory)
+    sync_parents(state.directory)

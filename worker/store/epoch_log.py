@@ -8,12 +8,22 @@ reading (which epochs, the baseline, the state carried between epochs) is
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from worker.store.errors import InvalidLog, TornLog, quote
-from worker.store.records import EpochEnd, Record, SessionStart, decode_line, decode_lines_fast
+from worker.store.files import read_file
+from worker.store.records import (
+    EpochEnd,
+    Record,
+    SessionStart,
+    ToolResult,
+    User,
+    decode_line,
+    decode_lines_fast,
+)
 
 
 @contextmanager
@@ -155,3 +165,41 @@ def check_epoch(
         raise InvalidLog(
             path, len(records), f"epoch {epoch} is not the newest but does not end with EpochEnd"
         )
+
+
+def key_applied_at(dir_fd: int, path: str, line: int, key: str) -> bool:
+    """True if line ``line`` of the log at ``path`` is a User applying the request ``key``.
+
+    How a hit of the key index is confirmed: the log is the state. A line that does
+    not decode is refused (InvalidLog); one that holds another record or another key
+    is a hash collision (False).
+    """
+    data = read_file(dir_fd, os.path.basename(path), path)
+    start = 0
+    for _ in range(line - 1):
+        start = data.find(b"\n", start) + 1
+        if start == 0:
+            return False
+    end = data.find(b"\n", start)
+    if end < 0:
+        return False
+    try:
+        record, _part = decode_line(data[start:end])
+    except ValueError as exc:
+        raise InvalidLog(path, line, f"undecodable record: {exc}") from exc
+    return isinstance(record, User) and record.key == key
+
+
+def refuse_reused_call(path: str, records: list[Record], floor: int) -> None:
+    """Raise InvalidLog at the first ToolResult whose call number is below ``floor`` or not new."""
+    highest = floor - 1
+    for number, record in enumerate(records, start=1):
+        if isinstance(record, ToolResult):
+            if record.call <= highest:
+                raise InvalidLog(
+                    path,
+                    number,
+                    f"ToolResult.call {record.call} reuses a call number (the next free "
+                    f"one is {highest + 1})",
+                )
+            highest = record.call

@@ -138,6 +138,13 @@ class InvalidLog(LogError):
     """The records decode but break the log's structure (SessionStart, EpochEnd, epochs)."""
 
 
+class KeyIndexFileError(InvalidLog):
+    """A key index file a SessionStart names is missing or hashes otherwise (the line names it).
+
+    The index is derived from the logs: ``loopd repair`` rebuilds it from them.
+    """
+
+
 class BaselineError(PathError):
     """The epoch's baseline is missing, unparsable, or does not hash to SessionStart.baseline."""
 
@@ -183,7 +190,12 @@ class NotOwnerNow(SessionError):
 
 
 class KeyExpired(SessionError):
-    """A keyed request that may have been applied in an epoch the key index no longer sees."""
+    """Never raised any more: every key of a session is found (the key index).
+
+    A keyed request was once refused with it when its key had left a retry window of
+    two epochs. It stays defined so that code naming it (an App, the worker's error
+    codes) still imports; nothing in the store raises it.
+    """
 
     def __init__(self, key: str, seen_epoch: int, epoch: int) -> None:
         super().__init__(key, seen_epoch, epoch)

@@ -1,13 +1,13 @@
 """Read and validate a session directory without changing a byte of it.
 
 ``load_session`` is the whole of ``open``'s reading. A session whose newest
-``SessionStart`` carries the state of the older epochs (next call, prior counters, the
-previous epoch's request keys) is opened from its newest epoch alone, plus the last
-line of the previous log (its ``EpochEnd``: the carry, and the chain between them).
-A session written before that state was carried, or a reader asking for the history
-(``loopd verify``, ``inspect --all``), reads every epoch and, where a ``SessionStart``
-carries state, checks it against what the older epochs hold. Nothing is repaired: the
-first problem is raised as TornLog, InvalidLog or BaselineError with its place.
+``SessionStart`` carries all the state of the older epochs is opened from its newest
+epoch, the key index files it names, and the previous log's last line (its
+``EpochEnd``: the carry, the chain, the digest of the carried state). A session written
+before, or a reader asking for the history (``loopd verify``, ``inspect --all``), reads
+every epoch and checks every carried field and the key index against them. Nothing is
+repaired: the first problem is raised as TornLog, InvalidLog or BaselineError with its
+place.
 """
 
 from __future__ import annotations
@@ -19,11 +19,26 @@ from collections.abc import Callable
 from typing import Final
 
 from worker.store.baseline import Baseline, hash_bytes
+from worker.store.carried_checks import (
+    EpochEndAt,
+    check_carried_digest,
+    check_carried_fields,
+    check_index_against_history,
+    check_planned_digest,
+)
 from worker.store.carried_state import parse_recent_keys
-from worker.store.epoch_log import DecodedLog, check_epoch, check_groups, decode_log
+from worker.store.epoch_log import (
+    DecodedLog,
+    check_epoch,
+    check_groups,
+    decode_log,
+    key_applied_at,
+    refuse_reused_call,
+)
 from worker.store.errors import BaselineError, InvalidLog, SessionIOError, SessionNotFound, quote
 from worker.store.fencing import NO_FENCE, advance
 from worker.store.files import open_directory, read_file
+from worker.store.key_index import KeyIndex, load_index
 from worker.store.records import (
     EpochEnd,
     Handoff,
@@ -115,6 +130,7 @@ def load_session(
     dir_fd: int | None = None,
     newest_data: bytes | None = None,
     history: bool = False,
+    index_files: bool = True,
 ) -> SessionState:
     """Read and check the session in ``session_dir``; change nothing.
 
@@ -122,15 +138,17 @@ def load_session(
     one holding its lock), or to an fd of ``session_dir`` opened without following a
     link. ``on_epoch`` sees each epoch read, oldest first. With ``newest_data`` those
     bytes stand for the newest log's (repair checks a cut with it). With ``history``
-    every epoch is read and every carried field checked against it.
+    every epoch is read and every carried field checked against it; with ``history`` and
+    not ``index_files`` the key index is rebuilt from the logs, its files left unread.
     """
-    if dir_fd is not None:
-        return _Reader(session_dir, session_id, dir_fd, on_epoch, newest_data).load(history)
-    own_fd = open_directory(session_dir)
+    fd = open_directory(session_dir) if dir_fd is None else dir_fd
     try:
-        return _Reader(session_dir, session_id, own_fd, on_epoch, newest_data).load(history)
+        return _Reader(session_dir, session_id, fd, on_epoch, newest_data).load(
+            history, index_files
+        )
     finally:
-        os.close(own_fd)
+        if dir_fd is None:
+            os.close(fd)
 
 
 class _Reader:
@@ -151,36 +169,57 @@ class _Reader:
         self.newest_data = newest_data
         self.sizes: list[int] = []
         self.keys: dict[str, KeyRef] = {}
+        self.repeats: list[tuple[str, KeyRef]] = []
+        self.index = KeyIndex()
         self.max_call = 0
         self.next_call = 1
         self.prior_users = self.prior_untrusted = 0
         self.carry: str | None = None
         self.fence = NO_FENCE
 
-    def load(self, history: bool) -> SessionState:
+    def load(self, history: bool, index_files: bool = True) -> SessionState:
         epochs = list_epochs(self.directory, self.dir_fd)
         newest = epochs[-1]
         path, records = self._read(newest, newest=True)
         first = records[0]
         assert isinstance(first, SessionStart)  # check_epoch guarantees it
-        if newest > 0 and first.carries_state and not history:
+        if newest > 0 and first.key_index is not None and not history:
+            # The newest epoch carries all that open needs of the older ones, bound by
+            # the digest in the EpochEnd before it, and the key index finds their keys.
             first_read = newest
             self._take_carried(path, first, newest)
-            self.carry = self._previous_summary(newest)
-            self._count(path, newest, records, newest=True, check_carried=False)
+            end = self._previous_end(newest)
+            self.carry = end.record.summary
+            check_carried_digest(path, first, end)
+            self.index = load_index(self.dir_fd, self.directory, path, newest, first.key_index)
+            self._count(path, newest, records, newest=True)
         else:
+            # Written before the key index existed (or the history is asked for): every
+            # epoch is read, and every carried field checked against what it holds.
             first_read = 0
             newest_size = self.sizes.pop()
+            closing: EpochEndAt | None = None
             for epoch in epochs[:-1]:
                 older_path, older = self._read(epoch, newest=False)
-                self._count(older_path, epoch, older, newest=False, check_carried=epoch > 0)
+                self._count(older_path, epoch, older, newest=False, end=closing)
                 last = older[-1]
                 assert isinstance(last, EpochEnd)  # check_epoch guarantees it
+                closing = EpochEndAt(older_path, len(older), last)
                 self.carry = last.summary
             self.sizes.append(newest_size)
-            self._count(path, newest, records, newest=True, check_carried=newest > 0)
+            self._count(path, newest, records, newest=True, end=closing)
+            if newest > 0 and first.key_index is not None:
+                self.index = check_index_against_history(
+                    self.dir_fd,
+                    self.directory,
+                    path,
+                    first,
+                    self.keys,
+                    self.repeats,
+                    read_files=index_files,
+                )
         baseline = load_baseline(self.dir_fd, baseline_path(self.directory, newest), first.baseline)
-        return SessionState(
+        state = SessionState(
             session_id=self.session_id,
             directory=self.directory,
             epoch=newest,
@@ -193,11 +232,18 @@ class _Reader:
             prior_untrusted=self.prior_untrusted,
             max_call=self.max_call,
             keys=self.keys,
+            repeats=self.repeats,
+            key_index=self.index,
             epoch_sizes=self.sizes,
             first_read=first_read,
             next_call=max(self.next_call, self.max_call + 1),
             fence=self.fence,
         )
+        last = records[-1]
+        if isinstance(last, EpochEnd):
+            # An epoch change cut short: its resume must carry what the EpochEnd binds.
+            check_planned_digest(path, len(records), last, state)
+        return state
 
     def _read(self, epoch: int, *, newest: bool) -> tuple[str, list[Record]]:
         path = log_path(self.directory, epoch)
@@ -224,7 +270,7 @@ class _Reader:
         for key, line in parse_recent_keys(path, first.recent_keys).items():
             self.keys[key] = KeyRef(epoch - 1, line)
 
-    def _previous_summary(self, epoch: int) -> str:
+    def _previous_end(self, epoch: int) -> EpochEndAt:
         """Read the previous log's last line: it must be the EpochEnd leading to ``epoch``."""
         path = log_path(self.directory, epoch - 1)
         data = read_file(self.dir_fd, os.path.basename(path), path)
@@ -240,47 +286,81 @@ class _Reader:
                 max(lines, 1),
                 f"epoch {epoch - 1} does not end with EpochEnd (the one leading to epoch {epoch})",
             )
-        return last.summary
+        return EpochEndAt(path, lines, last)
 
     def _count(
-        self, path: str, epoch: int, records: list[Record], *, newest: bool, check_carried: bool
+        self,
+        path: str,
+        epoch: int,
+        records: list[Record],
+        *,
+        newest: bool,
+        end: EpochEndAt | None = None,
     ) -> None:
-        """Check one epoch's calls and keys against what came before, and add them up."""
+        """Check one epoch's calls and keys against what came before, and add them up.
+
+        With ``end`` (the EpochEnd before, when the history is read) its carried state
+        is checked against the older epochs' and the digest ``end`` recorded.
+        """
         first = records[0]
         assert isinstance(first, SessionStart)
-        if check_carried and first.carries_state:
+        if end is not None and first.carries_state:
             self._check_carried(path, first, epoch)
+            check_carried_digest(path, first, end)
         if self.on_epoch is not None:
             self.on_epoch(records)
         if self.fence.sealed is not None or any(type(r) in _FENCING for r in records):
             self._fence(path, records)
-        window = epoch - 1  # keys of older epochs than this have left the retry window
         # Comprehensions over the types, not a Python branch per record: a large log's
         # calls and keys are checked in a few C-speed passes; the place of a problem is
         # looked up only when there is one.
         calls = [r.call for r in records if type(r) is ToolResult]
         floor = max(self.max_call + 1, self.next_call)
         if calls and (calls[0] < floor or calls != sorted(set(calls))):
-            self._reused_call(path, records, floor)
+            refuse_reused_call(path, records, floor)
         if calls:
             self.max_call = calls[-1]
-        users = [(n, r) for n, r in enumerate(records, start=1) if type(r) is User]
-        for number, user in users:
-            assert isinstance(user, User)
-            if user.key is not None:
-                applied = self.keys.get(user.key)
-                if applied is not None and applied.epoch >= window:
-                    raise InvalidLog(
-                        path,
-                        number,
-                        f"request key {quote(user.key, 80)} was already applied "
-                        f"(epoch {applied.epoch}, line {applied.line}): a request is "
-                        "applied once",
-                    )
-                self.keys[user.key] = KeyRef(epoch, number)
+        users = [(n, r) for n, r in enumerate(records, start=1) if isinstance(r, User)]
+        self._keys(path, epoch, users, exact=first.key_index is not None)
         if not newest:
             self.prior_users += len(users)
             self.prior_untrusted += sum(u.untrusted for _n, u in users)
+
+    def _keys(self, path: str, epoch: int, users: list[tuple[int, User]], *, exact: bool) -> None:
+        """Refuse a key applied twice; index the keys of the epoch.
+
+        Within the retry window of old (the same or adjacent epochs) a key was always
+        applied once; from the first epoch whose SessionStart has a key index on, every
+        key is (``exact``). A key found again further back in a log written before is
+        kept with both places (``repeats``).
+        """
+        window = epoch - 1
+        index = self.index
+        for number, user in users:
+            key = user.key
+            if key is None:
+                continue
+            applied = self.keys.get(key)
+            if applied is None and index.segments:
+                found = index.find(key, self._confirm(key))
+                applied = KeyRef(*found) if found is not None else None
+            if applied is not None:
+                if applied.epoch >= window or exact:
+                    raise InvalidLog(
+                        path,
+                        number,
+                        f"request key {quote(key, 80)} was already applied "
+                        f"(epoch {applied.epoch}, line {applied.line}): a request is "
+                        "applied once",
+                    )
+                self.repeats.append((key, applied))
+            self.keys[key] = KeyRef(epoch, number)
+
+    def _confirm(self, key: str) -> Callable[[int, int], bool]:
+        def confirm(epoch: int, line: int) -> bool:
+            return key_applied_at(self.dir_fd, log_path(self.directory, epoch), line, key)
+
+        return confirm
 
     def _fence(self, path: str, records: list[Record]) -> None:
         """Follow the Owner and Handoff records in order (worker.fencing); InvalidLog if broken."""
@@ -291,45 +371,16 @@ class _Reader:
                     raise InvalidLog(path, number, fenced)
                 self.fence = fenced
 
-    @staticmethod
-    def _reused_call(path: str, records: list[Record], floor: int) -> None:
-        """Raise InvalidLog at the first ToolResult whose call number is not new."""
-        highest = floor - 1
-        for number, record in enumerate(records, start=1):
-            if isinstance(record, ToolResult):
-                if record.call <= highest:
-                    raise InvalidLog(
-                        path,
-                        number,
-                        f"ToolResult.call {record.call} reuses a call number (the next free "
-                        f"one is {highest + 1})",
-                    )
-                highest = record.call
-
     def _check_carried(self, path: str, first: SessionStart, epoch: int) -> None:
         """Check a SessionStart's carried state against the older epochs just read."""
-        previous = {k: ref.line for k, ref in self.keys.items() if ref.epoch == epoch - 1}
-        carried = parse_recent_keys(path, str(first.recent_keys))
-        problems = [
-            (first.prior_users, self.prior_users, "prior_users"),
-            (first.prior_untrusted, self.prior_untrusted, "prior_untrusted"),
-        ]
-        for said, held, name in problems:
-            if said != held:
-                raise InvalidLog(
-                    path, 1, f"SessionStart.{name} is {said}, the older epochs hold {held}"
-                )
-        if first.next_call is None or first.next_call <= self.max_call:
-            raise InvalidLog(
-                path,
-                1,
-                f"SessionStart.next_call is {first.next_call}, but call {self.max_call} "
-                "was already used",
-            )
-        if carried != previous:
-            raise InvalidLog(
-                path,
-                1,
-                f"SessionStart.recent_keys does not match the request keys of epoch {epoch - 1}",
-            )
+        check_carried_fields(
+            path,
+            first,
+            epoch,
+            keys=self.keys,
+            prior_users=self.prior_users,
+            prior_untrusted=self.prior_untrusted,
+            max_call=self.max_call,
+        )
+        assert first.next_call is not None  # checked above
         self.next_call = first.next_call

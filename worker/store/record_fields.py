@@ -56,17 +56,37 @@ CHECKS: Final[dict[str, tuple[_Check, str, str]]] = {
 }
 
 
+def optional_blocks(cls: type[Record]) -> tuple[tuple[str, ...], ...]:
+    """The blocks of optional fields of ``cls``, each in a line whole or not at all.
+
+    A line holds the first k blocks for some k (none, the first, the first two, ...):
+    a block added later is absent from every line written before it existed.
+    """
+    blocks: tuple[tuple[str, ...], ...] = getattr(cls, "OPTIONAL", ())
+    return blocks
+
+
 def carried_fields(cls: type[Record]) -> tuple[str, ...]:
-    """The fields of ``cls`` written all together or not at all (SessionStart's carried state)."""
-    carried: tuple[str, ...] = getattr(cls, "CARRIED", ())
-    return carried
+    """Every optional field of ``cls`` (SessionStart's carried state, EpochEnd's digest)."""
+    return tuple(name for block in optional_blocks(cls) for name in block)
+
+
+def line_shapes(cls: type[Record]) -> list[list[str]]:
+    """The field names a line of ``cls`` may hold, in order: every field first, the base last."""
+    names = [f.name for f in fields(cls)]
+    blocks = optional_blocks(cls)
+    shapes = []
+    for kept in range(len(blocks), -1, -1):
+        absent = {name for block in blocks[kept:] for name in block}
+        shapes.append([name for name in names if name not in absent])
+    return shapes
 
 
 def field_kinds(cls: type[Record]) -> tuple[tuple[str, str], ...]:
     """Return (field name, check kind) for each field of ``cls``, in order.
 
-    A carried field's kind is that of its value when present (``int | None`` -> ``int``):
-    absent, the whole carried block is left out of the line.
+    An optional field's kind is that of its value when present (``int | None`` ->
+    ``int``): absent, its whole block is left out of the line.
     """
     carried = carried_fields(cls)
     kinds = []
@@ -95,13 +115,12 @@ def why_fields_wrong(type_name: str, values: dict[str, object]) -> str:
     cls, kinds = FIELD_KINDS[type_name]
     if cls in WRITTEN_ALONE and "part" in values:
         return f"{type_name} is written alone, never in a group"
-    carried = carried_fields(cls)
     names = [name for name, _kind in kinds]
-    shapes = [names, [name for name in names if name not in carried]]
+    shapes = line_shapes(cls)
     accepted = [shape + extra for shape in shapes for extra in ([], [*GROUP_KEYS])]
     keys = list(values)
     if {*keys} not in [{*shape} for shape in accepted]:
-        missing = sorted({*shapes[1]} - values.keys())
+        missing = sorted({*shapes[-1]} - values.keys())
         extra = sorted(values.keys() - {*names, *GROUP_KEYS})
         parts = []
         if missing:
@@ -109,9 +128,11 @@ def why_fields_wrong(type_name: str, values: dict[str, object]) -> str:
         if extra:
             parts.append("unknown " + ", ".join(quote(name, 40) for name in extra[:5]))
         if not parts:
+            blocks = [", ".join(block) for block in optional_blocks(cls)]
             parts.append(
                 "'part' and 'parts' come together or not at all"
-                + (f", and so do {', '.join(carried)}" if carried else "")
+                + (f", and so do {'; and '.join(blocks)}" if blocks else "")
+                + (" (each after the one before)" if len(blocks) > 1 else "")
             )
         return f"{type_name}: " + "; ".join(parts)
     if keys not in accepted:

@@ -29,11 +29,11 @@ class SessionStart:
     """First record of every epoch log: names the session, the epoch, slot and baseline hash."""
 
     TYPE: ClassVar[str] = "SessionStart"
-    CARRIED: ClassVar[tuple[str, ...]] = (
-        "next_call",
-        "prior_users",
-        "prior_untrusted",
-        "recent_keys",
+    # Optional blocks of fields, each written whole or not at all, and a block only
+    # with every block before it: lines from before a block existed read as before.
+    OPTIONAL: ClassVar[tuple[tuple[str, ...], ...]] = (
+        ("next_call", "prior_users", "prior_untrusted", "recent_keys"),
+        ("key_index",),
     )
     time: str = field(default_factory=utc_now)
     session: str
@@ -47,11 +47,19 @@ class SessionStart:
     prior_users: int | None = None
     prior_untrusted: int | None = None
     recent_keys: str | None = None  # JSON object {key: line} of the previous epoch's keys
+    # The key index of every older epoch: its segment files and their digests
+    # (worker.store.key_index); absent in logs written before it existed.
+    key_index: str | None = None
 
     @property
     def carries_state(self) -> bool:
         """True when this SessionStart carries the cumulative state of the older epochs."""
         return self.next_call is not None
+
+    @property
+    def carried_fields(self) -> dict[str, object]:
+        """The carried fields by name, as the previous EpochEnd's ``carried`` digest binds them."""
+        return {name: getattr(self, name) for block in self.OPTIONAL for name in block}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,9 +110,13 @@ class EpochEnd:
     """Last record of a closed epoch: the next epoch's number and the carried summary."""
 
     TYPE: ClassVar[str] = "EpochEnd"
+    OPTIONAL: ClassVar[tuple[tuple[str, ...], ...]] = (("carried",),)
     time: str = field(default_factory=utc_now)
     next: int
     summary: str
+    # SHA-256 (hex) of the carried fields the next SessionStart must hold
+    # (worker.store.carried_state.carried_digest); absent in logs written before it.
+    carried: str | None = None
 
 
 # -- cluster ownership (docs/scaling.md): the fencing token in the log ----------------

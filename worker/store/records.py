@@ -22,8 +22,8 @@ from worker.store.record_fields import (
     GROUP_KEYS,
     WRITTEN_ALONE,
     Part,
-    carried_fields,
     field_kinds,
+    line_shapes,
     why_fields_wrong,
 )
 from worker.store.record_types import (
@@ -84,70 +84,12 @@ def _compile_codecs(cls: type[Record]) -> tuple[_Decoder, _Encoder]:
 
     Both return None when a value does not fit; the slow path then says why. Inlined
     checks make ``open`` of a large log cost little more than its ``json.loads``. The
-    decoder also requires the canonical key order, alone or followed by the group keys;
-    a carried block (SessionStart's) is in the line whole or not at all.
+    decoder also requires the canonical key order of one of the line's shapes (every
+    field, or without its later optional blocks: ``line_shapes``), alone or followed by
+    the group keys.
     """
-    carried = carried_fields(cls)
     every = [(i, name, kind) for i, (name, kind) in enumerate(field_kinds(cls))]
-    base = [f for f in every if f[1] not in carried]
-    loads, tests, _build, as_dict = _shape(every)
-    base_loads, base_tests, _base_build, base_dict = _shape(base)
-    gets = "; ".join(f"a{i} = r.{name}" for i, name, _kind in every)
-    # Built without calling the dataclass's __init__: its frozen-field setattrs cost
-    # more than the rest of decoding a line. The slots' own descriptors set each field
-    # (what __init__ ends up doing), every value already checked above.
-    sets = "; ".join(f"s{i}(r, a{i})" for i, _name, _kind in every)
-    base_sets = "; ".join(
-        f"s{i}(r, a{i})" if name not in carried else f"s{i}(r, None)" for i, name, _kind in every
-    )
-    full = f"""
-        {loads}
-        if not ({tests}):
-            return None
-        r = new(cls); {sets}
-        return r"""
-    short = f"""
-        {base_loads}
-        if not ({base_tests}):
-            return None
-        r = new(cls); {base_sets}
-        return r"""
-    without = (
-        f"""
-    elif keys == BASE:{short}
-    elif keys == BASE_FRAMED:
-        if not ({_FRAME_OK}):
-            return None{short}"""
-        if carried
-        else ""
-    )
-    absent = " and ".join(f"a{i} is None" for i, name, _kind in every if name in carried)
-    encode_short = (
-        f"""
-    if {absent}:
-        if not ({base_tests}):
-            return None
-        return {{"type": {cls.TYPE!r}, {base_dict}}}"""
-        if carried
-        else ""
-    )
-    source = f"""
-def decode(d):
-    keys = tuple(d)
-    if keys == KEYS:{full}
-    elif keys == FRAMED:
-        if not ({_FRAME_OK}):
-            return None{full}{without}
-    return None
-
-def encode(r):
-    {gets}{encode_short}
-    if not ({tests}):
-        return None
-    return {{"type": {cls.TYPE!r}, {as_dict}}}
-"""
-    keys = ("type", *(name for _i, name, _kind in every))
-    base_keys = ("type", *(name for _i, name, _kind in base))
+    shapes = [[f for f in every if f[1] in shape] for shape in line_shapes(cls)]
     # SessionStart, EpochEnd, Owner and Handoff are written alone: no framed shape.
     group = () if cls in WRITTEN_ALONE else GROUP_KEYS
     never = ("",)  # matches no line's keys
@@ -155,11 +97,50 @@ def encode(r):
         "cls": cls,
         "new": object.__new__,
         **{f"s{i}": getattr(cls, name).__set__ for i, name, _kind in every},
-        "KEYS": keys,
-        "FRAMED": keys + group if group else never,
-        "BASE": base_keys,
-        "BASE_FRAMED": base_keys + group if group else never,
     }
+    decode_branches: list[str] = []
+    encode_branches: list[str] = []
+    for number, shape in enumerate(shapes):
+        loads, tests, _build, as_dict = _shape(shape)
+        present = {name for _i, name, _kind in shape}
+        # Built without calling the dataclass's __init__: its frozen-field setattrs cost
+        # more than the rest of decoding a line. The slots' own descriptors set each
+        # field (what __init__ ends up doing), every value already checked above.
+        sets = "; ".join(
+            f"s{i}(r, a{i})" if name in present else f"s{i}(r, None)" for i, name, _kind in every
+        )
+        body = f"""
+        {loads}
+        if not ({tests}):
+            return None
+        r = new(cls); {sets}
+        return r"""
+        keys = ("type", *(name for _i, name, _kind in shape))
+        namespace[f"K{number}"] = keys
+        namespace[f"F{number}"] = keys + group if group else never
+        decode_branches.append(f"""
+    {"if" if number == 0 else "elif"} keys == K{number}:{body}
+    elif keys == F{number}:
+        if not ({_FRAME_OK}):
+            return None{body}""")
+        absent = [f"a{i} is None" for i, name, _kind in every if name not in present]
+        encode_branches.insert(
+            0,
+            f"""
+    {f"if {' and '.join(absent)}:" if absent else "if True:"}
+        if not ({tests}):
+            return None
+        return {{"type": {cls.TYPE!r}, {as_dict}}}""",
+        )
+    gets = "; ".join(f"a{i} = r.{name}" for i, name, _kind in every)
+    source = f"""
+def decode(d):
+    keys = tuple(d){"".join(decode_branches)}
+    return None
+
+def encode(r):
+    {gets}{"".join(encode_branches)}
+"""
     exec(compile(source, f"<codec {cls.TYPE}>", "exec"), namespace)  # noqa: S102 - built above from field names only
     decode, encode = namespace["decode"], namespace["encode"]
     return decode, encode  # type: ignore[return-value]

@@ -16,20 +16,22 @@ from typing import Final
 from worker.store import durable
 from worker.store.baseline import Baseline
 from worker.store.batch_rules import fence_after, highest_call_after
-from worker.store.carried_state import next_epoch_start
-from worker.store.creation import check_slot, sync_parents, write_first_epoch
+from worker.store.carried_state import plan_next_epoch
+from worker.store.creation import check_slot, make_opened_durable, sync_parents, write_first_epoch
+from worker.store.epoch_commit import switch_to_next_epoch, write_next_epoch
+from worker.store.epoch_log import key_applied_at
 from worker.store.errors import (
     EpochClosed,
     InvalidRecord,
-    KeyExpired,
     SessionBroken,
     SessionExists,
     SessionIOError,
     quote,
 )
 from worker.store.fencing import Fence
+from worker.store.key_index import remove_stale
 from worker.store.layout import ensure_sessions_dir, lock_existing, session_dir
-from worker.store.loader import KeyRef, SessionState, baseline_path, load_session, log_path
+from worker.store.loader import KeyRef, SessionState, load_session, log_path
 from worker.store.lock import lock_directory, unlock_directory
 from worker.store.records import (
     EpochEnd,
@@ -37,13 +39,15 @@ from worker.store.records import (
     SessionStart,
     Usage,
     User,
-    encode_record,
     encode_records,
 )
 from worker.store.records_view import RecordsView
 
 _EXISTS: Final = frozenset({errno.EEXIST})
 _WRITTEN_BY_THE_STORE: Final = frozenset({SessionStart, EpochEnd})
+_NEW_KEYS_KEPT: Final = 4096
+# Called by name from here (the chaos rig's mutant and the benchmark replace it).
+_make_durable = make_opened_durable
 
 
 class Session:
@@ -59,6 +63,9 @@ class Session:
         self._next_call = state.next_call
         self._broken: str | None = None
         self._last_usage = _newest_usage(state.records)
+        # Keys find_key found in no epoch: only this session writes, so they stay new
+        # until it appends them, and append need not look them up again (bounded).
+        self._new_keys: set[str] = set()
 
     # -- construction ---------------------------------------------------------------
 
@@ -211,19 +218,35 @@ class Session:
         return isinstance(self._state.records[-1], EpochEnd)
 
     def find_key(self, key: str, seen_epoch: int | None = None) -> KeyRef | None:
-        """Return where the request ``key`` was applied within the retry window, or None.
+        """Return where the request ``key`` was applied, in any epoch of the session, or None.
 
-        The window is the current epoch and the previous one: their keys are indexed
-        (the previous epoch's carried forward by the commit). ``seen_epoch`` is the
-        newest epoch the client knew of before it first sent the request; if the key is
-        not in the window and that epoch is older than the window, the request may have
-        been applied where the index no longer sees it: KeyExpired, never a second
-        application.
+        The current and the previous epoch's keys are in memory; an older one is found
+        through the key index and confirmed by its line in the sealed log, so a key is
+        applied once for the life of the session and a new key is never taken for an
+        old one (docs/format.md, "The key index"); an unreadable sealed log raises.
+        ``seen_epoch`` is ignored (accepted for Apps written for the old retry window).
         """
-        ref = self._state.keys.get(key)
-        if ref is None and seen_epoch is not None and seen_epoch < self._state.epoch - 1:
-            raise KeyExpired(key, seen_epoch, self._state.epoch)
-        return ref
+        del seen_epoch
+        state = self._state
+        ref = state.keys.get(key)
+        if ref is not None or not state.key_index.segments:
+            return ref
+
+        def confirm(epoch: int, line: int) -> bool:
+            if self._lock_fd is None:
+                raise SessionBroken(self._log_path, "session is closed")
+            return key_applied_at(self._lock_fd, log_path(state.directory, epoch), line, key)
+
+        found = state.key_index.find(key, confirm)
+        if found is not None:
+            return KeyRef(*found)
+        if len(self._new_keys) >= _NEW_KEYS_KEPT:
+            self._new_keys.clear()
+        self._new_keys.add(key)
+        return None
+
+    def _applied(self, key: str) -> bool:
+        return key not in self._new_keys and self.find_key(key) is not None
 
     def next_call(self) -> int:
         """Hand out the next tool call number: 1, 2, 3 ... across epochs, never reused."""
@@ -261,44 +284,31 @@ class Session:
         self._check_writable(allow_closed=True)
         state = self._state
         last = state.records[-1]
+        # What the next SessionStart carries, computed from what the log holds: the
+        # EpochEnd records its digest, and a resume computes the same (open checks it).
+        plan = plan_next_epoch(state)
         if isinstance(last, EpochEnd):
             summary = last.summary
         else:
             if type(summary) is not str:
                 raise InvalidRecord("EpochEnd", f"summary must be a string, got {quote(summary)}")
-            self._append_durably([EpochEnd(next=state.epoch + 1, summary=summary)])
-        following = state.epoch + 1
-        # The next epoch's SessionStart carries what open needs from this one and all
-        # before it, so that open reads the newest epoch alone.
-        start = next_epoch_start(state, baseline.hash(), self._next_call)
-        line = encode_record(start)
-        new_log = log_path(state.directory, following)
+            end = EpochEnd(next=state.epoch + 1, summary=summary, carried=plan.digest)
+            self._append_durably([end])
         try:
-            durable.write_file_atomic(baseline_path(state.directory, following), baseline.to_json())
-            durable.write_file_atomic(new_log, line)
-            new_fd = durable.open_append(new_log)
+            start, size, new_fd = write_next_epoch(state, plan, baseline)
         except SessionIOError as exc:
             # What reached the disk is unknown after a failed step; the next open reads it.
-            self._broken = f"epoch change to {following} failed: {exc}"
+            self._broken = f"epoch change to {state.epoch + 1} failed: {exc}"
             raise
-        assert start.prior_users is not None
-        assert start.prior_untrusted is not None
-        state.prior_users = start.prior_users
-        state.prior_untrusted = start.prior_untrusted
-        # Keys older than the previous epoch leave the retry window (find_key).
-        state.keys = {k: ref for k, ref in state.keys.items() if ref.epoch == state.epoch}
         old_fd, self._log_fd = self._log_fd, new_fd
         if old_fd is not None:
             durable.close(old_fd)
-        state.epoch = following
-        state.baseline = baseline
-        state.records = [start]
-        state.carry = summary
-        state.log_size = len(line)
-        state.epoch_sizes.append(len(line))
-        self._log_path = new_log
-        self._size = len(line)
+        switch_to_next_epoch(state, plan, start, baseline, summary, size)
+        self._log_path = log_path(state.directory, state.epoch)
+        self._size = size
         self._last_usage = None
+        assert self._lock_fd is not None  # open while the log is
+        remove_stale(self._lock_fd, state.directory, plan.index)
 
     def _check_writable(self, *, allow_closed: bool = False) -> None:
         if self._log_fd is None:
@@ -313,7 +323,7 @@ class Session:
         state = self._state
         fence = fence_after(state.fence, batch, self._log_path)
         data = encode_records(batch)  # validates every field first
-        highest = highest_call_after(state, batch)
+        highest = highest_call_after(state, batch, self._applied)
         fd = self._log_fd
         assert fd is not None  # _check_writable
         try:
@@ -342,6 +352,7 @@ class Session:
                 self._last_usage = record
             elif isinstance(record, User) and record.key is not None:
                 state.keys[record.key] = KeyRef(state.epoch, first_line + offset)
+                self._new_keys.discard(record.key)
 
     def _cut_back(self, fd: int, why_broken: str) -> None:
         """Truncate the log to its last good length; break the session if that fails."""
@@ -374,23 +385,6 @@ class Session:
 
     def __repr__(self) -> str:
         return f"Session(id={self.id!r}, epoch={self.epoch}, records={len(self._state.records)})"
-
-
-def _make_durable(state: SessionState, log_fd: int) -> None:
-    """Make everything open read and will build on durable, before anything is acknowledged.
-
-    A worker killed before an fsync leaves written bytes and names in the page cache; the
-    next worker reads them there. Were the machine then to lose power, whatever it
-    acknowledged on top of them (a retry answered as a duplicate, a resumed epoch
-    change) would be gone. So, as recovery in RocksDB, LevelDB and etcd does: the
-    newest log, its baseline, the session directory, ``sessions/`` and the home are
-    fsynced first. A failure here is raised: nothing read is trusted.
-    """
-    log = log_path(state.directory, state.epoch)
-    durable.fdatasync(log_fd, log)
-    durable.fsync_file(baseline_path(state.directory, state.epoch))
-    durable.fsync_dir(state.directory)
-    sync_parents(state.directory)
 
 
 def _newest_usage(records: list[Record]) -> Usage | None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from worker.store.baseline import Baseline
 from worker.store.fencing import NO_FENCE, Fence
+from worker.store.key_index import KeyIndex
 from worker.store.records import Record
 
 
@@ -43,7 +44,14 @@ class SessionState:
     prior_users: int = 0
     prior_untrusted: int = 0
     max_call: int = 0
+    # The keys of the epochs the index does not cover (the current and the previous
+    # one; every epoch read, when open read the history) ...
     keys: dict[str, KeyRef] = field(default_factory=dict)
+    # ... an older place of a key found again beyond the retry window, in a log written
+    # before keys were exact (``keys`` holds its newest place) ...
+    repeats: list[tuple[str, KeyRef]] = field(default_factory=list)
+    # ... and the index of every sealed epoch before ``key_index.covers``.
+    key_index: KeyIndex = field(default_factory=KeyIndex)
     epoch_sizes: list[int] = field(default_factory=list)  # of the epochs read, oldest first
     first_read: int = 0  # the oldest epoch whose log was read
     next_call: int = 1  # the next tool call number (> max_call, maybe more: reserved ones)

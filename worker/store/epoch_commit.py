@@ -1,0 +1,56 @@
+"""Phase 2 of the epoch commit: the next epoch's files, then what memory learns of them.
+
+``Session.commit_epoch`` has written (or found) the closing ``EpochEnd``; what follows
+is written in an order that no crash can break (docs/format.md, "Writing"): the key
+index files and the baseline, made durable by one directory fsync, before the log
+whose ``SessionStart`` names their digests.
+"""
+
+from __future__ import annotations
+
+from worker.store import durable
+from worker.store.baseline import Baseline
+from worker.store.carried_state import NextEpoch
+from worker.store.key_index import write_segments
+from worker.store.records import SessionStart, encode_record
+from worker.store.session_state import SessionState, baseline_path, log_path
+
+
+def write_next_epoch(
+    state: SessionState, plan: NextEpoch, baseline: Baseline
+) -> tuple[SessionStart, int, int]:
+    """Write the files of the epoch after ``state``'s; return its SessionStart, size, log fd."""
+    following = state.epoch + 1
+    start = plan.start(state, baseline.hash())
+    line = encode_record(start)
+    new_log = log_path(state.directory, following)
+    write_segments(state.directory, plan.new_segments)
+    # The baseline's directory fsync makes the index files' names durable too.
+    durable.write_file_atomic(baseline_path(state.directory, following), baseline.to_json())
+    durable.write_file_atomic(new_log, line)
+    return start, len(line), durable.open_append(new_log)
+
+
+def switch_to_next_epoch(
+    state: SessionState,
+    plan: NextEpoch,
+    start: SessionStart,
+    baseline: Baseline,
+    summary: str,
+    size: int,
+) -> None:
+    """Make ``state`` the new epoch's, once its files are durable."""
+    state.prior_users = plan.prior_users
+    state.prior_untrusted = plan.prior_untrusted
+    state.next_call = plan.next_call
+    # The closing epoch's keys stay in memory (the new previous epoch); every older
+    # one is found through the index, which now covers the closing epoch too.
+    state.keys = {k: ref for k, ref in state.keys.items() if ref.epoch == state.epoch}
+    state.repeats = []
+    state.key_index = plan.index
+    state.epoch = start.epoch
+    state.baseline = baseline
+    state.records = [start]
+    state.carry = summary
+    state.log_size = size
+    state.epoch_sizes.append(size)
