@@ -109,7 +109,7 @@ def _soak(tmp_path: Path, seconds: float) -> None:
                 cwd=REPO,
                 stderr=subprocess.PIPE,
                 text=True,
-            )  # fmt: skip
+            )
             for n, (kind, out) in enumerate(zip(kinds, outs, strict=True))
         ]
         try:
