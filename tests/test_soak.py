@@ -86,6 +86,12 @@ def _silent_follower(home: Path) -> socket.socket:
     return sock
 
 
+def _followers(home: Path) -> object:
+    reply = call(str(home), "ping")
+    assert isinstance(reply, dict)
+    return reply["event_followers"]
+
+
 def _soak(tmp_path: Path, seconds: float) -> None:
     home = tmp_path / "home"
     rng = random.Random(8)
@@ -94,7 +100,9 @@ def _soak(tmp_path: Path, seconds: float) -> None:
     with running_daemon(home, *args) as daemon:
         for session in SESSIONS:
             call(str(home), "create", session=session)
+        follower = _silent_follower(home)  # counted among the descriptors before
         supervisor = psutil.Process(daemon.proc.pid)
+        poll_until(lambda: _followers(home) == 1, what="the follower to be registered")
         fds_before = supervisor.num_fds()
         open_before = _descriptors(daemon.proc.pid)
         # Clients that pipeline and retry (soak_client) and one that hangs up before
@@ -102,7 +110,6 @@ def _soak(tmp_path: Path, seconds: float) -> None:
         # that never reads a byte, held through the whole soak.
         kinds = ["tests.soak_client"] * CLIENTS + ["tests.soak_hangups"]
         outs = [tmp_path / f"acked-{n}" for n in range(len(kinds))]
-        follower = _silent_follower(home)
         clients = [
             subprocess.Popen(
                 [sys.executable, "-m", kind, str(home), str(out), str(n), str(seconds), *SESSIONS],
