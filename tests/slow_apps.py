@@ -86,3 +86,24 @@ class DyingStreamApp(DefaultApp):
                 file.write(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
         return super().handle(session, request)
+
+
+class RaisingApp(DefaultApp):
+    """The default app, except that ``raise`` raises RuntimeError and ``reset`` raises
+    ConnectionResetError (as an App whose model server hung up would)."""
+
+    def handle(self, session: Session, request: Message) -> Message:
+        text = field(request, "text", str)
+        if text == "raise":
+            raise RuntimeError("the App failed")
+        if text == "reset":
+            raise ConnectionResetError("the model server reset the connection")
+        return super().handle(session, request)
+
+
+class HugePartialApp(DefaultApp):
+    """Streams one partial of 1.5 million characters, then applies the request."""
+
+    def handle(self, session: Session, request: Message) -> Message:
+        turn.stream("x" * 1_500_000)
+        return super().handle(session, request)

@@ -190,3 +190,61 @@ def test_a_worker_that_dies_mid_stream_is_retried_by_key_and_its_partials_start_
     assert stream.reply is not None
     assert stream.reply["duplicate"] is False
     assert _user_keys(home, "s") == ["k"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("text", ["raise", "reset"])
+def test_an_app_that_raises_on_one_request_has_it_refused_as_poison_and_serves_the_others(
+    tmp_path: Path, text: str
+) -> None:
+    home = tmp_path / "home"
+    args, env = _app("RaisingApp", 0)
+    with running_daemon(home, *args, "--poison-after", "2", env=env):
+        call(str(home), "create", session="s")
+        wait_state(home, "s", "RUNNING")
+        with Client(str(home), timeout=30, retry_for=30) as client:
+            with pytest.raises(ControlError, match="poison request"):
+                client.send("s", text, key="bad")
+            good = client.send("s", "an ordinary request", key="good")
+        row = status(home, "s")
+    assert good["duplicate"] is False
+    assert row["state"] == "RUNNING"
+    assert row["restarts"] == 2  # a crash each time, never taken for a clean stop
+    assert _user_keys(home, "s") == ["good"]
+
+
+@pytest.mark.timeout(60)
+def test_a_streaming_app_handles_requests_that_share_a_chunk(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    args, env = _app("StreamingApp", 0)
+    with running_daemon(home, *args, env=env):
+        call(str(home), "create", session="s")
+        with Client(str(home), timeout=30) as client:
+            client.send("s", "warm up", key="w")  # the chunks grow past one
+            replies = client.send_many(
+                "s", [Request(text=f"a b {n}", key=f"k{n}") for n in range(8)]
+            )
+        row = status(home, "s")
+    assert [r["outcome"] for r in replies] == ["applied"] * 8
+    assert row["restarts"] == 0, row["last_error"]
+
+
+@pytest.mark.timeout(60)
+def test_an_abandoned_stream_and_a_huge_partial_leave_the_connection_usable(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    args, env = _app("HugePartialApp", 0)
+    with running_daemon(home, *args, env=env):
+        call(str(home), "create", session="s")
+        with Client(str(home), timeout=30) as client:
+            stream = client.stream("s", "one", key="k1")
+            pieces = list(stream)
+            assert sum(len(p) for p in pieces) == 1_500_000
+            assert stream.reply is not None
+            for _partial in client.stream("s", "two", key="k2"):
+                break  # abandoned after its first partial
+            after = client.send("s", "three", key="k3")
+    assert after["key"] == "k3"
+    assert after["text"] == "echo: three"
+    assert _user_keys(home, "s") == ["k1", "k2", "k3"]

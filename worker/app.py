@@ -155,10 +155,15 @@ class DefaultApp:
                 if ref is not None:
                     # The same answer the first reply carried, rebuilt from the records
                     # the request wrote: a retry after a lost reply loses nothing.
-                    batch.results[index] = {
+                    duplicate: Message = {
                         "duplicate": True, "key": key, "epoch": ref.epoch, "line": ref.line,
-                        **self.answer(request_records(session, ref)),
                     }  # fmt: skip
+                    try:
+                        duplicate.update(self.answer(request_records(session, ref)))
+                    except SessionError as exc:
+                        # Applied, but its records cannot be read back: say so, apply nothing.
+                        duplicate["answer_error"] = str(exc)
+                    batch.results[index] = duplicate
                     continue
             call = session.next_call()
             reply = f"echo: {text}"

@@ -229,6 +229,9 @@ class Server:
                 peer.queue(ok(request_id, records_page(session, message)))
             except WireError as exc:
                 peer.queue(error(request_id, "bad_request", str(exc)))
+            except SessionError as exc:
+                # A sealed log that cannot be read: this read fails, the session serves on.
+                peer.queue(error(request_id, "unreadable", str(exc)))
         elif peer is not self.control:
             peer.queue(error(request_id, "bad_request", f"unknown op {op!r}"))
         elif op == "attach":
@@ -255,7 +258,9 @@ class Server:
             self.heartbeat_cell.set_busy(True)
         try:
             done = 0
-            while done < len(batch):
+            while done < len(batch) and not (done and self._stop):
+                # Told to stop (SIGTERM): the chunk in progress was finished and answered;
+                # no new one starts. The rest see the end of stream and retry by key.
                 size = self.runner.chunk_size()
                 self._apply_chunk(batch[done : done + size])
                 done += size

@@ -13,13 +13,14 @@ so a worker busy with one slow turn after another is never taken for a hung one.
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Protocol, runtime_checkable
 
 from worker import turn
-from worker.app import App
+from worker.app import App, DefaultApp
 from worker.heartbeat import MAX_TURN_KEYS, HeartbeatCell, key_digest
 from worker.peer import Peer
 from worker.store.errors import SessionError
@@ -28,6 +29,8 @@ from worker.wire import Message, WireError
 
 DEFAULT_MAX_BATCH: Final = 64
 """Requests one chunk may hold at most (``--max-batch``)."""
+MAX_PARTIAL_CHARS: Final = 200_000
+"""Characters of one partial frame; a longer partial text is sent in pieces."""
 MAX_PARTIAL_BACKLOG: Final = 4 << 20
 """Bytes of partial output queued for a client before further partials are dropped."""
 
@@ -41,6 +44,25 @@ class BatchApp(Protocol):
     def handle_many(
         self, session: Session, requests: list[Message]
     ) -> list[Message | SessionError]: ...
+
+
+class AppFailed(RuntimeError):
+    """The App raised while handling requests: the worker ends (exit 1) and restarts."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(f"the App raised {type(cause).__name__}: {cause}")
+        self.cause = cause
+
+
+def handles_one_by_one(app: App) -> bool:
+    """A DefaultApp subclass that changed ``handle`` only: its handle_many loops over
+    handle, so it is handed one request at a time (a heartbeat, a deadline and a stream
+    target each)."""
+    return (
+        isinstance(app, DefaultApp)
+        and type(app).handle is not DefaultApp.handle
+        and type(app).handle_many is DefaultApp.handle_many
+    )
 
 
 class PoisonRequest(SessionError):
@@ -115,8 +137,9 @@ class TurnRunner:
         self.poisoned = dict(poisoned or {})
         # The runtime Protocol check is slow: made once, not per batch.
         self._many: Callable[[Session, list[Message]], list[Message | SessionError]] | None = (
-            app.handle_many if isinstance(app, BatchApp) else None
+            app.handle_many if isinstance(app, BatchApp) and not handles_one_by_one(app) else None
         )
+        self._thread = threading.get_ident()
         self._targets: dict[int, Target] = {}
         self._current: Target | None = None
         self._alarm = 0.0  # the deadline progress() re-arms, 0: none running
@@ -150,8 +173,19 @@ class TurnRunner:
                     self._current = target
                     self._begin([payload], 1)
                     results[i] = self._one(payload)
-        finally:
+        except SessionError:
             self._end()
+            raise
+        except BaseException as exc:
+            # The worker is about to die of it: the requests stay named in the cell, so
+            # its supervisor charges them with this death (poison requests), and an
+            # error such as ConnectionResetError from the App's own backend is never
+            # taken for the supervisor hanging up (a clean stop) by the process's main.
+            self._disarm()
+            if isinstance(exc, Exception):
+                raise AppFailed(exc) from exc
+            raise
+        self._end()
         self.sizer.took(time.monotonic() - started, len(chunk))
         return [r if r is not None else WireError("no result") for r in results]
 
@@ -188,24 +222,36 @@ class TurnRunner:
             self._alarm = self.request_deadline * requests
             signal.setitimer(signal.ITIMER_REAL, self._alarm)
 
-    def _end(self) -> None:
+    def _disarm(self) -> None:
         self._targets = {}
         self._current = None
         if self._alarm:
-            signal.setitimer(signal.ITIMER_REAL, 0)
             self._alarm = 0.0
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def _end(self) -> None:
+        self._disarm()
         if self.cell is not None:
             self.cell.end_turn()
 
     # -- worker.turn ------------------------------------------------------------------
 
+    def _check_thread(self, call: str) -> None:
+        if threading.get_ident() != self._thread:
+            raise RuntimeError(
+                f"worker.turn.{call}() is called from the thread that runs handle(), "
+                "not from another thread"
+            )
+
     def progress(self) -> None:
+        self._check_thread("progress")
         if self.cell is not None:
             self.cell.beat()
         if self._alarm and self.request_deadline is not None:
             signal.setitimer(signal.ITIMER_REAL, self.request_deadline)
 
     def stream(self, text: str, request: Message | None) -> None:
+        self._check_thread("stream")
         if request is not None:
             target = self._targets.get(id(request))
             if target is None:
@@ -221,5 +267,8 @@ class TurnRunner:
         if len(target.peer.out) > MAX_PARTIAL_BACKLOG:
             target.dropped += 1
             return
-        target.peer.queue({"id": target.request_id, "partial": text})
+        for start in range(0, max(1, len(text)), MAX_PARTIAL_CHARS):
+            # Pieces that always fit a frame (4 bytes a character at most in UTF-8).
+            piece = text[start : start + MAX_PARTIAL_CHARS]
+            target.peer.queue({"id": target.request_id, "partial": piece})
         target.peer.flush()

@@ -43,6 +43,17 @@ class Stream:
         self.restarts = 0
 
     def __iter__(self) -> Iterator[str]:
+        finished = False
+        try:
+            yield from self._frames()
+            finished = True
+        finally:
+            if not finished:
+                # Abandoned (a break, an error): what is still on its way for this request
+                # must not be read as the answer to the next one.
+                self._client.drop(self._session)
+
+    def _frames(self) -> Iterator[str]:
         client, session = self._client, self._session
         deadline = time.monotonic() + client.retry_for
         while True:

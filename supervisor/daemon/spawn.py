@@ -249,7 +249,9 @@ def _fork_worker(spec: WorkerSpec, channel_fd: int, beat_fd: int, output_fd: int
         os.environ.update(spec.extra_env)
         if spec.cwd is not None:
             os.chdir(spec.cwd)
-        sys.path[:0] = spec.path
+        # A fork does not read PYTHONPATH again: the App's entries go first by hand.
+        extra = [e for e in spec.extra_env.get("PYTHONPATH", "").split(os.pathsep) if e]
+        sys.path[:0] = [*spec.path, *extra]
         from worker.process import main  # noqa: PLC0415 - only the child runs the worker
 
         code = main(spec.argv(channel_fd, beat_fd)[3:])

@@ -21,6 +21,7 @@ does not import in one line naming the App and the error.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -36,7 +37,8 @@ IMPORT_TIMEOUT: Final = 60.0
 """Seconds one App's import check may take before it is refused."""
 _KEYS: Final = ("app", "path", "cwd", "env", "budget", "hang-timeout", "request-deadline")
 _CHECK: Final = """
-import importlib, sys
+import importlib, json, sys
+sys.path[:] = json.loads(sys.argv[2])
 module, _, attribute = sys.argv[1].partition(":")
 target = importlib.import_module(module)
 for part in attribute.split("."):
@@ -72,12 +74,20 @@ class AppConfig:
     request_deadline: float | None = None
 
     def check_env(self) -> dict[str, str]:
-        """The environment its import check runs with: as a worker's, path included."""
-        env = {**os.environ, **self.env}
-        if self.path:
-            inherited = env.get("PYTHONPATH")
-            env["PYTHONPATH"] = os.pathsep.join([*self.path, *([inherited] if inherited else [])])
-        return env
+        """The environment its import check runs with: a worker's."""
+        return {**os.environ, **self.env}
+
+    def import_path(self) -> list[str]:
+        """Where a forked worker of this App imports from: ``path``, the App's own
+        ``PYTHONPATH`` (env), then the supervisor's import path."""
+        return worker_import_path(self.path, self.env)
+
+
+def worker_import_path(path: tuple[str, ...], env: dict[str, str]) -> list[str]:
+    """A forked worker's sys.path: the App's path and PYTHONPATH entries before the
+    supervisor's own (a fork does not read PYTHONPATH again)."""
+    extra = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    return [*path, *extra, *sys.path]
 
 
 def parse_apps(table: object, path: str) -> dict[str, AppConfig]:
@@ -166,9 +176,12 @@ def check_importable(target: str, *, name: str | None = None, app: AppConfig | N
     """Import ``target`` in a child interpreter set up as its workers are; AppConfigError."""
     where = f"app {name!r} ({target})" if name else f"--app {target}"
     env = app.check_env() if app else dict(os.environ)
+    # The import path of a forked worker (the default start method), not that of a fresh
+    # ``python -c``: a module found only from the shell's working directory is refused.
+    paths = app.import_path() if app else list(sys.path)
     try:
         done = subprocess.run(
-            [sys.executable, "-c", _CHECK, target],
+            [sys.executable, "-c", _CHECK, target, json.dumps(paths)],
             cwd=app.cwd if app else None,
             env=env,
             stdin=subprocess.DEVNULL,
