@@ -256,6 +256,7 @@ def test_a_model_written_summary_closes_the_epoch_and_a_restarted_worker_gives_i
         summaries = int(str(fake_model.get("/fake/stats")["summaries"]))
         call(str(home), "restart", session="s1")
         poll_until(lambda: status(home, "s1")["state"] == "RUNNING", what="the restart")
+        again = _send(home, "remember the blue door", "t1")  # from the closed epoch 0's log
         _send(home, "what was the door like?", "t2")
         seen = fake_model.get("/fake/last")["messages"]
         assert fake_model.get("/fake/stats")["summaries"] == summaries + 1  # t2's commit only
@@ -267,6 +268,8 @@ def test_a_model_written_summary_closes_the_epoch_and_a_restarted_worker_gives_i
     assert baseline["memory"] == summary
     assert isinstance(seen, list)
     assert summary in str(seen[0]["content"])  # the model was given it as its memory
+    assert again["duplicate"] is True
+    assert (again["epoch"], again["text"], again["usage"]) == (0, first["text"], first["usage"])
 
 
 def test_a_turn_whose_worker_is_sigkilled_after_its_tools_ran_posts_its_note_once_on_retry(
