@@ -6,9 +6,15 @@ Checked on every case run with ``--app``, after the crash-recovery invariants:
   next ``User``, ``EpochEnd`` or the end of the epoch) are one group commit, so a crash
   leaves all of them or none; after a crash each one on disk has the record types it
   had in the clean run (``keyed-request-complete`` with the learned shapes).
-- ``app-resume-deterministic``: two fresh workers (forked processes that each load the
-  App anew, as a restarted worker does) open the final session and get the same
-  ``summarize`` and the same ``next_baseline`` for it.
+- ``app-resume-deterministic``: ``next_baseline(session, summary)`` is deterministic for
+  a given summary. Two fresh workers (forked processes that each load the App anew, as
+  a restarted worker does) each resume a copy of the final session whose log was made
+  to end with ``EpochEnd`` (an interrupted epoch change, its summary recorded); both
+  must write the same next baseline. ``summarize`` need not be deterministic: a model
+  never answers twice alike, and the store records the summary in ``EpochEnd`` before
+  anything depends on it.
+- ``app-resume-uses-recorded-summary``: that resume never calls ``summarize`` (the App
+  is watched), and the epoch it starts carries the recorded summary as its memory.
 - ``app-retry-applied-once``: a fresh worker is sent every request of the scenario again
   with its key; each must be answered (from the log when it was applied, in any epoch),
   none applied a second time or refused.
@@ -21,23 +27,29 @@ Checked on every case run with ``--app``, after the crash-recovery invariants:
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shutil
+import tempfile
 from typing import Final
 
 from chaos.cases import CaseResult
-from chaos.oracle import ClientLog, LogsView, continues_group, snapshot_logs
+from chaos.oracle import ClientLog, LogsView, continues_group, session_path, snapshot_logs
 from chaos.scenarios import SESSION, Scenario
 from chaos.worker_run import fork_child, outside_dir
-from worker.app import load_app
+from worker.app import App, load_app
+from worker.process import open_session
 from worker.store.errors import SessionError
 from worker.store.layout import SESSIONS_DIR
+from worker.store.records import EpochEnd, encode_record
 from worker.store.repair import QUARANTINE_DIR
 from worker.store.session import Session
 
 APP_INVARIANTS: Final = (
     "app-request-all-or-nothing",
     "app-resume-deterministic",
+    "app-resume-uses-recorded-summary",
     "app-retry-applied-once",
     "app-writes-only-its-session",
 )
@@ -104,28 +116,83 @@ def _check_one_group(result: CaseResult, view: LogsView) -> None:
 
 
 def _check_resume_deterministic(result: CaseResult, scenario: Scenario, home: str) -> None:
-    result.checked.append("app-resume-deterministic")
-    first, second = _answers(home, scenario), _answers(home, scenario)
+    """Resume an interrupted epoch change twice, each in a fresh worker (module doc)."""
+    result.checked += ["app-resume-deterministic", "app-resume-uses-recorded-summary"]
+    probes = _interrupted_copies(home, result.case)
+    if probes is None:
+        return  # nothing whole to copy: final-state-opens reports it
+    summary, copies = probes
+    try:
+        first, second = (_resumed(copy, home, scenario) for copy in copies)
+    finally:
+        shutil.rmtree(os.path.dirname(copies[0]), ignore_errors=True)
     if "unopenable" in first or "unopenable" in second:
         return
     if "error" in first or "error" in second:
         result.violate(
             "app-resume-deterministic",
-            f"a fresh worker's App failed on the final session: "
+            f"a fresh worker's App failed to resume an interrupted epoch change: "
             f"{first.get('error') or second.get('error')}",
         )
         return
-    for name in ("summary", "next_baseline"):
-        if first[name] != second[name]:
+    for answer in (first, second):
+        if answer["summarize_calls"] != "0":
             result.violate(
-                "app-resume-deterministic",
-                f"two fresh workers' {name} differ on the same session: "
-                f"{first[name][:120]!r} and {second[name][:120]!r}",
+                "app-resume-uses-recorded-summary",
+                f"a resume after EpochEnd called summarize {answer['summarize_calls']} "
+                "time(s): it must use the recorded summary",
             )
+            break
+        if answer["memory"] != summary:
+            result.violate(
+                "app-resume-uses-recorded-summary",
+                f"the resumed epoch starts from memory {answer['memory'][:120]!r}, "
+                f"not the recorded summary {summary[:120]!r}",
+            )
+            break
+    if "no" in (first["watched"], second["watched"]):
+        result.notes.append("summarize could not be watched: the App takes no attribute")
+    if first["baseline"] != second["baseline"]:
+        result.violate(
+            "app-resume-deterministic",
+            "two fresh workers resuming the same recorded summary built different next "
+            f"baselines: {first['baseline'][:120]!r} and {second['baseline'][:120]!r}",
+        )
 
 
-def _answers(home: str, scenario: Scenario) -> dict[str, str]:
-    """``summarize`` and ``next_baseline`` of a freshly loaded App, in a forked process."""
+def _interrupted_copies(home: str, case: str) -> tuple[str, tuple[str, str]] | None:
+    """Two copies of the final session (beside the home, outside what the App may write)
+    whose newest log ends with ``EpochEnd``: the recorded summary and the copies' homes.
+
+    A log that already ends with one keeps it; else the rig records a summary of its own
+    that no ``summarize`` would write.
+    """
+    view = snapshot_logs(home)
+    if not view.epochs:
+        return None
+    newest = max(view.epochs)
+    raw = view.raw[newest]
+    if not raw.endswith(b"\n"):
+        return None
+    summary = view.closing_summary(newest)
+    line = b""
+    if summary is None:
+        summary = f"the summary recorded before the crash of {case}"
+        line = encode_record(EpochEnd(next=newest + 1, summary=summary))
+    root = tempfile.mkdtemp(prefix="resume-probe-", dir=os.path.dirname(os.path.abspath(home)))
+    copies = []
+    for name in ("first", "second"):
+        copy = os.path.join(root, name)
+        shutil.copytree(session_path(home), os.path.join(copy, SESSIONS_DIR, SESSION))
+        with open(os.path.join(copy, SESSIONS_DIR, SESSION, f"{newest}.jsonl"), "ab") as f:
+            f.write(line)
+        copies.append(copy)
+    return summary, (copies[0], copies[1])
+
+
+def _resumed(copy: str, home: str, scenario: Scenario) -> dict[str, str]:
+    """What a freshly loaded App's worker does resuming ``copy``, in a forked process:
+    the worker's own resume (``worker.process.open_session``) with ``summarize`` watched."""
     assert scenario.app is not None
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -133,19 +200,24 @@ def _answers(home: str, scenario: Scenario) -> dict[str, str]:
         code = 1
         try:
             os.close(read_end)
-            os.chdir(outside_dir(home))
+            os.chdir(outside_dir(home))  # what the App writes in its cwd is still seen
             answer: dict[str, str]
             try:
                 app = load_app(scenario.app, scenario.budget)
+                calls, watched = _watch_summarize(app)
+                args = argparse.Namespace(home=copy, session=SESSION, create=False, slot=0)
                 try:
-                    session = Session.open(home, SESSION)
+                    session = open_session(args, app)
                 except SessionError as exc:
                     answer = {"unopenable": str(exc)}  # final-state-opens reports it
                 else:
                     with session:
-                        summary = app.summarize(session)
-                        baseline = app.next_baseline(session, summary)
-                    answer = {"summary": summary, "next_baseline": baseline.to_json().decode()}
+                        answer = {
+                            "summarize_calls": str(len(calls)),
+                            "watched": "yes" if watched else "no",
+                            "memory": session.baseline.memory,
+                            "baseline": session.baseline.to_json().decode(),
+                        }
             except Exception as exc:  # noqa: BLE001 - any failure of the App is the finding
                 answer = {"error": f"{type(exc).__name__}: {exc}"}
             os.write(write_end, json.dumps(answer).encode())
@@ -165,6 +237,22 @@ def _answers(home: str, scenario: Scenario) -> dict[str, str]:
     except ValueError:
         return {"error": "the child died before it answered"}
     return {str(k): str(v) for k, v in answer.items()}
+
+
+def _watch_summarize(app: App) -> tuple[list[None], bool]:
+    """Count the App's ``summarize`` calls (its own ``self.summarize`` ones included)."""
+    calls: list[None] = []
+    original = app.summarize
+
+    def watched(session: Session) -> str:
+        calls.append(None)
+        return original(session)
+
+    try:
+        object.__setattr__(app, "summarize", watched)
+    except (AttributeError, TypeError):
+        return calls, False  # __slots__ without room for it: memory is still checked
+    return calls, True
 
 
 def _check_writes_only_its_session(result: CaseResult, home: str) -> None:

@@ -6,8 +6,10 @@ The chaos rig must report every one of them, with the line that replays the case
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from examples.notes_app import NotesApp
+from worker.store.baseline import Baseline
 from worker.store.records import Assistant, User
 from worker.store.session import Session
 from worker.wire import Message, field, optional_field
@@ -39,10 +41,25 @@ class SplitNotesApp(NotesApp):
 
 
 class DriftingNotesApp(NotesApp):
-    """Summarizes with the worker's pid: a resumed worker gets another summary."""
+    """Builds the next epoch's baseline with the worker's pid: a worker that resumes an
+    interrupted epoch change builds another baseline for the same recorded summary.
 
-    def summarize(self, session: Session) -> str:
-        return f"{super().summarize(session)} (by worker {os.getpid()})"
+    (A summary that differs per worker is fine: it is recorded in ``EpochEnd`` before
+    anything depends on it. The baseline built from it is not recorded there.)
+    """
+
+    def next_baseline(self, session: Session, summary: str) -> Baseline:
+        baseline = super().next_baseline(session, summary)
+        return replace(baseline, system=f"{baseline.system} (worker {os.getpid()})")
+
+
+class ResummarizingNotesApp(NotesApp):
+    """Builds the next baseline from a summary it computes again, not the one it is given:
+    a resume after ``EpochEnd`` then calls ``summarize`` where it must use the recorded one
+    (harmless while the summary is deterministic, wrong once a model writes it)."""
+
+    def next_baseline(self, session: Session, summary: str) -> Baseline:
+        return super().next_baseline(session, self.summarize(session))
 
 
 class LitteringNotesApp(NotesApp):

@@ -43,15 +43,32 @@ def test_the_worked_example_app_holds_every_invariant_and_the_contract(tmp_path:
         assert {"app-retry-applied-once", "app-writes-only-its-session"} <= set(result.checked)
 
 
+def test_an_app_whose_summaries_never_repeat_holds_the_contract(tmp_path: Path) -> None:
+    # A model-written summary is never the same twice; the store records it in EpochEnd
+    # before anything depends on it, and a resume uses the recorded one.
+    app = "chaos.apps:UnrepeatableSummaryApp"
+    cases = build_cases(["requests", "operator"], [FaultKind.KILL, FaultKind.POWER],
+                        str(tmp_path), app=app)  # fmt: skip
+    sample = cases[::25]
+    assert len(sample) >= 10
+    for case in sample:
+        result = run_case(case, str(tmp_path))
+        assert result.violations == [], case.id
+        assert {"app-resume-deterministic", "app-resume-uses-recorded-summary"} <= set(
+            result.checked
+        )
+
+
 @pytest.mark.parametrize(
     ("app", "invariant"),
     [
         ("TwiceNotesApp", "app-retry-applied-once"),
         ("SplitNotesApp", "app-request-all-or-nothing"),
         ("DriftingNotesApp", "app-resume-deterministic"),
+        ("ResummarizingNotesApp", "app-resume-uses-recorded-summary"),
         ("LitteringNotesApp", "app-writes-only-its-session"),
     ],
-    ids=["applied-twice", "two-appends", "summary-by-pid", "file-in-cwd"],
+    ids=["applied-twice", "two-appends", "baseline-by-pid", "summary-again", "file-in-cwd"],
 )
 def test_the_contract_check_reports_each_broken_example_app(
     app: str, invariant: str, tmp_path: Path
