@@ -40,6 +40,7 @@ from examples.agent_tools import ToolContext, run_tool, tool_specs
 from examples.chat_client import ChatClient, ChatError, ChatReply
 from examples.fake_model import FakeSettings, start_in_thread
 from examples.fake_replies import SUMMARY_TRIGGER, FakeModel
+from worker import turn
 from worker.store.baseline import Baseline
 from worker.store.errors import SessionError
 from worker.store.records import Assistant, Record, ToolResult, Usage, User, decode_record, utc_now
@@ -87,14 +88,16 @@ class TurnObserver(Protocol):
     def step(self, what: str) -> None: ...
 
 
-class QuietObserver:
-    """Reports nothing: the worker has no streaming or progress call yet."""
+class WorkerObserver:
+    """Streams the model's tokens to the client (``worker.turn.stream``) and tells the
+    supervisor the turn is alive at each token and step (``worker.turn.progress``)."""
 
     def token(self, text: str) -> None:
-        return None
+        turn.stream(text)
+        turn.progress()
 
     def step(self, what: str) -> None:
-        return None
+        turn.progress()
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,8 +231,8 @@ class AgentApp:
     # -- seams for the worker's streaming and progress ---------------------------------
 
     def observer(self, session: Session, request: Message) -> TurnObserver:
-        """Where a turn reports its tokens and steps (nothing yet: ``docs/apps.md``)."""
-        return QuietObserver()
+        """Where a turn reports its tokens and steps: the worker's stream and progress."""
+        return WorkerObserver()
 
     # -- the turn -----------------------------------------------------------------------
 

@@ -310,3 +310,22 @@ def test_the_agent_app_holds_every_invariant_and_the_contract_on_a_slice_of_ever
         assert result.violations == [], case.id
         assert {"app-resume-deterministic", "app-resume-uses-recorded-summary",
                 "app-retry-applied-once"} <= set(result.checked)  # fmt: skip
+
+
+def test_the_agent_streams_the_models_tokens_before_its_reply_through_loopd_serve(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    model = FakeModel("--delay", "0.2-0.4")
+    env = {"LOOPD_AGENT_URL": model.url, "LOOPD_AGENT_NOTES_URL": f"{model.url}/fake/notes"}
+    try:
+        with running_daemon(home, "--app", AGENT, "--hang-timeout", "3", env=env):
+            call(str(home), "create", session="s1")
+            with Client(str(home), timeout=60) as client:
+                stream = client.stream("s1", "what is 6 * 7?", key="t1")
+                partials = list(stream)
+    finally:
+        model.stop()
+    assert stream.reply is not None
+    assert len(partials) > 1  # token by token, not one frame
+    assert "42" in "".join(partials)
