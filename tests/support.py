@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -37,6 +38,18 @@ def poll_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.005)
+
+
+def log_user_keys(home: Path, session: str) -> list[str | None]:
+    """The key of every User record in the session's logs, oldest epoch first, from the files."""
+    keys = []
+    directory = home / "sessions" / session
+    for log in sorted(directory.glob("*.jsonl"), key=lambda p: int(p.name.split(".")[0])):
+        for line in log.read_bytes().splitlines():
+            record = json.loads(line)
+            if record["type"] == "User":
+                keys.append(record["key"])
+    return keys
 
 
 def loopd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

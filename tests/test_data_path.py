@@ -17,21 +17,9 @@ import pytest
 
 from supervisor.client import Client, Request, call
 from supervisor.errors import ControlError
-from tests.support import loopd, poll_until, running_daemon, status, wait_state
+from tests.support import log_user_keys, loopd, poll_until, running_daemon, status, wait_state
 from worker import Session
 from worker.wire import MAX_FRAME
-
-
-def _keys(home: Path, session: str) -> list[str | None]:
-    """The key of every User record of every epoch, in log order, read from the files."""
-    keys = []
-    directory = home / "sessions" / session
-    for log in sorted(directory.glob("*.jsonl"), key=lambda p: int(p.name.split(".")[0])):
-        for line in log.read_bytes().splitlines():
-            record = json.loads(line)
-            if record["type"] == "User":
-                keys.append(record["key"])
-    return keys
 
 
 def test_requests_reach_the_worker_while_the_daemon_itself_is_stopped(tmp_path: Path) -> None:
@@ -45,7 +33,7 @@ def test_requests_reach_the_worker_while_the_daemon_itself_is_stopped(tmp_path: 
         finally:
             os.kill(daemon.proc.pid, signal.SIGCONT)
         assert [r["call"] for r in replies] == [2, 3, 4]
-    assert _keys(home, "s1") == ["k0", "k1", "k2", "k3"]
+    assert log_user_keys(home, "s1") == ["k0", "k1", "k2", "k3"]
 
 
 def test_pipelined_requests_share_group_commits_and_each_key_is_applied_once_in_order(
@@ -60,7 +48,7 @@ def test_pipelined_requests_share_group_commits_and_each_key_is_applied_once_in_
         assert max(int(str(r["group"])) for r in replies) > 1  # several per fsync
         again = client.send_many("s1", requests[:5])
         assert all(r["duplicate"] for r in again)
-    assert _keys(home, "s1") == [f"p{n}" for n in range(300)]
+    assert log_user_keys(home, "s1") == [f"p{n}" for n in range(300)]
 
 
 def test_send_many_across_two_epoch_changes_applies_each_key_once_and_its_retry_is_answered(
@@ -77,7 +65,7 @@ def test_send_many_across_two_epoch_changes_applies_each_key_once_and_its_retry_
         assert [(o["outcome"], o["epoch"]) for o in again] == [("duplicate", n) for n in range(8)]
         with Client(str(home)) as other:  # another client, later: still a duplicate
             assert other.send("s1", "x" * 80, key="b0")["duplicate"] is True
-    assert _keys(home, "s1") == [f"b{n}" for n in range(8)]
+    assert log_user_keys(home, "s1") == [f"b{n}" for n in range(8)]
 
 
 def test_send_many_reports_each_outcome_and_keeps_the_applied_ones_when_one_is_refused(
@@ -98,7 +86,7 @@ def test_send_many_reports_each_outcome_and_keeps_the_applied_ones_when_one_is_r
         # The caller retries the batch with the refused one fixed: applied once each.
         retried = client.send_many("s1", [batch[0], Request(text="fixed", key="bad"), batch[2]])
         assert [o["outcome"] for o in retried] == ["duplicate", "applied", "duplicate"]
-    assert _keys(home, "s1") == ["a1", "a2", "bad"]
+    assert log_user_keys(home, "s1") == ["a1", "a2", "bad"]
 
 
 def test_a_cli_retry_from_a_new_process_after_two_epoch_changes_is_answered_as_a_duplicate(
@@ -119,7 +107,7 @@ def test_a_cli_retry_from_a_new_process_after_two_epoch_changes_is_answered_as_a
         assert [send(f"other{n}")["epoch"] for n in range(2)] == [1, 2]  # two epoch changes
         retried = send("K")
         assert (retried["duplicate"], retried["epoch"], retried["line"]) == (True, 0, 2)
-    assert _keys(home, "s1") == ["K", "other0", "other1"]
+    assert log_user_keys(home, "s1") == ["K", "other0", "other1"]
 
 
 def test_concurrent_clients_of_one_session_share_fsyncs(tmp_path: Path) -> None:
@@ -140,7 +128,7 @@ def test_concurrent_clients_of_one_session_share_fsyncs(tmp_path: Path) -> None:
         for thread in threads:
             thread.join(timeout=60)
     assert len(groups) == 8 * 40
-    keys = _keys(home, "s1")
+    keys = log_user_keys(home, "s1")
     assert sorted(k for k in keys if k) == sorted(f"c{n}-{m}" for n in range(8) for m in range(40))
 
 
@@ -171,7 +159,7 @@ def test_a_client_reconnects_after_its_worker_is_sigkilled_and_retries_by_key(
         assert isinstance(outcome["second"], dict)
         assert status(home, "s1")["restarts"] == 1
         assert daemon.proc.poll() is None
-    assert _keys(home, "s1") == ["once", "later"]
+    assert log_user_keys(home, "s1") == ["once", "later"]
 
 
 def test_a_client_waits_out_a_sigstopped_worker_and_is_answered_after_the_restart(
@@ -189,7 +177,7 @@ def test_a_client_waits_out_a_sigstopped_worker_and_is_answered_after_the_restar
         row = status(home, "s1")
         assert row["pid"] != pid
         assert "hang: no heartbeat" in str(row["last_error"])
-    assert _keys(home, "s1") == ["before", "during"]
+    assert log_user_keys(home, "s1") == ["before", "during"]
 
 
 def test_a_request_past_the_deadline_kills_its_worker_and_the_retry_is_answered(
@@ -203,7 +191,7 @@ def test_a_request_past_the_deadline_kills_its_worker_and_the_retry_is_answered(
         assert reply["key"] == "spin"
         row = wait_state(home, "s1", "RUNNING", restarts=1)
         assert "request-deadline" in str(row["last_error"])
-    assert _keys(home, "s1") == ["spin"]
+    assert log_user_keys(home, "s1") == ["spin"]
 
 
 def test_a_reply_too_large_for_a_frame_is_answered_as_applied_without_its_text(
@@ -217,7 +205,7 @@ def test_a_reply_too_large_for_a_frame_is_answered_as_applied_without_its_text(
         assert reply["duplicate"] is False
         assert reply["omitted"] == ["text"]
         assert client.send("s1", text, key="big")["duplicate"] is True
-    assert _keys(home, "s1") == ["big"]
+    assert log_user_keys(home, "s1") == ["big"]
 
 
 def test_a_compact_with_a_summary_near_the_frame_limit_is_answered_as_applied(
@@ -246,7 +234,7 @@ def test_enospc_on_the_epoch_commit_answers_the_applied_request_as_applied(
         assert "No space left" in str(reply["commit_error"])
         assert client.send("s1", "x" * 80, key="k1")["duplicate"] is True
         assert client.send("s1", "y" * 80, key="k2")["committed"] is True
-    assert _keys(home, "s1") == ["k1", "k2"]
+    assert log_user_keys(home, "s1") == ["k1", "k2"]
 
 
 def test_loopd_send_goes_through_the_client_and_refuses_an_unknown_session_in_one_line(
@@ -262,7 +250,7 @@ def test_loopd_send_goes_through_the_client_and_refuses_an_unknown_session_in_on
         assert missing.returncode != 0
         assert missing.stderr.count("\n") == 1
         assert "not_found" in missing.stderr
-    assert _keys(home, "s1") == ["cli"]
+    assert log_user_keys(home, "s1") == ["cli"]
 
 
 def test_a_stopped_session_refuses_the_client_with_its_state(tmp_path: Path) -> None:
@@ -291,7 +279,7 @@ def test_a_client_gives_up_on_a_silent_worker_after_its_timeout_in_one_error(
         finally:
             os.kill(pid, signal.SIGCONT)
         assert client.send("s1", "during", key="during")["key"] == "during"
-    assert _keys(home, "s1") == ["before", "during"]
+    assert log_user_keys(home, "s1") == ["before", "during"]
 
 
 def _is_zombie(pid: int) -> bool:

@@ -6,7 +6,6 @@ take seconds, and talks to it through the real ``Client``.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -16,19 +15,7 @@ import pytest
 
 from supervisor.client import Client, Request, call
 from supervisor.errors import ControlError
-from tests.support import poll_until, running_daemon, status, wait_state
-
-
-def _user_keys(home: Path, session: str) -> list[str]:
-    """The key of every User record in the session's logs, in order, read from the files."""
-    keys = []
-    directory = home / "sessions" / session
-    for log in sorted(directory.glob("*.jsonl"), key=lambda p: int(p.name.split(".")[0])):
-        for line in log.read_bytes().splitlines():
-            record = json.loads(line)
-            if record["type"] == "User":
-                keys.append(record["key"])
-    return keys
+from tests.support import log_user_keys, poll_until, running_daemon, status, wait_state
 
 
 def _app(name: str, seconds: float) -> tuple[list[str], dict[str, str]]:
@@ -59,7 +46,7 @@ def test_two_overlapping_six_second_turns_under_a_ten_second_hang_timeout_are_bo
     assert sorted(replies) == ["a", "b"]
     assert all(reply["duplicate"] is False for reply in replies.values())
     assert row["restarts"] == 0, row["last_error"]
-    assert sorted(_user_keys(home, "s")) == ["a", "b"]
+    assert sorted(str(k) for k in log_user_keys(home, "s")) == ["a", "b"]
 
 
 @pytest.mark.timeout(150)
@@ -75,7 +62,7 @@ def test_a_turn_that_calls_progress_every_second_for_40_s_under_a_10_s_hang_time
         row = status(home, "s")
     assert reply["duplicate"] is False
     assert row["restarts"] == 0, row["last_error"]
-    assert _user_keys(home, "s") == ["long"]
+    assert log_user_keys(home, "s") == ["long"]
 
 
 @pytest.mark.timeout(120)
@@ -92,7 +79,7 @@ def test_four_pipelined_two_second_turns_of_a_handle_many_app_under_a_3_s_hang_t
         row = status(home, "s")
     assert [reply["key"] for reply in replies] == ["k0", "k1", "k2", "k3"]
     assert row["restarts"] == 0, row["last_error"]
-    assert _user_keys(home, "s") == ["k0", "k1", "k2", "k3"]
+    assert log_user_keys(home, "s") == ["k0", "k1", "k2", "k3"]
 
 
 @pytest.mark.timeout(120)
@@ -151,7 +138,7 @@ def test_a_poison_request_is_refused_after_three_deaths_and_the_session_serves_t
     assert row["restarts"] == 3
     assert row["state"] == "RUNNING"
     assert "reached 3 deaths" in str(row["last_error"])
-    assert _user_keys(home, "s") == ["good"]
+    assert log_user_keys(home, "s") == ["good"]
 
 
 @pytest.mark.timeout(60)
@@ -171,7 +158,7 @@ def test_streamed_partials_arrive_before_the_reply_and_in_order(tmp_path: Path) 
     assert stream.reply is not None
     assert stream.reply["text"] == "echo: one two three four"
     assert plain["duplicate"] is False
-    assert _user_keys(home, "s") == ["k", "k2"]
+    assert log_user_keys(home, "s") == ["k", "k2"]
 
 
 @pytest.mark.timeout(60)
@@ -189,7 +176,7 @@ def test_a_worker_that_dies_mid_stream_is_retried_by_key_and_its_partials_start_
     assert stream.restarts == 1
     assert stream.reply is not None
     assert stream.reply["duplicate"] is False
-    assert _user_keys(home, "s") == ["k"]
+    assert log_user_keys(home, "s") == ["k"]
 
 
 @pytest.mark.timeout(120)
@@ -210,7 +197,7 @@ def test_an_app_that_raises_on_one_request_has_it_refused_as_poison_and_serves_t
     assert good["duplicate"] is False
     assert row["state"] == "RUNNING"
     assert row["restarts"] == 2  # a crash each time, never taken for a clean stop
-    assert _user_keys(home, "s") == ["good"]
+    assert log_user_keys(home, "s") == ["good"]
 
 
 @pytest.mark.timeout(60)
@@ -247,4 +234,4 @@ def test_an_abandoned_stream_and_a_huge_partial_leave_the_connection_usable(
             after = client.send("s", "three", key="k3")
     assert after["key"] == "k3"
     assert after["text"] == "echo: three"
-    assert _user_keys(home, "s") == ["k1", "k2", "k3"]
+    assert log_user_keys(home, "s") == ["k1", "k2", "k3"]

@@ -91,7 +91,7 @@ def test_client_records_and_loopd_tail_show_the_records_the_worker_holds(
     assert shown == written
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_loopd_tail_follow_prints_records_as_they_become_durable_across_an_epoch_commit(
     tmp_path: Path,
 ) -> None:
@@ -105,17 +105,22 @@ def test_loopd_tail_follow_prints_records_as_they_become_durable_across_an_epoch
                 cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
             )  # fmt: skip
         try:
-            poll_until(lambda: b"SessionStart" in out.read_bytes(), what="the first record")
+            poll_until(
+                lambda: b"SessionStart" in out.read_bytes(), timeout=60, what="the first record"
+            )
             client.send("s", "before the commit", key="a")
             call(str(home), "compact", session="s")
             client.send("s", "after the commit", key="b")
-            poll_until(lambda: b"after the commit" in out.read_bytes(), what="the new record")
+            poll_until(
+                lambda: b"after the commit" in out.read_bytes(), timeout=60, what="the new record"
+            )
         finally:
             follower.send_signal(signal.SIGINT)
-            follower.wait(timeout=20)
-    types = [json.loads(line)["type"] for line in out.read_bytes().splitlines()]
+            follower.wait(timeout=30)
+    printed = out.read_bytes().splitlines()
+    types = [json.loads(line)["type"] for line in printed]
     request = ["User", "ToolResult", "Assistant", "Usage"]
-    assert types == ["SessionStart", *request, "EpochEnd", "SessionStart", *request]
+    assert types == ["SessionStart", *request, "EpochEnd", "SessionStart", *request], printed
 
 
 def test_loopd_send_stream_prints_the_partials_then_the_reply(tmp_path: Path) -> None:

@@ -11,15 +11,12 @@ bounded in records and bytes so that it fits a frame.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Final
 
-from worker.store.epoch_log import decode_log
-from worker.store.files import open_directory, read_file
 from worker.store.records import Record, record_document
+from worker.store.request_records import sealed_records
 from worker.store.session import Session
-from worker.store.session_state import log_path
 from worker.wire import Message, WireError, optional_field
 
 MAX_RECORDS: Final = 1000
@@ -71,12 +68,6 @@ def _sealed(session: Session, epoch: int) -> list[Record]:
     """A sealed epoch's records, read from its log (the last one asked for is kept)."""
     key = (session.dir, epoch)
     if key not in _cache:
-        path = log_path(session.dir, epoch)
-        dir_fd = open_directory(session.dir)
-        try:
-            data = read_file(dir_fd, os.path.basename(path), path)
-        finally:
-            os.close(dir_fd)
         _cache.clear()
-        _cache[key] = decode_log(path, data).records
+        _cache[key] = sealed_records(session.dir, epoch)
     return _cache[key]

@@ -20,6 +20,17 @@ from worker.store.session_state import KeyRef, log_path
 _ENDS_A_REQUEST = (User, SessionStart, EpochEnd, Owner, Handoff)
 
 
+def sealed_records(directory: str, epoch: int) -> list[Record]:
+    """The records of a sealed epoch's log, read from its file (TornLog, InvalidLog)."""
+    path = log_path(directory, epoch)
+    dir_fd = open_directory(directory)
+    try:
+        data = read_file(dir_fd, os.path.basename(path), path)
+    finally:
+        os.close(dir_fd)
+    return decode_log(path, data).records
+
+
 def request_records(session: Session, ref: KeyRef) -> list[Record]:
     """The records of the request applied at ``ref`` (its User first)."""
     if ref.epoch == session.epoch:
@@ -27,12 +38,7 @@ def request_records(session: Session, ref: KeyRef) -> list[Record]:
         path = session.log_path
     else:
         path = log_path(session.dir, ref.epoch)
-        dir_fd = open_directory(session.dir)
-        try:
-            data = read_file(dir_fd, os.path.basename(path), path)
-        finally:
-            os.close(dir_fd)
-        records = decode_log(path, data).records
+        records = sealed_records(session.dir, ref.epoch)
     if not 1 <= ref.line <= len(records) or not isinstance(records[ref.line - 1], User):
         raise InvalidLog(path, ref.line, "the request's line is not a User record")
     found = [records[ref.line - 1]]
