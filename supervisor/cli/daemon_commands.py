@@ -1,5 +1,5 @@
 """Commands that run or talk to the daemon: serve, create, send, compact, start, stop,
-restart, status."""
+status (restart: ops_commands)."""
 
 from __future__ import annotations
 
@@ -344,7 +344,6 @@ def _lifecycle(op: str, doc: str) -> click.Command:
 
 start = _lifecycle("start", "Start session ID's worker (also out of FATAL).")
 stop = _lifecycle("stop", "Stop session ID's worker: SIGTERM, a deadline, SIGKILL.")
-restart = _lifecycle("restart", "Stop, then start, session ID's worker.")
 
 
 @click.command()
@@ -390,4 +389,4 @@ def _print_status(rows: list[object]) -> None:
         click.echo(line)
 
 
-COMMANDS: Final = (serve, create, send, compact, start, stop, restart, status)
+COMMANDS: Final = (serve, create, send, compact, start, stop, status)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from worker.wire import Message
 
 
 def status_lines(
@@ -21,3 +26,51 @@ def status_lines(
         ).rstrip()
         for line in table
     ]
+
+
+TOP_COLUMNS: Final = (
+    "session", "state", "pid", "epoch", "records", "restarts", "uptime_s", "rss_mib", "cpu%",
+    "last_error",
+)  # fmt: skip
+
+
+@dataclass(slots=True)
+class TopView:
+    """What ``loopd top`` shows of a home, refresh after refresh: each worker's CPU share
+    comes from its ``cpu_s`` since the previous refresh (the same pid only)."""
+
+    last: dict[str, tuple[object, float, float]] = field(default_factory=dict)
+    """session -> (pid, cpu_s, when) at the previous refresh."""
+
+    def lines(self, rows: Sequence[Message], now: float, *, clip: int = 60) -> list[str]:
+        """A summary line, then the table of ``rows`` with ``rss_mib`` and ``cpu%``."""
+        shown: list[object] = []
+        seen: dict[str, tuple[object, float, float]] = {}
+        for row in rows:
+            session, pid, cpu = str(row.get("session")), row.get("pid"), row.get("cpu_s")
+            rss = row.get("rss_bytes")
+            percent = None
+            if isinstance(cpu, int | float) and pid is not None:
+                seen[session] = (pid, float(cpu), now)
+                before = self.last.get(session)
+                if before is not None and before[0] == pid and now > before[2]:
+                    percent = f"{100 * max(0.0, cpu - before[1]) / (now - before[2]):.0f}"
+            shown.append({
+                **row,
+                "rss_mib": f"{rss / (1 << 20):.1f}" if isinstance(rss, int | float) else None,
+                "cpu%": percent,
+            })  # fmt: skip
+        self.last = seen
+        return [summary_line(rows), *status_lines(shown, TOP_COLUMNS, clip=clip)]
+
+
+def summary_line(rows: Sequence[Message]) -> str:
+    """``N sessions: 3 RUNNING, 1 IDLE`` (states by count, then name)."""
+    counts = Counter(str(row.get("state")) for row in rows)
+    states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items(), key=_by_count))
+    noun = "session" if len(rows) == 1 else "sessions"
+    return f"{len(rows)} {noun}" + (f": {states}" if states else "")
+
+
+def _by_count(item: tuple[str, int]) -> tuple[int, str]:
+    return -item[1], item[0]
