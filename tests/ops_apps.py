@@ -29,3 +29,13 @@ class FragileApp(DefaultApp):
         if marker and os.path.exists(marker):
             raise RuntimeError(f"broken by the deploy ({marker} exists)")
         super().__init__(budget)
+
+
+class StallingApp(DefaultApp):
+    """The default app, whose worker takes 5 s to start while ``$LOOPD_TEST_STALL`` exists."""
+
+    def __init__(self, budget: int) -> None:
+        marker = os.environ.get("LOOPD_TEST_STALL", "")
+        if marker and os.path.exists(marker):
+            time.sleep(5)
+        super().__init__(budget)

@@ -112,6 +112,28 @@ def test_a_session_that_does_not_come_back_stops_the_roll_and_is_named(tmp_path:
     assert re.search(r"^FAILED     b after [\d.]+ s: .*broken by the deploy", done.stdout, re.M)
 
 
+def test_a_session_not_serving_again_within_the_timeout_stops_the_roll(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    marker = tmp_path / "stall"
+    (home / "loopd.toml").write_text(
+        '[apps.stalling]\napp = "tests.ops_apps:StallingApp"\n'
+        f'env = {{ LOOPD_TEST_STALL = "{marker}" }}\n'
+    )
+    with running_daemon(home):
+        call(str(home), "create", session="a", app="stalling")
+        call(str(home), "create", session="b")
+        before = _pids(home, ["a", "b"])
+        marker.touch()
+        done = loopd("restart", "--home", str(home), "--all", "--rolling", "1", "--timeout", "1")
+        assert done.returncode == 1, done.stdout
+        assert status(home, "b")["pid"] == before["b"]
+    assert re.search(
+        r"^FAILED     a after [\d.]+ s: did not serve again within 1 s$", done.stdout, re.M
+    )
+    assert "the roll stopped: a did not come back (0 restarted; not restarted: b)" in done.stderr
+
+
 def test_restart_usage_errors_are_one_line(tmp_path: Path) -> None:
     home = str(tmp_path / "home")
     for args, why in [

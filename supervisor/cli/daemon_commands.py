@@ -178,18 +178,18 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
     specs = option_specs(serve, exclude=frozenset({"home", "print_config"}))
     try:
         merged = merge_config(ctx, params, specs, config_path(home))
-    except ConfigError as exc:
+        apps = read_apps(config_path(home))
+    except (ConfigError, AppConfigError) as exc:
         click.echo(f"loopd serve: {exc}", err=True)
         sys.exit(EXIT_ERROR)
     if print_config:
-        click.echo(render_config(merged, specs), nl=False)
+        click.echo(render_config(merged, specs, apps), nl=False)
         return
     hosting = settings_from(merged)
     get = merged.get
     try:
-        apps = read_apps(config_path(home))
         check_all(apps, cast("str | None", get("app")))
-    except (ConfigError, AppConfigError) as exc:
+    except AppConfigError as exc:
         click.echo(f"loopd serve: {exc}", err=True)
         sys.exit(EXIT_ERROR)
     config = ServeConfig(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from supervisor.hosting.regular_file import decode_utf8, read_regular
 CONFIG_NAME: Final = "loopd.toml"
 MAX_CONFIG_BYTES: Final = 1 << 20
 APPS_KEY: Final = "apps"
+BARE_KEY: Final = re.compile(r"[A-Za-z0-9_-]+")
+"""A TOML key that needs no quotes (an App's name with a dot does)."""
 _EXPLICIT: Final = frozenset({ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT})
 
 
@@ -158,8 +161,13 @@ def config_path(home: str) -> str:
     return os.path.join(home, CONFIG_NAME)
 
 
-def render_config(values: Mapping[str, object], specs: Mapping[str, OptionSpec]) -> str:
-    """The merged settings as a TOML document that reads back to the same values."""
+def render_config(
+    values: Mapping[str, object],
+    specs: Mapping[str, OptionSpec],
+    apps: Mapping[str, AppConfig] | None = None,
+) -> str:
+    """The merged settings, then the named Apps, as a TOML document that reads back to
+    the same values and Apps."""
     lines = []
     for key, spec in sorted(specs.items()):
         value = values.get(spec.name)
@@ -170,8 +178,29 @@ def render_config(values: Mapping[str, object], specs: Mapping[str, OptionSpec])
         elif isinstance(value, int | float):
             lines.append(f"{key} = {value!r}")
         else:
-            # A JSON string is a TOML basic string once DEL (raw in JSON, not in TOML) is
-            # escaped; non-ASCII stays raw, as JSON's surrogate pairs are not TOML.
-            quoted = json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")
-            lines.append(f"{key} = {quoted}")
+            lines.append(f"{key} = {_string(str(value))}")
+    for name, app in sorted((apps or {}).items()):
+        bare = BARE_KEY.fullmatch(name) is not None
+        lines += ["", f"[{APPS_KEY}.{name if bare else _string(name)}]", *_app_lines(app)]
     return "\n".join(lines) + "\n"
+
+
+def _app_lines(app: AppConfig) -> list[str]:
+    """An App's keys as ``parse_apps`` reads them; what is unset is left out."""
+    env = ", ".join(f"{_string(k)} = {_string(v)}" for k, v in sorted(app.env.items()))
+    keys: list[tuple[str, str | None]] = [
+        ("app", _string(app.target)),
+        ("path", f"[{', '.join(_string(p) for p in app.path)}]" if app.path else None),
+        ("cwd", None if app.cwd is None else _string(app.cwd)),
+        ("env", f"{{ {env} }}" if app.env else None),
+        ("budget", None if app.budget is None else str(app.budget)),
+        ("hang-timeout", None if app.hang_timeout is None else repr(app.hang_timeout)),
+        ("request-deadline", None if app.request_deadline is None else repr(app.request_deadline)),
+    ]
+    return [f"{key} = {value}" for key, value in keys if value is not None]
+
+
+def _string(text: str) -> str:
+    """``text`` as a TOML basic string: JSON's quoting once DEL (raw in JSON, not in TOML)
+    is escaped; non-ASCII stays raw, as JSON's surrogate pairs are not TOML."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
