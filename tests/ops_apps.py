@@ -1,11 +1,15 @@
-"""Apps for the operator-command tests, loaded by real workers as ``tests.ops_apps:NAME``."""
+"""Apps for the operator-command and client tests, loaded by real workers as
+``tests.ops_apps:NAME``."""
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 from worker.app import DefaultApp
+from worker.store.session import Session
+from worker.wire import Message, field
 
 START_SECONDS = 0.3
 """How long a SlowStartApp's worker takes to come up: long enough that two restarts
@@ -39,3 +43,17 @@ class StallingApp(DefaultApp):
         if marker and os.path.exists(marker):
             time.sleep(5)
         super().__init__(budget)
+
+
+class DiesOnDieApp(DefaultApp):
+    """The default app, whose worker SIGKILLs itself on the text ``die``: once per home
+    (a marker file remembers it), or every time with ``$LOOPD_TEST_DIE_ALWAYS``."""
+
+    def handle(self, session: Session, request: Message) -> Message:
+        if field(request, "text", str) == "die":
+            marker = os.path.join(os.path.dirname(os.path.dirname(session.dir)), "died")
+            if os.environ.get("LOOPD_TEST_DIE_ALWAYS") or not os.path.exists(marker):
+                with open(marker, "a"):
+                    pass
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().handle(session, request)

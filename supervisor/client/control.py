@@ -97,17 +97,23 @@ def result_of(reply: Message) -> object:
 
 
 def exchange(
-    sock: socket.socket, frames: bytes, wanted: int, deadline: float
+    sock: socket.socket,
+    frames: bytes,
+    wanted: int,
+    deadline: float,
+    replies: list[Message] | None = None,
 ) -> tuple[list[Message], list[int]]:
     """Write ``frames`` while reading replies, until ``wanted`` arrived; replies and fds.
 
     Reading while writing means a long pipeline never deadlocks against a peer that
-    stops reading until its replies are taken. Raises ConnectionError at end of stream.
+    stops reading until its replies are taken. Raises ConnectionError at end of stream,
+    TimeoutError at the deadline: the replies whole before either are in ``replies``
+    when the caller passes that list (it is the list returned, filled as they come).
     """
+    replies = [] if replies is None else replies
     if len(frames) <= _SMALL:
-        return _exchange_small(sock, frames, wanted, deadline)
+        return _exchange_small(sock, frames, wanted, deadline, replies)
     reader = FrameReader()
-    replies: list[Message] = []
     fds: list[int] = []
     out = memoryview(frames)
     sock.setblocking(False)
@@ -142,12 +148,11 @@ def exchange(
 
 
 def _exchange_small(
-    sock: socket.socket, frames: bytes, wanted: int, deadline: float
+    sock: socket.socket, frames: bytes, wanted: int, deadline: float, replies: list[Message]
 ) -> tuple[list[Message], list[int]]:
     """``_exchange`` for a few requests: they fit the socket's buffer, so a blocking
     write cannot wait on the peer; no selector is needed (one request, two syscalls)."""
     reader = FrameReader()
-    replies: list[Message] = []
     fds: list[int] = []
     sock.settimeout(max(0.001, deadline - time.monotonic()))
     if frames:

@@ -217,33 +217,34 @@ class Client:
         except ControlError as exc:
             return exc  # the session went away: what was not answered stays unknown
         waiting = [i for i in frames if i not in answers]
+        replies: list[Message] = []  # filled as they come: kept if the worker dies next
         try:
-            replies, fds = exchange(
+            _replies, fds = exchange(
                 sock, b"".join(frames[i] for i in waiting), len(waiting),
-                max(deadline, time.monotonic() + self.timeout),
+                max(deadline, time.monotonic() + self.timeout), replies,
             )  # fmt: skip
-        except TimeoutError:
-            self._drop(session)
+        except (TimeoutError, ControlError, OSError) as exc:
+            _take(replies, frames, answers)  # what was answered before the failure stays so
+            return self._failed(session, exc, deadline)
+        for fd in fds:
+            os.close(fd)
+        _take(replies, frames, answers)
+        return None
+
+    def _failed(
+        self, session: str, exc: TimeoutError | ControlError | OSError, deadline: float
+    ) -> ControlError | None:
+        """Why an exchange stopped, or None to send the rest again on a new connection."""
+        self._drop(session)
+        if isinstance(exc, TimeoutError):
             return ControlError(
                 "timeout", f"session {session} did not answer within {self.timeout:g} s"
             )
-        except ControlError as exc:  # a reply that does not decode
-            self._drop(session)
+        if isinstance(exc, ControlError):  # a reply that does not decode
             return exc
-        except OSError as exc:
-            # The worker died (end of stream): reconnect and send the rest again.
-            self._drop(session)
-            if time.monotonic() > deadline:
-                return ControlError(
-                    "worker_died", f"the worker of session {session} kept dying: {exc}"
-                )
-            return None
-        for fd in fds:
-            os.close(fd)
-        for reply in replies:
-            request_id = reply.get("id")
-            if type(request_id) is int and request_id in frames:
-                answers[request_id] = reply
+        # The worker died (end of stream): reconnect and send the rest again.
+        if time.monotonic() > deadline:
+            return ControlError("worker_died", f"the worker of session {session} kept dying: {exc}")
         return None
 
     def _link(self, session: str, deadline: float) -> socket.socket:
@@ -297,6 +298,14 @@ class Client:
         sock = self._links.pop(session, None)
         if sock is not None:
             sock.close()
+
+
+def _take(replies: list[Message], frames: dict[int, bytes], answers: dict[int, Message]) -> None:
+    """Record each reply to one of ``frames`` as its request's answer."""
+    for reply in replies:
+        request_id = reply.get("id")
+        if type(request_id) is int and request_id in frames:
+            answers[request_id] = reply
 
 
 def _round_trip(sock: socket.socket, frame: bytes) -> Message:
