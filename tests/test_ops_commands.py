@@ -182,15 +182,8 @@ def test_top_shows_every_session_live_and_quits_on_q(tmp_path: Path, tmux: list[
             check=True, timeout=10,
         )  # fmt: skip
 
-        def screen() -> str:
-            shown = subprocess.run(
-                [*tmux, "capture-pane", "-p", "-t", "top"], capture_output=True, text=True,
-                timeout=10, check=False,
-            )  # fmt: skip
-            return shown.stdout
-
         def showing(*wanted: str) -> str | None:
-            text = screen()
+            text = _screen(tmux)
             return text if all(re.search(w, text, re.M) for w in wanted) else None
 
         first = poll_until(
@@ -207,6 +200,50 @@ def test_top_shows_every_session_live_and_quits_on_q(tmp_path: Path, tmux: list[
                             r"^gamma +RUNNING +\d+"),
             what="top to show the new session and the stopped one",
         )  # fmt: skip
+        subprocess.run([*tmux, "send-keys", "-t", "top", "q"], check=True, timeout=10)
+        poll_until(lambda: exit_file.exists() and exit_file.read_text().strip(), what="top to quit")
+    assert exit_file.read_text().strip() == "0"
+
+
+def _screen(tmux: list[str]) -> str:
+    shown = subprocess.run(
+        [*tmux, "capture-pane", "-p", "-t", "top"], capture_output=True, text=True, timeout=10,
+        check=False,
+    )  # fmt: skip
+    return shown.stdout
+
+
+def test_top_retries_a_supervisor_that_is_not_there_yet_and_scrolls(
+    tmp_path: Path, tmux: list[str]
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    exit_file = tmp_path / "top.exit"
+    top = f"{sys.executable} -m supervisor top --home {home} --interval 0.2"
+    subprocess.run(
+        [*tmux, "new-session", "-d", "-s", "top", "-x", "120", "-y", "6", "-c", str(REPO),
+         f"{top}; echo $? > {exit_file}"],
+        check=True, timeout=10,
+    )  # fmt: skip
+    poll_until(
+        lambda: re.search(r"^no answer: cannot reach the supervisor.*", _screen(tmux), re.M),
+        what="top to say that nothing answers",
+    )
+    with running_daemon(home):
+        for session in ("s1", "s2", "s3", "s4", "s5"):
+            call(str(home), "create", session=session)
+        # 6 lines: the title, the summary, the header, then 3 of the 5 rows.
+        top_rows = poll_until(
+            lambda: re.search(r"^5 sessions: 5 RUNNING\nsession .*\ns1 .*\ns2 .*\ns3 .*$",
+                              _screen(tmux), re.M),
+            what="top to show the first rows",
+        )  # fmt: skip
+        assert top_rows
+        subprocess.run([*tmux, "send-keys", "-t", "top", "End"], check=True, timeout=10)
+        poll_until(
+            lambda: re.search(r"^session .*\ns3 .*\ns4 .*\ns5 .*$", _screen(tmux), re.M),
+            what="top to scroll to the last rows",
+        )
         subprocess.run([*tmux, "send-keys", "-t", "top", "q"], check=True, timeout=10)
         poll_until(lambda: exit_file.exists() and exit_file.read_text().strip(), what="top to quit")
     assert exit_file.read_text().strip() == "0"
