@@ -95,7 +95,7 @@ def _repair_locked(home: str, directory: str, session_id: str, dir_fd: int) -> R
     if torn.path != newest:
         raise _not_a_torn_tail(torn)
     data = read_file(dir_fd, os.path.basename(newest), newest)
-    cut = _find_cut(newest, data, torn)
+    cut = find_cut(newest, data, torn)
     keep = data[: cut.offset]
     # Check that the session that would remain opens before changing anything.
     try:
@@ -129,7 +129,7 @@ def _repair_locked(home: str, directory: str, session_id: str, dir_fd: int) -> R
     )
 
 
-def _find_cut(path: str, data: bytes, torn: TornLog) -> _Cut:
+def find_cut(path: str, data: bytes, torn: LogError) -> _Cut:
     """Find where the last whole group ends; refuse unless only the last group is damaged.
 
     Lines are read in order until the first one that does not decode (or the torn last

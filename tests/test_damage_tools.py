@@ -1,0 +1,59 @@
+"""Damage that is not a crash, through the CLI on a real home: the FATAL hint of each kind,
+backup and restore, salvage, rebuilding epoch 0's baseline, delete and forget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.support import running_daemon, wait_state
+from worker import Assistant, Session, User
+from worker.app import DefaultApp
+
+
+def _session(home: Path, name: str, epochs: int = 1, pairs: int = 3) -> Path:
+    """A session of the default App with ``pairs`` keyed requests in each epoch."""
+    baseline = DefaultApp().initial_baseline(name)
+    with Session.create(home, name, baseline) as session:
+        for n in range(epochs):
+            for k in range(pairs):
+                key = f"{name}-{n}-{k}"
+                session.append_many([User(text=f"topic {n} {k}", key=key), Assistant(text="a")])
+            if n < epochs - 1:
+                session.commit_epoch(f"sum {n}", baseline)
+    return home / "sessions" / name
+
+
+def _flip_line(log: Path, line: int) -> None:
+    """Make line ``line`` (from 1) of ``log`` undecodable, its length kept."""
+    lines = log.read_bytes().split(b"\n")
+    lines[line - 1] = b"!" + lines[line - 1][1:]
+    log.write_bytes(b"\n".join(lines))
+
+
+def test_each_kind_of_refusal_gets_its_own_next_step_and_status_drops_its_counts(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    torn = _session(home, "torn")
+    with (torn / "0.jsonl").open("ab") as f:
+        f.write(b'{"type":"User","ti')
+    _flip_line(_session(home, "mid") / "0.jsonl", 3)
+    sealed = _session(home, "sealed", epochs=2)
+    data = (sealed / "0.jsonl").read_bytes()
+    (sealed / "0.jsonl").write_bytes(data[:-2] + b"!\n")  # its EpochEnd, the line open reads
+    (_session(home, "nobase") / "0.baseline.json").unlink()
+    expected = {
+        "torn": ("0.jsonl:8: ", "`loopd repair --home"),
+        "mid": ("0.jsonl:3: ", "or keep its intact prefix with `loopd salvage --home"),
+        "sealed": ("0.jsonl:8: ", "damage in a sealed epoch's log. Next: restore"),
+        "nobase": ("0.baseline.json: baseline file is missing", "--rebuild-baseline"),
+    }
+    with running_daemon(home):
+        for name, (where, step) in expected.items():
+            row = wait_state(home, name, "FATAL")
+            error = str(row["last_error"])
+            assert where in error, error
+            assert step in error, error
+            assert (row["epoch"], row["records"]) == (None, None), row
+            others = {s for n, (_w, s) in expected.items() if n != name}
+            assert not any(other in error for other in others), error
