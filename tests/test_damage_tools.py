@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support import running_daemon, wait_state
+from tests.support import loopd, running_daemon, wait_state
 from worker import Assistant, Session, User
 from worker.app import DefaultApp
 
@@ -57,3 +57,63 @@ def test_each_kind_of_refusal_gets_its_own_next_step_and_status_drops_its_counts
             assert (row["epoch"], row["records"]) == (None, None), row
             others = {s for n, (_w, s) in expected.items() if n != name}
             assert not any(other in error for other in others), error
+
+
+def _ok(*args: str) -> str:
+    done = loopd(*args)
+    assert done.returncode == 0, (args, done.stdout, done.stderr)
+    return done.stdout
+
+
+def test_delete_moves_the_directory_to_trash_and_the_daemon_forgets_it_without_a_restart(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    with running_daemon(home) as daemon:
+        _ok("create", "--home", str(home), "s1")
+        _ok("send", "--home", str(home), "s1", "hello", "--key", "k1")
+        _ok("stop", "--home", str(home), "s1")  # its intent says stopped
+        _ok("start", "--home", str(home), "s1")
+        said = _ok("delete", "--home", str(home), "s1")
+        assert "the daemon no longer lists it" in said
+        assert not (home / "sessions" / "s1").exists()
+        [moved] = (home / "trash").iterdir()
+        assert moved.name.startswith("s1.")
+        assert b'"key":"k1"' in (moved / "0.jsonl").read_bytes()
+        gone = loopd("status", "--home", str(home), "s1")
+        assert gone.returncode == 1
+        assert "no session 's1'" in gone.stderr
+        assert daemon.proc.poll() is None
+        _ok("create", "--home", str(home), "s1")  # the id is free again
+        assert wait_state(home, "s1", "RUNNING")["records"] == 1
+        _ok("stop", "--home", str(home), "s1")
+        # A directory moved aside by hand: forget refuses while it is there, then forgets.
+        refused = loopd("forget", "--home", str(home), "s1")
+        assert refused.returncode == 1
+        assert "is still there" in refused.stderr
+        (home / "sessions" / "s1").rename(tmp_path / "aside")
+        _ok("forget", "--home", str(home), "s1")
+        assert loopd("status", "--home", str(home), "s1").returncode == 1
+        _ok("create", "--home", str(home), "s1")
+    assert "s1" not in (home / "intent.json").read_text()
+
+
+def test_delete_and_forget_without_a_daemon_work_on_the_files_and_the_intent(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    _session(home, "s1")
+    _session(home, "s2")
+    (home / "intent.json").write_text('{"stopped":["s1","s2"],"apps":{"s1":"x"}}\n')
+    with Session.open(home, "s1"):  # a writer holds it: nothing moves
+        held = loopd("delete", "--home", str(home), "s1")
+    assert held.returncode == 1
+    assert "session is locked by process" in held.stderr
+    assert (home / "sessions" / "s1" / "0.jsonl").exists()
+    said = _ok("delete", "--home", str(home), "s1")
+    assert "no daemon runs" in said
+    assert not (home / "sessions" / "s1").exists()
+    assert (home / "intent.json").read_text() == '{"stopped":["s2"]}\n'
+    (home / "sessions" / "s2").rename(tmp_path / "aside")
+    _ok("forget", "--home", str(home), "s2")
+    assert (home / "intent.json").read_text() == '{"stopped":[]}\n'

@@ -29,6 +29,8 @@ COMMANDS: Final = {
     "inspect": "supervisor.cli.offline_commands:inspect",
     "verify": "supervisor.cli.offline_commands:verify",
     "repair": "supervisor.cli.offline_commands:repair",
+    "delete": "supervisor.cli.removal_commands:delete",
+    "forget": "supervisor.cli.removal_commands:forget",
     "logs": "supervisor.cli.log_commands:logs",
     "tail": "supervisor.cli.tail_command:tail",
     "events": "supervisor.cli.stream_commands:events",

@@ -108,7 +108,7 @@ def _repair_locked(home: str, directory: str, session_id: str, dir_fd: int) -> R
         ) from exc
     tail = data[cut.offset :]
     target_dir = os.path.join(home, QUARANTINE_DIR, session_id)
-    _make_dirs(target_dir)
+    make_dirs(target_dir)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     target = os.path.join(target_dir, f"{stamp}-{epochs[-1]}.jsonl.torn")
     durable.write_file_atomic(target, tail)
@@ -222,7 +222,7 @@ def _not_a_torn_tail(problem: LogError) -> RepairRefused:
     )
 
 
-def _make_dirs(path: str) -> None:
+def make_dirs(path: str) -> None:
     """Make ``path`` and its missing parents durably (each new name fsynced in its parent)."""
     missing = []
     current = path
