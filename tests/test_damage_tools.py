@@ -3,9 +3,17 @@ backup and restore, salvage, rebuilding epoch 0's baseline, delete and forget.""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
-from tests.support import loopd, running_daemon, wait_state
+import pytest
+
+from supervisor.client.direct import Client
+from tests.support import log_user_keys, loopd, poll_until, running_daemon, status, wait_state
 from worker import Assistant, Session, User
 from worker.app import DefaultApp
 
@@ -117,3 +125,62 @@ def test_delete_and_forget_without_a_daemon_work_on_the_files_and_the_intent(
     (home / "sessions" / "s2").rename(tmp_path / "aside")
     _ok("forget", "--home", str(home), "s2")
     assert (home / "intent.json").read_text() == '{"stopped":[]}\n'
+
+
+def _keyed_load(home: Path, acked: list[str], stop: threading.Event) -> None:
+    """Send keyed requests one after another; a key is acknowledged once its reply came."""
+    with Client(str(home), timeout=30, retry_for=30) as client:
+        n = 0
+        while not stop.is_set():
+            key = f"k{n}"
+            client.send("s1", f"topic {n} " + "x" * 200, key=key)  # retried under its key
+            acked.append(key)
+            n += 1
+
+
+@pytest.mark.timeout(100)
+def test_a_backup_under_keyed_load_and_worker_kills_restores_every_acknowledged_key(
+    tmp_path: Path,
+) -> None:
+    home, other = tmp_path / "home", tmp_path / "other"
+    (other / "sessions").mkdir(parents=True)
+    dest = tmp_path / "backups"
+    serve = ("--max-restarts", "1000", "--backoff-base", "0.01", "--backoff-max", "0.05")
+    with running_daemon(home, *serve, "--budget", "2000"):
+        _ok("create", "--home", str(home), "s1")
+        acked: list[str] = []
+        stop = threading.Event()
+        load = threading.Thread(target=_keyed_load, args=(home, acked, stop))
+        load.start()
+        try:
+            poll_until(lambda: len(acked) >= 40, what="40 acknowledged keys")
+            before = list(acked)  # every key acknowledged before the backup begins
+            command = ("backup", "--home", str(home), "s1", str(dest))
+            taker = subprocess.Popen(
+                [sys.executable, "-m", "supervisor", *command],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            kills = 0
+            killed: set[object] = set()
+            while taker.poll() is None and kills < 3:
+                pid = status(home, "s1")["pid"]
+                if isinstance(pid, int) and pid not in killed:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+                    kills += 1
+            out, err = taker.communicate(timeout=60)
+        finally:
+            stop.set()
+            load.join(timeout=60)
+        assert taker.returncode == 0, (out, err)
+        assert kills >= 1
+        assert "a group boundary its worker named" in out
+        assert len(acked) > len(before)  # the load went on during the backup
+    epochs = len(list((dest / "s1").glob("*.jsonl")))
+    assert epochs > 1, "the budget should have made the session commit epochs"
+    _ok("restore", "--home", str(other), str(dest / "s1"))
+    assert "0 refused" in _ok("verify", "--home", str(other))
+    restored = set(log_user_keys(other, "s1"))
+    assert set(before) <= restored

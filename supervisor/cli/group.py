@@ -29,6 +29,8 @@ COMMANDS: Final = {
     "inspect": "supervisor.cli.offline_commands:inspect",
     "verify": "supervisor.cli.offline_commands:verify",
     "repair": "supervisor.cli.offline_commands:repair",
+    "backup": "supervisor.cli.backup_commands:backup",
+    "restore": "supervisor.cli.backup_commands:restore",
     "delete": "supervisor.cli.removal_commands:delete",
     "forget": "supervisor.cli.removal_commands:forget",
     "logs": "supervisor.cli.log_commands:logs",

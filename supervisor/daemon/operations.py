@@ -101,6 +101,8 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
                 if summary is not None:
                     forwarded["summary"] = summary
                 hosted.submit(waiter, forwarded)
+        elif op == "backup_point":  # the newest log's durable length at a group boundary
+            _hosted(daemon, message).submit(waiter, {"op": "durable_point"})
         elif op == "metrics":
             client.reply(ok(request_id, daemon.metrics_text()))
         elif op == "events":
