@@ -184,3 +184,33 @@ def test_a_backup_under_keyed_load_and_worker_kills_restores_every_acknowledged_
     assert "0 refused" in _ok("verify", "--home", str(other))
     restored = set(log_user_keys(other, "s1"))
     assert set(before) <= restored
+
+
+def test_restore_checks_the_manifest_first_and_replaces_a_live_session_only_with_force(
+    tmp_path: Path,
+) -> None:
+    home, dest = tmp_path / "home", tmp_path / "backups"
+    with running_daemon(home):
+        _ok("create", "--home", str(home), "s1")
+        _ok("send", "--home", str(home), "s1", "one", "--key", "k1")
+        assert "backed up s1" in _ok("backup", "--home", str(home), "--all", str(dest))
+        _ok("send", "--home", str(home), "s1", "two", "--key", "k2")
+        copy = dest / "s1" / "0.jsonl"
+        good = copy.read_bytes()
+        copy.write_bytes(good.replace(b'"one"', b'"One"'))
+        damaged = loopd("restore", "--home", str(home), str(dest), "s1", "--force")
+        assert damaged.returncode == 1
+        assert f"{copy}: does not match the manifest" in damaged.stderr
+        copy.write_bytes(good)
+        live = loopd("restore", "--home", str(home), str(dest), "s1")
+        assert live.returncode == 1
+        assert "session s1 is RUNNING; --force stops it" in live.stderr
+        assert log_user_keys(home, "s1") == ["k1", "k2"]  # nothing changed
+        said = _ok("restore", "--home", str(home), str(dest), "s1", "--force")
+        assert "moved the session that was there to" in said
+        assert "it verifies" in said
+        [old] = (home / "trash").glob("s1.*Z")
+        assert b'"key":"k2"' in (old / "0.jsonl").read_bytes()
+        assert log_user_keys(home, "s1") == ["k1"]
+        _ok("start", "--home", str(home), "s1")
+        assert wait_state(home, "s1", "RUNNING")["records"] == len(good.splitlines())
