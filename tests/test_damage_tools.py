@@ -214,3 +214,59 @@ def test_restore_checks_the_manifest_first_and_replaces_a_live_session_only_with
         assert log_user_keys(home, "s1") == ["k1"]
         _ok("start", "--home", str(home), "s1")
         assert wait_state(home, "s1", "RUNNING")["records"] == len(good.splitlines())
+
+
+def test_salvage_keeps_the_prefix_before_mid_file_damage_and_says_what_it_cut(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    log = _session(home, "s1", pairs=5) / "0.jsonl"
+    original = log.read_bytes()
+    _flip_line(log, 5)  # the Assistant of the second request: damage mid-file
+    damaged = log.read_bytes()
+    refused = loopd("repair", "--home", str(home), "s1")
+    assert refused.returncode == 1
+    assert f"{log}:4:" in refused.stderr
+    assert "or keep the prefix that opens with loopd salvage" in refused.stderr
+    said = _ok("salvage", "--home", str(home), "s1")
+    assert f"the session was refused: {log}:5:" in said
+    assert "CUT epoch 0, its lines after the prefix: lines 4-11 (8 lines)" in said
+    assert "line 4: User key=s1-0-1" in said
+    assert "line 5: undecodable" in said
+    assert "keys cut (4): s1-0-1, s1-0-2, s1-0-3, s1-0-4" in said
+    assert "acknowledged work may be among what was cut" in said
+    kept = original.split(b"\n", 3)
+    assert log.read_bytes() == b"\n".join(kept[:3]) + b"\n"
+    [moved] = (home / "quarantine" / "s1").glob("*-salvage/0.jsonl.cut")
+    assert log.read_bytes() + moved.read_bytes() == damaged  # nothing lost
+    assert "0 refused" in _ok("verify", "--home", str(home))
+    with running_daemon(home):
+        assert wait_state(home, "s1", "RUNNING")["records"] == 3
+    again = loopd("salvage", "--home", str(home), "s1")
+    assert again.returncode == 1
+    assert "opens cleanly: nothing to salvage" in again.stderr
+
+
+def test_salvage_of_a_sealed_epoch_cuts_it_and_moves_every_later_epoch_whole(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    directory = _session(home, "s1", epochs=3, pairs=2)
+    sealed = directory / "1.jsonl"
+    _flip_line(sealed, 4)  # the second request of epoch 1
+    assert loopd("verify", "--home", str(home)).returncode == 1
+    said = _ok("salvage", "--home", str(home), "s1")
+    assert f"the session was refused: {sealed}:4:" in said
+    assert "kept: epochs 0-1, the last up to byte" in said
+    assert "CUT epoch 1, its lines after the prefix: lines 4-6" in said
+    assert "CUT epoch 2, the whole epoch: lines 1-5" in said
+    assert "line 4: undecodable" in said
+    assert "keys cut (2): s1-2-0, s1-2-1" in said
+    assert not (directory / "2.jsonl").exists()
+    [target] = (home / "quarantine" / "s1").glob("*-salvage")
+    assert {p.name for p in target.iterdir()} >= {"2.jsonl", "2.baseline.json", "1.jsonl.cut"}
+    assert "0 refused" in _ok("verify", "--home", str(home))
+    assert log_user_keys(home, "s1") == ["s1-0-0", "s1-0-1", "s1-1-0"]
+    assert "0 refused" in _ok("verify", "--home", str(home))
+    with running_daemon(home):
+        assert wait_state(home, "s1", "RUNNING")["epoch"] == 1

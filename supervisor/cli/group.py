@@ -29,6 +29,7 @@ COMMANDS: Final = {
     "inspect": "supervisor.cli.offline_commands:inspect",
     "verify": "supervisor.cli.offline_commands:verify",
     "repair": "supervisor.cli.offline_commands:repair",
+    "salvage": "supervisor.cli.salvage_command:salvage",
     "backup": "supervisor.cli.backup_commands:backup",
     "restore": "supervisor.cli.backup_commands:restore",
     "delete": "supervisor.cli.removal_commands:delete",

@@ -147,14 +147,17 @@ def repair(home: str, session_id: str) -> None:
         else f"lines {result.line}-{result.last_line}"
     )
     click.echo(
-        f"moved {result.moved_bytes} bytes ({lines}, the damaged last group, never "
-        f"acknowledged) of {result.log}\n   to {result.quarantine}"
+        f"moved {result.moved_bytes} bytes ({lines}, the damaged last group) of "
+        f"{result.log}\n   to {result.quarantine}"
     )
     for what in result.readable:
         click.echo(f"   {what}")
+    keys = ", ".join(result.keys) if result.keys else "none"
     click.echo(
-        f"the log now ends after its last whole group ({result.kept_bytes} bytes) and opens "
-        f"cleanly; next: loopd start {session_id}"
+        f"keys moved: {keys}\nif the damage came from a crash, none of it was acknowledged "
+        "(a reply follows the fsync of a whole group); if it did not, acknowledged work may "
+        f"be among it.\nthe log now ends after its last whole group ({result.kept_bytes} "
+        f"bytes) and opens cleanly; next: loopd start {session_id}"
     )
 
 

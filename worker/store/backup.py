@@ -130,7 +130,7 @@ def _collect(
         )
     contents: dict[str, bytes] = {}
     # The index files first: they are what an epoch commit may replace meanwhile.
-    for name in _index_names(log_path(directory, point.epoch), newest_data, point.epoch):
+    for name in index_names(log_path(directory, point.epoch), newest_data, point.epoch):
         try:
             contents[name] = read_file(fd, name, os.path.join(directory, name))
         except SessionIOError as exc:
@@ -144,7 +144,7 @@ def _collect(
     return point, contents
 
 
-def _index_names(path: str, data: bytes, epoch: int) -> list[str]:
+def index_names(path: str, data: bytes, epoch: int) -> list[str]:
     first = data.split(b"\n", 1)[0]
     try:
         record, _part = decode_line(first)

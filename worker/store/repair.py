@@ -30,8 +30,9 @@ from worker.store.records import EpochEnd, Record, SessionStart, User, decode_li
 
 QUARANTINE_DIR: Final = "quarantine"
 _NEVER_IN_PLACE: Final = (
-    "It is never repaired in place: restore the session from a backup, or move it aside "
-    "with its files intact"
+    "It is never repaired in place: restore the session from a backup (loopd restore), "
+    "or keep the prefix that opens with loopd salvage (what it cuts may hold acknowledged "
+    "work), or move it aside with its files intact"
 )
 
 
@@ -50,6 +51,7 @@ class RepairResult:
     quarantine: str
     kept_bytes: int
     readable: tuple[str, ...]  # the moved records that still decode, e.g. "User key=k1"
+    keys: tuple[str, ...] = ()  # the keys of the moved User records that still decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,7 @@ class _Cut:
     first_line: int
     last_line: int
     readable: tuple[str, ...]
+    keys: tuple[str, ...]
 
 
 def repair_torn_tail(home: str | os.PathLike[str], session_id: str) -> RepairResult:
@@ -126,6 +129,7 @@ def _repair_locked(home: str, directory: str, session_id: str, dir_fd: int) -> R
         quarantine=target,
         kept_bytes=len(keep),
         readable=cut.readable,
+        keys=cut.keys,
     )
 
 
@@ -173,7 +177,8 @@ def find_cut(path: str, data: bytes, torn: LogError) -> _Cut:
     last_line = len(lines) + (1 if tail else 0)
     if last_line < cut_line:
         raise _not_a_torn_tail(torn)
-    return _Cut(cut_offset, cut_line, last_line, tuple(readable))
+    keys = tuple(r.key for r, _p in filter(None, remains) if isinstance(r, User) and r.key)
+    return _Cut(cut_offset, cut_line, last_line, tuple(readable), keys)
 
 
 def _check_one_group(
