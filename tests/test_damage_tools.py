@@ -14,7 +14,7 @@ import pytest
 
 from supervisor.client.direct import Client
 from tests.support import log_user_keys, loopd, poll_until, running_daemon, status, wait_state
-from worker import Assistant, Session, User
+from worker import Assistant, Baseline, Session, User
 from worker.app import DefaultApp
 
 
@@ -270,3 +270,38 @@ def test_salvage_of_a_sealed_epoch_cuts_it_and_moves_every_later_epoch_whole(
     assert "0 refused" in _ok("verify", "--home", str(home))
     with running_daemon(home):
         assert wait_state(home, "s1", "RUNNING")["epoch"] == 1
+
+
+def test_a_deleted_epoch_0_baseline_is_rebuilt_when_its_hash_matches_and_refused_when_not(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    directory = _session(home, "s1")
+    baseline = directory / "0.baseline.json"
+    original = baseline.read_bytes()
+    baseline.unlink()
+    assert loopd("verify", "--home", str(home)).returncode == 1
+    plain = loopd("repair", "--home", str(home), "s1")  # repair alone does not do it
+    assert plain.returncode == 1
+    said = _ok("repair", "--rebuild-baseline", "--home", str(home), "s1")
+    assert f"rebuilt {baseline} from worker.app:DefaultApp" in said
+    assert "the session opens cleanly" in said
+    assert baseline.read_bytes() == original
+    assert "0 refused" in _ok("verify", "--home", str(home))
+    again = loopd("repair", "--rebuild-baseline", "--home", str(home), "s1")
+    assert again.returncode == 1
+    assert "nothing to rebuild" in again.stderr
+    # A session created with another baseline: the App's does not hash to it.
+    with Session.create(home, "s2", Baseline(system="not the default App's", memory="")):
+        pass
+    other = home / "sessions" / "s2" / "0.baseline.json"
+    other.unlink()
+    refused = loopd("repair", "--rebuild-baseline", "--home", str(home), "s2")
+    assert refused.returncode == 1
+    assert f"{other}: the App's initial baseline hashes to " in refused.stderr
+    assert "not the baseline this session was created with" in refused.stderr
+    assert not other.exists()
+    bad = loopd("repair", "--rebuild-baseline", "--app", "no.such:app", "--home", str(home), "s2")
+    assert bad.returncode == 2
+    assert bad.stderr.count("\n") == 1
+    assert "--app no.such:app: ModuleNotFoundError" in bad.stderr
