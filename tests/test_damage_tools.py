@@ -214,6 +214,12 @@ def test_restore_checks_the_manifest_first_and_replaces_a_live_session_only_with
         assert log_user_keys(home, "s1") == ["k1"]
         _ok("start", "--home", str(home), "s1")
         assert wait_state(home, "s1", "RUNNING")["records"] == len(good.splitlines())
+        # Deleted, then restored while the daemon runs: it lists the session again.
+        _ok("delete", "--home", str(home), "s1")
+        _ok("restore", "--home", str(home), str(dest / "s1"))
+        assert status(home, "s1")["state"] == "STOPPED"
+        _ok("start", "--home", str(home), "s1")
+        assert wait_state(home, "s1", "RUNNING")["records"] == len(good.splitlines())
 
 
 def test_salvage_keeps_the_prefix_before_mid_file_damage_and_says_what_it_cut(
@@ -305,3 +311,22 @@ def test_a_deleted_epoch_0_baseline_is_rebuilt_when_its_hash_matches_and_refused
     assert bad.returncode == 2
     assert bad.stderr.count("\n") == 1
     assert "--app no.such:app: ModuleNotFoundError" in bad.stderr
+
+
+def test_status_shows_no_counts_for_a_session_refused_after_it_ran(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with running_daemon(home):
+        _ok("create", "--home", str(home), "s1")
+        for n in range(3):
+            _ok("send", "--home", str(home), "s1", f"topic {n}", "--key", f"k{n}")
+        row = wait_state(home, "s1", "RUNNING")
+        assert isinstance(row["records"], int)
+        assert row["records"] > 3
+        _flip_line(home / "sessions" / "s1" / "0.jsonl", 3)  # damage no crash made
+        assert isinstance(row["pid"], int)
+        os.kill(row["pid"], signal.SIGKILL)  # the restart finds the log refused
+        refused = wait_state(home, "s1", "FATAL")
+        assert (refused["epoch"], refused["records"]) == (None, None), refused
+        assert "or keep its intact prefix with `loopd salvage" in str(refused["last_error"])
+        listed = _ok("status", "--home", str(home))
+        assert "FATAL" in listed
