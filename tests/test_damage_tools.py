@@ -330,3 +330,21 @@ def test_status_shows_no_counts_for_a_session_refused_after_it_ran(tmp_path: Pat
         assert "or keep its intact prefix with `loopd salvage" in str(refused["last_error"])
         listed = _ok("status", "--home", str(home))
         assert "FATAL" in listed
+
+
+def test_repair_names_the_keys_it_moves_and_says_never_acknowledged_only_of_a_crash(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    log = _session(home, "s1", pairs=5) / "0.jsonl"
+    lines = log.read_bytes().split(b"\n")
+    kept = sum(len(line) + 1 for line in lines[:8])  # through the User of the 4th request
+    log.write_bytes(log.read_bytes()[: kept + 10])  # its Assistant cut mid-line
+    said = _ok("repair", "--home", str(home), "s1")
+    assert "(lines 8-9, the damaged last group)" in said
+    assert "never acknowledged" not in said
+    assert "line 8: User part 1 of 2 key=s1-0-3" in said
+    assert "keys moved: s1-0-3" in said
+    assert "if the damage came from a crash, none of it was acknowledged" in said
+    assert "if it did not, acknowledged work may be among it" in said
+    assert log_user_keys(home, "s1") == ["s1-0-0", "s1-0-1", "s1-0-2"]
