@@ -348,3 +348,27 @@ def test_repair_names_the_keys_it_moves_and_says_never_acknowledged_only_of_a_cr
     assert "if the damage came from a crash, none of it was acknowledged" in said
     assert "if it did not, acknowledged work may be among it" in said
     assert log_user_keys(home, "s1") == ["s1-0-0", "s1-0-1", "s1-0-2"]
+
+
+def test_a_backup_of_sessions_no_worker_runs_cuts_at_the_last_whole_group_and_says_so(
+    tmp_path: Path,
+) -> None:
+    home, dest = tmp_path / "home", tmp_path / "backups"
+    _session(home, "a", epochs=2)
+    torn = _session(home, "b") / "0.jsonl"
+    whole = torn.read_bytes()
+    with torn.open("ab") as f:
+        f.write(b'{"type":"User","ti')
+    said = _ok("backup", "--home", str(home), "--all", str(dest))
+    assert "backed up a to" in said
+    assert "its last whole group: no worker runs it" in said
+    assert "the 18 bytes after it (a torn tail?) are not copied" in said
+    assert (dest / "b" / "0.jsonl").read_bytes() == whole
+    again = loopd("backup", "--home", str(home), "a", str(dest))
+    assert again.returncode == 1
+    assert f"{dest / 'a'}: already exists" in again.stderr
+    other = tmp_path / "other"
+    (other / "sessions").mkdir(parents=True)
+    _ok("restore", "--home", str(other), str(dest), "a")
+    _ok("restore", "--home", str(other), str(dest / "b"))
+    assert "2 sessions, 0 refused" in _ok("verify", "--home", str(other))

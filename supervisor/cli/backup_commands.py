@@ -30,6 +30,8 @@ MAX_ATTEMPTS: Final = 20
 """Copies begun again because an epoch commit replaced a file the point needed."""
 RETRY_PAUSE: Final = 0.05
 LIVE_STATES: Final = frozenset({"RUNNING", "STARTING", "BACKOFF", "IDLE", "STOPPING"})
+WORKING: Final = frozenset({"RUNNING", "STARTING", "BACKOFF"})
+"""States in which the session's worker runs, or is about to: it is asked for the point."""
 
 
 def _fail(command: str, why: object) -> NoReturn:
@@ -38,8 +40,11 @@ def _fail(command: str, why: object) -> NoReturn:
 
 
 def worker_point(home: str, session_id: str, deadline: float) -> Point | None:
-    """The durable point the session's worker names; None if no worker can (no daemon,
-    not hosted, stopped or refused: the copy is then taken under the session's lock)."""
+    """The durable point the session's worker names; None if no worker runs it (no daemon,
+    not hosted, stopped, refused or hibernated, which a backup does not wake: the newest
+    log is then cut at its last whole group)."""
+    if _hosted_state(home, session_id, max(0.1, deadline - time.monotonic())) not in WORKING:
+        return None
     while True:
         left = max(0.1, deadline - time.monotonic())
         try:
@@ -67,11 +72,12 @@ def _backup_one(home: str, session_id: str, dest: str, deadline: float) -> bool:
     else:
         _fail("backup", f"{session_id}: epoch commits kept replacing its files; try again")
     where = f"epoch {result.point.epoch}'s log up to byte {result.point.size}"
-    how = {
-        "worker": "a group boundary its worker named, all of it durable",
-        "lock": "the whole log, read under the session's lock",
-        "last whole group": "its last whole group (another process holds the lock)",
-    }[result.point.named_by]
+    if result.point.named_by == "worker":
+        how = "a group boundary its worker named, all of it durable"
+    else:
+        how = "its last whole group: no worker runs it"
+        if result.left:
+            how += f"; the {result.left} bytes after it (a torn tail?) are not copied"
     click.echo(
         f"backed up {session_id} to {result.directory}: {result.files} files, "
         f"{result.size} bytes; {where} ({how})"
@@ -160,10 +166,11 @@ def restore(home: str, timeout: float, force: bool, src: str, session_id: str | 
 
 
 def _hosted_state(home: str, session_id: str, timeout: float) -> str | None:
+    """The session's state in the daemon; None if no daemon runs or it does not host it."""
     try:
         rows = call(home, "status", timeout=timeout, session=session_id)
     except ControlError as exc:
-        if exc.code == "not_found":
+        if exc.code in ("not_found", "no_daemon"):
             return None
         raise
     row = rows[0] if isinstance(rows, list) and rows else {}

@@ -5,9 +5,10 @@ baseline never change, and the newest log only grows, a whole group at a time. S
 copy is consistent if it takes the sealed epochs as they are, the newest log up to a
 group boundary, and the key index files the newest ``SessionStart`` names. The
 boundary (the *point*) is named by the live worker, between two batches, when all it
-wrote is fsynced (``durable_point``); for a session no worker holds, the copy is taken
-under the session's lock and the whole log is the point; when someone else holds the
-lock, the newest log is cut at its last whole group.
+wrote is fsynced (``durable_point``). For a session no worker runs, the newest log is
+cut at its last whole group: the copy takes no lock, since a worker started meanwhile
+(a hibernated session woken by a request) would find it held and go FATAL; a worker's
+appends after the read are simply not in the copy.
 
 A copy goes to ``<dest>/<id>.partial/`` (each file fsynced), its manifest (every file's
 size and SHA-256) is written last, and the directory is renamed to ``<dest>/<id>`` and
@@ -27,12 +28,11 @@ from datetime import UTC, datetime
 from typing import Final
 
 from worker.store import durable
-from worker.store.errors import PathError, SessionError, SessionIOError, SessionLocked
+from worker.store.errors import PathError, SessionError, SessionIOError
 from worker.store.files import open_directory, read_file
 from worker.store.key_index import INDEX_SUFFIX, parse_field
 from worker.store.layout import session_dir
 from worker.store.loader import baseline_path, list_epochs, load_session, log_path
-from worker.store.lock import lock_directory, unlock_directory
 from worker.store.records import SessionStart, decode_line
 from worker.store.repair import make_dirs
 
@@ -55,7 +55,7 @@ class Point:
 
     epoch: int
     size: int
-    named_by: str  # "worker", "lock" or "last whole group"
+    named_by: str  # "worker" or "last whole group"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +65,7 @@ class BackupResult:
     files: int
     size: int
     refused: str | None  # what the loader says of the copy, if it refuses it
+    left: int  # bytes of the newest log after its last whole group, not copied
 
 
 def last_group_end(data: bytes) -> int:
@@ -84,42 +85,30 @@ def last_group_end(data: bytes) -> int:
 def backup_session(
     home: str | os.PathLike[str], session_id: str, dest: str, point: Point | None
 ) -> BackupResult:
-    """Copy the session to ``<dest>/<id>``, up to ``point`` (None: under its lock, or cut
-    at the last whole group when another process holds it)."""
+    """Copy the session to ``<dest>/<id>``, up to ``point`` (None: no worker runs it, and
+    the newest log is cut at its last whole group)."""
     directory = session_dir(home, session_id)
     target = os.path.join(dest, session_id)
     if os.path.lexists(target):
         raise BackupError(target, "already exists; back up to a new directory")
-    lock_fd: int | None = None
-    if point is None:
-        try:
-            lock_fd = lock_directory(directory)
-        except SessionLocked:
-            lock_fd = None
+    fd = open_directory(directory)
     try:
-        fd = open_directory(directory) if lock_fd is None else lock_fd
-        try:
-            files = _collect(directory, fd, point, locked=lock_fd is not None)
-        finally:
-            if lock_fd is None:
-                os.close(fd)
+        chosen, contents, left = _collect(directory, fd, point)
     finally:
-        if lock_fd is not None:
-            unlock_directory(lock_fd)
-    chosen, contents = files
-    return _write(target, session_id, chosen, contents)
+        os.close(fd)
+    return _write(target, session_id, chosen, contents, left)
 
 
-def _collect(
-    directory: str, fd: int, point: Point | None, *, locked: bool
-) -> tuple[Point, dict[str, bytes]]:
-    """Read what the copy holds: {file name: bytes}, and the point it ends at."""
+def _collect(directory: str, fd: int, point: Point | None) -> tuple[Point, dict[str, bytes], int]:
+    """Read what the copy holds: {file name: bytes}, the point it ends at, and how many
+    bytes of the newest log follow the point when no worker named it (0 if it did)."""
     epochs = list_epochs(directory, fd)
+    left = 0
     if point is None:
         newest = epochs[-1]
         data = _read(fd, directory, f"{newest}.jsonl")
-        size = len(data) if locked else last_group_end(data)
-        point = Point(newest, size, "lock" if locked else "last whole group")
+        point = Point(newest, last_group_end(data), "last whole group")
+        left = len(data) - point.size
     if point.epoch not in epochs:
         raise BackupError(log_path(directory, point.epoch), "the point's log is missing")
     newest_name = f"{point.epoch}.jsonl"
@@ -148,7 +137,7 @@ def _collect(
             if exc.errno != errno.ENOENT or epoch == point.epoch:
                 raise
     contents[newest_name] = newest_data
-    return point, contents
+    return point, contents, left
 
 
 def index_names(path: str, data: bytes, epoch: int) -> list[str]:
@@ -166,7 +155,9 @@ def _read(fd: int, directory: str, name: str) -> bytes:
     return read_file(fd, name, os.path.join(directory, name))
 
 
-def _write(target: str, session_id: str, point: Point, contents: dict[str, bytes]) -> BackupResult:
+def _write(
+    target: str, session_id: str, point: Point, contents: dict[str, bytes], left: int
+) -> BackupResult:
     partial = target + PARTIAL
     if os.path.lexists(partial):
         raise BackupError(partial, "is left from a backup cut short; move it aside first")
@@ -191,4 +182,5 @@ def _write(target: str, session_id: str, point: Point, contents: dict[str, bytes
         load_session(target, session_id, history=True)
     except SessionError as exc:
         refused = str(exc)
-    return BackupResult(target, point, len(files), sum(len(d) for d in contents.values()), refused)
+    size = sum(len(d) for d in contents.values())
+    return BackupResult(target, point, len(files), size, refused, left)
