@@ -31,9 +31,9 @@ def salvage(home: str, session_id: str) -> None:
         click.echo(f"loopd salvage: refused: {exc}", err=True)
         sys.exit(EXIT_REFUSED)
     click.echo(f"the session was refused: {result.refusal}")
+    epochs = f"epochs 0-{result.kept_epoch}" if result.kept_epoch else "epoch 0"
     click.echo(
-        f"kept: epochs 0-{result.kept_epoch}, the last up to byte {result.kept_bytes} "
-        "(the longest prefix that opens)"
+        f"kept: {epochs}, the last up to byte {result.kept_bytes} (the longest prefix that opens)"
     )
     keys: list[str] = []
     for cut in result.cuts:
