@@ -3,6 +3,7 @@ backup and restore, salvage, rebuilding epoch 0's baseline, delete and forget.""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 
 from supervisor.client.direct import Client
 from tests.support import log_user_keys, loopd, poll_until, running_daemon, status, wait_state
+from tests.test_named_apps import _home_with_apps
 from worker import Assistant, Baseline, Session, User
 from worker.app import DefaultApp
 
@@ -373,3 +375,23 @@ def test_a_backup_of_sessions_no_worker_runs_cuts_at_the_last_whole_group_and_sa
     _ok("restore", "--home", str(other), str(dest), "a")
     _ok("restore", "--home", str(other), str(dest / "b"))
     assert "2 sessions, 0 refused" in _ok("verify", "--home", str(other))
+
+
+def test_a_session_of_a_named_app_deleted_and_restored_runs_that_app_again(
+    tmp_path: Path,
+) -> None:
+    home, _work = _home_with_apps(tmp_path)
+    dest = tmp_path / "backups"
+    with running_daemon(home):
+        _ok("create", "--home", str(home), "agent", "--app", "tagged")
+        _ok("send", "--home", str(home), "agent", "hello", "--key", "k1")
+        _ok("backup", "--home", str(home), "agent", str(dest))
+        assert json.loads((dest / "agent" / "loopd-backup.json").read_text())["app"] == "tagged"
+        _ok("delete", "--home", str(home), "agent")
+        assert "agent" not in (home / "intent.json").read_text()
+        _ok("restore", "--home", str(home), str(dest / "agent"))
+        _ok("start", "--home", str(home), "agent")
+        with Client(str(home)) as client:
+            reply = client.send("agent", "again", key="k2")
+    assert reply["tag"] == "blue"
+    assert '"apps":{"agent":"tagged"}' in (home / "intent.json").read_text()

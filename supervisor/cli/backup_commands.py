@@ -20,6 +20,7 @@ from supervisor.cli.options import existing_home_option, timeout_option
 from supervisor.cli.removal_commands import daemon_answers
 from supervisor.client.control import RETRYABLE, call
 from supervisor.errors import ControlError
+from supervisor.hosting.intent import IntentError, IntentFile
 from worker.store.backup import MANIFEST, BackupError, Point, PointMoved, backup_session
 from worker.store.errors import SessionError
 from worker.store.layout import SESSIONS_DIR
@@ -61,11 +62,23 @@ def worker_point(home: str, session_id: str, deadline: float) -> Point | None:
         return Point(int(answer["epoch"]), int(answer["bytes"]), "worker")
 
 
+def _named_app(home: str, session_id: str) -> str | None:
+    """The named App the session was created with (intent.json), for its restore."""
+    intent = IntentFile(home)
+    try:
+        intent.load()
+    except IntentError as exc:
+        click.echo(f"loopd backup: {exc}; the backup does not name the session's App", err=True)
+        return None
+    return intent.app_of(session_id)
+
+
 def _backup_one(home: str, session_id: str, dest: str, deadline: float) -> bool:
+    app = _named_app(home, session_id)
     for _attempt in range(MAX_ATTEMPTS):
         point = worker_point(home, session_id, deadline)
         try:
-            result = backup_session(home, session_id, dest, point)
+            result = backup_session(home, session_id, dest, point, app)
         except PointMoved:
             continue
         break
@@ -150,9 +163,14 @@ def restore(home: str, timeout: float, force: bool, src: str, session_id: str | 
             if state in LIVE_STATES:
                 call(home, "stop", timeout=timeout, session=wanted)
         result = restore_session(home, source, wanted, replace=force)
+        app = {} if manifest.app is None else {"app": manifest.app}
         if live:
-            call(home, "adopt", timeout=timeout, session=wanted)
-    except (ControlError, SessionError) as exc:
+            call(home, "adopt", timeout=timeout, session=wanted, **app)
+        elif manifest.app is not None:
+            intent = IntentFile(home)
+            intent.load()
+            intent.set_app(wanted, manifest.app)
+    except (ControlError, SessionError, IntentError) as exc:
         _fail("restore", exc)
     if result.replaced is not None:
         click.echo(f"moved the session that was there to {result.replaced}")

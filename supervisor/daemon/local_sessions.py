@@ -15,6 +15,7 @@ from typing import Final, Protocol
 
 from supervisor.daemon.endpoints import Waiter
 from supervisor.daemon.hosted import HostedSession
+from supervisor.daemon.worker_specs import UnknownApp
 from supervisor.hosting.intent import IntentError, IntentFile
 from supervisor.states import State
 from worker.store.layout import session_dir
@@ -37,8 +38,9 @@ class Node(Protocol):
     def forget_pending_start(self, hosted: HostedSession) -> None: ...
 
 
-def adopt_local(node: Node, waiter: Waiter, session_id: str) -> None:
-    """List a session whose directory is there (restored) and not hosted yet, STOPPED."""
+def adopt_local(node: Node, waiter: Waiter, session_id: str, app: str | None) -> None:
+    """List a session whose directory is there (restored) and not hosted yet, STOPPED,
+    under the named App ``app`` if given (what it was created with)."""
     hosted = node.sessions.get(session_id)
     directory = session_dir(node.home, session_id)
     if hosted is None:
@@ -47,7 +49,18 @@ def adopt_local(node: Node, waiter: Waiter, session_id: str) -> None:
                 error(waiter.request_id, "not_found", f"{directory}: no such session")
             )
             return
-        hosted = node.host_stopped(session_id)
+        before = node.intent.app_of(session_id)
+        try:
+            if app is not None:
+                node.intent.set_app(session_id, app)
+            hosted = node.host_stopped(session_id)
+        except IntentError as exc:
+            waiter.client.reply(error(waiter.request_id, "intent", f"{exc}; nothing was done"))
+            return
+        except UnknownApp as exc:
+            node.intent.set_app(session_id, before)
+            waiter.client.reply(error(waiter.request_id, "unknown_app", str(exc)))
+            return
     waiter.client.reply(ok(waiter.request_id, hosted.status()))
 
 

@@ -314,10 +314,10 @@ class Supervisor:
         hosted.ready_waiters.append(waiter)
         hosted.start()
 
-    def adopt_session(self, waiter: Waiter, session_id: str) -> None:
+    def adopt_session(self, waiter: Waiter, session_id: str, app: str | None = None) -> None:
         """Claim a session whose files were moved here (cluster mode: and serve it)."""
         if self.cluster is None:
-            adopt_local(self, waiter, session_id)  # restored: listed STOPPED
+            adopt_local(self, waiter, session_id, app)  # restored: listed STOPPED
             return
         hosted = self.sessions.get(session_id)
         if hosted is not None and hosted.state in (State.RUNNING, State.STARTING):

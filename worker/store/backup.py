@@ -83,10 +83,15 @@ def last_group_end(data: bytes) -> int:
 
 
 def backup_session(
-    home: str | os.PathLike[str], session_id: str, dest: str, point: Point | None
+    home: str | os.PathLike[str],
+    session_id: str,
+    dest: str,
+    point: Point | None,
+    app: str | None = None,
 ) -> BackupResult:
     """Copy the session to ``<dest>/<id>``, up to ``point`` (None: no worker runs it, and
-    the newest log is cut at its last whole group)."""
+    the newest log is cut at its last whole group). ``app``: the named App the session
+    was created with, kept in the manifest for its restore."""
     directory = session_dir(home, session_id)
     target = os.path.join(dest, session_id)
     if os.path.lexists(target):
@@ -96,7 +101,7 @@ def backup_session(
         chosen, contents, left = _collect(directory, fd, point)
     finally:
         os.close(fd)
-    return _write(target, session_id, chosen, contents, left)
+    return _write(target, session_id, chosen, contents, left, app)
 
 
 def _collect(directory: str, fd: int, point: Point | None) -> tuple[Point, dict[str, bytes], int]:
@@ -156,7 +161,12 @@ def _read(fd: int, directory: str, name: str) -> bytes:
 
 
 def _write(
-    target: str, session_id: str, point: Point, contents: dict[str, bytes], left: int
+    target: str,
+    session_id: str,
+    point: Point,
+    contents: dict[str, bytes],
+    left: int,
+    app: str | None,
 ) -> BackupResult:
     partial = target + PARTIAL
     if os.path.lexists(partial):
@@ -173,6 +183,8 @@ def _write(
         "point": {"epoch": point.epoch, "bytes": point.size, "named_by": point.named_by},
         "files": files,
     }
+    if app is not None:
+        manifest["app"] = app
     text = json.dumps(manifest, indent=1, sort_keys=True).encode() + b"\n"
     durable.write_file_atomic(os.path.join(partial, MANIFEST), text)
     durable.rename(partial, target)

@@ -37,6 +37,7 @@ class Manifest:
     session: str
     taken: str
     files: dict[str, bytes]  # checked against their sizes and digests
+    app: str | None  # the named App the session was created with, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +86,10 @@ def check_backup(source: str) -> Manifest:
         extra = sorted(set(os.listdir(fd)) - set(files) - {MANIFEST})
         if extra:
             raise BackupError(os.path.join(source, extra[0]), "is not in the manifest")
-        return Manifest(session, taken, files)
+        app = document.get("app")
+        if app is not None and not isinstance(app, str):
+            raise BackupError(where, f"its app must be an App's name, not {app!r:.80}")
+        return Manifest(session, taken, files, app)
     finally:
         os.close(fd)
 
