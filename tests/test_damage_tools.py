@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -166,12 +167,13 @@ def test_a_backup_under_keyed_load_and_worker_kills_restores_every_acknowledged_
             )
             kills = 0
             killed: set[object] = set()
-            while taker.poll() is None and kills < 3:
+            while taker.poll() is None and kills < 3:  # each new worker killed once
                 pid = status(home, "s1")["pid"]
                 if isinstance(pid, int) and pid not in killed:
                     os.kill(pid, signal.SIGKILL)
                     killed.add(pid)
                     kills += 1
+                time.sleep(0.005)  # spaces the status calls out
             out, err = taker.communicate(timeout=60)
         finally:
             stop.set()
