@@ -364,7 +364,13 @@ def test_a_backup_of_sessions_no_worker_runs_cuts_at_the_last_whole_group_and_sa
     whole = torn.read_bytes()
     with torn.open("ab") as f:
         f.write(b'{"type":"User","ti')
-    said = _ok("backup", "--home", str(home), "--all", str(dest))
+    (home / "sessions" / "bad id").mkdir()  # not a session: the others are backed up
+    some = loopd("backup", "--home", str(home), "--all", str(dest))
+    assert some.returncode == 1
+    assert "loopd backup: bad id: invalid session id" in some.stderr
+    assert "not backed up: 1 of the sessions (each named above)" in some.stderr
+    (home / "sessions" / "bad id").rmdir()
+    said = some.stdout
     assert "backed up a to" in said
     assert "its last whole group: no worker runs it" in said
     assert "the 18 bytes after it (a torn tail?) are not copied" in said

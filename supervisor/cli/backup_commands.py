@@ -118,16 +118,21 @@ def backup(home: str, timeout: float, every: bool, args: tuple[str, ...]) -> Non
         _fail("backup", "expected ID DEST, or --all DEST")
     dest = os.path.abspath(args[-1])
     deadline = time.monotonic() + timeout
-    try:
-        if every:
-            ids = sorted(os.listdir(os.path.join(home, SESSIONS_DIR)))
-        else:
-            ids = [validate_session_id(args[0])]
-        good = [_backup_one(home, session_id, dest, deadline) for session_id in ids]
-    except (ControlError, SessionError) as exc:
-        _fail("backup", exc)
-    if not all(good):
-        sys.exit(EXIT_REFUSED)
+    if not every:
+        try:
+            good = _backup_one(home, validate_session_id(args[0]), dest, deadline)
+        except (ControlError, SessionError) as exc:
+            _fail("backup", exc)
+        sys.exit(0 if good else EXIT_REFUSED)
+    failed = 0
+    for session_id in sorted(os.listdir(os.path.join(home, SESSIONS_DIR))):
+        try:  # one session that cannot be copied does not stop the others
+            failed += not _backup_one(home, validate_session_id(session_id), dest, deadline)
+        except (ControlError, SessionError) as exc:
+            failed += 1
+            click.echo(f"loopd backup: {session_id}: {exc}", err=True)
+    if failed:
+        _fail("backup", f"not backed up: {failed} of the sessions (each named above)")
 
 
 def _source(src: str, session_id: str | None) -> str:
