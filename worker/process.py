@@ -34,7 +34,9 @@ from worker.store.errors import (
     SessionNotFound,
 )
 from worker.store.fencing import write_owner
+from worker.store.layout import session_dir
 from worker.store.records import EpochEnd
+from worker.store.refusal import refusal_kind
 from worker.store.session import Session
 from worker.turns import DEFAULT_MAX_BATCH
 from worker.wire import Channel, Message
@@ -212,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_LOCKED
     except LOG_REFUSED as exc:
         print(bounded(str(exc)), file=sys.stderr, flush=True)
-        _report(channel, "refused", str(exc))
+        kind = refusal_kind(session_dir(args.home, args.session), exc)
+        _report(channel, "refused", str(exc), kind=kind)
         return EXIT_REFUSED
     except SessionNotFound as exc:
         _report(channel, "not_found", str(exc))
@@ -255,9 +258,14 @@ def _heartbeat_cell(fd: int | None) -> HeartbeatCell | None:
         os.close(fd)  # the mapping stays
 
 
-def _report(channel: Channel, code: str, message: str, pid: int | None = None) -> None:
-    """Tell the supervisor why the worker is about to exit, if it is still listening."""
+def _report(
+    channel: Channel, code: str, message: str, pid: int | None = None, kind: str | None = None
+) -> None:
+    """Tell the supervisor why the worker is about to exit, if it is still listening;
+    a refused log's ``kind`` (worker.store.refusal) picks the operator's next step."""
     report: Message = {"op": "exiting", "code": code, "message": bounded(message), "holder": pid}
+    if kind is not None:
+        report["kind"] = kind
     try:
         channel.send(report)
     except OSError:

@@ -240,6 +240,14 @@ class Server:
                 self._add(Peer(socket.socket(fileno=fd)))
         elif op == "compact":
             self._compact(request_id, message)
+        elif op == "durable_point":  # between batches: every group written is fsynced, so
+            # the log's length is a group boundary and all of it durable (loopd backup)
+            try:
+                size = os.stat(session.log_path).st_size
+            except OSError as exc:
+                peer.queue(error(request_id, "unreadable", f"{session.log_path}: {exc}"))
+            else:
+                peer.queue(ok(request_id, {"epoch": session.epoch, "bytes": size}))
         elif op == "stop":
             peer.queue(ok(request_id, {"state": describe(session)}))
             self._stop = True

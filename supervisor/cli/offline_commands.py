@@ -10,6 +10,8 @@ from typing import Final
 import click
 
 from supervisor.cli.options import existing_home_option
+from worker.app import DEFAULT_APP, load_app
+from worker.store.baseline_repair import rebuild_baseline as rebuild_baseline_file
 from worker.store.errors import InvalidSessionId, LogError, SessionError
 from worker.store.index_repair import key_index_damaged, rebuild_key_index
 from worker.store.inspection import Inspection, inspect_session
@@ -117,17 +119,33 @@ def verify(home: str) -> None:
 @click.command()
 @existing_home_option
 @click.argument("session_id", metavar="ID")
-def repair(home: str, session_id: str) -> None:
+@click.option(
+    "--rebuild-baseline",
+    is_flag=True,
+    help="Rebuild a missing epoch-0 baseline from the App, if its hash matches SessionStart's.",
+)
+@click.option(
+    "--app",
+    default=DEFAULT_APP,
+    show_default=True,
+    help="module:attribute of the App the session was created with (--rebuild-baseline).",
+)
+def repair(home: str, session_id: str, rebuild_baseline: bool, app: str) -> None:
     """Move a damaged last group of ID's newest log into <home>/quarantine/ID/.
 
     Or, when the key index files are what open refuses, rebuild them from the logs
-    (after checking the whole history, as verify does).
+    (after checking the whole history, as verify does). With --rebuild-baseline, write
+    a missing epoch-0 baseline again from the App's initial baseline, only if it hashes
+    to what the log's SessionStart says.
 
     Explicit and narrow: it refuses while a worker holds the session, refuses a clean
     log, never touches a bad line in the middle of a log, and changes nothing unless
     the session will open afterwards.
     """
     require_home("repair", home)
+    if rebuild_baseline:
+        _rebuild_baseline(home, session_id, app)
+        return
     try:
         damaged = key_index_damaged(home, session_id)
         if damaged is not None:
@@ -147,15 +165,36 @@ def repair(home: str, session_id: str) -> None:
         else f"lines {result.line}-{result.last_line}"
     )
     click.echo(
-        f"moved {result.moved_bytes} bytes ({lines}, the damaged last group, never "
-        f"acknowledged) of {result.log}\n   to {result.quarantine}"
+        f"moved {result.moved_bytes} bytes ({lines}, the damaged last group) of "
+        f"{result.log}\n   to {result.quarantine}"
     )
     for what in result.readable:
         click.echo(f"   {what}")
+    keys = ", ".join(result.keys) if result.keys else "none"
     click.echo(
-        f"the log now ends after its last whole group ({result.kept_bytes} bytes) and opens "
-        f"cleanly; next: loopd start {session_id}"
+        f"keys moved: {keys}\nif the damage came from a crash, none of it was acknowledged "
+        "(a reply follows the fsync of a whole group); if it did not, acknowledged work may "
+        f"be among it.\nthe log now ends after its last whole group ({result.kept_bytes} "
+        f"bytes) and opens cleanly; next: loopd start {session_id}"
     )
+
+
+def _rebuild_baseline(home: str, session_id: str, spec: str) -> None:
+    try:
+        baseline = load_app(spec).initial_baseline(session_id)
+    except Exception as exc:  # noqa: BLE001 - any failure of the operator's App is one line
+        click.echo(f"loopd repair: --app {spec}: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(EXIT_NO_HOME)
+    try:
+        path, still = rebuild_baseline_file(home, session_id, baseline)
+    except SessionError as exc:
+        click.echo(f"loopd repair: refused: {exc}", err=True)
+        sys.exit(EXIT_REFUSED)
+    click.echo(f"rebuilt {path} from {spec}: its hash is the one SessionStart names")
+    if still is not None:
+        click.echo(f"loopd repair: the session is still refused: {still}", err=True)
+        sys.exit(EXIT_REFUSED)
+    click.echo(f"the session opens cleanly; next: loopd start {session_id}")
 
 
 COMMANDS: Final = (inspect, verify, repair)

@@ -5,16 +5,63 @@ from __future__ import annotations
 from worker.process import EXIT_CANNOT_OPEN, EXIT_LOCKED, EXIT_NOT_FOUND, EXIT_REFUSED
 
 
+def refused_next(kind: str | None, home: str, session: str) -> str:
+    """The operator's next step for a refused log of ``kind`` (worker.store.refusal)."""
+    start = f"then `loopd start {session}`"
+    inspect = f"`loopd inspect --home {home} {session}`"
+    if kind == "torn_tail":
+        return (
+            f"the newest log's last group is damaged, as a crash mid-write leaves it. Next: "
+            f"`loopd repair --home {home} {session}` (it moves that group aside), {start}"
+        )
+    if kind == "newest":
+        return (
+            f"damage inside the newest log, not a torn tail. Next: restore it from a backup "
+            f"(`loopd restore --home {home} BACKUP --force`), or keep its intact prefix with "
+            f"`loopd salvage --home {home} {session}` (what it cuts may hold acknowledged "
+            f"work; it says what), {start}"
+        )
+    if kind == "sealed":
+        return (
+            f"damage in a sealed epoch's log. Next: restore the session from a backup "
+            f"(`loopd restore --home {home} BACKUP --force`); `loopd salvage --home {home} "
+            f"{session}` keeps only what comes before the damage; {start}"
+        )
+    if kind == "missing_baseline":
+        return (
+            f"epoch 0's baseline is missing. Next: `loopd repair --rebuild-baseline --home "
+            f"{home} {session}` (it rebuilds it from the App if the hash matches), {start}"
+        )
+    if kind == "key_index":
+        return (
+            f"a key index file is missing or damaged. Next: `loopd repair --home {home} "
+            f"{session}` rebuilds the index from the logs, {start}"
+        )
+    if kind == "baseline":
+        return (
+            f"a baseline is damaged. Next: restore the session from a backup "
+            f"(`loopd restore --home {home} BACKUP --force`), {start}"
+        )
+    if kind == "unsafe":
+        return f"a file of the session is not a regular file. Next: move it aside, {start}"
+    return f"Next: {inspect} names the place (docs/operations.md, each kind's drill), {start}"
+
+
 def fatal_reason(
-    code: int, said: str | None, home: str, session: str, holder: int | None = None
+    code: int,
+    said: str | None,
+    home: str,
+    session: str,
+    holder: int | None = None,
+    kind: str | None = None,
 ) -> str | None:
     """The ``last_error`` of a session whose worker exited with ``code``, if that code is
-    one a restart will not fix (None: restart it, or it exited cleanly)."""
+    one a restart will not fix (None: restart it, or it exited cleanly). A refused log's
+    ``kind`` (what the worker said of it) picks the next step."""
     if code == EXIT_REFUSED:
         return (
-            f"{said or 'log refused'} -- the log is refused and will not be restarted. "
-            f"Next: `loopd inspect --home {home} {session}`; if the last line is torn, "
-            f"`loopd repair --home {home} {session}`, then `loopd start {session}`"
+            f"{said or 'log refused'} -- the log is refused and will not be restarted: "
+            f"{refused_next(kind, home, session)}"
         )
     if code == EXIT_CANNOT_OPEN:
         return (

@@ -15,13 +15,13 @@ from supervisor.daemon.endpoints import Waiter, WorkerChannel
 from supervisor.daemon.exit_advice import fatal_reason
 from supervisor.daemon.handover import hand_over
 from supervisor.daemon.hang import HangWatch
-from supervisor.daemon.hosted_status import session_status
+from supervisor.daemon.hosted_status import int_or_none, session_status
 from supervisor.daemon.lock_wait import outgoing_worker
 from supervisor.daemon.poison import DEFAULT_POISON_AFTER, PoisonLedger
 from supervisor.daemon.relay import Relay
 from supervisor.daemon.spawn import WorkerProcess, WorkerSpec, describe_exit
 from supervisor.states import RestartPolicy, State, StateMachine
-from worker.process import EXIT_CLEAN, EXIT_LOCKED, bounded
+from worker.process import EXIT_CLEAN, EXIT_LOCKED, EXIT_REFUSED, bounded
 from worker.wire import Message, error
 
 STOP_DEADLINE: Final = 5.0
@@ -75,6 +75,7 @@ class HostedSession:
         self._last_error: str | None = None
         self._said: str | None = None  # why the current worker says it exits, if it said
         self._holder: int | None = None  # who holds the lock the current worker found held
+        self._kind: str | None = None  # what kind of damage its refusal was, if it said
         self.epoch: int | None = None
         self.records: int | None = None
         self.relay = Relay(spec.session)
@@ -112,7 +113,7 @@ class HostedSession:
         self._cancel_timer()
         self.exit_pid = self.exit_code = None
         self.machine.move(State.STARTING)
-        self._said = None
+        self._said = self._kind = None
         poisoned = self.poison.poisoned()
         if poisoned != self.spec.poisoned:
             self.spec = dataclasses.replace(self.spec, poisoned=poisoned)
@@ -173,8 +174,8 @@ class HostedSession:
             self._take_state(message.get("state"))
             self.loop.on_report(self, message)
         elif op == "ready":
-            self.epoch = _int_or_none(message.get("epoch"))
-            self.records = _int_or_none(message.get("records"))
+            self.epoch = int_or_none(message.get("epoch"))
+            self.records = int_or_none(message.get("records"))
             if self.state is State.STARTING:
                 self.machine.move(State.RUNNING)
                 self.spec = _without_create(self.spec)
@@ -193,11 +194,12 @@ class HostedSession:
             holder = message.get("holder")
             if message.get("code") == "locked" and type(holder) is int:
                 self._holder = holder
+            self._kind = kind if isinstance(kind := message.get("kind"), str) else None
         else:
             result = message.get("result")
             if isinstance(result, dict):
                 self._take_state(result.get("state"))
-            self.relay.answer(_int_or_none(message.get("id")), message)
+            self.relay.answer(int_or_none(message.get("id")), message)
 
     def on_exit(self) -> None:
         """The pidfd says the worker died: reap, answer what was in flight, decide."""
@@ -240,8 +242,10 @@ class HostedSession:
             return
         if code == EXIT_LOCKED and self._wait_for_holder():
             return
-        fatal = fatal_reason(code, said, self.spec.home, self.id, self._holder)
+        fatal = fatal_reason(code, said, self.spec.home, self.id, self._holder, self._kind)
         if fatal is not None:
+            if code == EXIT_REFUSED:  # the counts of a log that is refused mean nothing now
+                self.epoch = self.records = None
             self._fatal(fatal)
         elif code == EXIT_CLEAN:
             self.machine.move(State.EXITED)
@@ -374,8 +378,8 @@ class HostedSession:
 
     def _take_state(self, state: object) -> None:
         if isinstance(state, dict):
-            self.epoch = _int_or_none(state.get("epoch"))
-            self.records = _int_or_none(state.get("records"))
+            self.epoch = int_or_none(state.get("epoch"))
+            self.records = int_or_none(state.get("records"))
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -384,10 +388,6 @@ class HostedSession:
 
     def status(self) -> Message:
         return session_status(self)
-
-
-def _int_or_none(value: object) -> int | None:
-    return value if type(value) is int else None
 
 
 def _without_create(spec: WorkerSpec) -> WorkerSpec:

@@ -57,3 +57,8 @@ def session_status(hosted: StatusSource) -> Message:
         "cpu_s": worker.cpu_seconds() if worker is not None else None,
         "last_error": hosted.last_error,
     }
+
+
+def int_or_none(value: object) -> int | None:
+    """A count a worker reported, or None if it is not an int."""
+    return value if type(value) is int else None

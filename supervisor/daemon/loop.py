@@ -30,11 +30,12 @@ from supervisor.daemon.home import claim_home, existing_sessions
 from supervisor.daemon.hosted import HostedSession
 from supervisor.daemon.links import ClientConnection, WorkerLink, WorkerWatch
 from supervisor.daemon.listener import Listener
+from supervisor.daemon.local_sessions import adopt_local, forget_local
 from supervisor.daemon.lock_wait import HolderWait
 from supervisor.daemon.spawn import WorkerProcess, WorkerSpec
 from supervisor.daemon.worker_specs import UnknownApp, worker_spec
 from supervisor.errors import ServeError
-from supervisor.hosting.intent import IntentError
+from supervisor.hosting.intent import IntentError, IntentFile
 from supervisor.hosting.runtime import Hosting
 from supervisor.states import State
 from worker.store.layout import SESSIONS_DIR
@@ -246,6 +247,13 @@ class Supervisor:
             self.config, session_id, app=app, create=create, slot=slot, cluster=cluster
         )
 
+    @property
+    def intent(self) -> IntentFile:
+        return self.hosting.intent
+
+    def host_stopped(self, session_id: str) -> HostedSession:
+        return self._host(self._spec(session_id))
+
     def _host(self, spec: WorkerSpec, state: State = State.STOPPED) -> HostedSession:
         hosted = HostedSession(
             self, spec, self.config.policy(), self.rng, hang_timeout=spec.hang_timeout,
@@ -306,10 +314,10 @@ class Supervisor:
         hosted.ready_waiters.append(waiter)
         hosted.start()
 
-    def adopt_session(self, waiter: Waiter, session_id: str) -> None:
-        """Cluster mode: claim a session whose files were moved here, and serve it."""
+    def adopt_session(self, waiter: Waiter, session_id: str, app: str | None = None) -> None:
+        """Claim a session whose files were moved here (cluster mode: and serve it)."""
         if self.cluster is None:
-            waiter.client.reply(error(waiter.request_id, "bad_request", "not a cluster node"))
+            adopt_local(self, waiter, session_id, app)  # restored: listed STOPPED
             return
         hosted = self.sessions.get(session_id)
         if hosted is not None and hosted.state in (State.RUNNING, State.STARTING):
@@ -332,7 +340,10 @@ class Supervisor:
         fresh.start()
 
     def forget_session(self, waiter: Waiter, session_id: str) -> None:
-        """Cluster mode: stop listing a stopped session whose files left this node."""
+        """Stop listing a stopped session whose files left this node (or were deleted)."""
+        if self.cluster is None:
+            forget_local(self, waiter, session_id)  # its intent entry too
+            return
         hosted = self.sessions.get(session_id)
         if hosted is not None and hosted.worker is None:
             del self.sessions[session_id]

@@ -41,7 +41,7 @@ class Daemon(Protocol):
     def forget_pending_start(self, hosted: HostedSession) -> None: ...
     def statuses(self) -> list[Message]: ...
     def daemon_status(self) -> Message: ...
-    def adopt_session(self, waiter: Waiter, session_id: str) -> None: ...
+    def adopt_session(self, waiter: Waiter, session_id: str, app: str | None = None) -> None: ...
     def forget_session(self, waiter: Waiter, session_id: str) -> None: ...
     def remember_intent(self, session_id: str, *, stopped: bool) -> str | None: ...
     def follow_events(self, client: Client) -> bool: ...
@@ -79,10 +79,7 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
             slot = optional_field(message, "slot", int) or 0
             if slot < 0:
                 raise WireError("field 'slot' must be >= 0")
-            app = optional_field(message, "app", str)
-            if app is not None and len(app) > MAX_APP_NAME:
-                raise WireError(f"field 'app' must be at most {MAX_APP_NAME} characters")
-            daemon.create_session(waiter, session_id, slot, app)
+            daemon.create_session(waiter, session_id, slot, _app(message))
         elif op == "connect":
             _hosted(daemon, message).submit(waiter, {"op": "connect"})
         elif op in ("send", "compact"):
@@ -101,6 +98,8 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
                 if summary is not None:
                     forwarded["summary"] = summary
                 hosted.submit(waiter, forwarded)
+        elif op == "backup_point":  # the newest log's durable length at a group boundary
+            _hosted(daemon, message).submit(waiter, {"op": "durable_point"})
         elif op == "metrics":
             client.reply(ok(request_id, daemon.metrics_text()))
         elif op == "events":
@@ -131,8 +130,8 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
             daemon.forget_pending_start(hosted)
             hosted.stop_waiters.append(waiter)
             hosted.stop()
-        elif op == "adopt":  # cluster: a session moved here; claim it and serve it
-            daemon.adopt_session(waiter, _session_id(message))
+        elif op == "adopt":  # a session moved here (cluster: claimed, served) or restored
+            daemon.adopt_session(waiter, _session_id(message), _app(message))
         elif op == "forget":  # cluster: a stopped session moved away; stop listing it
             daemon.forget_session(waiter, _session_id(message))
         elif op == "restart":
@@ -170,6 +169,13 @@ def status_page(daemon: Daemon, after: str, limit: int) -> Message:
         rows.append(row)
     more = len(later) > len(rows)
     return {"sessions": rows, "next": rows[-1]["session"] if more and rows else None}
+
+
+def _app(message: Message) -> str | None:
+    app = optional_field(message, "app", str)
+    if app is not None and len(app) > MAX_APP_NAME:
+        raise WireError(f"field 'app' must be at most {MAX_APP_NAME} characters")
+    return app
 
 
 def _session_id(message: Message) -> str:

@@ -113,6 +113,15 @@ class IntentFile:
         self._write(wanted, self._apps)
         self._stopped = wanted
 
+    def forget(self, session_id: str) -> None:
+        """Clear the session's entries (stopped, its App): it was deleted; durable on return."""
+        stopped = self._stopped - {session_id}
+        apps = {k: v for k, v in self._apps.items() if k != session_id}
+        if stopped == self._stopped and apps == self._apps:
+            return
+        self._write(stopped, apps)
+        self._stopped, self._apps = stopped, apps
+
     def _write(self, stopped: set[str], apps: dict[str, str]) -> None:
         document: dict[str, object] = {"stopped": sorted(stopped)}
         if apps:

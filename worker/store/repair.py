@@ -30,8 +30,9 @@ from worker.store.records import EpochEnd, Record, SessionStart, User, decode_li
 
 QUARANTINE_DIR: Final = "quarantine"
 _NEVER_IN_PLACE: Final = (
-    "It is never repaired in place: restore the session from a backup, or move it aside "
-    "with its files intact"
+    "It is never repaired in place: restore the session from a backup (loopd restore), "
+    "or keep the prefix that opens with loopd salvage (what it cuts may hold acknowledged "
+    "work), or move it aside with its files intact"
 )
 
 
@@ -50,6 +51,7 @@ class RepairResult:
     quarantine: str
     kept_bytes: int
     readable: tuple[str, ...]  # the moved records that still decode, e.g. "User key=k1"
+    keys: tuple[str, ...] = ()  # the keys of the moved User records that still decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,7 @@ class _Cut:
     first_line: int
     last_line: int
     readable: tuple[str, ...]
+    keys: tuple[str, ...]
 
 
 def repair_torn_tail(home: str | os.PathLike[str], session_id: str) -> RepairResult:
@@ -95,7 +98,7 @@ def _repair_locked(home: str, directory: str, session_id: str, dir_fd: int) -> R
     if torn.path != newest:
         raise _not_a_torn_tail(torn)
     data = read_file(dir_fd, os.path.basename(newest), newest)
-    cut = _find_cut(newest, data, torn)
+    cut = find_cut(newest, data, torn)
     keep = data[: cut.offset]
     # Check that the session that would remain opens before changing anything.
     try:
@@ -108,7 +111,7 @@ def _repair_locked(home: str, directory: str, session_id: str, dir_fd: int) -> R
         ) from exc
     tail = data[cut.offset :]
     target_dir = os.path.join(home, QUARANTINE_DIR, session_id)
-    _make_dirs(target_dir)
+    make_dirs(target_dir)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     target = os.path.join(target_dir, f"{stamp}-{epochs[-1]}.jsonl.torn")
     durable.write_file_atomic(target, tail)
@@ -126,10 +129,11 @@ def _repair_locked(home: str, directory: str, session_id: str, dir_fd: int) -> R
         quarantine=target,
         kept_bytes=len(keep),
         readable=cut.readable,
+        keys=cut.keys,
     )
 
 
-def _find_cut(path: str, data: bytes, torn: TornLog) -> _Cut:
+def find_cut(path: str, data: bytes, torn: LogError) -> _Cut:
     """Find where the last whole group ends; refuse unless only the last group is damaged.
 
     Lines are read in order until the first one that does not decode (or the torn last
@@ -173,7 +177,8 @@ def _find_cut(path: str, data: bytes, torn: TornLog) -> _Cut:
     last_line = len(lines) + (1 if tail else 0)
     if last_line < cut_line:
         raise _not_a_torn_tail(torn)
-    return _Cut(cut_offset, cut_line, last_line, tuple(readable))
+    keys = tuple(r.key for r, _p in filter(None, remains) if isinstance(r, User) and r.key)
+    return _Cut(cut_offset, cut_line, last_line, tuple(readable), keys)
 
 
 def _check_one_group(
@@ -222,7 +227,7 @@ def _not_a_torn_tail(problem: LogError) -> RepairRefused:
     )
 
 
-def _make_dirs(path: str) -> None:
+def make_dirs(path: str) -> None:
     """Make ``path`` and its missing parents durably (each new name fsynced in its parent)."""
     missing = []
     current = path

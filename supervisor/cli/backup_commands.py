@@ -1,0 +1,203 @@
+"""``loopd backup`` and ``loopd restore``: a consistent copy of a live session, and back.
+
+The copy's point (where the newest log is cut) is named by the session's worker through
+the daemon (``backup_point``); with no daemon, or a session not running, the copy is
+taken under the session's lock (worker.store.backup). A worker killed while it is asked
+is asked again once it is back, until ``--timeout``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Final, NoReturn
+
+import click
+
+from supervisor.cli.offline_commands import EXIT_REFUSED, require_home
+from supervisor.cli.options import existing_home_option, timeout_option
+from supervisor.cli.removal_commands import daemon_answers
+from supervisor.client.control import RETRYABLE, call
+from supervisor.errors import ControlError
+from supervisor.hosting.intent import IntentError, IntentFile
+from worker.store.backup import MANIFEST, BackupError, Point, PointMoved, backup_session
+from worker.store.errors import SessionError
+from worker.store.layout import SESSIONS_DIR
+from worker.store.restore import check_backup, restore_session
+from worker.store.session_id import validate_session_id
+
+MAX_ATTEMPTS: Final = 20
+"""Copies begun again because an epoch commit replaced a file the point needed."""
+RETRY_PAUSE: Final = 0.05
+LIVE_STATES: Final = frozenset({"RUNNING", "STARTING", "BACKOFF", "IDLE", "STOPPING"})
+WORKING: Final = frozenset({"RUNNING", "STARTING", "BACKOFF"})
+"""States in which the session's worker runs, or is about to: it is asked for the point."""
+
+
+def _fail(command: str, why: object) -> NoReturn:
+    click.echo(f"loopd {command}: {why}", err=True)
+    sys.exit(EXIT_REFUSED)
+
+
+def worker_point(home: str, session_id: str, deadline: float) -> Point | None:
+    """The durable point the session's worker names; None if no worker runs it (no daemon,
+    not hosted, stopped, refused or hibernated, which a backup does not wake: the newest
+    log is then cut at its last whole group)."""
+    if _hosted_state(home, session_id, max(0.1, deadline - time.monotonic())) not in WORKING:
+        return None
+    while True:
+        left = max(0.1, deadline - time.monotonic())
+        try:
+            answer = call(home, "backup_point", timeout=left, session=session_id)
+        except ControlError as exc:
+            if exc.code in ("no_daemon", "not_found", "unavailable"):
+                return None
+            if exc.code in RETRYABLE and time.monotonic() < deadline:
+                time.sleep(RETRY_PAUSE)  # the worker was killed or is restarting: ask again
+                continue
+            raise
+        if not isinstance(answer, dict):
+            raise ControlError("bad_reply", f"backup_point answered {answer!r:.80}")
+        return Point(int(answer["epoch"]), int(answer["bytes"]), "worker")
+
+
+def _named_app(home: str, session_id: str) -> str | None:
+    """The named App the session was created with (intent.json), for its restore."""
+    intent = IntentFile(home)
+    try:
+        intent.load()
+    except IntentError as exc:
+        click.echo(f"loopd backup: {exc}; the backup does not name the session's App", err=True)
+        return None
+    return intent.app_of(session_id)
+
+
+def _backup_one(home: str, session_id: str, dest: str, deadline: float) -> bool:
+    app = _named_app(home, session_id)
+    for _attempt in range(MAX_ATTEMPTS):
+        point = worker_point(home, session_id, deadline)
+        try:
+            result = backup_session(home, session_id, dest, point, app)
+        except PointMoved:
+            continue
+        break
+    else:
+        _fail("backup", f"{session_id}: epoch commits kept replacing its files; try again")
+    where = f"epoch {result.point.epoch}'s log up to byte {result.point.size}"
+    if result.point.named_by == "worker":
+        how = "a group boundary its worker named, all of it durable"
+    else:
+        how = "its last whole group: no worker runs it"
+        if result.left:
+            how += f"; the {result.left} bytes after it (a torn tail?) are not copied"
+    click.echo(
+        f"backed up {session_id} to {result.directory}: {result.files} files, "
+        f"{result.size} bytes; {where} ({how})"
+    )
+    if result.refused is not None:
+        click.echo(f"loopd backup: the copy of {session_id} is refused: {result.refused}", err=True)
+        return False
+    return True
+
+
+@click.command()
+@existing_home_option
+@timeout_option
+@click.option("--all", "every", is_flag=True, help="Back up every session of the home.")
+@click.argument("args", nargs=-1, metavar="[ID] DEST")
+def backup(home: str, timeout: float, every: bool, args: tuple[str, ...]) -> None:
+    """Copy session ID (or --all) into DEST/ID, consistently, while it runs.
+
+    Sealed epochs as they are, the newest log up to a group boundary its worker names,
+    every file fsynced, and a manifest of their SHA-256 digests. Exits 1 if a copy is
+    refused by the loader (it is kept, for a look).
+    """
+    require_home("backup", home)
+    if len(args) != (1 if every else 2):
+        _fail("backup", "expected ID DEST, or --all DEST")
+    dest = os.path.abspath(args[-1])
+    deadline = time.monotonic() + timeout
+    if not every:
+        try:
+            good = _backup_one(home, validate_session_id(args[0]), dest, deadline)
+        except (ControlError, SessionError) as exc:
+            _fail("backup", exc)
+        sys.exit(0 if good else EXIT_REFUSED)
+    failed = 0
+    for session_id in sorted(os.listdir(os.path.join(home, SESSIONS_DIR))):
+        try:  # one session that cannot be copied does not stop the others
+            failed += not _backup_one(home, validate_session_id(session_id), dest, deadline)
+        except (ControlError, SessionError) as exc:
+            failed += 1
+            click.echo(f"loopd backup: {session_id}: {exc}", err=True)
+    if failed:
+        _fail("backup", f"not backed up: {failed} of the sessions (each named above)")
+
+
+def _source(src: str, session_id: str | None) -> str:
+    if os.path.exists(os.path.join(src, MANIFEST)):
+        return src
+    if session_id is not None and os.path.exists(os.path.join(src, session_id, MANIFEST)):
+        return os.path.join(src, session_id)
+    raise BackupError(src, f"holds no {MANIFEST}: not a backup of one session (or of ID in it)")
+
+
+@click.command()
+@existing_home_option
+@timeout_option
+@click.option("--force", is_flag=True, help="Stop the session and move it to the trash first.")
+@click.argument("src", type=click.Path(file_okay=False))
+@click.argument("session_id", metavar="[ID]", required=False)
+def restore(home: str, timeout: float, force: bool, src: str, session_id: str | None) -> None:
+    """Put back the backup SRC (or SRC/ID of a --all backup) as a session of the home.
+
+    The manifest is checked first. A session that is there, or live, is not replaced
+    unless --force: then it is stopped and its directory moved to <home>/trash/.
+    """
+    require_home("restore", home)
+    try:
+        source = _source(src, session_id)
+        manifest = check_backup(source)
+        wanted = session_id or manifest.session
+        live = daemon_answers(home, timeout)
+        if live:
+            state = _hosted_state(home, wanted, timeout)
+            if state in LIVE_STATES and not force:
+                _fail("restore", f"session {wanted} is {state}; --force stops it and replaces it")
+            if state in LIVE_STATES:
+                call(home, "stop", timeout=timeout, session=wanted)
+        result = restore_session(home, source, wanted, replace=force)
+        app = {} if manifest.app is None else {"app": manifest.app}
+        if live:
+            call(home, "adopt", timeout=timeout, session=wanted, **app)
+        elif manifest.app is not None:
+            intent = IntentFile(home)
+            intent.load()
+            intent.set_app(wanted, manifest.app)
+    except (ControlError, SessionError, IntentError) as exc:
+        _fail("restore", exc)
+    if result.replaced is not None:
+        click.echo(f"moved the session that was there to {result.replaced}")
+    click.echo(
+        f"restored {wanted} from {source} (taken {manifest.taken}): "
+        f"{len(manifest.files)} files, each matching the manifest"
+    )
+    if result.refused is not None:
+        _fail("restore", f"but the restored session is refused: {result.refused}")
+    click.echo(f"it verifies; next: loopd start {wanted}")
+
+
+def _hosted_state(home: str, session_id: str, timeout: float) -> str | None:
+    """The session's state in the daemon; None if no daemon runs or it does not host it."""
+    try:
+        rows = call(home, "status", timeout=timeout, session=session_id)
+    except ControlError as exc:
+        if exc.code in ("not_found", "no_daemon"):
+            return None
+        raise
+    row = rows[0] if isinstance(rows, list) and rows else {}
+    return str(row.get("state")) if isinstance(row, dict) else None
+
+
+COMMANDS: Final = (backup, restore)

@@ -1,0 +1,108 @@
+"""``loopd delete`` and ``loopd forget``: a session leaves the home without a restart.
+
+Both act through the running daemon when there is one (it stops the session, and its
+``forget`` operation drops the session from its list and clears its intent entry), and
+on the files alone when no daemon serves the home. A directory is never removed:
+``delete`` moves it to ``<home>/trash/<id>.<UTC time>``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Final, NoReturn
+
+import click
+
+from supervisor.cli.offline_commands import EXIT_REFUSED, require_home
+from supervisor.cli.options import existing_home_option, timeout_option
+from supervisor.client.control import call
+from supervisor.errors import ControlError
+from supervisor.hosting.intent import IntentError, IntentFile
+from worker.store.errors import SessionError
+from worker.store.layout import session_dir
+from worker.store.trash import move_to_trash
+
+NO_DAEMON: Final = "no_daemon"
+
+
+def _fail(command: str, why: object) -> NoReturn:
+    click.echo(f"loopd {command}: {why}", err=True)
+    sys.exit(EXIT_REFUSED)
+
+
+def daemon_answers(home: str, timeout: float) -> bool:
+    """Whether a daemon serves ``home`` (it answers a ping)."""
+    try:
+        call(home, "ping", timeout=timeout)
+    except ControlError as exc:
+        if exc.code == NO_DAEMON:
+            return False
+        raise
+    return True
+
+
+def forget_offline(home: str, session_id: str) -> None:
+    """No daemon runs: clear the session's intent entry in the file itself."""
+    intent = IntentFile(home)
+    intent.load()
+    intent.forget(session_id)
+
+
+@click.command()
+@existing_home_option
+@timeout_option
+@click.argument("session_id", metavar="ID")
+def delete(home: str, timeout: float, session_id: str) -> None:
+    """Stop session ID, move its directory to <home>/trash/, and forget it.
+
+    Nothing is removed: the directory keeps every file, under ``trash/<id>.<time>``.
+    """
+    require_home("delete", home)
+    try:
+        directory = session_dir(home, session_id)
+        live = daemon_answers(home, timeout)
+        if live:
+            try:
+                call(home, "stop", timeout=timeout, session=session_id)
+            except ControlError as exc:
+                if exc.code != "not_found":  # not hosted: its files alone are moved
+                    raise
+        target = move_to_trash(home, session_id)
+        if live:
+            call(home, "forget", timeout=timeout, session=session_id)
+        else:
+            forget_offline(home, session_id)
+    except (ControlError, SessionError, IntentError) as exc:
+        _fail("delete", exc)
+    how = "the daemon no longer lists it" if live else "no daemon runs; its intent is cleared"
+    click.echo(f"moved {directory}\n   to {target}\n{how}; `loopd create {session_id}` is free")
+
+
+@click.command()
+@existing_home_option
+@timeout_option
+@click.argument("session_id", metavar="ID")
+def forget(home: str, timeout: float, session_id: str) -> None:
+    """Stop listing session ID, whose directory was moved out of <home>/sessions/.
+
+    Refused while the directory is there (``loopd delete`` moves it) or a worker runs.
+    """
+    require_home("forget", home)
+    try:
+        directory = session_dir(home, session_id)
+        if daemon_answers(home, timeout):
+            call(home, "forget", timeout=timeout, session=session_id)
+            how = "the daemon no longer lists it and its intent is cleared"
+        elif os.path.lexists(directory):
+            _fail("forget", f"{directory}: the session's directory is still there; "
+                  "`loopd delete` moves it to the trash and forgets it")  # fmt: skip
+        else:
+            forget_offline(home, session_id)
+            how = "no daemon runs; its intent is cleared"
+    except (ControlError, SessionError, IntentError) as exc:
+        _fail("forget", exc)
+    click.echo(f"forgot {session_id}: {how}; `loopd create {session_id}` is free")
+
+
+COMMANDS: Final = (delete, forget)

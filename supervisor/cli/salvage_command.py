@@ -1,0 +1,57 @@
+"""``loopd salvage``: keep the longest prefix open accepts, for damage repair refuses."""
+
+from __future__ import annotations
+
+import sys
+from typing import Final
+
+import click
+
+from supervisor.cli.offline_commands import EXIT_REFUSED, require_home
+from supervisor.cli.options import existing_home_option
+from worker.store.errors import SessionError
+from worker.store.salvage import salvage_session
+
+
+@click.command()
+@existing_home_option
+@click.argument("session_id", metavar="ID")
+def salvage(home: str, session_id: str) -> None:
+    """Cut session ID back to the longest prefix that opens; quarantine the rest.
+
+    For damage `loopd repair` refuses (a bad line mid-log, a sealed epoch). Loud: it
+    prints every record and key it cut, and acknowledged work may be among them.
+    Nothing is deleted: what is cut goes to <home>/quarantine/ID/. Refused while a
+    worker holds the session, and for a session that opens.
+    """
+    require_home("salvage", home)
+    try:
+        result = salvage_session(home, session_id)
+    except SessionError as exc:
+        click.echo(f"loopd salvage: refused: {exc}", err=True)
+        sys.exit(EXIT_REFUSED)
+    click.echo(f"the session was refused: {result.refusal}")
+    epochs = f"epochs 0-{result.kept_epoch}" if result.kept_epoch else "epoch 0"
+    click.echo(
+        f"kept: {epochs}, the last up to byte {result.kept_bytes} (the longest prefix that opens)"
+    )
+    keys: list[str] = []
+    for cut in result.cuts:
+        what = "the whole epoch" if cut.whole else "its lines after the prefix"
+        click.echo(
+            f"CUT epoch {cut.epoch}, {what}: lines {cut.first_line}-{cut.last_line} "
+            f"({len(cut.records)} lines)"
+        )
+        for record in cut.records:
+            click.echo(f"   {record}")
+        keys.extend(cut.keys)
+    click.echo(f"moved to {result.quarantine} (nothing was deleted)")
+    click.echo(
+        f"keys cut ({len(keys)}): {', '.join(keys) if keys else 'none'}\n"
+        "WARNING: acknowledged work may be among what was cut: the damage did not come "
+        "from a crash, so these records may have been answered. A request sent again "
+        f"under a cut key is applied again. Next: loopd start {session_id}"
+    )
+
+
+COMMANDS: Final = (salvage,)
