@@ -45,10 +45,12 @@ class WorkerCluster:
 class ServingNode:
     """The cluster side of one ``loopd serve``."""
 
-    def __init__(self, url: str, name: str, home: str, *, ttl: int | None = None) -> None:
+    def __init__(
+        self, url: str, name: str, home: str, *, ttl: int | None = None, address: str | None = None
+    ) -> None:
         self.client = EtcdClient(url, timeout=CALL_TIMEOUT)
         timing = LeaseTiming(ttl=ttl) if ttl is not None else None
-        self.node = ClusterNode(self.client, name, home, timing=timing)
+        self.node = ClusterNode(self.client, name, home, timing=timing, address=address)
         self.lease_file = os.path.join(home, LEASE_FILE)
 
     def start(self) -> list[str]:

@@ -32,6 +32,7 @@ from supervisor.daemon.links import ClientConnection, WorkerLink, WorkerWatch
 from supervisor.daemon.listener import Listener
 from supervisor.daemon.lock_wait import HolderWait
 from supervisor.daemon.spawn import WorkerProcess, WorkerSpec
+from supervisor.daemon.tls_gateway import TlsGateway, open_gateway
 from supervisor.daemon.worker_specs import UnknownApp, worker_spec
 from supervisor.errors import ServeError
 from supervisor.hosting.intent import IntentError
@@ -63,6 +64,7 @@ class Supervisor:
         self._listener = Listener(self.loop, self.home, self._on_client, self.report)
         self._to_start: deque[HostedSession] = deque()
         self.cluster: DaemonNode | None = None
+        self.gateway: TlsGateway | None = None  # --listen tls://: its own thread and loop
         self.hosting = Hosting(self.loop, self.home, config.hosting, self.sessions, self.report)
 
     # -- the Loop protocol of HostedSession ---------------------------------------------
@@ -150,6 +152,8 @@ class Supervisor:
             sessions = existing_sessions(self.home)
             if self.config.cluster is not None:
                 sessions = self._join_cluster(self.config.cluster)
+            elif self.config.listen is not None:
+                raise ServeError("--listen needs --cluster URL and --node NAME")
             self._listener.open()
             self.hosting.open_metrics()
             self.hosting.begin()
@@ -161,6 +165,8 @@ class Supervisor:
                 self.loop.remove_signal_handler(sig)
             self.hosting.close()
             self._listener.close()
+            if self.gateway is not None:
+                self.gateway.close()
             for client in list(self.clients):
                 client.abort()
             for task in self._tasks:
@@ -189,12 +195,22 @@ class Supervisor:
         """Register this node and claim its sessions (quarantining the others); those it serves."""
         if self.config.node is None:
             raise ServeError("--cluster needs --node NAME")
-        serving = ServingNode(url, self.config.node, self.home, ttl=self.config.lease_ttl)
+        self.gateway = open_gateway(
+            self.config.listen, self.config.tls, self.config.node, self._listener.path,
+            self.report_from_thread,
+        )  # fmt: skip
+        serving = ServingNode(
+            url, self.config.node, self.home, ttl=self.config.lease_ttl,
+            address=self.config.listen,
+        )  # fmt: skip
         self.cluster = DaemonNode(
             self.loop, serving, self.sessions, self.report, lambda: self._shutting_down,
             self._check_done,
         )  # fmt: skip
         return self.cluster.start()
+
+    def report_from_thread(self, line: str) -> None:
+        self.loop.call_soon_threadsafe(self.report, line)
 
     def report(self, line: str) -> None:
         """One line on stderr for the operator (serve's output is its log). It never blocks
