@@ -1,4 +1,5 @@
-"""The cluster's operator commands: ``loopd move``, ``loopd drain``, ``loopd takeover``."""
+"""The cluster's operator commands: ``loopd move``, ``drain``, ``cordon``, ``uncordon``,
+``takeover``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import click
 
 from supervisor.cli.options import ETCD_URL
 from supervisor.client.control import call
+from supervisor.cluster.cordon import cordon, uncordon
 from supervisor.cluster.drain import drain_node
 from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.etcd import EtcdClient
@@ -78,7 +80,7 @@ def move(url: str, session_id: str, target: str | None, abort: bool) -> None:
 @_cluster_option
 @click.argument("node")
 def drain(url: str, node: str) -> None:
-    """Move every session of NODE to the other live nodes."""
+    """Cordon NODE, then move every session of it to the other live nodes."""
     try:
         with EtcdClient(url) as client:
             moves = drain_node(client, node, control=DaemonControl())
@@ -89,6 +91,32 @@ def drain(url: str, node: str) -> None:
             click.echo(
                 json.dumps({"session": done.session, "node": done.node, "token": done.token})
             )
+
+
+@click.command("cordon")
+@_cluster_option
+@click.argument("node")
+def cordon_command(url: str, node: str) -> None:
+    """Place no new session on NODE (its sessions stay; `drain` moves them)."""
+    try:
+        with EtcdClient(url) as client:
+            cordon(client, node)
+    except (ClusterError, ValueError) as exc:
+        _fail(ClusterError(str(exc)))
+    click.echo(json.dumps({"node": node, "cordoned": True}))
+
+
+@click.command("uncordon")
+@_cluster_option
+@click.argument("node")
+def uncordon_command(url: str, node: str) -> None:
+    """Place new sessions on NODE again."""
+    try:
+        with EtcdClient(url) as client:
+            was = uncordon(client, node)
+    except (ClusterError, ValueError) as exc:
+        _fail(ClusterError(str(exc)))
+    click.echo(json.dumps({"node": node, "cordoned": False, "was_cordoned": was}))
 
 
 @click.command()

@@ -20,7 +20,7 @@ from supervisor.cli.options import (
 from supervisor.cli.tail_command import print_stream
 from supervisor.client.control import call, not_utf8, statuses
 from supervisor.client.direct import Client
-from supervisor.client.status_table import status_lines
+from supervisor.client.status_table import status_lines, with_node_column
 from supervisor.cluster.errors import ClusterError
 from supervisor.daemon.loop import ServeConfig, Supervisor
 from supervisor.daemon.poison import DEFAULT_POISON_AFTER
@@ -391,7 +391,7 @@ def status(
 
 
 def _print_status(rows: list[object]) -> None:
-    for line in status_lines(rows, STATUS_COLUMNS):
+    for line in status_lines(rows, with_node_column(STATUS_COLUMNS, rows)):
         click.echo(line)
 
 

@@ -21,3 +21,11 @@ def status_lines(
         ).rstrip()
         for line in table
     ]
+
+
+def with_node_column(columns: Sequence[str], rows: Sequence[object]) -> Sequence[str]:
+    """``columns`` with ``node`` after the first when any row names its node (a cluster's
+    status, ``loopd status --cluster``)."""
+    if any(isinstance(row, dict) and "node" in row for row in rows):
+        return (columns[0], "node", *columns[1:])
+    return columns

@@ -55,6 +55,19 @@ class AlreadyPlaced(NotOwner):
         self.node = node
 
 
+class Cordoned(ClusterError):
+    """A new session was to be placed on a cordoned node (``loopd cordon``)."""
+
+    def __init__(self, session: str, node: str) -> None:
+        super().__init__(session, node)
+        self.session = session
+        self.node = node
+
+    def __str__(self) -> str:
+        return (f"session {self.session}: node {self.node} is cordoned: no new session is "
+                f"placed on it (`loopd uncordon {self.node}`)")  # fmt: skip
+
+
 class StaleOwner(ClusterError):
     """A reply carried a lower fencing token than one already seen for the session."""
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final, TypeVar
 
-from supervisor.cluster.errors import AlreadyPlaced, ClusterError, NotOwner
+from supervisor.cluster.errors import AlreadyPlaced, ClusterError, Cordoned, NotOwner
 from supervisor.cluster.ownership import unplace
 from supervisor.cluster.serving import ServingNode, WorkerCluster
 from supervisor.daemon.endpoints import Waiter
@@ -184,6 +184,8 @@ def _code(exc: Exception | None) -> str:
     """The control error code of a failed placement."""
     if isinstance(exc, AlreadyPlaced):
         return "exists"
+    if isinstance(exc, Cordoned):
+        return "cordoned"
     if isinstance(exc, NotOwner):
         return "not_owner"
     return "unavailable"  # etcd did not answer, or badly; a file error of a claim
