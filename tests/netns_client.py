@@ -1,14 +1,13 @@
-"""A client host's script for the namespace tests: wait for the cluster, run commands.
+"""A client host's script for the namespace tests: wait for the cluster, then run steps.
 
-    python -m tests.netns_client '{"etcd": URL, "nodes": [...], "commands": [[...], ...],
-                                   "sessions": [...]}'
+    python -m tests.netns_client '{"etcd": URL, "nodes": [...], "steps": [...]}'
 
 Waits (against a deadline) until etcd answers, every named node is registered and each
-answers ``ping`` over TLS with this host's certificate ($LOOPD_TLS_*); then creates each
-of ``sessions`` through ``ClusterClient`` and sends it one keyed request twice; then runs
-each command (``loopd ...`` as ``python -m supervisor ...``). Prints one JSON object:
-``api`` (each session's two replies, or the error), ``commands`` (each command's argv,
-exit code, stdout and stderr).
+answers ``ping`` over TLS with this host's certificate ($LOOPD_TLS_*); then runs each
+step in order, through one ``ClusterClient``: ``{"create": ID}``, ``{"send": ID, "key":
+K}``, or ``{"loopd": [argv...]}`` (``loopd ...`` as ``python -m supervisor ...``).
+Prints one JSON list, a result per step: ``{"ok": reply}`` or ``{"error": "..."}``, and
+for a command its exit code, stdout and stderr.
 """
 
 from __future__ import annotations
@@ -19,9 +18,9 @@ import sys
 import time
 
 from supervisor.client.cluster import ClusterClient
-from supervisor.client.tls_link import NodeLink
 from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.peer_link import NodeLink
 from supervisor.cluster.routing import live_nodes
 from supervisor.cluster.transport import tls_files_from_env
 from supervisor.errors import ControlError
@@ -61,30 +60,28 @@ def wait_for(url: str, nodes: list[str]) -> None:
     raise SystemExit(f"the cluster did not come up: {last}")
 
 
+def run_step(cluster: ClusterClient, step: dict[str, object]) -> dict[str, object]:
+    if "loopd" in step:
+        argv = [str(arg) for arg in step["loopd"]]  # type: ignore[attr-defined]
+        done = subprocess.run(
+            [sys.executable, "-m", "supervisor", *argv],
+            check=False, capture_output=True, text=True, timeout=90,
+        )  # fmt: skip
+        return {"argv": argv, "code": done.returncode, "stdout": done.stdout,
+                "stderr": done.stderr}  # fmt: skip
+    try:
+        if "create" in step:
+            return {"ok": cluster.create(str(step["create"]))}
+        return {"ok": cluster.send(str(step["send"]), "hello", key=str(step["key"]))}
+    except (ClusterError, ControlError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def main() -> None:
     plan = json.loads(sys.argv[1])
     wait_for(plan["etcd"], plan["nodes"])
-    api: dict[str, object] = {}
     with ClusterClient(plan["etcd"], timeout=20) as cluster:
-        for session in plan.get("sessions", []):
-            try:
-                cluster.create(session)
-                api[session] = [cluster.send(session, "hello", key=f"{session}-k") for _ in "12"]
-            except (ClusterError, ControlError) as exc:
-                api[session] = f"{type(exc).__name__}: {exc}"
-    results = []
-    for argv in plan["commands"]:
-        done = subprocess.run(
-            [sys.executable, "-m", "supervisor", *argv],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        results.append(
-            {"argv": argv, "code": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
-        )
-    print(json.dumps({"api": api, "commands": results}))
+        print(json.dumps([run_step(cluster, step) for step in plan["steps"]]))
 
 
 if __name__ == "__main__":

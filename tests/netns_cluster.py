@@ -99,26 +99,44 @@ def run_client(
     certs: Certificates,
     etcd_url: str,
     nodes: list[str],
-    commands: list[list[str]],
+    steps: list[dict[str, object]],
     *,
     role: Role = Role.CLIENT,
-    sessions: list[str] | None = None,
-) -> dict[str, Any]:
-    """On the client ``host``, once every node answers: ``sessions`` created and sent to
-    through ClusterClient, then ``commands`` (loopd's argv); what tests/netns_client.py
-    prints."""
-    copy = host_certificates(certs, host, f"{host.name}-user", role)
+) -> list[dict[str, Any]]:
+    """On the client ``host``, once every node answers: ``steps`` (tests/netns_client.py)
+    with a certificate of ``role``; each step's result."""
+    copy = host_certificates(certs, host, f"{host.name}-{role.value}", role)
     files = private_files(host)
     env = f"LOOPD_TLS_CA={files.ca} LOOPD_TLS_CERT={files.cert} LOOPD_TLS_KEY={files.key}"
-    plan = json.dumps(
-        {"etcd": etcd_url, "nodes": nodes, "commands": commands, "sessions": sessions or []}
-    )
+    plan = json.dumps({"etcd": etcd_url, "nodes": nodes, "steps": steps})
     done = host.run(
         ["env", *env.split(), *host.python("-m", "tests.netns_client", plan)],
-        copy=copy,
-        timeout=110,
-    )
+        copy=copy, timeout=110,
+    )  # fmt: skip
     if done.returncode != 0:
         raise AssertionError(f"the client host failed: {done.stderr.strip()[-2000:]}")
-    results: dict[str, Any] = json.loads(done.stdout)
+    results: list[dict[str, Any]] = json.loads(done.stdout)
     return results
+
+
+def session_keys(host: Host, node: subprocess.Popen[bytes], session: str) -> dict[str, Any]:
+    """What the node's home holds of ``session``, read on its host (the home is private):
+    whether the copy exists, its keys in log order, whether it opens and verifies."""
+    home = host.private / "home"
+    script = (
+        "import json, os, sys; from pathlib import Path\n"
+        "from tests.support import log_user_keys\n"
+        "from worker.store.loader import load_session\n"
+        f"home, s = Path({str(home)!r}), {session!r}\n"
+        "d = home / 'sessions' / s\n"
+        "out = {'exists': d.is_dir(), 'keys': [], 'token': None}\n"
+        "if d.is_dir():\n"
+        "    out['keys'] = log_user_keys(home, s)\n"
+        "    out['token'] = load_session(str(d), s).fence.token\n"
+        "print(json.dumps(out))\n"
+    )
+    done = host.inside(node, host.python("-c", script))
+    if done.returncode != 0:
+        raise AssertionError(f"reading {session} on {host.name} failed: {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result

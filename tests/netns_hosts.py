@@ -33,6 +33,7 @@ from tests.support import REPO
 SETUP_TIMEOUT: Final = 20.0
 _SEQUENCE = itertools.count(1)
 IP: Final = shutil.which("ip") or "/usr/sbin/ip"
+NSENTER: Final = shutil.which("nsenter") or "/usr/bin/nsenter"
 PRIVATE: Final = "private"
 """The directory of a host that its mount namespace covers with a tmpfs."""
 _MOUNT_AND_EXEC: Final = (
@@ -45,7 +46,7 @@ def namespaces_problem() -> str | None:
     """Why namespaces cannot be made here, or None."""
     if os.geteuid() != 0:
         return "network namespaces need root"
-    for tool in ("ip", "unshare", "mount"):
+    for tool in ("ip", "unshare", "mount", "nsenter"):
         if shutil.which(tool) is None:
             return f"no {tool!r} on PATH (apt-get install -y iproute2)"
     probe = f"ldprobe{os.getpid()}"
@@ -155,6 +156,24 @@ class Host:
         env = {**os.environ, "PYTHONPATH": str(REPO), "LOOPD_HOST_COPY": str(copy or "")}
         return subprocess.run(
             self.command(argv),
+            cwd=REPO,
+            env=env,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def inside(
+        self, process: subprocess.Popen[bytes], argv: list[str], *, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` in the network and mount namespaces of ``process`` (one spawned on
+        this host): it sees that process's private home."""
+        assert process in self.processes
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        return subprocess.run(
+            [NSENTER, "--target", str(process.pid), "--mount", "--net", *argv],
             cwd=REPO,
             env=env,
             check=False,

@@ -20,10 +20,10 @@ import pytest
 import trustme
 
 from supervisor.client.cluster import ClusterClient
-from supervisor.client.tls_link import NodeLink
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.lease import LeaseTiming, NodeLease
 from supervisor.cluster.ownership import placement_of
+from supervisor.cluster.peer_link import NodeLink
 from supervisor.cluster.routing import node_address
 from supervisor.cluster.transport import Role, TlsFiles
 from supervisor.errors import ControlError

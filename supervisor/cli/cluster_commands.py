@@ -4,19 +4,27 @@
 from __future__ import annotations
 
 import json
+from typing import Final
 
 import click
 
 from supervisor.cli.options import ETCD_URL
+from supervisor.cli.tls_options import client_tls_options, tls_files_given
 from supervisor.client.control import call
 from supervisor.cluster.cordon import cordon, uncordon
 from supervisor.cluster.drain import drain_node
 from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.etcd import EtcdClient
-from supervisor.cluster.move import abort_move, move_session, node_home
+from supervisor.cluster.move import MoveDone, abort_move, move_session, node_home
+from supervisor.cluster.peer_link import NodeLink
+from supervisor.cluster.remote_move import move_remote
+from supervisor.cluster.routing import node_address
 from supervisor.cluster.takeover import take_over
+from supervisor.cluster.transport import TlsFiles
 from supervisor.errors import ControlError
 
+MOVE_TIMEOUT: Final = 120.0
+"""Seconds a node has to answer one step of a move (a pull streams the whole session)."""
 _cluster_option = click.option(
     "--cluster",
     "url",
@@ -51,12 +59,52 @@ class DaemonControl:
                 raise ClusterError(f"{home}: {op} {session}: {exc}") from exc
 
 
+class RemoteNodes:
+    """A move's requests to nodes at ``tls://`` addresses, with the operator's certificate."""
+
+    def __init__(self, client: EtcdClient, files: TlsFiles) -> None:
+        self.client = client
+        self.files = files
+        self.links: dict[str, NodeLink] = {}
+
+    def __call__(self, node: str, op: str, session: str) -> object:
+        link = self.links.get(node)
+        if link is None:
+            address = node_address(self.client, node)
+            if address is None:
+                raise ClusterError(f"node {node} is not registered (is it running?)")
+            link = self.links[node] = NodeLink(address, node, self.files, timeout=MOVE_TIMEOUT)
+        try:
+            return link.call(op, session=session)
+        except ControlError as exc:
+            if op in ("stop", "forget") and exc.code == "not_found":
+                return None  # nothing hosted there: nothing to stop or forget
+            raise ClusterError(f"node {node}: {op} {session}: {exc}") from exc
+
+    def close(self) -> None:
+        for link in self.links.values():
+            link.close()
+
+
+def _remote(client: EtcdClient, node: str) -> RemoteNodes | None:
+    """The remote mover's calls if ``node`` is reached over TLS, else None (one machine)."""
+    address = node_address(client, node)
+    if address is None or address.startswith("unix:"):
+        return None
+    files = tls_files_given()
+    if files is None:
+        raise ClusterError(f"node {node} is at {address}: give --tls-ca, --tls-cert and "
+                           "--tls-key (an operator certificate)")  # fmt: skip
+    return RemoteNodes(client, files)
+
+
 def _fail(exc: ClusterError) -> None:
     raise click.ClickException(str(exc)) from exc
 
 
 @click.command()
 @_cluster_option
+@client_tls_options
 @click.argument("session_id", metavar="ID")
 @click.option("--to", "target", default=None, help="the node to move the session to.")
 @click.option("--abort", is_flag=True, help="undo an interrupted move (before the target owns it).")
@@ -66,8 +114,14 @@ def move(url: str, session_id: str, target: str | None, abort: bool) -> None:
         raise click.UsageError("give exactly one of --to NODE and --abort")
     try:
         with EtcdClient(url) as client:
+            remote = _remote(client, target) if target is not None else None
             if target is None:
                 done = abort_move(client, session_id)
+            elif remote is not None:
+                try:
+                    done = move_remote(client, session_id, target, remote)
+                finally:
+                    remote.close()
             else:
                 done = move_session(client, session_id, target, control=DaemonControl())
     except ClusterError as exc:
@@ -78,12 +132,25 @@ def move(url: str, session_id: str, target: str | None, abort: bool) -> None:
 
 @click.command()
 @_cluster_option
+@client_tls_options
 @click.argument("node")
 def drain(url: str, node: str) -> None:
     """Cordon NODE, then move every session of it to the other live nodes."""
     try:
         with EtcdClient(url) as client:
-            moves = drain_node(client, node, control=DaemonControl())
+            remote = _remote(client, node)
+            mover = None
+            if remote is not None:
+                calls = remote
+
+                def mover(session: str, target: str) -> MoveDone:
+                    return move_remote(client, session, target, calls)
+
+            try:
+                moves = drain_node(client, node, control=DaemonControl(), mover=mover)
+            finally:
+                if remote is not None:
+                    remote.close()
     except ClusterError as exc:
         _fail(exc)
     else:

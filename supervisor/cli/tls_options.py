@@ -83,8 +83,12 @@ def client_tls_options(command: F) -> F:
     return command
 
 
+def tls_files_given() -> TlsFiles | None:
+    """The TLS files of the command being run (``client_tls_options``), or None."""
+    given = click.get_current_context().meta.get(_META, {})
+    return tls_files(given.get("tls_ca"), given.get("tls_cert"), given.get("tls_key"))
+
+
 def cluster_client(url: str, *, timeout: float) -> ClusterClient:
     """A ClusterClient of ``url`` with the command's TLS files (for tls:// nodes)."""
-    given = click.get_current_context().meta.get(_META, {})
-    files = tls_files(given.get("tls_ca"), given.get("tls_cert"), given.get("tls_key"))
-    return ClusterClient(url, timeout=timeout, tls=files)
+    return ClusterClient(url, timeout=timeout, tls=tls_files_given())

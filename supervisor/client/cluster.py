@@ -14,11 +14,11 @@ import uuid
 
 from supervisor.client.control import call
 from supervisor.client.direct import Client
-from supervisor.client.tls_link import NodeLink
 from supervisor.cluster.drain import least_loaded_node
 from supervisor.cluster.errors import ClusterError, NotOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.ownership import placement_of
+from supervisor.cluster.peer_link import NodeLink
 from supervisor.cluster.routing import (
     Route,
     TokenGuard,

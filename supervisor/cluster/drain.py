@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from supervisor.cluster.cordon import cordon, cordoned_nodes
 from supervisor.cluster.errors import MoveFailed
@@ -32,7 +33,11 @@ def least_loaded_node(client: EtcdClient, exclude: frozenset[str] = frozenset())
 
 
 def drain_node(
-    client: EtcdClient, node: str, *, control: SessionControl | None = None
+    client: EtcdClient,
+    node: str,
+    *,
+    control: SessionControl | None = None,
+    mover: Callable[[str, str], MoveDone] | None = None,
 ) -> list[MoveDone]:
     """Cordon ``node``, then move each of its sessions to the live, uncordoned node holding
     the fewest; return the moves. The cordon stays (``loopd uncordon`` lifts it)."""
@@ -47,6 +52,9 @@ def drain_node(
     done = []
     for session in sorted(s for s, n in placed.items() if n == node):
         target = min(targets, key=lambda t: (load[t], t))
-        done.append(move_session(client, session, target, control=control))
+        if mover is not None:  # between hosts: remote_move.move_remote
+            done.append(mover(session, target))
+        else:
+            done.append(move_session(client, session, target, control=control))
         load[target] += 1
     return done

@@ -39,10 +39,10 @@ class Role(enum.Enum):
 
 
 CLIENT_OPS: Final = frozenset({"ping", "status", "create", "send"})
-NODE_OPS: Final = frozenset({"ping", "status", "adopt", "forget", "files", "file"})
+NODE_OPS: Final = frozenset({"ping", "files", "file"})
 OPERATOR_OPS: Final = frozenset(
     {"ping", "status", "create", "send", "compact", "start", "stop", "restart", "adopt",
-     "forget", "metrics", "events", "files", "file", "cordon"}
+     "forget", "metrics", "seal", "pull", "release"}
 )  # fmt: skip
 ALLOWED: Final[Mapping[Role, frozenset[str]]] = {
     Role.CLIENT: CLIENT_OPS,

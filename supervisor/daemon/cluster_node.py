@@ -25,7 +25,7 @@ from supervisor.cluster.serving import ServingNode, WorkerCluster
 from supervisor.daemon.endpoints import Waiter
 from supervisor.daemon.hosted import HostedSession
 from supervisor.errors import ServeError
-from worker.wire import error
+from worker.wire import error, ok
 
 __all__ = ["MAX_PENDING", "DaemonNode"]
 
@@ -126,6 +126,20 @@ class DaemonNode:
                 then(args)
 
         self._run(session, lambda: self.serving.claim(session), claimed)
+
+    def move_step(self, waiter: Waiter, op: str, session: str) -> None:
+        """A move's step on this node's disk (seal, pull, release), off the loop."""
+        if self.refuse_busy(waiter, session):
+            return
+
+        def stepped(result: dict[str, object] | None, exc: Exception | None) -> None:
+            if exc is not None:
+                code = "move_failed" if isinstance(exc, ClusterError) else "io_error"
+                waiter.client.reply(error(waiter.request_id, code, str(exc)))
+            else:
+                waiter.client.reply(ok(waiter.request_id, result))
+
+        self._run(session, lambda: self.serving.move_step(op, session), stepped)
 
     def _unplace(self, session: str, args: WorkerCluster) -> None:
         """Undo a placement made for a create the daemon will not host (it is stopping)."""

@@ -201,7 +201,7 @@ class Supervisor:
         )  # fmt: skip
         serving = ServingNode(
             url, self.config.node, self.home, ttl=self.config.lease_ttl,
-            address=self.config.listen,
+            address=self.config.listen, tls=self.config.tls,
         )  # fmt: skip
         self.cluster = DaemonNode(
             self.loop, serving, self.sessions, self.report, lambda: self._shutting_down,
@@ -346,6 +346,12 @@ class Supervisor:
         fresh = self._host(self._spec(session_id, cluster=claimed))
         fresh.ready_waiters.append(waiter)
         fresh.start()
+
+    def move_step(self, waiter: Waiter, op: str, session_id: str) -> None:
+        if self.cluster is None:
+            waiter.client.reply(error(waiter.request_id, "bad_request", "not a cluster node"))
+        else:
+            self.cluster.move_step(waiter, op, session_id)
 
     def forget_session(self, waiter: Waiter, session_id: str) -> None:
         """Cluster mode: stop listing a stopped session whose files left this node."""

@@ -12,11 +12,14 @@ client may ask is exactly what a local one may, less what its certificate forbid
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 from collections.abc import Callable
 from typing import Final
 
+from supervisor.cluster.errors import ClusterError
+from supervisor.cluster.move_node import read_chunk, sealed_manifest
 from supervisor.cluster.transport import (
     ALLOWED,
     HANDSHAKE_TIMEOUT,
@@ -24,13 +27,15 @@ from supervisor.cluster.transport import (
     TlsFiles,
     TransportError,
     describe,
+    dns_names,
     own_certificate_problem,
     parse_tls_address,
     refusal,
     role_of,
 )
 from supervisor.errors import ServeError
-from worker.wire import FrameReader, WireError, encode, error
+from worker import SessionError
+from worker.wire import FrameReader, Message, WireError, encode, error, ok
 
 BACKLOG: Final = 128
 READ_SIZE: Final = 1 << 16
@@ -126,7 +131,7 @@ class TlsGateway:
             writer.transport.abort()
             return
         try:
-            await self._relay(reader, writer, role, f"{peer} ({describe(cert)})")
+            await self._relay(reader, writer, role, f"{peer} ({describe(cert)})", cert)
         except (OSError, asyncio.IncompleteReadError):
             pass  # the peer or the daemon went away: the connection ends
         finally:
@@ -138,6 +143,7 @@ class TlsGateway:
         writer: asyncio.StreamWriter,
         role: Role,
         peer: str,
+        cert: dict[str, object],
     ) -> None:
         try:
             daemon_reader, daemon_writer = await asyncio.open_unix_connection(self.control_path)
@@ -148,6 +154,7 @@ class TlsGateway:
         back = asyncio.ensure_future(_copy(daemon_reader, writer))
         frames = FrameReader()
         allowed = ALLOWED[role]
+        names = dns_names(cert)
         try:
             while not back.done():
                 data = await reader.read(READ_SIZE)
@@ -166,11 +173,34 @@ class TlsGateway:
                         writer.write(encode(error(message.get("id"), "forbidden",
                             f"a {role.value} certificate may not ask {op!r}")))  # fmt: skip
                         continue
+                    if op in ("files", "file"):  # a moved session's files, read here
+                        reply = await asyncio.to_thread(self._files, message, names)
+                        writer.write(encode(reply))
+                        continue
                     daemon_writer.write(encode(message))
                 await daemon_writer.drain()
         finally:
             back.cancel()
             daemon_writer.transport.abort()
+
+    def _files(self, message: Message, names: list[str]) -> Message:
+        """Answer ``files`` (the manifest) or ``file`` (a chunk) from this node's home, for
+        a session sealed for the peer node (``move_node``), in a thread of the gateway."""
+        request_id = message.get("id")
+        home = os.path.dirname(self.control_path)
+        session, name, offset = message.get("session"), message.get("name"), message.get("offset")
+        try:
+            if not isinstance(session, str):
+                raise WireError("field 'session' must be a string")
+            if message.get("op") == "files":
+                return ok(request_id, {"files": sealed_manifest(home, session, names)})
+            if not isinstance(name, str) or type(offset) is not int:
+                raise WireError("fields 'name' (a string) and 'offset' (an integer) are needed")
+            return ok(request_id, read_chunk(home, session, name, offset))
+        except (WireError, ValueError) as exc:
+            return error(request_id, "bad_request", str(exc))
+        except (ClusterError, SessionError, OSError) as exc:
+            return error(request_id, "move_failed", str(exc))
 
     def _refuse(self, peer: str, why: str) -> None:
         self.refused += 1

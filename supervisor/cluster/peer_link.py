@@ -1,5 +1,7 @@
 """One connection to a node's TLS port (``tls://HOST:PORT``), checked to be that node.
 
+Used by the clients and by a node pulling a moved session's files from another node.
+
 The handshake is TLS 1.3 with this client's certificate; the node's certificate must be
 of the cluster CA, carry the node role and name, in its subjectAltName, the node that
 etcd named (``server_hostname``): a node reached at the address another node registered
@@ -16,7 +18,6 @@ import socket
 import ssl
 import time
 
-from supervisor.client.control import encode_request, result_of
 from supervisor.cluster.transport import (
     TlsFiles,
     TransportError,
@@ -25,9 +26,19 @@ from supervisor.cluster.transport import (
     refusal,
 )
 from supervisor.errors import ControlError
-from worker.wire import FrameReader, Message, WireError
+from worker.wire import FrameReader, Message, WireError, encode
 
 READ_SIZE = 1 << 18
+
+
+def result_of(reply: Message) -> object:
+    """The result of a reply, or ControlError with its code and message."""
+    if reply.get("ok") is True:
+        return reply.get("result")
+    failure = reply.get("error")
+    if isinstance(failure, dict):
+        raise ControlError(str(failure.get("code")), str(failure.get("message")))
+    raise ControlError("bad_reply", f"unexpected reply {reply!r:.200}")
 
 
 class NodeLink:
@@ -53,7 +64,10 @@ class NodeLink:
         request_id = next(self._ids)
         request: Message = {"id": request_id, "op": op}
         request.update({k: v for k, v in fields.items() if v is not None})
-        frame = encode_request(request)
+        try:
+            frame = encode(request)
+        except WireError as exc:
+            raise ControlError("too_large", str(exc)) from exc
         sock = self._connect()
         deadline = time.monotonic() + self.timeout
         try:
