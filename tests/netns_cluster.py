@@ -15,6 +15,22 @@ from tests.tls_certs import Certificates
 
 ETCD_PORT: Final = 2379
 NODE_PORT: Final = 7443
+_WAIT_FOR_ETCD: Final = """
+import sys, time
+from supervisor.cluster.errors import ClusterError
+from supervisor.cluster.etcd import EtcdClient
+deadline = time.monotonic() + 40
+with EtcdClient({url!r}, timeout=0.5) as etcd:
+    while True:
+        try:
+            etcd.range("/health-check")
+            break
+        except ClusterError as exc:
+            if time.monotonic() > deadline:
+                sys.exit(f"etcd did not start: {{exc}}")
+            time.sleep(0.02)
+"""
+"""Run on etcd's host: wait until it answers (the test's own namespace cannot reach it)."""
 
 
 def host_certificates(certs: Certificates, host: Host, name: str, role: Role) -> Path:
@@ -60,6 +76,10 @@ def start_etcd(host: Host) -> str:
         ],
         log=host.root / "etcd.log",
     )
+    done = host.run(host.python("-c", _WAIT_FOR_ETCD.format(url=url)), timeout=60)
+    if done.returncode != 0:
+        log = (host.root / "etcd.log").read_text(errors="replace")[-2000:]
+        raise AssertionError(f"{done.stderr.strip()}: {log}")
     return url
 
 
