@@ -32,7 +32,8 @@ def wait_for(url: str, nodes: list[str]) -> None:
     files = tls_files_from_env()
     deadline = time.monotonic() + DEADLINE
     last = "nothing tried"
-    with EtcdClient(url, timeout=1.0) as etcd:
+    context = files.etcd_context() if files is not None else None
+    with EtcdClient(url, timeout=1.0, tls=context) as etcd:
         while time.monotonic() < deadline:
             try:
                 found = live_nodes(etcd)

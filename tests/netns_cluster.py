@@ -19,8 +19,10 @@ _WAIT_FOR_ETCD: Final = """
 import sys, time
 from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.transport import TlsFiles
+files = TlsFiles(*{files!r}) if {files!r} else None
 deadline = time.monotonic() + 40
-with EtcdClient({url!r}, timeout=0.5) as etcd:
+with EtcdClient({url!r}, timeout=0.5, tls=files and files.etcd_context()) as etcd:
     while True:
         try:
             etcd.range("/health-check")
@@ -33,7 +35,7 @@ with EtcdClient({url!r}, timeout=0.5) as etcd:
 """Run on etcd's host: wait until it answers (the test's own namespace cannot reach it)."""
 
 
-def host_certificates(certs: Certificates, host: Host, name: str, role: Role) -> Path:
+def host_certificates(certs: Certificates, host: Host, name: str, role: Role | None) -> Path:
     """A directory holding the CA and ``name``'s certificate of ``role``, to copy into the
     host's private tmpfs (where it is ``<private>/certs``)."""
     issued = certs.issue(name, role)
@@ -76,11 +78,47 @@ def start_etcd(host: Host) -> str:
         ],
         log=host.root / "etcd.log",
     )
-    done = host.run(host.python("-c", _WAIT_FOR_ETCD.format(url=url)), timeout=60)
+    wait_for_etcd(host, url)
+    return url
+
+
+def wait_for_etcd(host: Host, url: str, files: TlsFiles | None = None) -> None:
+    """Wait, on ``host``, until etcd at ``url`` answers (``files``: as the host sees them)."""
+    given = (files.ca, files.cert, files.key) if files else None
+    script = _WAIT_FOR_ETCD.format(url=url, files=given)
+    copy = host.root / "certs" if files else None
+    done = host.run(host.python("-c", script), timeout=60, copy=copy)
     if done.returncode != 0:
         log = (host.root / "etcd.log").read_text(errors="replace")[-2000:]
         raise AssertionError(f"{done.stderr.strip()}: {log}")
-    return url
+
+
+def start_etcd_members(hosts: list[Host], certs: Certificates) -> str:
+    """One etcd member on each of ``hosts``, serving clients over https with
+    ``--client-cert-auth`` (a certificate of the cluster CA required); the client URL
+    naming every member."""
+    peers = ",".join(f"m{n}=http://{h.address}:2380" for n, h in enumerate(hosts))
+    urls = []
+    for n, host in enumerate(hosts):
+        copy = host_certificates(certs, host, host.address, None)
+        files = private_files(host)
+        url = f"https://{host.address}:{ETCD_PORT}"
+        urls.append(url)
+        host.spawn(
+            [
+                etcd_binary(), f"--name=m{n}", f"--data-dir={host.private / 'etcd'}",
+                f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
+                f"--listen-peer-urls=http://{host.address}:2380",
+                f"--initial-advertise-peer-urls=http://{host.address}:2380",
+                f"--initial-cluster={peers}", "--initial-cluster-state=new",
+                f"--cert-file={files.cert}", f"--key-file={files.key}",
+                f"--trusted-ca-file={files.ca}", "--client-cert-auth", "--log-level=error",
+            ],
+            log=host.root / "etcd.log", copy=copy,
+        )  # fmt: skip
+    for host, url in zip(hosts, urls, strict=True):
+        wait_for_etcd(host, url, private_files(host))
+    return ",".join(urls)
 
 
 def node_address(host: Host) -> str:

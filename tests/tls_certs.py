@@ -27,22 +27,24 @@ class Certificates:
     def issue(
         self,
         name: str,
-        role: Role,
+        role: Role | None,
         *,
         ca: trustme.CA | None = None,
         expired: bool = False,
         dns: str | None = None,
     ) -> TlsFiles:
-        """A certificate of ``role`` for ``name`` (its DNS name ``dns`` or ``name``)."""
+        """A certificate of ``role`` for ``name`` (its DNS name ``dns`` or ``name``, or an
+        IP address); without a role, one of no loopd role (etcd's server certificate)."""
         signer = ca or self.ca
         now = datetime.datetime.now(datetime.UTC)
         days = datetime.timedelta(days=1)
         leaf = signer.issue_cert(
-            dns or name, common_name=name, organization_unit_name=role.value,
+            dns or name, common_name=name, organization_unit_name=role.value if role else None,
             not_before=now - 2 * days if expired else None,
             not_after=now - days if expired else None,
         )  # fmt: skip
-        tag = f"{name}-{role.value}{'-expired' if expired else ''}{'-other' if ca else ''}"
+        kind = role.value if role else "server"
+        tag = f"{name}-{kind}{'-expired' if expired else ''}{'-other' if ca else ''}"
         cert, key = self.root / f"{tag}.pem", self.root / f"{tag}.key"
         leaf.cert_chain_pems[0].write_to_path(str(cert))
         leaf.private_key_pem.write_to_path(str(key))

@@ -31,7 +31,7 @@ _cluster_option = click.option(
     envvar="LOOPD_CLUSTER",
     required=True,
     type=ETCD_URL,
-    help="etcd URL, http://host:port (or LOOPD_CLUSTER).",
+    help="etcd URL, http(s)://host:port[,...] (or LOOPD_CLUSTER).",
 )
 
 
@@ -98,6 +98,12 @@ def _remote(client: EtcdClient, node: str) -> RemoteNodes | None:
     return RemoteNodes(client, files)
 
 
+def etcd_client(url: str) -> EtcdClient:
+    """The etcd client of a command: with its TLS files for ``https://`` endpoints."""
+    files = tls_files_given()
+    return EtcdClient(url, tls=files.etcd_context() if files is not None else None)
+
+
 def _fail(exc: ClusterError) -> None:
     raise click.ClickException(str(exc)) from exc
 
@@ -113,7 +119,7 @@ def move(url: str, session_id: str, target: str | None, abort: bool) -> None:
     if (target is None) == (not abort):
         raise click.UsageError("give exactly one of --to NODE and --abort")
     try:
-        with EtcdClient(url) as client:
+        with etcd_client(url) as client:
             remote = _remote(client, target) if target is not None else None
             if target is None:
                 done = abort_move(client, session_id)
@@ -137,7 +143,7 @@ def move(url: str, session_id: str, target: str | None, abort: bool) -> None:
 def drain(url: str, node: str) -> None:
     """Cordon NODE, then move every session of it to the other live nodes."""
     try:
-        with EtcdClient(url) as client:
+        with etcd_client(url) as client:
             remote = _remote(client, node)
             mover = None
             if remote is not None:
@@ -162,11 +168,12 @@ def drain(url: str, node: str) -> None:
 
 @click.command("cordon")
 @_cluster_option
+@client_tls_options
 @click.argument("node")
 def cordon_command(url: str, node: str) -> None:
     """Place no new session on NODE (its sessions stay; `drain` moves them)."""
     try:
-        with EtcdClient(url) as client:
+        with etcd_client(url) as client:
             cordon(client, node)
     except (ClusterError, ValueError) as exc:
         _fail(ClusterError(str(exc)))
@@ -175,11 +182,12 @@ def cordon_command(url: str, node: str) -> None:
 
 @click.command("uncordon")
 @_cluster_option
+@client_tls_options
 @click.argument("node")
 def uncordon_command(url: str, node: str) -> None:
     """Place new sessions on NODE again."""
     try:
-        with EtcdClient(url) as client:
+        with etcd_client(url) as client:
             was = uncordon(client, node)
     except (ClusterError, ValueError) as exc:
         _fail(ClusterError(str(exc)))
@@ -188,13 +196,14 @@ def uncordon_command(url: str, node: str) -> None:
 
 @click.command()
 @_cluster_option
+@client_tls_options
 @click.argument("session_id", metavar="ID")
 @click.option("--from-copy", "copy", required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--to", "target", required=True, help="the node that takes the session over.")
 def takeover(url: str, session_id: str, copy: str, target: str) -> None:
     """LOSSY: install a copy of a session whose node is gone for good (docs/scaling.md)."""
     try:
-        with EtcdClient(url) as client:
+        with etcd_client(url) as client:
             done = take_over(client, session_id, copy, target)
             home, _lease = node_home(client, target)
         DaemonControl().start(target, home, session_id)

@@ -154,7 +154,7 @@ def _fail(op: str, exc: ControlError) -> NoReturn:
     envvar="LOOPD_CLUSTER",
     default=None,
     type=ETCD_URL,
-    help="etcd URL (http://host:port): serve as a node of a cluster (docs/scaling.md).",
+    help="etcd URL(s) http(s)://host:port[,...]: serve as a node of a cluster (docs/scaling.md).",
 )
 @click.option("--node", default=None, help="this node's name in the cluster.")
 @click.option(

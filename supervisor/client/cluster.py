@@ -44,9 +44,9 @@ class ClusterClient:
     """Requests to the sessions of a cluster, each sent to the session's current owner."""
 
     def __init__(self, url: str, *, timeout: float = 60.0, tls: TlsFiles | None = None) -> None:
-        self.etcd = EtcdClient(url)
-        self.timeout = timeout
         self.tls = tls if tls is not None else tls_files_from_env()
+        self.etcd = EtcdClient(url, tls=self.tls.etcd_context() if self.tls else None)
+        self.timeout = timeout
         self.guard = TokenGuard()
         self._clients: dict[str, Client] = {}
         self._links: dict[str, NodeLink] = {}

@@ -19,6 +19,11 @@ class EtcdUnavailable(ClusterError):
         return f"{self.url}: etcd unavailable: {self.why}"
 
 
+class EtcdUnreached(EtcdUnavailable):
+    """No connection was made (refused, unreachable, no TLS handshake): nothing was sent,
+    so the request may go to another endpoint."""
+
+
 class EtcdRequestFailed(ClusterError):
     """etcd answered a request with an error (gateway code and message), or badly (code -1)."""
 

@@ -21,7 +21,8 @@ from supervisor.cluster.lease import LeaseTiming, NodeNameTaken
 from supervisor.cluster.move_node import pull_here, release_here, seal_here
 from supervisor.cluster.node import LEASE_FILE, Claims, ClusterNode
 from supervisor.cluster.ownership import place_or_resume
-from supervisor.cluster.transport import TlsFiles
+from supervisor.cluster.transport import TlsFiles, TransportError
+from supervisor.errors import ServeError
 
 CALL_TIMEOUT: Final = 2.0
 NAME_RETRY: Final = 0.2
@@ -57,7 +58,11 @@ class ServingNode:
         address: str | None = None,
         tls: TlsFiles | None = None,
     ) -> None:
-        self.client = EtcdClient(url, timeout=CALL_TIMEOUT)
+        try:
+            context = tls.etcd_context() if tls is not None else None
+            self.client = EtcdClient(url, timeout=CALL_TIMEOUT, tls=context)
+        except (ValueError, TransportError) as exc:
+            raise ServeError(f"--cluster {url}: {exc}") from exc
         self.home = home
         self.tls = tls  # the node's certificate: it pulls moved sessions with it
         timing = LeaseTiming(ttl=ttl) if ttl is not None else None

@@ -108,6 +108,14 @@ class TlsFiles:
         context.check_hostname = True
         return context
 
+    def etcd_context(self) -> ssl.SSLContext:
+        """The context for ``https://`` etcd endpoints: this certificate presented to etcd
+        (``--client-cert-auth``), etcd's checked against the CA and the endpoint's host.
+        TLS 1.2 is allowed here: etcd 3.5 servers speak at most TLS 1.2 by default."""
+        context = self.client_context()
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        return context
+
 
 def tls_files_from_env(environ: Mapping[str, str] = os.environ) -> TlsFiles | None:
     """The TLS files named by LOOPD_TLS_CA/CERT/KEY, or None if none is set."""
