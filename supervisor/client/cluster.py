@@ -31,8 +31,12 @@ from supervisor.cluster.transport import TlsFiles, tls_files_from_env
 from supervisor.errors import ControlError
 from worker.wire import Message
 
-REROUTE: frozenset[str] = frozenset({"not_owner", "not_found", "no_daemon", "worker_died"})
-"""Error codes after which the owner is looked up again and the request sent again."""
+REROUTE: frozenset[str] = frozenset(
+    {"not_owner", "not_found", "no_daemon", "worker_died", "closed"}
+)
+"""Error codes after which the owner is looked up again and the request sent again (with
+the same key: what was applied is answered from the log); ``closed``: a TLS connection
+to a node that restarted or went away."""
 
 
 def home_of(address: str) -> str:
