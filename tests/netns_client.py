@@ -5,7 +5,8 @@
 Waits (against a deadline) until etcd answers, every named node is registered and each
 answers ``ping`` over TLS with this host's certificate ($LOOPD_TLS_*); then runs each
 step in order, through one ``ClusterClient``: ``{"create": ID}``, ``{"send": ID, "key":
-K}``, or ``{"loopd": [argv...]}`` (``loopd ...`` as ``python -m supervisor ...``).
+K}``, ``{"interrupt": ID, "to": NODE, "before": STEP}`` (a move stopped before STEP),
+or ``{"loopd": [argv...]}`` (``loopd ...`` as ``python -m supervisor ...``).
 Prints one JSON list, a result per step: ``{"ok": reply}`` or ``{"error": "..."}``, and
 for a command its exit code, stdout and stderr.
 """
@@ -17,10 +18,13 @@ import subprocess
 import sys
 import time
 
+from supervisor.cli.cluster_commands import RemoteNodes
 from supervisor.client.cluster import ClusterClient
 from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.move import MoveStep
 from supervisor.cluster.peer_link import NodeLink
+from supervisor.cluster.remote_move import move_remote
 from supervisor.cluster.routing import live_nodes
 from supervisor.cluster.transport import tls_files_from_env
 from supervisor.errors import ControlError
@@ -70,12 +74,41 @@ def run_step(cluster: ClusterClient, step: dict[str, object]) -> dict[str, objec
         )  # fmt: skip
         return {"argv": argv, "code": done.returncode, "stdout": done.stdout,
                 "stderr": done.stderr}  # fmt: skip
+    if "interrupt" in step:
+        return interrupted_move(cluster, step)
     try:
         if "create" in step:
             return {"ok": cluster.create(str(step["create"]))}
         return {"ok": cluster.send(str(step["send"]), "hello", key=str(step["key"]))}
     except (ClusterError, ControlError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+class Interrupted(Exception):
+    """The mover stops here, as if it were killed before this step."""
+
+
+def interrupted_move(cluster: ClusterClient, step: dict[str, object]) -> dict[str, object]:
+    """``{"interrupt": ID, "to": NODE, "before": STEP}``: a move between hosts that stops
+    before STEP, leaving etcd and the disks as a mover killed there would."""
+    files = tls_files_from_env()
+    assert files is not None
+    calls = RemoteNodes(cluster.etcd, files)
+
+    def hook(reached: MoveStep) -> None:
+        if reached.value == step["before"]:
+            raise Interrupted(reached.value)
+
+    try:
+        move_remote(cluster.etcd, str(step["interrupt"]), str(step["to"]), calls,
+                    before_step=hook)  # fmt: skip
+    except Interrupted as exc:
+        return {"ok": {"stopped_before": str(exc)}}
+    except (ClusterError, ControlError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        calls.close()
+    return {"error": "the move was not interrupted"}
 
 
 def main() -> None:

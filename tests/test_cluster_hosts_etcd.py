@@ -1,6 +1,6 @@
-"""etcd as a user runs it, across hosts: three members, TLS with client certificates.
+"""Across hosts, behind ``-m cluster_hosts``: etcd as a user runs it, interrupted moves.
 
-Behind ``-m cluster_hosts`` (six hosts, a minute of a loaded machine): each etcd member
+Three etcd members, TLS with client certificates (six hosts): each etcd member
 is a host of its own serving clients over https with ``--client-cert-auth``; the nodes
 and the client name all three (``--cluster https://e0,https://e1,https://e2``) and
 present their certificates to etcd.
@@ -8,12 +8,19 @@ present their certificates to etcd.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from supervisor.cluster.transport import Role
-from tests.netns_cluster import run_client, start_etcd_members, start_node
+from tests.netns_cluster import (
+    run_client,
+    session_keys,
+    start_etcd,
+    start_etcd_members,
+    start_node,
+)
 from tests.netns_hosts import Hosts
 from tests.tls_certs import Certificates
 
@@ -48,3 +55,47 @@ def test_the_cluster_goes_on_when_the_etcd_member_it_used_is_killed(tmp_path: Pa
         assert then[1]["ok"]["token"] == first[3]["ok"]["token"]
         logs = (a.root / "serve.log").read_text() + (b.root / "serve.log").read_text()
         assert "expired in etcd" not in logs
+
+
+def test_a_move_between_hosts_interrupted_is_finished_or_aborted_by_a_rerun(
+    tmp_path: Path,
+) -> None:
+    """A mover stopped before the copy: a rerun finishes the move. Another stopped before
+    the ownership change: ``move --abort`` gives the session back to its source."""
+    certs = Certificates(tmp_path / "ca")
+    with Hosts(tmp_path / "hosts") as hosts:
+        etcd_host, a, b, operator = (hosts.add(n) for n in ("etcd", "a", "b", "operator"))
+        url = start_etcd(etcd_host)
+        node_a = start_node(a, "a", url, certs)
+        node_b = start_node(b, "b", url, certs)
+        cluster = ["--cluster", url]
+        done = run_client(operator, certs, url, ["a", "b"], [
+            {"create": "m1"}, {"create": "m2"}, {"send": "m1", "key": "k1"},
+            {"send": "m2", "key": "k2"},
+            {"interrupt": "m1", "to": "b", "before": "copy"},
+            {"send": "m1", "key": "k-sealed"},  # sealed: refused, not acknowledged
+            {"loopd": ["move", "m1", "--to", "b", *cluster]},
+            {"send": "m1", "key": "k3"},
+            {"interrupt": "m2", "to": "a", "before": "own"},
+            {"loopd": ["move", "m2", "--abort", *cluster]},
+            {"send": "m2", "key": "k4"},
+            {"loopd": ["status", *cluster, "--json"]},
+        ], role=Role.OPERATOR)  # fmt: skip
+        assert all("ok" in step for step in done[:4]), done
+        assert done[4] == {"ok": {"stopped_before": "copy"}}, done[4]
+        assert "error" in done[5]
+        assert done[6]["code"] == 0, done[6]
+        assert "ok" in done[7], done[7]
+        assert done[8] == {"ok": {"stopped_before": "own"}}, done[8]
+        assert done[9]["code"] == 0, done[9]
+        assert "ok" in done[10], done[10]
+        m1_b = session_keys(b, node_b, "m1")
+        m1_a = session_keys(a, node_a, "m1")
+        m2_a = session_keys(a, node_a, "m2")
+        m2_b = session_keys(b, node_b, "m2")
+    rows = {row["session"]: row["node"] for row in json.loads(done[11]["stdout"])}
+    assert rows == {"m1": "b", "m2": "b"}  # m1 moved from a; m2's move to a undone
+    assert m1_b["keys"] == ["k1", "k3"]
+    assert not m1_a["exists"]
+    assert m2_b["keys"] == ["k2", "k4"]
+    assert not m2_a["exists"]  # the target's copy, never served, was discarded

@@ -13,11 +13,12 @@ from supervisor.cli.tls_options import client_tls_options, tls_files_given
 from supervisor.client.control import call
 from supervisor.cluster.cordon import cordon, uncordon
 from supervisor.cluster.drain import drain_node
-from supervisor.cluster.errors import ClusterError
+from supervisor.cluster.errors import ClusterError, MoveFailed
 from supervisor.cluster.etcd import EtcdClient
-from supervisor.cluster.move import MoveDone, abort_move, move_session, node_home
+from supervisor.cluster.keys import move_key
+from supervisor.cluster.move import MoveDone, MoveIntent, abort_move, move_session, node_home
 from supervisor.cluster.peer_link import NodeLink
-from supervisor.cluster.remote_move import move_remote
+from supervisor.cluster.remote_move import abort_remote, move_remote
 from supervisor.cluster.routing import node_address
 from supervisor.cluster.takeover import take_over
 from supervisor.cluster.transport import TlsFiles
@@ -104,6 +105,14 @@ def etcd_client(url: str) -> EtcdClient:
     return EtcdClient(url, tls=files.etcd_context() if files is not None else None)
 
 
+def _move_source(client: EtcdClient, session: str) -> str:
+    """The source node of the move of ``session`` in progress (MoveFailed if none)."""
+    kv = client.get(move_key(session))
+    if kv is None:
+        raise MoveFailed(session, "abort", "no move is in progress")
+    return MoveIntent.decode(session, kv.value).source
+
+
 def _fail(exc: ClusterError) -> None:
     raise click.ClickException(str(exc)) from exc
 
@@ -120,8 +129,13 @@ def move(url: str, session_id: str, target: str | None, abort: bool) -> None:
         raise click.UsageError("give exactly one of --to NODE and --abort")
     try:
         with etcd_client(url) as client:
-            remote = _remote(client, target) if target is not None else None
-            if target is None:
+            remote = _remote(client, target or _move_source(client, session_id))
+            if target is None and remote is not None:
+                try:
+                    done = abort_remote(client, session_id, remote)
+                finally:
+                    remote.close()
+            elif target is None:
                 done = abort_move(client, session_id)
             elif remote is not None:
                 try:

@@ -309,6 +309,27 @@ def abort_move(client: EtcdClient, session: str) -> MoveDone:
     The source gets a new, higher token (its log then reads ``Handoff`` followed by its
     own ``Owner``) and the target's copy, never served, is removed.
     """
+    intent, result_revision = abort_in_etcd(client, session)
+    try:
+        opened = Session.open(intent.source_home, session)
+    except SessionLocked:
+        pass  # the source's worker serves it again and writes its Owner itself
+    else:
+        with opened:
+            if opened.fence.token < result_revision:
+                opened.append(Owner(node=intent.source, token=result_revision))
+    for leftover in (
+        incoming_dir(intent.target_home, session),
+        session_dir(intent.target_home, session),
+    ):
+        if os.path.isdir(leftover):
+            shutil.rmtree(leftover)
+    return MoveDone(session=session, node=intent.source, token=result_revision)
+
+
+def abort_in_etcd(client: EtcdClient, session: str) -> tuple[MoveIntent, int]:
+    """An abort's transaction: the source owns the session again under a new token
+    (returned with the intent), the move key is gone; MoveFailed if it cannot be undone."""
     existing = client.get(move_key(session))
     if existing is None:
         raise MoveFailed(session, "abort", "no move is in progress")
@@ -327,18 +348,4 @@ def abort_move(client: EtcdClient, session: str) -> MoveDone:
     )
     if not result.succeeded:
         raise MoveFailed(session, "abort", "the owner changed meanwhile")
-    try:
-        opened = Session.open(intent.source_home, session)
-    except SessionLocked:
-        pass  # the source's worker serves it again and writes its Owner itself
-    else:
-        with opened:
-            if opened.fence.token < result.revision:
-                opened.append(Owner(node=intent.source, token=result.revision))
-    for leftover in (
-        incoming_dir(intent.target_home, session),
-        session_dir(intent.target_home, session),
-    ):
-        if os.path.isdir(leftover):
-            shutil.rmtree(leftover)
-    return MoveDone(session=session, node=intent.source, token=result.revision)
+    return intent, result.revision

@@ -178,6 +178,23 @@ def _pull_files(link: NodeLink, session: str, home: str, manifest: list[dict[str
     durable.fsync_dir(parent)
 
 
+def discard_here(client: EtcdClient, node: str, home: str, session: str) -> dict[str, object]:
+    """An aborted move's target: remove its copy, never served, once etcd shows no move
+    of the session and neither places it here nor names this node its owner."""
+    owner = owner_of(client, session)
+    if client.get(move_key(session)) is not None:
+        raise MoveFailed(session, "abort", "a move of it is still in progress in etcd")
+    if placement_of(client, session) == node or (owner is not None and owner.node == node):
+        raise MoveFailed(session, "abort", f"it is placed on or owned by {node}: not discarded")
+    removed = 0
+    for leftover in (incoming_dir(home, session), session_dir(home, session)):
+        if os.path.isdir(leftover):
+            shutil.rmtree(leftover)
+            durable.fsync_dir(os.path.dirname(leftover))
+            removed += 1
+    return {"session": session, "discarded": removed}
+
+
 def release_here(client: EtcdClient, node: str, home: str, session: str) -> dict[str, object]:
     """The source's step 7: remove its copy, once etcd says the target owns the session."""
     intent = _intent(client, session, "release")

@@ -16,7 +16,14 @@ from typing import Protocol
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.etcd_types import Delete, value_is
 from supervisor.cluster.keys import move_key
-from supervisor.cluster.move import MoveDone, MoveStep, StepHook, start_intent, take_ownership
+from supervisor.cluster.move import (
+    MoveDone,
+    MoveStep,
+    StepHook,
+    abort_in_etcd,
+    start_intent,
+    take_ownership,
+)
 from supervisor.cluster.ownership import owner_of
 
 
@@ -57,3 +64,14 @@ def move_remote(
     call(intent.source, "forget", session)
     client.txn([value_is(move_key(session), intent.encode())], [Delete(key=move_key(session))])
     return MoveDone(session=session, node=target, token=owner.token)
+
+
+def abort_remote(client: EtcdClient, session: str, call: NodeCalls) -> MoveDone:
+    """Undo a move between hosts whose target does not own the session yet: the source
+    owns it again under a new token and serves it (its ``Owner`` after its ``Handoff``);
+    the target discards its copy, never served."""
+    intent, token = abort_in_etcd(client, session)
+    call(intent.source, "adopt", session)
+    call(intent.target, "discard", session)
+    call(intent.target, "forget", session)
+    return MoveDone(session=session, node=intent.source, token=token)

@@ -18,7 +18,7 @@ from typing import Final
 from supervisor.cluster.errors import NotOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.lease import LeaseTiming, NodeNameTaken
-from supervisor.cluster.move_node import pull_here, release_here, seal_here
+from supervisor.cluster.move_node import discard_here, pull_here, release_here, seal_here
 from supervisor.cluster.node import LEASE_FILE, Claims, ClusterNode
 from supervisor.cluster.ownership import place_or_resume
 from supervisor.cluster.transport import TlsFiles, TransportError
@@ -118,13 +118,16 @@ class ServingNode:
         return self.worker_args(session) if session in claims.served else None
 
     def move_step(self, op: str, session: str) -> dict[str, object]:
-        """This node's part of a move between hosts (``seal``, ``pull``, ``release``),
+        """This node's part of a move between hosts (``seal``, ``pull``, ``release``, and
+        ``discard`` after an abort),
         each checked against the move etcd holds (``move_node``)."""
         name = self.node.name
         if op == "seal":
             return seal_here(self.client, name, self.home, session)
         if op == "pull":
             return pull_here(self.client, name, self.home, session, self.tls)
+        if op == "discard":
+            return discard_here(self.client, name, self.home, session)
         return release_here(self.client, name, self.home, session)
 
     def close(self) -> None:

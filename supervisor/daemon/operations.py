@@ -134,7 +134,7 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
             hosted.stop()
         elif op == "adopt":  # cluster: a session moved here; claim it and serve it
             daemon.adopt_session(waiter, _session_id(message))
-        elif op in ("seal", "pull", "release"):  # cluster: a move between hosts
+        elif op in ("seal", "pull", "release", "discard"):  # cluster: a move between hosts
             daemon.move_step(waiter, op, _session_id(message))
         elif op == "forget":  # cluster: a stopped session moved away; stop listing it
             daemon.forget_session(waiter, _session_id(message))
