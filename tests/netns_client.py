@@ -23,6 +23,7 @@ from supervisor.client.cluster import ClusterClient
 from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.move import MoveStep
+from supervisor.cluster.ownership import owner_of
 from supervisor.cluster.peer_link import NodeLink
 from supervisor.cluster.remote_move import move_remote
 from supervisor.cluster.routing import live_nodes
@@ -76,6 +77,13 @@ def run_step(cluster: ClusterClient, step: dict[str, object]) -> dict[str, objec
                 "stderr": done.stderr}  # fmt: skip
     if "interrupt" in step:
         return interrupted_move(cluster, step)
+    if "wait_unowned" in step:  # a dead node's lease expiring
+        deadline = time.monotonic() + 30
+        while owner_of(cluster.etcd, str(step["wait_unowned"])) is not None:
+            if time.monotonic() > deadline:
+                return {"error": "still owned"}
+            time.sleep(0.1)
+        return {"ok": "unowned"}
     try:
         if "create" in step:
             return {"ok": cluster.create(str(step["create"]))}

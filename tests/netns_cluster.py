@@ -160,16 +160,18 @@ def run_client(
     steps: list[dict[str, object]],
     *,
     role: Role = Role.CLIENT,
+    extra: Path | None = None,
 ) -> list[dict[str, Any]]:
     """On the client ``host``, once every node answers: ``steps`` (tests/netns_client.py)
-    with a certificate of ``role``; each step's result."""
+    with a certificate of ``role`` (``extra``: a directory copied to its tmpfs too); each
+    step's result."""
     copy = host_certificates(certs, host, f"{host.name}-{role.value}", role)
     files = private_files(host)
     env = f"LOOPD_TLS_CA={files.ca} LOOPD_TLS_CERT={files.cert} LOOPD_TLS_KEY={files.key}"
     plan = json.dumps({"etcd": etcd_url, "nodes": nodes, "steps": steps})
     done = host.run(
         ["env", *env.split(), *host.python("-m", "tests.netns_client", plan)],
-        copy=copy, timeout=110,
+        copy=Path(f"{copy}:{extra}") if extra else copy, timeout=110,
     )  # fmt: skip
     if done.returncode != 0:
         raise AssertionError(f"the client host failed: {done.stderr.strip()[-2000:]}")

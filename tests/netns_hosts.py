@@ -38,7 +38,7 @@ PRIVATE: Final = "private"
 """The directory of a host that its mount namespace covers with a tmpfs."""
 _MOUNT_AND_EXEC: Final = (
     'set -e; mount -t tmpfs -o mode=0700 loopd-host "$0"; '
-    'if [ -n "$LOOPD_HOST_COPY" ]; then cp -r "$LOOPD_HOST_COPY" "$0/"; fi; exec "$@"'
+    'for p in $(echo "$LOOPD_HOST_COPY" | tr ":" " "); do cp -r "$p" "$0/"; done; exec "$@"'
 )
 
 
@@ -182,6 +182,20 @@ class Host:
             timeout=timeout,
             stdin=subprocess.DEVNULL,
         )
+
+    def output_inside(self, process: subprocess.Popen[bytes], argv: list[str]) -> bytes:
+        """``inside``, for a command that must exit 0: its stdout as bytes."""
+        assert process in self.processes
+        return subprocess.run(
+            [NSENTER, "--target", str(process.pid), "--mount", "--net", *argv],
+            cwd=REPO, check=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL,
+        ).stdout  # fmt: skip
+
+    def kill_all(self) -> None:
+        """SIGKILL every process of this host (a host that dies), and reap them."""
+        _kill_left_in(self.netns)
+        for process in self.processes:
+            process.wait()
 
     def python(self, *args: str) -> list[str]:
         return [sys.executable, *args]

@@ -9,6 +9,8 @@ present their certificates to etcd.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ from tests.netns_cluster import (
 from tests.netns_hosts import Hosts
 from tests.tls_certs import Certificates
 
+TAR = shutil.which("tar") or "/usr/bin/tar"
 pytestmark = [pytest.mark.cluster_hosts, pytest.mark.timeout(115)]
 
 
@@ -99,3 +102,42 @@ def test_a_move_between_hosts_interrupted_is_finished_or_aborted_by_a_rerun(
     assert not m1_a["exists"]
     assert m2_b["keys"] == ["k2", "k4"]
     assert not m2_a["exists"]  # the target's copy, never served, was discarded
+
+
+def test_a_dead_hosts_session_is_taken_over_from_a_backup_made_on_it(tmp_path: Path) -> None:
+    """Lossy by design: what the dead node acknowledged after the backup is gone."""
+    certs = Certificates(tmp_path / "ca")
+    with Hosts(tmp_path / "hosts") as hosts:
+        etcd_host, a, b, operator = (hosts.add(n) for n in ("etcd", "a", "b", "operator"))
+        url = start_etcd(etcd_host)
+        node_a = start_node(a, "a", url, certs)
+        node_b = start_node(b, "b", url, certs)
+        cluster = ["--cluster", url]
+        done = run_client(operator, certs, url, ["a", "b"], [
+            {"create": "t"}, {"send": "t", "key": "k1"}, {"send": "t", "key": "k2"},
+        ], role=Role.OPERATOR)  # fmt: skip
+        assert all("ok" in step for step in done), done
+        backup = tmp_path / "backup"
+        archive = a.output_inside(node_a, [TAR, "-C", str(a.private / "home" / "sessions"),
+                                           "-cf", "-", "t"])  # fmt: skip
+        backup.mkdir()
+        subprocess.run([TAR, "-C", str(backup), "-xf", "-"], input=archive, check=True)
+        lost = run_client(operator, certs, url, ["a"], [{"send": "t", "key": "k-lost"}])
+        assert "ok" in lost[0], lost
+        a.kill_all()  # the host dies: its daemon and its workers, SIGKILL
+        copy = operator.private / "backup" / "t"
+        done = run_client(operator, certs, url, ["b"], [
+            {"wait_unowned": "t"},
+            {"loopd": ["takeover", "t", "--from-copy", str(copy), "--to", "b", *cluster]},
+            {"send": "t", "key": "k3"},
+            {"loopd": ["status", *cluster, "--json"]},
+        ], role=Role.OPERATOR, extra=backup)  # fmt: skip
+        assert done[0] == {"ok": "unowned"}, done
+        assert done[1]["code"] == 0, done[1]
+        assert json.loads(done[1]["stdout"])["node"] == "b"
+        assert "ok" in done[2], done[2]
+        assert done[2]["ok"]["token"] > lost[0]["ok"]["token"]
+        rows = json.loads(done[3]["stdout"])
+        assert [(row["session"], row["node"]) for row in rows] == [("t", "b")]
+        on_b = session_keys(b, node_b, "t")
+    assert on_b["keys"] == ["k1", "k2", "k3"]  # k-lost was acknowledged after the backup

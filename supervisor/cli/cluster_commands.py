@@ -21,6 +21,7 @@ from supervisor.cluster.peer_link import NodeLink
 from supervisor.cluster.remote_move import abort_remote, move_remote
 from supervisor.cluster.routing import node_address
 from supervisor.cluster.takeover import take_over
+from supervisor.cluster.takeover_remote import take_over_remote
 from supervisor.cluster.transport import TlsFiles
 from supervisor.errors import ControlError
 
@@ -69,6 +70,10 @@ class RemoteNodes:
         self.links: dict[str, NodeLink] = {}
 
     def __call__(self, node: str, op: str, session: str) -> object:
+        return self.request(node, op, session=session)
+
+    def request(self, node: str, op: str, **fields: object) -> object:
+        """One request with ``fields`` to ``node``; ClusterError naming it if refused."""
         link = self.links.get(node)
         if link is None:
             address = node_address(self.client, node)
@@ -76,11 +81,11 @@ class RemoteNodes:
                 raise ClusterError(f"node {node} is not registered (is it running?)")
             link = self.links[node] = NodeLink(address, node, self.files, timeout=MOVE_TIMEOUT)
         try:
-            return link.call(op, session=session)
+            return link.call(op, **fields)
         except ControlError as exc:
             if op in ("stop", "forget") and exc.code == "not_found":
                 return None  # nothing hosted there: nothing to stop or forget
-            raise ClusterError(f"node {node}: {op} {session}: {exc}") from exc
+            raise ClusterError(f"node {node}: {op} {fields.get('session')}: {exc}") from exc
 
     def close(self) -> None:
         for link in self.links.values():
@@ -218,9 +223,17 @@ def takeover(url: str, session_id: str, copy: str, target: str) -> None:
     """LOSSY: install a copy of a session whose node is gone for good (docs/scaling.md)."""
     try:
         with etcd_client(url) as client:
-            done = take_over(client, session_id, copy, target)
-            home, _lease = node_home(client, target)
-        DaemonControl().start(target, home, session_id)
+            remote = _remote(client, target)
+            if remote is not None:
+                try:
+                    done = take_over_remote(client, session_id, copy, target, remote)
+                finally:
+                    remote.close()
+            else:
+                done = take_over(client, session_id, copy, target)
+                home, _lease = node_home(client, target)
+        if remote is None:
+            DaemonControl().start(target, home, session_id)
     except ClusterError as exc:
         _fail(exc)
     else:

@@ -21,6 +21,7 @@ from supervisor.cluster.lease import LeaseTiming, NodeNameTaken
 from supervisor.cluster.move_node import discard_here, pull_here, release_here, seal_here
 from supervisor.cluster.node import LEASE_FILE, Claims, ClusterNode
 from supervisor.cluster.ownership import place_or_resume
+from supervisor.cluster.receive_copy import install_here, receive_here
 from supervisor.cluster.transport import TlsFiles, TransportError
 from supervisor.errors import ServeError
 
@@ -117,9 +118,11 @@ class ServingNode:
         self.node.claim(session, claims)
         return self.worker_args(session) if session in claims.served else None
 
-    def move_step(self, op: str, session: str) -> dict[str, object]:
+    def move_step(
+        self, op: str, session: str, fields: dict[str, object] | None = None
+    ) -> dict[str, object]:
         """This node's part of a move between hosts (``seal``, ``pull``, ``release``, and
-        ``discard`` after an abort),
+        ``discard`` after an abort; ``receive`` and ``install`` of a takeover's copy),
         each checked against the move etcd holds (``move_node``)."""
         name = self.node.name
         if op == "seal":
@@ -128,6 +131,10 @@ class ServingNode:
             return pull_here(self.client, name, self.home, session, self.tls)
         if op == "discard":
             return discard_here(self.client, name, self.home, session)
+        if op == "receive":
+            return receive_here(self.client, self.home, session, fields or {})
+        if op == "install":
+            return install_here(self.client, self.home, session, fields or {})
         return release_here(self.client, name, self.home, session)
 
     def close(self) -> None:

@@ -42,7 +42,7 @@ CLIENT_OPS: Final = frozenset({"ping", "status", "create", "send"})
 NODE_OPS: Final = frozenset({"ping", "files", "file"})
 OPERATOR_OPS: Final = frozenset(
     {"ping", "status", "create", "send", "compact", "start", "stop", "restart", "adopt",
-     "forget", "metrics", "seal", "pull", "release", "discard"}
+     "forget", "metrics", "seal", "pull", "release", "discard", "receive", "install"}
 )  # fmt: skip
 ALLOWED: Final[Mapping[Role, frozenset[str]]] = {
     Role.CLIENT: CLIENT_OPS,

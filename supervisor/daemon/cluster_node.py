@@ -25,7 +25,7 @@ from supervisor.cluster.serving import ServingNode, WorkerCluster
 from supervisor.daemon.endpoints import Waiter
 from supervisor.daemon.hosted import HostedSession
 from supervisor.errors import ServeError
-from worker.wire import error, ok
+from worker.wire import Message, error, ok
 
 __all__ = ["MAX_PENDING", "DaemonNode"]
 
@@ -127,7 +127,7 @@ class DaemonNode:
 
         self._run(session, lambda: self.serving.claim(session), claimed)
 
-    def move_step(self, waiter: Waiter, op: str, session: str) -> None:
+    def move_step(self, waiter: Waiter, op: str, session: str, fields: Message) -> None:
         """A move's step on this node's disk (seal, pull, release), off the loop."""
         if self.refuse_busy(waiter, session):
             return
@@ -139,7 +139,7 @@ class DaemonNode:
             else:
                 waiter.client.reply(ok(waiter.request_id, result))
 
-        self._run(session, lambda: self.serving.move_step(op, session), stepped)
+        self._run(session, lambda: self.serving.move_step(op, session, dict(fields)), stepped)
 
     def _unplace(self, session: str, args: WorkerCluster) -> None:
         """Undo a placement made for a create the daemon will not host (it is stopping)."""

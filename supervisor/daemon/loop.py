@@ -347,11 +347,11 @@ class Supervisor:
         fresh.ready_waiters.append(waiter)
         fresh.start()
 
-    def move_step(self, waiter: Waiter, op: str, session_id: str) -> None:
+    def move_step(self, waiter: Waiter, op: str, session_id: str, fields: Message) -> None:
         if self.cluster is None:
             waiter.client.reply(error(waiter.request_id, "bad_request", "not a cluster node"))
         else:
-            self.cluster.move_step(waiter, op, session_id)
+            self.cluster.move_step(waiter, op, session_id, fields)
 
     def forget_session(self, waiter: Waiter, session_id: str) -> None:
         """Cluster mode: stop listing a stopped session whose files left this node."""
