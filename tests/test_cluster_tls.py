@@ -107,15 +107,17 @@ def test_the_node_registers_its_tls_address_and_serves_a_client_over_it(
         ).items()
 
 
-@pytest.mark.parametrize("kind", ["other_ca", "expired"])
-def test_a_client_certificate_the_node_cannot_verify_is_refused(
+@pytest.mark.parametrize("kind", ["other_ca", "expired", "no_role"])
+def test_a_client_certificate_the_node_cannot_verify_or_place_is_refused(
     tls_cluster: TlsCluster, kind: str
 ) -> None:
     certs = tls_cluster.certs
     if kind == "other_ca":
         files = certs.issue("intruder", Role.CLIENT, ca=trustme.CA())
-    else:
+    elif kind == "expired":
         files = certs.issue("late", Role.CLIENT, expired=True)
+    else:  # of the cluster CA, valid, but with no loopd role (OU)
+        files = certs.issue("nobody", None)
     before = len(tls_cluster.refusals())
     session = f"bad-{kind}"
     with (
@@ -125,8 +127,12 @@ def test_a_client_certificate_the_node_cannot_verify_is_refused(
         cluster.create(session)
     assert caught.value.code in ("tls_refused", "closed")
     assert "node a" in one_line(caught.value)
-    wanted = "unable to get local issuer" if kind == "other_ca" else "expired"
-    refused_once(tls_cluster, before, "certificate refused", wanted)
+    wanted = {
+        "other_ca": ["certificate refused", "unable to get local issuer"],
+        "expired": ["certificate refused", "expired"],
+        "no_role": ["without a loopd role", "CN=nobody"],
+    }[kind]
+    refused_once(tls_cluster, before, *wanted)
     with EtcdClient(tls_cluster.etcd.url) as etcd:
         assert placement_of(etcd, session) is None  # nothing was served
     tls_cluster.still_serves(f"after-{kind}")

@@ -163,10 +163,10 @@ class Supervisor:
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self.loop.remove_signal_handler(sig)
+            if self.gateway is not None:  # its thread reports into the loop: ended first
+                self.gateway.close()
             self.hosting.close()
             self._listener.close()
-            if self.gateway is not None:
-                self.gateway.close()
             for client in list(self.clients):
                 client.abort()
             for task in self._tasks:
