@@ -1,6 +1,7 @@
 """Benchmark the cluster: moving a 10,000-record session between nodes, against a plain copy.
 
     python -m scripts.bench_cluster [--records N] [--rounds R] [--clients C] [--write-docs]
+    python -m scripts.bench_cluster --tls [--requests N] [--rounds R] [--write-docs]
 
 Run from the repository's root as a module: it reuses the tests' etcd fixture.
 
@@ -18,6 +19,7 @@ import multiprocessing
 import os
 import platform
 import re
+import runpy
 import shutil
 import signal
 import statistics
@@ -257,6 +259,10 @@ scale-out, which needs three hosts.
 
 
 def main() -> int:
+    if "--tls" in sys.argv:  # the transport's round trip between hosts (needs root)
+        sys.argv.remove("--tls")
+        runpy.run_module("scripts.bench_cluster_tls", run_name="__main__")
+        return 0
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=7)

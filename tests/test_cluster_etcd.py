@@ -153,3 +153,5 @@ def test_the_client_reconnects_once_etcd_is_back(etcd: EtcdServer) -> None:
 def test_a_url_that_is_not_http_host_port_is_refused() -> None:
     with pytest.raises(ValueError, match="must be http://host:port"):
         EtcdClient("https://etcd.example")
+    with pytest.raises(ValueError, match="is https: give --tls-ca"):
+        EtcdClient("http://127.0.0.1:1,https://etcd.example:2379")

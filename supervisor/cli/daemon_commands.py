@@ -9,6 +9,7 @@ from typing import Final, NoReturn, cast
 
 import click
 
+from supervisor.cli import tls_options as tls
 from supervisor.cli.options import (
     ETCD_URL,
     client_home_option,
@@ -17,10 +18,9 @@ from supervisor.cli.options import (
     timeout_option,
 )
 from supervisor.cli.tail_command import print_stream
-from supervisor.client.cluster import ClusterClient
 from supervisor.client.control import call, not_utf8, statuses
 from supervisor.client.direct import Client
-from supervisor.client.status_table import status_lines
+from supervisor.client.status_table import status_lines, with_node_column
 from supervisor.cluster.errors import ClusterError
 from supervisor.daemon.loop import ServeConfig, Supervisor
 from supervisor.daemon.poison import DEFAULT_POISON_AFTER
@@ -148,12 +148,13 @@ def _fail(op: str, exc: ControlError) -> NoReturn:
     "exec: each worker is a fresh interpreter.",
 )
 @hosting_options
+@tls.serve_tls_options
 @click.option(
     "--cluster",
     envvar="LOOPD_CLUSTER",
     default=None,
     type=ETCD_URL,
-    help="etcd URL (http://host:port): serve as a node of a cluster (docs/scaling.md).",
+    help="etcd URL(s) http(s)://host:port[,...]: serve as a node of a cluster (docs/scaling.md).",
 )
 @click.option("--node", default=None, help="this node's name in the cluster.")
 @click.option(
@@ -203,6 +204,7 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
         max_batch=cast(int, get("max_batch")), poison_after=cast(int, get("poison_after")),
         cluster=cast("str | None", get("cluster")), node=cast("str | None", get("node")),
         lease_ttl=cast("int | None", get("lease_ttl")), apps=apps,
+        listen=cast("str | None", get("listen")), tls=tls.tls_files(*map(get, tls.TLS_PARAMS)),
     )  # fmt: skip
     try:
         code = Supervisor(config).run()
@@ -227,6 +229,7 @@ def _cluster_fail(op: str, exc: ClusterError | ControlError) -> NoReturn:
 @click.command()
 @client_home_option
 @cluster_option
+@tls.client_tls_options
 @timeout_option
 @click.argument("session_id", metavar="ID")
 @click.option("--slot", type=click.IntRange(0, MAX_SLOT), default=0, show_default=True)
@@ -255,7 +258,7 @@ def create(
         sys.exit(EXIT_ERROR)
     assert cluster is not None
     try:
-        with ClusterClient(cluster, timeout=timeout) as client:
+        with tls.cluster_client(cluster, timeout=timeout) as client:
             row = client.create(session_id, slot=slot)
     except (ClusterError, ControlError) as exc:
         _cluster_fail("create", exc)
@@ -265,6 +268,7 @@ def create(
 @click.command()
 @client_home_option
 @cluster_option
+@tls.client_tls_options
 @timeout_option
 @click.argument("session_id", metavar="ID")
 @click.argument("text")
@@ -303,7 +307,7 @@ def send(
             click.echo("loopd send: --stream is for a home (--home), not --cluster", err=True)
             sys.exit(EXIT_ERROR)
         try:
-            with ClusterClient(cluster, timeout=timeout) as routed:
+            with tls.cluster_client(cluster, timeout=timeout) as routed:
                 result = routed.send(session_id, text, key=key, untrusted=untrusted)
         except (ClusterError, ControlError) as exc:
             _cluster_fail("send", exc)
@@ -349,6 +353,7 @@ stop = _lifecycle("stop", "Stop session ID's worker: SIGTERM, a deadline, SIGKIL
 @click.command()
 @client_home_option
 @cluster_option
+@tls.client_tls_options
 @click.argument("session_id", metavar="[ID]", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object a session.")
 @timeout_option
@@ -359,7 +364,7 @@ def status(
     if _home_or_cluster(home, cluster) is None:
         assert cluster is not None
         try:
-            with ClusterClient(cluster, timeout=timeout) as client:
+            with tls.cluster_client(cluster, timeout=timeout) as client:
                 rows = [
                     r
                     for r in client.status()
@@ -385,7 +390,7 @@ def status(
 
 
 def _print_status(rows: list[object]) -> None:
-    for line in status_lines(rows, STATUS_COLUMNS):
+    for line in status_lines(rows, with_node_column(STATUS_COLUMNS, rows)):
         click.echo(line)
 
 

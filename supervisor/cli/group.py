@@ -43,6 +43,8 @@ COMMANDS: Final = {
     "demo": "supervisor.cli.demo_command:demo",
     "move": "supervisor.cli.cluster_commands:move",
     "drain": "supervisor.cli.cluster_commands:drain",
+    "cordon": "supervisor.cli.cluster_commands:cordon_command",
+    "uncordon": "supervisor.cli.cluster_commands:uncordon_command",
     "takeover": "supervisor.cli.cluster_commands:takeover",
 }
 

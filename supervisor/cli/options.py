@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import urllib.parse
 from typing import Final
 
 import click
 
+from supervisor.cluster.etcd_endpoints import parse_endpoints
 from supervisor.hosting.bounds import seconds
 
 HOME_ENV: Final = "LOOPD_HOME"
@@ -44,7 +44,8 @@ CLUSTER_ENV: Final = "LOOPD_CLUSTER"
 
 
 class EtcdUrl(click.types.StringParamType):
-    """``http://host:port`` of an etcd member, checked before anything connects to it."""
+    """``http(s)://host:port`` of etcd members, comma-separated, checked before anything
+    connects to them."""
 
     name = "url"
 
@@ -53,12 +54,9 @@ class EtcdUrl(click.types.StringParamType):
     ) -> str:
         text = str(value)
         try:
-            parsed = urllib.parse.urlsplit(text)
-            port = parsed.port
+            parse_endpoints(text)
         except ValueError as exc:
-            self.fail(f"{text!r} is not a URL ({exc}); expected http://host:port", param, ctx)
-        if parsed.scheme != "http" or not parsed.hostname or port is None:
-            self.fail(f"{text!r}: expected http://host:port (etcd's gateway)", param, ctx)
+            self.fail(str(exc), param, ctx)
         return text
 
 
@@ -77,5 +75,5 @@ cluster_option = click.option(
     envvar=CLUSTER_ENV,
     default=None,
     type=ETCD_URL,
-    help=f"etcd URL http://host:port (or ${CLUSTER_ENV}): find the session's node there.",
+    help=f"etcd URL http(s)://host:port[,...] (or ${CLUSTER_ENV}): find the session's node there.",
 )

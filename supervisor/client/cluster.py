@@ -18,6 +18,7 @@ from supervisor.cluster.drain import least_loaded_node
 from supervisor.cluster.errors import ClusterError, NotOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.ownership import placement_of
+from supervisor.cluster.peer_link import NodeLink
 from supervisor.cluster.routing import (
     Route,
     TokenGuard,
@@ -26,11 +27,16 @@ from supervisor.cluster.routing import (
     route,
     unix_socket_path,
 )
+from supervisor.cluster.transport import TlsFiles, tls_files_from_env
 from supervisor.errors import ControlError
 from worker.wire import Message
 
-REROUTE: frozenset[str] = frozenset({"not_owner", "not_found", "no_daemon", "worker_died"})
-"""Error codes after which the owner is looked up again and the request sent again."""
+REROUTE: frozenset[str] = frozenset(
+    {"not_owner", "not_found", "no_daemon", "worker_died", "closed"}
+)
+"""Error codes after which the owner is looked up again and the request sent again (with
+the same key: what was applied is answered from the log); ``closed``: a TLS connection
+to a node that restarted or went away."""
 
 
 def home_of(address: str) -> str:
@@ -41,11 +47,13 @@ def home_of(address: str) -> str:
 class ClusterClient:
     """Requests to the sessions of a cluster, each sent to the session's current owner."""
 
-    def __init__(self, url: str, *, timeout: float = 60.0) -> None:
-        self.etcd = EtcdClient(url)
+    def __init__(self, url: str, *, timeout: float = 60.0, tls: TlsFiles | None = None) -> None:
+        self.tls = tls if tls is not None else tls_files_from_env()
+        self.etcd = EtcdClient(url, tls=self.tls.etcd_context() if self.tls else None)
         self.timeout = timeout
         self.guard = TokenGuard()
         self._clients: dict[str, Client] = {}
+        self._links: dict[str, NodeLink] = {}
         self._routes: dict[str, Route] = {}
 
     def __enter__(self) -> ClusterClient:
@@ -59,6 +67,9 @@ class ClusterClient:
         for client in self._clients.values():
             client.close()
         self._clients.clear()
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
         self.etcd.close()
 
     def create(self, session: str, *, slot: int = 0) -> object:
@@ -72,7 +83,7 @@ class ClusterClient:
         address = node_address(self.etcd, node)
         if address is None:
             raise NotOwner(session, f"node {node} left the cluster")
-        return call(home_of(address), "create", timeout=self.timeout, session=session, slot=slot)
+        return self._call(node, address, "create", session=session, slot=slot)
 
     def send(
         self, session: str, text: str, *, key: str | None = None, untrusted: bool = False
@@ -81,14 +92,20 @@ class ClusterClient:
         key = key or uuid.uuid4().hex
         for attempt in range(3):
             found = self._route(session, fresh=attempt > 0)
-            client = self._client(home_of(found.address))
             try:
-                result = client.send(session, text, key=key, untrusted=untrusted)
+                if found.address.startswith("unix:"):
+                    client = self._client(home_of(found.address))
+                    result = client.send(session, text, key=key, untrusted=untrusted)
+                else:
+                    answer = self._link(found.node, found.address).call(
+                        "send", session=session, text=text, key=key, untrusted=untrusted or None
+                    )
+                    result = answer if isinstance(answer, dict) else {"result": answer}
             except ControlError as exc:
                 if exc.code not in REROUTE or attempt == 2:
                     raise
                 self._routes.pop(session, None)
-                client.close()  # its link may lead to a worker that no longer owns it
+                self._drop(found.address)  # it may lead to a worker that no longer owns it
                 continue
             token = result.get("token")
             if type(token) is not int:
@@ -101,7 +118,7 @@ class ClusterClient:
         """The status rows of every live node's sessions, each with its node's name."""
         rows: list[object] = []
         for node, address in sorted(live_nodes(self.etcd).items()):
-            result = call(home_of(address), "status", timeout=self.timeout)
+            result = self._call(node, address, "status")
             for row in result if isinstance(result, list) else []:
                 if isinstance(row, dict):
                     rows.append({**row, "node": node})
@@ -113,6 +130,33 @@ class ClusterClient:
             found = route(self.etcd, session)
             self._routes[session] = found
         return found
+
+    def _call(self, node: str, address: str, op: str, **fields: object) -> object:
+        """One control request to ``node``: on its unix socket, or over TLS."""
+        if address.startswith("unix:"):
+            return call(home_of(address), op, timeout=self.timeout, **fields)
+        return self._link(node, address).call(op, **fields)
+
+    def _link(self, node: str, address: str) -> NodeLink:
+        link = self._links.get(address)
+        if link is None or link.node != node:
+            if link is not None:
+                link.close()  # another node registered at this address now
+            if self.tls is None:
+                raise ControlError("tls_needed", f"node {node} is at {address}: give "
+                                   "--tls-ca, --tls-cert and --tls-key")  # fmt: skip
+            link = self._links[address] = NodeLink(address, node, self.tls, timeout=self.timeout)
+        return link
+
+    def _drop(self, address: str) -> None:
+        if address.startswith("unix:"):
+            dropped = self._clients.get(home_of(address))
+            if dropped is not None:
+                dropped.close()
+        else:
+            link = self._links.pop(address, None)
+            if link is not None:
+                link.close()
 
     def _client(self, home: str) -> Client:
         client = self._clients.get(home)

@@ -74,3 +74,11 @@ def summary_line(rows: Sequence[Message]) -> str:
 
 def _by_count(item: tuple[str, int]) -> tuple[int, str]:
     return -item[1], item[0]
+
+
+def with_node_column(columns: Sequence[str], rows: Sequence[object]) -> Sequence[str]:
+    """``columns`` with ``node`` after the first when any row names its node (a cluster's
+    status, ``loopd status --cluster``)."""
+    if any(isinstance(row, dict) and "node" in row for row in rows):
+        return (columns[0], "node", *columns[1:])
+    return columns

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
+from supervisor.cluster.cordon import cordon, cordoned_nodes
 from supervisor.cluster.errors import MoveFailed
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import node_of, placements_prefix
@@ -20,28 +22,39 @@ def placements(client: EtcdClient) -> dict[str, str]:
 
 
 def least_loaded_node(client: EtcdClient, exclude: frozenset[str] = frozenset()) -> str:
-    """The live node holding the fewest sessions (ties by name): where a new session goes."""
-    candidates = sorted(set(live_nodes(client)) - exclude)
+    """The live, uncordoned node holding the fewest sessions (ties by name): where a new
+    session goes."""
+    candidates = sorted(set(live_nodes(client)) - exclude - cordoned_nodes(client))
     if not candidates:
-        raise MoveFailed("-", "place", "no live node")
+        raise MoveFailed("-", "place", "no live node that is not cordoned")
     load = Counter({node: 0 for node in candidates})
     load.update(n for n in placements(client).values() if n in load)
     return min(candidates, key=lambda n: (load[n], n))
 
 
 def drain_node(
-    client: EtcdClient, node: str, *, control: SessionControl | None = None
+    client: EtcdClient,
+    node: str,
+    *,
+    control: SessionControl | None = None,
+    mover: Callable[[str, str], MoveDone] | None = None,
 ) -> list[MoveDone]:
-    """Move each session of ``node`` to the live node holding the fewest; return the moves."""
-    placed = placements(client)
-    targets = sorted(set(live_nodes(client)) - {node})
+    """Cordon ``node``, then move each of its sessions to the live, uncordoned node holding
+    the fewest; return the moves. The cordon stays (``loopd uncordon`` lifts it)."""
+    targets = sorted(set(live_nodes(client)) - {node} - cordoned_nodes(client))
     if not targets:
-        raise MoveFailed("-", "drain", f"no other live node to move the sessions of {node} to")
+        raise MoveFailed("-", "drain", f"no other live node, not cordoned, to move the "
+                         f"sessions of {node} to")  # fmt: skip
+    cordon(client, node)  # first: a session created from here on lands elsewhere
+    placed = placements(client)
     load = Counter({target: 0 for target in targets})
     load.update(n for n in placed.values() if n in load)
     done = []
     for session in sorted(s for s, n in placed.items() if n == node):
         target = min(targets, key=lambda t: (load[t], t))
-        done.append(move_session(client, session, target, control=control))
+        if mover is not None:  # between hosts: remote_move.move_remote
+            done.append(mover(session, target))
+        else:
+            done.append(move_session(client, session, target, control=control))
         load[target] += 1
     return done

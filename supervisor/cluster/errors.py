@@ -19,6 +19,11 @@ class EtcdUnavailable(ClusterError):
         return f"{self.url}: etcd unavailable: {self.why}"
 
 
+class EtcdUnreached(EtcdUnavailable):
+    """No connection was made (refused, unreachable, no TLS handshake): nothing was sent,
+    so the request may go to another endpoint."""
+
+
 class EtcdRequestFailed(ClusterError):
     """etcd answered a request with an error (gateway code and message), or badly (code -1)."""
 
@@ -53,6 +58,19 @@ class AlreadyPlaced(NotOwner):
         super().__init__(session, f"the session already exists on {node}")
         self.args = (session, node)
         self.node = node
+
+
+class Cordoned(ClusterError):
+    """A new session was to be placed on a cordoned node (``loopd cordon``)."""
+
+    def __init__(self, session: str, node: str) -> None:
+        super().__init__(session, node)
+        self.session = session
+        self.node = node
+
+    def __str__(self) -> str:
+        return (f"session {self.session}: node {self.node} is cordoned: no new session is "
+                f"placed on it (`loopd uncordon {self.node}`)")  # fmt: skip
 
 
 class StaleOwner(ClusterError):

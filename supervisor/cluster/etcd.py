@@ -14,12 +14,14 @@ repeat.
 from __future__ import annotations
 
 import json
-import urllib.parse
+import ssl
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Final, Literal, TypeVar
 
-from supervisor.cluster.errors import EtcdRequestFailed, EtcdUnavailable
+from supervisor.cluster.errors import EtcdRequestFailed, EtcdUnavailable, EtcdUnreached
+from supervisor.cluster.etcd_endpoints import parse_endpoints
 from supervisor.cluster.etcd_types import (
     Compare,
     Delete,
@@ -46,24 +48,30 @@ T = TypeVar("T")
 
 
 class EtcdClient:
-    """A client of one etcd endpoint, ``http://host:port``."""
+    """A client of an etcd cluster: one endpoint or several, ``http://`` or ``https://``.
 
-    def __init__(self, url: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
-        try:
-            parsed = urllib.parse.urlsplit(url)
-            port = parsed.port  # ValueError when out of range or not a number
-        except ValueError as exc:
-            raise ValueError(
-                f"etcd URL must be http://host:port, got {url[:200]!r}: {exc}"
-            ) from exc
-        host = parsed.hostname
-        if parsed.scheme != "http" or not host or not host.isascii() or port is None:
-            raise ValueError(f"etcd URL must be http://host:port, got {url[:200]!r}")
+    ``url`` is one endpoint or a comma-separated list (``https://a:2379,https://b:2379``).
+    A call goes to the endpoint that answered last; when no connection to it can be
+    made (refused, unreachable, no TLS handshake: nothing was sent) it goes to the next,
+    each given a fair share of what is left of the call's deadline. A request that was
+    sent and not answered is never sent again here (the caller knows if it may be).
+    ``tls``: the client certificate and CA for ``https://`` endpoints (etcd's
+    ``--client-cert-auth``); its server certificate must name the host or address used.
+    """
+
+    def __init__(
+        self, url: str, *, timeout: float = DEFAULT_TIMEOUT, tls: ssl.SSLContext | None = None
+    ) -> None:
+        self.endpoints = parse_endpoints(url)
         if not timeout > 0 or timeout == float("inf"):
             raise ValueError(f"etcd timeout must be a positive number of seconds, got {timeout!r}")
+        if tls is None and any(e.scheme == "https" for e in self.endpoints):
+            raise ValueError(f"etcd at {url[:200]!r} is https: give --tls-ca, --tls-cert and "
+                             "--tls-key")  # fmt: skip
         self.url = url
         self.timeout = timeout
-        self._address = (host, port)
+        self.tls = tls
+        self._preferred = 0  # the endpoint that answered last
 
     def close(self) -> None:
         """Nothing to close: each call's connection is closed when the call ends."""
@@ -168,18 +176,49 @@ class EtcdClient:
     def _call(self, path: str, body: Json, decode: Callable[[Json], T]) -> T:
         """One unary call: the reply decoded by ``decode``, all within the timeout."""
         payload = json.dumps(body).encode("utf-8")
-        status, data = post(self.url, self._address, path, payload, seconds=self.timeout)
-        reply = _decode_reply(self.url, path, status, data)
-        with _reading(self.url, path):
+        url, (status, data) = self._post(path, payload, self.timeout, None)
+        reply = _decode_reply(url, path, status, data)
+        with _reading(url, path):
             return decode(reply)
 
     def _stream(self, path: str, body: Json, seconds: float, take: Callable[[bytes], bool]) -> None:
         """Feed a streaming reply's JSON lines to ``take`` until it says enough or time is up."""
         payload = json.dumps(body).encode("utf-8")
-        status, data = post(self.url, self._address, path, payload, seconds=seconds, take=take)
+        url, (status, data) = self._post(path, payload, seconds, take)
         if status != 200:
-            _decode_reply(self.url, path, status, data)  # raises: an error reply
-            raise EtcdRequestFailed(self.url, -1, f"{path}: HTTP {status}")
+            _decode_reply(url, path, status, data)  # raises: an error reply
+            raise EtcdRequestFailed(url, -1, f"{path}: HTTP {status}")
+
+    def _post(
+        self, path: str, payload: bytes, seconds: float, take: Callable[[bytes], bool] | None
+    ) -> tuple[str, tuple[int, bytes]]:
+        """POST to the preferred endpoint, or to the next ones while none can be reached."""
+        deadline = time.monotonic() + seconds
+        count = len(self.endpoints)
+        failures = []
+        for attempt in range(count):
+            index = (self._preferred + attempt) % count
+            endpoint = self.endpoints[index]
+            left = seconds if attempt == 0 else deadline - time.monotonic()
+            if left <= 0:
+                break
+            context = self.tls if endpoint.scheme == "https" else None
+            try:
+                answer = post(endpoint.url, endpoint.address, path, payload, seconds=left,
+                              take=take, context=context,
+                              connect_within=left / (count - attempt))  # fmt: skip
+            except EtcdUnreached as exc:
+                failures.append(exc)
+                continue
+            except EtcdUnavailable:
+                self._preferred = (index + 1) % count  # sent, unanswered: next call elsewhere
+                raise
+            self._preferred = index
+            return endpoint.url, answer
+        if len(failures) == 1:
+            raise failures[0]
+        whys = "; ".join(f"{f.url}: {f.why}" for f in failures) or "no time left"
+        raise EtcdUnavailable(self.url, f"no endpoint reached: {whys}")
 
 
 @contextmanager

@@ -11,11 +11,12 @@ Name resolution is the system resolver's and is not covered (etcd is named by ad
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from typing import Final
 
-from supervisor.cluster.errors import EtcdUnavailable
+from supervisor.cluster.errors import EtcdUnavailable, EtcdUnreached
 
 __all__ = ["MAX_REPLY", "post"]
 
@@ -82,13 +83,18 @@ def post(
     *,
     seconds: float,
     take: Callable[[bytes], bool] | None = None,
+    context: ssl.SSLContext | None = None,
+    connect_within: float | None = None,
 ) -> tuple[int, bytes]:
     """POST ``body`` to ``path``; return the status and the whole body, within ``seconds``.
 
     With ``take`` (a streaming call: keepalive, watch) a 200 reply's body is fed to it
     as it arrives, line by line, until it returns True or the deadline passes; then the
     body returned is empty. EtcdUnavailable when etcd cannot be reached, closes early,
-    speaks something else than HTTP, or is not done by the deadline.
+    speaks something else than HTTP, or is not done by the deadline; EtcdUnreached (a
+    kind of it) when no connection was made within ``connect_within`` (nothing was sent).
+    With ``context`` (an ``https://`` endpoint) the connection is TLS, the server's
+    certificate checked against the host's name or address.
     """
     deadline = time.monotonic() + seconds
     head = (
@@ -96,8 +102,9 @@ def post(
         "Content-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode("ascii")
+    s = _connect(url, address, path, deadline, connect_within, context)
     try:
-        with socket.create_connection(address, timeout=max(deadline - time.monotonic(), 1e-3)) as s:
+        with s:
             s.settimeout(max(deadline - time.monotonic(), 1e-3))
             s.sendall(head + body)
             reader = _Reader(s, url, deadline, seconds)
@@ -112,6 +119,32 @@ def post(
         raise EtcdUnavailable(url, f"{path}: {exc.why}") from exc
     except OSError as exc:
         raise EtcdUnavailable(url, f"{path}: {exc.strerror or exc!r}") from exc
+
+
+def _connect(
+    url: str,
+    address: tuple[str, int],
+    path: str,
+    deadline: float,
+    connect_within: float | None,
+    context: ssl.SSLContext | None,
+) -> socket.socket:
+    """A connection to ``address`` (TLS with ``context``), or EtcdUnreached."""
+    left = max(deadline - time.monotonic(), 1e-3)
+    budget = min(left, connect_within) if connect_within is not None else left
+    try:
+        raw = socket.create_connection(address, timeout=budget)
+    except OSError as exc:
+        why = "no connection in time" if isinstance(exc, TimeoutError) else exc.strerror or exc
+        raise EtcdUnreached(url, f"{path}: {why}") from exc
+    if context is None:
+        return raw
+    try:
+        raw.settimeout(budget)
+        return context.wrap_socket(raw, server_hostname=address[0])
+    except (OSError, ssl.SSLError) as exc:
+        raw.close()
+        raise EtcdUnreached(url, f"{path}: TLS with etcd failed: {exc}") from exc
 
 
 def _head(reader: _Reader) -> tuple[int, bool, int | None]:

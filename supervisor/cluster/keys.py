@@ -54,6 +54,16 @@ def move_key(session: str) -> str:
     return f"{PREFIX}moves/{validate_session_id(session)}"
 
 
+def cordon_key(node: str) -> str:
+    """``/loopd/cordoned/<node>``: no new session is placed on the node (durable)."""
+    return f"{PREFIX}cordoned/{check_node_name(node)}"
+
+
+def cordons_prefix() -> str:
+    """The prefix of every cordon key."""
+    return f"{PREFIX}cordoned/"
+
+
 def encode_value(value: dict[str, object]) -> bytes:
     """Return ``value`` as canonical JSON bytes."""
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")

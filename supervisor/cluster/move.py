@@ -148,7 +148,7 @@ def move_session(
     control = control or NoWorkers()
     hook = before_step or _no_hook
     hook(MoveStep.INTENT)
-    intent = _intent(client, session, target)
+    intent = start_intent(client, session, target)
     if intent is None:  # already there
         owner = owner_of(client, session)
         return MoveDone(session=session, node=target, token=owner.token if owner else 0)
@@ -156,14 +156,14 @@ def move_session(
     if owner is None or owner.node != target:
         hook(MoveStep.SEAL)
         control.stop(intent.source, intent.source_home, session)
-        _seal(intent)
+        seal_source(intent)
         hook(MoveStep.COPY)
         if not os.path.isdir(session_dir(intent.target_home, session)):
             copy_session(session_dir(intent.source_home, session), intent.target_home, session)
         hook(MoveStep.VERIFY)
         _verify_and_install(intent)
         hook(MoveStep.OWN)
-        owner = _take_ownership(client, intent, owner)
+        owner = take_ownership(client, intent, owner)
     hook(MoveStep.OPEN)
     _open_on_target(intent, owner)
     control.start(intent.target, intent.target_home, session)
@@ -178,7 +178,7 @@ def _no_hook(step: MoveStep) -> None:
     """No fault injection."""
 
 
-def _intent(client: EtcdClient, session: str, target: str) -> MoveIntent | None:
+def start_intent(client: EtcdClient, session: str, target: str) -> MoveIntent | None:
     """Return the move in progress, or write a new intent; None when already on ``target``."""
     existing = client.get(move_key(session))
     if existing is not None:
@@ -225,13 +225,15 @@ def _intent(client: EtcdClient, session: str, target: str) -> MoveIntent | None:
     return intent
 
 
-def _seal(intent: MoveIntent) -> None:
-    """Append ``Handoff{to, token}`` to the source log unless it already ends with it."""
-    directory = session_dir(intent.source_home, intent.session)
+def seal_source(intent: MoveIntent, home: str | None = None) -> None:
+    """Append ``Handoff{to, token}`` to the source log unless it already ends with it
+    (``home``: the source's, when the source node seals its own copy)."""
+    home = home or intent.source_home
+    directory = session_dir(home, intent.session)
     if not os.path.isdir(directory):
         raise MoveFailed(intent.session, "seal", f"the source copy {directory} is missing")
     try:
-        session = Session.open(intent.source_home, intent.session)
+        session = Session.open(home, intent.session)
     except SessionLocked as exc:
         raise MoveFailed(intent.session, "seal", f"the source session is in use: {exc}") from exc
     with session:
@@ -270,7 +272,7 @@ def _verify_and_install(intent: MoveIntent) -> None:
         install_copy(intent.target_home, intent.session)
 
 
-def _take_ownership(
+def take_ownership(
     client: EtcdClient, intent: MoveIntent, owner: OwnerRecord | None
 ) -> OwnerRecord:
     """One transaction: the target owns the session, placement follows; return the new owner."""
@@ -307,6 +309,27 @@ def abort_move(client: EtcdClient, session: str) -> MoveDone:
     The source gets a new, higher token (its log then reads ``Handoff`` followed by its
     own ``Owner``) and the target's copy, never served, is removed.
     """
+    intent, result_revision = abort_in_etcd(client, session)
+    try:
+        opened = Session.open(intent.source_home, session)
+    except SessionLocked:
+        pass  # the source's worker serves it again and writes its Owner itself
+    else:
+        with opened:
+            if opened.fence.token < result_revision:
+                opened.append(Owner(node=intent.source, token=result_revision))
+    for leftover in (
+        incoming_dir(intent.target_home, session),
+        session_dir(intent.target_home, session),
+    ):
+        if os.path.isdir(leftover):
+            shutil.rmtree(leftover)
+    return MoveDone(session=session, node=intent.source, token=result_revision)
+
+
+def abort_in_etcd(client: EtcdClient, session: str) -> tuple[MoveIntent, int]:
+    """An abort's transaction: the source owns the session again under a new token
+    (returned with the intent), the move key is gone; MoveFailed if it cannot be undone."""
     existing = client.get(move_key(session))
     if existing is None:
         raise MoveFailed(session, "abort", "no move is in progress")
@@ -325,18 +348,4 @@ def abort_move(client: EtcdClient, session: str) -> MoveDone:
     )
     if not result.succeeded:
         raise MoveFailed(session, "abort", "the owner changed meanwhile")
-    try:
-        opened = Session.open(intent.source_home, session)
-    except SessionLocked:
-        pass  # the source's worker serves it again and writes its Owner itself
-    else:
-        with opened:
-            if opened.fence.token < result.revision:
-                opened.append(Owner(node=intent.source, token=result.revision))
-    for leftover in (
-        incoming_dir(intent.target_home, session),
-        session_dir(intent.target_home, session),
-    ):
-        if os.path.isdir(leftover):
-            shutil.rmtree(leftover)
-    return MoveDone(session=session, node=intent.source, token=result.revision)
+    return intent, result.revision

@@ -50,14 +50,17 @@ class ClusterNode:
         home: str | os.PathLike[str],
         *,
         timing: LeaseTiming | None = None,
+        address: str | None = None,
     ) -> None:
         self.client = client
         self.name = name
         self.home = os.fspath(home)
+        # Where clients reach the node: its tls:// port, or its unix socket (one machine).
+        self.address = address or f"unix:{os.path.join(self.home, 'loopd.sock')}"
         self.lease = NodeLease(
             client,
             name,
-            {"address": f"unix:{os.path.join(self.home, 'loopd.sock')}", "home": self.home},
+            {"address": self.address, "home": self.home},
             timing=timing,
             deadline_path=os.path.join(self.home, LEASE_FILE),
             on_new_lease=self._lease_renewed,

@@ -9,10 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from supervisor.cluster.errors import AlreadyPlaced, NotOwner
+from supervisor.cluster.errors import AlreadyPlaced, Cordoned, NotOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.etcd_types import Delete, Get, Put, TxnResult, absent, modified_at, value_is
-from supervisor.cluster.keys import move_key, node_of, node_value, owner_key, placement_key
+from supervisor.cluster.keys import (
+    cordon_key,
+    move_key,
+    node_of,
+    node_value,
+    owner_key,
+    placement_key,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,20 +48,23 @@ def placement_of(client: EtcdClient, session: str) -> str | None:
 def place_new(client: EtcdClient, session: str, node: str, lease: int) -> int:
     """Place a new session on ``node`` and make it the owner; return the token.
 
-    AlreadyPlaced if the session is already placed anywhere (ids are cluster-wide).
+    AlreadyPlaced if the session is already placed anywhere (ids are cluster-wide);
+    Cordoned if ``node`` is cordoned (checked in the same transaction).
     """
     placement, owner = placement_key(session), owner_key(session)
     result = client.txn(
-        [absent(placement), absent(owner)],
+        [absent(placement), absent(owner), absent(cordon_key(node))],
         [
             Put(key=placement, value=node_value(node)),
             Put(key=owner, value=node_value(node), lease=lease),
         ],
-        [Get(key=placement)],
+        [Get(key=placement), Get(key=cordon_key(node))],
     )
     if not result.succeeded:
-        where = node_of(result.reads[0][0].value) if result.reads[0] else "a node"
-        raise AlreadyPlaced(session, where)
+        if result.reads[0] or not result.reads[1]:
+            where = node_of(result.reads[0][0].value) if result.reads[0] else "a node"
+            raise AlreadyPlaced(session, where)
+        raise Cordoned(session, node)
     return result.revision
 
 

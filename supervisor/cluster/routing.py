@@ -22,7 +22,7 @@ class Route:
 
 
 def node_address(client: EtcdClient, node: str) -> str | None:
-    """Return a live node's address (``unix:/path`` today), or None if it is not registered."""
+    """A live node's address (``unix:/path`` or ``tls://host:port``); None if not registered."""
     kv = client.get(node_key(node))
     if kv is None:
         return None
@@ -55,7 +55,7 @@ def route(client: EtcdClient, session: str) -> Route:
 def unix_socket_path(address: str) -> str:
     """Return the socket path of a ``unix:`` address; ValueError for any other transport."""
     if not address.startswith("unix:"):
-        raise ValueError(f"unsupported node address {address!r} (only unix: is served today)")
+        raise ValueError(f"{address!r} is not a unix: address (a node on this machine)")
     return address.removeprefix("unix:")
 
 

@@ -18,8 +18,12 @@ from typing import Final
 from supervisor.cluster.errors import NotOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.lease import LeaseTiming, NodeNameTaken
+from supervisor.cluster.move_node import discard_here, pull_here, release_here, seal_here
 from supervisor.cluster.node import LEASE_FILE, Claims, ClusterNode
 from supervisor.cluster.ownership import place_or_resume
+from supervisor.cluster.receive_copy import install_here, receive_here
+from supervisor.cluster.transport import TlsFiles, TransportError
+from supervisor.errors import ServeError
 
 CALL_TIMEOUT: Final = 2.0
 NAME_RETRY: Final = 0.2
@@ -45,10 +49,25 @@ class WorkerCluster:
 class ServingNode:
     """The cluster side of one ``loopd serve``."""
 
-    def __init__(self, url: str, name: str, home: str, *, ttl: int | None = None) -> None:
-        self.client = EtcdClient(url, timeout=CALL_TIMEOUT)
+    def __init__(
+        self,
+        url: str,
+        name: str,
+        home: str,
+        *,
+        ttl: int | None = None,
+        address: str | None = None,
+        tls: TlsFiles | None = None,
+    ) -> None:
+        try:
+            context = tls.etcd_context() if tls is not None else None
+            self.client = EtcdClient(url, timeout=CALL_TIMEOUT, tls=context)
+        except (ValueError, TransportError) as exc:
+            raise ServeError(f"--cluster {url}: {exc}") from exc
+        self.home = home
+        self.tls = tls  # the node's certificate: it pulls moved sessions with it
         timing = LeaseTiming(ttl=ttl) if ttl is not None else None
-        self.node = ClusterNode(self.client, name, home, timing=timing)
+        self.node = ClusterNode(self.client, name, home, timing=timing, address=address)
         self.lease_file = os.path.join(home, LEASE_FILE)
 
     def start(self) -> list[str]:
@@ -98,6 +117,25 @@ class ServingNode:
         claims = Claims()
         self.node.claim(session, claims)
         return self.worker_args(session) if session in claims.served else None
+
+    def move_step(
+        self, op: str, session: str, fields: dict[str, object] | None = None
+    ) -> dict[str, object]:
+        """This node's part of a move between hosts (``seal``, ``pull``, ``release``, and
+        ``discard`` after an abort; ``receive`` and ``install`` of a takeover's copy),
+        each checked against the move etcd holds (``move_node``)."""
+        name = self.node.name
+        if op == "seal":
+            return seal_here(self.client, name, self.home, session)
+        if op == "pull":
+            return pull_here(self.client, name, self.home, session, self.tls)
+        if op == "discard":
+            return discard_here(self.client, name, self.home, session)
+        if op == "receive":
+            return receive_here(self.client, self.home, session, fields or {})
+        if op == "install":
+            return install_here(self.client, self.home, session, fields or {})
+        return release_here(self.client, name, self.home, session)
 
     def close(self) -> None:
         """Revoke the lease (this node owns nothing any more) and close the etcd client."""

@@ -19,13 +19,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final, TypeVar
 
-from supervisor.cluster.errors import AlreadyPlaced, ClusterError, NotOwner
+from supervisor.cluster.errors import AlreadyPlaced, ClusterError, Cordoned, NotOwner
 from supervisor.cluster.ownership import unplace
 from supervisor.cluster.serving import ServingNode, WorkerCluster
 from supervisor.daemon.endpoints import Waiter
 from supervisor.daemon.hosted import HostedSession
 from supervisor.errors import ServeError
-from worker.wire import error
+from supervisor.states import State
+from worker.wire import Message, error, ok
 
 __all__ = ["MAX_PENDING", "DaemonNode"]
 
@@ -109,6 +110,42 @@ class DaemonNode:
 
         self._run(session, lambda: self.serving.place(session), placed)
 
+    def adopt(
+        self, waiter: Waiter, session: str, host: Callable[[WorkerCluster], HostedSession]
+    ) -> None:
+        """``adopt``: claim a session moved here in etcd (off the loop) and serve it; ``host``
+        makes its hosted entry under the claimed token."""
+        hosted = self.sessions.get(session)
+        if hosted is not None and hosted.state in (State.RUNNING, State.STARTING):
+            waiter.client.reply(ok(waiter.request_id, hosted.status()))
+        elif hosted is not None and hosted.worker is not None:
+            waiter.client.reply(error(waiter.request_id, "busy", f"{session} is stopping"))
+        elif not self.refuse_busy(waiter, session):
+            self.claim(waiter, session, lambda args: self._adopted(waiter, session, args, host))
+
+    def _adopted(
+        self,
+        waiter: Waiter,
+        session: str,
+        claimed: WorkerCluster,
+        host: Callable[[WorkerCluster], HostedSession],
+    ) -> None:
+        current = self.sessions.get(session)
+        if current is not None and current.worker is not None:  # started meanwhile
+            waiter.client.reply(ok(waiter.request_id, current.status()))
+            return
+        self.sessions.pop(session, None)  # a stale entry holds an older token
+        fresh = host(claimed)
+        fresh.ready_waiters.append(waiter)
+        fresh.start()
+
+    def forget(self, waiter: Waiter, session: str) -> None:
+        """``forget``: stop listing a stopped session whose files left this node."""
+        hosted = self.sessions.get(session)
+        if hosted is not None and hosted.worker is None:
+            del self.sessions[session]
+        waiter.client.reply(ok(waiter.request_id, None))
+
     def claim(self, waiter: Waiter, session: str, then: Callable[[WorkerCluster], None]) -> None:
         """Claim a session moved to this node, off the loop; ``then`` hosts it, in the loop."""
 
@@ -126,6 +163,20 @@ class DaemonNode:
                 then(args)
 
         self._run(session, lambda: self.serving.claim(session), claimed)
+
+    def move_step(self, waiter: Waiter, op: str, session: str, fields: Message) -> None:
+        """A move's step on this node's disk (seal, pull, release), off the loop."""
+        if self.refuse_busy(waiter, session):
+            return
+
+        def stepped(result: dict[str, object] | None, exc: Exception | None) -> None:
+            if exc is not None:
+                code = "move_failed" if isinstance(exc, ClusterError) else "io_error"
+                waiter.client.reply(error(waiter.request_id, code, str(exc)))
+            else:
+                waiter.client.reply(ok(waiter.request_id, result))
+
+        self._run(session, lambda: self.serving.move_step(op, session, dict(fields)), stepped)
 
     def _unplace(self, session: str, args: WorkerCluster) -> None:
         """Undo a placement made for a create the daemon will not host (it is stopping)."""
@@ -184,6 +235,8 @@ def _code(exc: Exception | None) -> str:
     """The control error code of a failed placement."""
     if isinstance(exc, AlreadyPlaced):
         return "exists"
+    if isinstance(exc, Cordoned):
+        return "cordoned"
     if isinstance(exc, NotOwner):
         return "not_owner"
     return "unavailable"  # etcd did not answer, or badly; a file error of a claim

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from supervisor.cluster.transport import TlsFiles
 from supervisor.daemon.poison import DEFAULT_POISON_AFTER
 from supervisor.daemon.spawn import StartMethod
 from supervisor.hosting.apps import AppConfig
@@ -34,6 +35,8 @@ class ServeConfig:
     cluster: str | None = None  # etcd URL: serve as a node of a cluster (docs/scaling.md)
     node: str | None = None
     lease_ttl: int | None = None
+    listen: str | None = None  # tls://HOST:PORT: the node's TLS port, registered in etcd
+    tls: TlsFiles | None = None
     hosting: HostingSettings = field(default_factory=HostingSettings)
     apps: dict[str, AppConfig] = field(default_factory=dict)
     """The named Apps of loopd.toml's ``[apps]`` (``loopd create ID --app NAME``)."""

@@ -33,13 +33,14 @@ from supervisor.daemon.listener import Listener
 from supervisor.daemon.local_sessions import adopt_local, forget_local
 from supervisor.daemon.lock_wait import HolderWait
 from supervisor.daemon.spawn import WorkerProcess, WorkerSpec
+from supervisor.daemon.tls_gateway import TlsGateway, open_gateway
 from supervisor.daemon.worker_specs import UnknownApp, worker_spec
 from supervisor.errors import ServeError
 from supervisor.hosting.intent import IntentError, IntentFile
 from supervisor.hosting.runtime import Hosting
 from supervisor.states import State
 from worker.store.layout import SESSIONS_DIR
-from worker.wire import Message, error, ok
+from worker.wire import Message, error
 
 __all__ = ["ServeConfig", "Supervisor"]
 
@@ -64,6 +65,7 @@ class Supervisor:
         self._listener = Listener(self.loop, self.home, self._on_client, self.report)
         self._to_start: deque[HostedSession] = deque()
         self.cluster: DaemonNode | None = None
+        self.gateway: TlsGateway | None = None  # --listen tls://: its own thread and loop
         self.hosting = Hosting(self.loop, self.home, config.hosting, self.sessions, self.report)
 
     # -- the Loop protocol of HostedSession ---------------------------------------------
@@ -151,6 +153,8 @@ class Supervisor:
             sessions = existing_sessions(self.home)
             if self.config.cluster is not None:
                 sessions = self._join_cluster(self.config.cluster)
+            elif self.config.listen is not None:
+                raise ServeError("--listen needs --cluster URL and --node NAME")
             self._listener.open()
             self.hosting.open_metrics()
             self.hosting.begin()
@@ -160,6 +164,8 @@ class Supervisor:
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self.loop.remove_signal_handler(sig)
+            if self.gateway is not None:  # its thread reports into the loop: ended first
+                self.gateway.close()
             self.hosting.close()
             self._listener.close()
             for client in list(self.clients):
@@ -190,12 +196,22 @@ class Supervisor:
         """Register this node and claim its sessions (quarantining the others); those it serves."""
         if self.config.node is None:
             raise ServeError("--cluster needs --node NAME")
-        serving = ServingNode(url, self.config.node, self.home, ttl=self.config.lease_ttl)
+        self.gateway = open_gateway(
+            self.config.listen, self.config.tls, self.config.node, self._listener.path,
+            self.report_from_thread,
+        )  # fmt: skip
+        serving = ServingNode(
+            url, self.config.node, self.home, ttl=self.config.lease_ttl,
+            address=self.config.listen, tls=self.config.tls,
+        )  # fmt: skip
         self.cluster = DaemonNode(
             self.loop, serving, self.sessions, self.report, lambda: self._shutting_down,
             self._check_done,
         )  # fmt: skip
         return self.cluster.start()
+
+    def report_from_thread(self, line: str) -> None:
+        self.loop.call_soon_threadsafe(self.report, line)
 
     def report(self, line: str) -> None:
         """One line on stderr for the operator (serve's output is its log). It never blocks
@@ -318,36 +334,25 @@ class Supervisor:
         """Claim a session whose files were moved here (cluster mode: and serve it)."""
         if self.cluster is None:
             adopt_local(self, waiter, session_id, app)  # restored: listed STOPPED
-            return
-        hosted = self.sessions.get(session_id)
-        if hosted is not None and hosted.state in (State.RUNNING, State.STARTING):
-            waiter.client.reply(ok(waiter.request_id, hosted.status()))
-        elif hosted is not None and hosted.worker is not None:
-            waiter.client.reply(error(waiter.request_id, "busy", f"{session_id} is stopping"))
-        elif not self.cluster.refuse_busy(waiter, session_id):  # claimed in etcd, off the loop
-            self.cluster.claim(
-                waiter, session_id, lambda args: self._adopted(waiter, session_id, args)
+        else:
+            self.cluster.adopt(
+                waiter,
+                session_id,
+                lambda claimed: self._host(self._spec(session_id, cluster=claimed)),
             )
 
-    def _adopted(self, waiter: Waiter, session_id: str, claimed: WorkerCluster) -> None:
-        current = self.sessions.get(session_id)
-        if current is not None and current.worker is not None:  # started meanwhile
-            waiter.client.reply(ok(waiter.request_id, current.status()))
-            return
-        self.sessions.pop(session_id, None)  # a stale entry holds an older token
-        fresh = self._host(self._spec(session_id, cluster=claimed))
-        fresh.ready_waiters.append(waiter)
-        fresh.start()
+    def move_step(self, waiter: Waiter, op: str, session_id: str, fields: Message) -> None:
+        if self.cluster is None:
+            waiter.client.reply(error(waiter.request_id, "bad_request", "not a cluster node"))
+        else:
+            self.cluster.move_step(waiter, op, session_id, fields)
 
     def forget_session(self, waiter: Waiter, session_id: str) -> None:
         """Stop listing a stopped session whose files left this node (or were deleted)."""
         if self.cluster is None:
             forget_local(self, waiter, session_id)  # its intent entry too
-            return
-        hosted = self.sessions.get(session_id)
-        if hosted is not None and hosted.worker is None:
-            del self.sessions[session_id]
-        waiter.client.reply(ok(waiter.request_id, None))
+        else:
+            self.cluster.forget(waiter, session_id)
 
     def forget_pending_start(self, hosted: HostedSession) -> None:
         """An operator acted on a session not yet started at launch: their word wins."""

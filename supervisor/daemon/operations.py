@@ -28,6 +28,8 @@ STATUS_PAGE_BYTES: Final = MAX_FRAME // 2
 a page always fits the frame with room for the reply around it."""
 
 MAX_APP_NAME: Final = 64
+MOVE_STEPS: Final = frozenset({"seal", "pull", "release", "discard", "receive", "install"})
+"""A cluster node's own part of a move or takeover between hosts (docs/scaling.md 6, 7)."""
 
 
 class Daemon(Protocol):
@@ -43,6 +45,7 @@ class Daemon(Protocol):
     def daemon_status(self) -> Message: ...
     def adopt_session(self, waiter: Waiter, session_id: str, app: str | None = None) -> None: ...
     def forget_session(self, waiter: Waiter, session_id: str) -> None: ...
+    def move_step(self, waiter: Waiter, op: str, session_id: str, fields: Message) -> None: ...
     def remember_intent(self, session_id: str, *, stopped: bool) -> str | None: ...
     def follow_events(self, client: Client) -> bool: ...
     def metrics_text(self) -> str: ...
@@ -132,6 +135,8 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
             hosted.stop()
         elif op == "adopt":  # a session moved here (cluster: claimed, served) or restored
             daemon.adopt_session(waiter, _session_id(message), _app(message))
+        elif op in MOVE_STEPS:  # cluster: a move or takeover between hosts
+            daemon.move_step(waiter, op, _session_id(message), message)
         elif op == "forget":  # cluster: a stopped session moved away; stop listing it
             daemon.forget_session(waiter, _session_id(message))
         elif op == "restart":

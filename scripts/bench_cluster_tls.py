@@ -1,0 +1,123 @@
+"""Benchmark the TLS transport: a round trip between two hosts against the unix socket.
+
+    python -m scripts.bench_cluster_tls [--requests N] [--rounds R] [--write-docs]
+
+(also ``python -m scripts.bench_cluster --tls``). Needs root: it builds the hosts of
+the cluster tests (``tests/netns_hosts.py``): etcd, one node, one client, each a
+network namespace of its own on one bridge. One session on the node; in alternating
+rounds it times N keyed requests (after a warm-up) sent three ways: from the client host
+over mutual TLS to the node's ``tls://`` port (relayed by the daemon to the worker),
+on the node's host through its unix socket with the same relayed ``send``, and on the
+node's host through the worker's own handed-over connection (``Client``). The figure
+is the ratio of median round trips. ``--write-docs`` replaces the TLS section of
+docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import tempfile
+from pathlib import Path
+
+from tests.netns_cluster import run_client, start_etcd, start_node
+from tests.netns_hosts import Host, Hosts, namespaces_problem
+from tests.tls_certs import Certificates
+
+MODES = ("tls", "unix-relay", "unix-direct")
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+START, END = "<!-- cluster-tls-bench:start -->", "<!-- cluster-tls-bench:end -->"
+
+
+def probe(host: Host, mode: str, count: int, url: str, node: object) -> list[float]:
+    argv = host.python("-m", "scripts.bench_tls_probe", mode, str(count), "bench", url,
+                       str(host.private / "home"))  # fmt: skip
+    if mode == "tls":
+        env = [f"LOOPD_TLS_{k}={host.private / 'certs' / f}" for k, f in
+               (("CA", "ca.pem"), ("CERT", "cert.pem"), ("KEY", "key.pem"))]  # fmt: skip
+        done = host.run(["env", *env, *argv], copy=host.root / "certs", timeout=300)
+    else:
+        done = host.inside(node, argv, timeout=300)  # type: ignore[arg-type]
+    if done.returncode != 0:
+        raise SystemExit(f"{mode} probe failed: {done.stderr[-2000:]}")
+    times: list[float] = json.loads(done.stdout)
+    return times
+
+
+def bench(root: Path, requests: int, rounds: int) -> dict[str, float]:
+    certs = Certificates(root / "ca")
+    with Hosts(root / "hosts") as hosts:
+        etcd_host, node_host, client = hosts.add("etcd"), hosts.add("a"), hosts.add("client")
+        url = start_etcd(etcd_host)
+        node = start_node(node_host, "a", url, certs)
+        made = run_client(client, certs, url, ["a"], [{"create": "bench"}])
+        if "ok" not in made[0]:
+            raise SystemExit(f"create failed: {made}")
+        medians: dict[str, list[float]] = {mode: [] for mode in MODES}
+        for _ in range(rounds):
+            for mode in MODES:
+                host = client if mode == "tls" else node_host
+                medians[mode].append(statistics.median(probe(host, mode, requests, url, node)))
+    figures = {f"{mode}_us": statistics.median(values) * 1e6 for mode, values in medians.items()}
+    figures["tls_vs_relay"] = figures["tls_us"] / figures["unix-relay_us"]
+    figures["tls_vs_direct"] = figures["tls_us"] / figures["unix-direct_us"]
+    return figures
+
+
+def render(figures: dict[str, float], requests: int, rounds: int) -> str:
+    return f"""{START}
+## Cluster transport (TLS between hosts)
+
+`python -m scripts.bench_cluster_tls --requests {requests} --rounds {rounds} --write-docs`
+(root) on {platform.machine()} Linux, Python {platform.python_version()},
+{os.cpu_count()} cores: etcd, a node and a client each in a network namespace of its own
+on one bridge (veth pairs); one session; the median of {rounds} alternating rounds'
+medians of {requests} keyed requests, one at a time. The node's home is its host's
+tmpfs, so the fdatasync of each request costs next to nothing: the figures are the
+transport's, not the disk's.
+
+| round trip of one request | median |
+|---|---|
+| from another host: mutual TLS 1.3, relayed by the node's daemon | {figures["tls_us"]:.0f} µs |
+| on the node's host: its unix socket, the same relayed `send` | {figures["unix-relay_us"]:.0f} µs |
+| on the node's host: the worker's own connection (`Client`) | {figures["unix-direct_us"]:.0f} µs |
+| TLS / unix relayed | {figures["tls_vs_relay"]:.2f}x |
+| TLS / unix direct | {figures["tls_vs_direct"]:.2f}x |
+
+Over TLS a request passes the node's TLS thread, its control socket and the daemon's
+relay to the worker (docs/scaling.md, "The transport"); the worker's own connection
+skips the daemon, which a TCP client cannot do yet.
+{END}"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--write-docs", action="store_true")
+    args = parser.parse_args()
+    problem = namespaces_problem()
+    if problem is not None:
+        raise SystemExit(f"bench_cluster_tls: {problem}")
+    with tempfile.TemporaryDirectory(prefix="loopd-tls-bench-") as root:
+        figures = bench(Path(root), args.requests, args.rounds)
+    text = render(figures, args.requests, args.rounds)
+    print(text)
+    if args.write_docs:
+        docs = DOCS.read_text()
+        pattern = re.compile(re.escape(START) + ".*?" + re.escape(END), re.DOTALL)
+        docs = (
+            pattern.sub(text, docs)
+            if pattern.search(docs)
+            else docs.rstrip() + "\n\n" + text + "\n"
+        )
+        DOCS.write_text(docs)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

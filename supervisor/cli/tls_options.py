@@ -1,0 +1,94 @@
+"""The TLS options of ``serve`` and of every client command (docs/scaling.md, "The transport")."""
+
+from __future__ import annotations
+
+import sys
+import urllib.parse
+from collections.abc import Callable
+from typing import Final, TypeVar
+
+import click
+
+from supervisor.client.cluster import ClusterClient
+from supervisor.cluster.transport import ENV, TlsFiles, TransportError
+
+F = TypeVar("F", bound=Callable[..., object])
+EXIT_USAGE: Final = 2
+_META: Final = "loopd.tls"
+TLS_PARAMS: Final = ("tls_ca", "tls_cert", "tls_key")
+
+
+class TlsAddress(click.ParamType):  # type: ignore[type-arg]
+    """``tls://HOST:PORT``: a node's TLS port."""
+
+    name = "tls://HOST:PORT"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> str:
+        text = str(value)
+        parsed = urllib.parse.urlsplit(text)
+        try:
+            port = parsed.port
+        except ValueError:
+            port = None
+        if parsed.scheme != "tls" or not parsed.hostname or port is None or parsed.path:
+            self.fail(f"{text!r}: expected tls://HOST:PORT", param, ctx)
+        return text
+
+
+TLS_ADDRESS: Final = TlsAddress()
+_FLAGS: Final = (
+    ("--tls-key", ENV["key"], "its private key (PEM)"),
+    ("--tls-cert", ENV["cert"], "this peer's certificate (PEM)"),
+    ("--tls-ca", ENV["ca"], "the cluster CA's certificate (PEM)"),
+)
+
+
+def tls_files(ca: object, cert: object, key: object) -> TlsFiles | None:
+    """The three files, or None; a one-line error and exit 2 if only some are given."""
+    try:
+        return TlsFiles.from_options(
+            None if ca is None else str(ca),
+            None if cert is None else str(cert),
+            None if key is None else str(key),
+        )
+    except TransportError as exc:
+        click.echo(f"loopd: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+
+
+def serve_tls_options(command: F) -> F:
+    """``serve``'s --tls-ca, --tls-cert, --tls-key (also keys of loopd.toml) and --listen."""
+    for flag, env, what in _FLAGS:
+        command = click.option(flag, envvar=env, default=None, type=click.Path(dir_okay=False),
+                               help=f"mutual TLS: {what} (or ${env}).")(command)  # fmt: skip
+    return click.option(
+        "--listen", default=None, type=TLS_ADDRESS,
+        help="tls://HOST:PORT: the node's TLS port, registered in etcd (needs --tls-*).",
+    )(command)  # fmt: skip
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: object) -> None:
+    if param.name is not None:
+        ctx.meta.setdefault(_META, {})[param.name] = value
+
+
+def client_tls_options(command: F) -> F:
+    """A client command's --tls-ca, --tls-cert, --tls-key, read by ``cluster_client``."""
+    for flag, env, what in _FLAGS:
+        command = click.option(flag, envvar=env, default=None, type=click.Path(dir_okay=False),
+                               expose_value=False, callback=_remember,
+                               help=f"mutual TLS: {what} (or ${env}).")(command)  # fmt: skip
+    return command
+
+
+def tls_files_given() -> TlsFiles | None:
+    """The TLS files of the command being run (``client_tls_options``), or None."""
+    given = click.get_current_context().meta.get(_META, {})
+    return tls_files(given.get("tls_ca"), given.get("tls_cert"), given.get("tls_key"))
+
+
+def cluster_client(url: str, *, timeout: float) -> ClusterClient:
+    """A ClusterClient of ``url`` with the command's TLS files (for tls:// nodes)."""
+    return ClusterClient(url, timeout=timeout, tls=tls_files_given())

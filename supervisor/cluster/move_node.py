@@ -1,0 +1,207 @@
+"""A move's steps as the nodes make them when they share nothing (docs/scaling.md 6).
+
+Across hosts the mover reaches no home: it asks each node over the transport, and each
+node acts on its own disk only after reading the move from etcd itself (never on what
+the mover says): the source seals (``seal_here``) and later removes its copy
+(``release_here``); the target pulls the files from the source node over mutual TLS
+(``pull_here``): the source's manifest first (name, size, SHA-256 of each file), then
+each file in chunks, written to ``<home>/incoming/<id>/``, its SHA-256 and size checked,
+fdatasynced, the directory fsynced, then installed as ``sessions/<id>`` exactly as a
+local move does. The source serves the files of a session only once its log is sealed
+for the node asking (``sealed_manifest``: its ``Handoff`` names the node of the peer's
+certificate), and only to a node certificate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from typing import Final
+
+from supervisor.cluster.errors import MoveFailed
+from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.keys import move_key
+from supervisor.cluster.move import MoveIntent, seal_source
+from supervisor.cluster.ownership import owner_of, placement_of
+from supervisor.cluster.peer_link import NodeLink
+from supervisor.cluster.routing import node_address
+from supervisor.cluster.session_files import (
+    INCOMING_DIR,
+    file_hashes,
+    incoming_dir,
+    install_copy,
+    remove_released,
+    session_files,
+)
+from supervisor.cluster.transport import TlsFiles
+from supervisor.errors import ControlError
+from worker.store import durable
+from worker.store.layout import session_dir
+from worker.store.loader import load_session
+
+CHUNK: Final = 512 << 10
+"""Bytes of a file per ``file`` request (a reply frame holds at most 1 MiB)."""
+PULL_TIMEOUT: Final = 30.0
+
+
+def _intent(client: EtcdClient, session: str, step: str) -> MoveIntent:
+    kv = client.get(move_key(session))
+    if kv is None:
+        raise MoveFailed(session, step, "no move of it is in progress in etcd")
+    return MoveIntent.decode(session, kv.value)
+
+
+def seal_here(client: EtcdClient, node: str, home: str, session: str) -> dict[str, object]:
+    """The source's step 2: append ``Handoff`` to its own copy (its worker stopped)."""
+    intent = _intent(client, session, "seal")
+    if intent.source != node:
+        raise MoveFailed(session, "seal", f"the move in etcd is from {intent.source}, not {node}")
+    seal_source(intent, home)
+    return {"session": session, "sealed_for": intent.target, "token": intent.token}
+
+
+def sealed_manifest(home: str, session: str, peer_names: list[str]) -> list[dict[str, object]]:
+    """The files a peer node may pull: only of a copy sealed for one of ``peer_names``."""
+    directory = session_dir(home, session)
+    if not os.path.isdir(directory):
+        raise MoveFailed(session, "copy", "no copy of it on this node")
+    fence = load_session(directory, session).fence
+    if fence.sealed is None or fence.sealed.to not in peer_names:
+        raise MoveFailed(session, "copy", f"its log is not sealed for {', '.join(peer_names)}")
+    files = []
+    for name in session_files(directory):
+        digest = hashlib.sha256()
+        with open(os.path.join(directory, name), "rb") as f:
+            while block := f.read(CHUNK):
+                digest.update(block)
+            size = f.tell()
+        files.append({"name": name, "size": size, "sha256": digest.hexdigest()})
+    return files
+
+
+def read_chunk(home: str, session: str, name: str, offset: int) -> dict[str, object]:
+    """``CHUNK`` bytes of one of the session's files from ``offset`` (the name is checked)."""
+    directory = session_dir(home, session)
+    if name not in session_files(directory) or offset < 0:
+        raise MoveFailed(session, "copy", f"no file {name!r} at offset {offset} to send")
+    with open(os.path.join(directory, name), "rb") as f:
+        f.seek(offset)
+        data = f.read(CHUNK)
+    return {"data": data, "eof": len(data) < CHUNK}
+
+
+def pull_here(
+    client: EtcdClient, node: str, home: str, session: str, tls: TlsFiles | None
+) -> dict[str, object]:
+    """The target's steps 3 and 4: pull, check and install the source's sealed copy."""
+    intent = _intent(client, session, "copy")
+    if intent.target != node:
+        raise MoveFailed(session, "copy", f"the move in etcd is to {intent.target}, not {node}")
+    address = node_address(client, intent.source)
+    if address is None:
+        raise MoveFailed(session, "copy", f"the source {intent.source} is not registered")
+    if tls is None:
+        raise MoveFailed(session, "copy", "this node has no TLS certificate to pull with")
+    link = NodeLink(address, intent.source, tls, timeout=PULL_TIMEOUT)
+    try:
+        manifest = _manifest(link, session)
+        installed = session_dir(home, session)
+        if not os.path.isdir(installed):
+            _pull_files(link, session, home, manifest)
+        expected = {str(f["name"]): str(f["sha256"]) for f in manifest}
+        copy = installed if os.path.isdir(installed) else incoming_dir(home, session)
+        found = file_hashes(copy)
+        if found != expected:
+            differ = sorted(n for n in found.keys() | expected.keys()
+                            if found.get(n) != expected.get(n))  # fmt: skip
+            raise MoveFailed(session, "verify", f"the copy differs from the source in {differ}")
+        if copy != installed:
+            install_copy(home, session)
+    except ControlError as exc:
+        raise MoveFailed(session, "copy", f"from {intent.source}: {exc}") from exc
+    finally:
+        link.close()
+    return {"session": session, "files": len(manifest), "from": intent.source}
+
+
+def _manifest(link: NodeLink, session: str) -> list[dict[str, object]]:
+    answer = link.call("files", session=session)
+    files = answer.get("files") if isinstance(answer, dict) else None
+    if not isinstance(files, list) or not all(
+        isinstance(f, dict) and isinstance(f.get("name"), str) and isinstance(f.get("size"), int)
+        and isinstance(f.get("sha256"), str) for f in files
+    ):  # fmt: skip
+        raise MoveFailed(session, "copy", f"a bad manifest from the source: {answer!r:.200}")
+    return files
+
+
+def _pull_files(link: NodeLink, session: str, home: str, manifest: list[dict[str, object]]) -> None:
+    """Stream every file into ``incoming/<id>``: size and SHA-256 checked, each fdatasynced,
+    the directory and its parent fsynced."""
+    parent = os.path.join(home, INCOMING_DIR)
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    target = incoming_dir(home, session)
+    if os.path.exists(target):
+        shutil.rmtree(target)  # a partial copy of an interrupted pull
+    durable.mkdir(target)
+    for entry in manifest:
+        name, size, sha = str(entry["name"]), int(str(entry["size"])), str(entry["sha256"])
+        if os.sep in name or name.startswith("."):
+            raise MoveFailed(session, "copy", f"the source named a file {name!r}")
+        path = os.path.join(target, name)
+        digest = hashlib.sha256()
+        written = 0
+        fd = durable.create(path)
+        try:
+            while True:
+                chunk = link.call("file", session=session, name=name, offset=written)
+                data = chunk.get("data") if isinstance(chunk, dict) else None
+                if (
+                    not isinstance(chunk, dict)
+                    or not isinstance(data, bytes)
+                    or (written + len(data) > size)
+                ):
+                    raise MoveFailed(session, "copy", f"{name}: a bad chunk at byte {written}")
+                durable.write_all(fd, data, path)
+                digest.update(data)
+                written += len(data)
+                if chunk.get("eof") or not data:
+                    break
+            durable.fdatasync(fd, path)
+        finally:
+            durable.close(fd)
+        if written != size or digest.hexdigest() != sha:
+            raise MoveFailed(session, "verify", f"{name}: {written} bytes with SHA-256 "
+                             f"{digest.hexdigest()}, the source has {size} with {sha}")  # fmt: skip
+    durable.fsync_dir(target)
+    durable.fsync_dir(parent)
+
+
+def discard_here(client: EtcdClient, node: str, home: str, session: str) -> dict[str, object]:
+    """An aborted move's target: remove its copy, never served, once etcd shows no move
+    of the session and neither places it here nor names this node its owner."""
+    owner = owner_of(client, session)
+    if client.get(move_key(session)) is not None:
+        raise MoveFailed(session, "abort", "a move of it is still in progress in etcd")
+    if placement_of(client, session) == node or (owner is not None and owner.node == node):
+        raise MoveFailed(session, "abort", f"it is placed on or owned by {node}: not discarded")
+    removed = 0
+    for leftover in (incoming_dir(home, session), session_dir(home, session)):
+        if os.path.isdir(leftover):
+            shutil.rmtree(leftover)
+            durable.fsync_dir(os.path.dirname(leftover))
+            removed += 1
+    return {"session": session, "discarded": removed}
+
+
+def release_here(client: EtcdClient, node: str, home: str, session: str) -> dict[str, object]:
+    """The source's step 7: remove its copy, once etcd says the target owns the session."""
+    intent = _intent(client, session, "release")
+    owner = owner_of(client, session)
+    if intent.source != node or owner is None or owner.node != intent.target:
+        raise MoveFailed(session, "release", f"{intent.target} does not own it yet")
+    if placement_of(client, session) != intent.target:
+        raise MoveFailed(session, "release", f"it is not placed on {intent.target} yet")
+    remove_released(home, session, f"moved-{owner.token}")
+    return {"session": session, "released": True}

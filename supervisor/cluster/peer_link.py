@@ -1,0 +1,144 @@
+"""One connection to a node's TLS port (``tls://HOST:PORT``), checked to be that node.
+
+Used by the clients and by a node pulling a moved session's files from another node.
+
+The handshake is TLS 1.3 with this client's certificate; the node's certificate must be
+of the cluster CA, carry the node role and name, in its subjectAltName, the node that
+etcd named (``server_hostname``): a node reached at the address another node registered
+is refused. Control requests then travel as on the unix socket, one frame each way.
+Every failure is a one-line ``ControlError``: ``no_daemon`` (nothing listens there),
+``tls_refused`` (either side refused the other's certificate, or the peer is not a TLS
+node), ``closed``, ``timeout``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import ssl
+import time
+
+from supervisor.cluster.transport import (
+    TlsFiles,
+    TransportError,
+    check_node_certificate,
+    parse_tls_address,
+    refusal,
+)
+from supervisor.errors import ControlError
+from worker.wire import FrameReader, Message, WireError, encode
+
+READ_SIZE = 1 << 18
+
+
+def result_of(reply: Message) -> object:
+    """The result of a reply, or ControlError with its code and message."""
+    if reply.get("ok") is True:
+        return reply.get("result")
+    failure = reply.get("error")
+    if isinstance(failure, dict):
+        raise ControlError(str(failure.get("code")), str(failure.get("message")))
+    raise ControlError("bad_reply", f"unexpected reply {reply!r:.200}")
+
+
+class NodeLink:
+    """A persistent TLS connection to one node, made on first use and after a failure."""
+
+    def __init__(self, address: str, node: str, files: TlsFiles, *, timeout: float) -> None:
+        self.address = address
+        self.node = node
+        self.files = files
+        self.timeout = timeout
+        self._sock: ssl.SSLSocket | None = None
+        self._reader = FrameReader()
+        self._ids = itertools.count(1)
+        self._context: ssl.SSLContext | None = None
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def call(self, op: str, **fields: object) -> object:
+        """One control request to the node; its result, or ControlError (one line)."""
+        request_id = next(self._ids)
+        request: Message = {"id": request_id, "op": op}
+        request.update({k: v for k, v in fields.items() if v is not None})
+        try:
+            frame = encode(request)
+        except WireError as exc:
+            raise ControlError("too_large", str(exc)) from exc
+        sock = self._connect()
+        deadline = time.monotonic() + self.timeout
+        try:
+            sock.settimeout(self.timeout)
+            sock.sendall(frame)
+            reply = self._read_reply(sock, deadline)
+        except ControlError:
+            self.close()
+            raise
+        except ssl.SSLError as exc:
+            self.close()
+            raise ControlError(
+                "tls_refused", f"node {self.node} at {self.address} refused this client: "
+                f"{refusal(exc)}",
+            ) from exc  # fmt: skip
+        except TimeoutError as exc:
+            self.close()
+            raise ControlError("timeout", f"node {self.node} at {self.address} did not "
+                               f"answer within {self.timeout:g} s") from exc  # fmt: skip
+        except OSError as exc:
+            self.close()
+            raise ControlError("closed", f"node {self.node} at {self.address} closed the "
+                               f"connection: {exc.strerror or exc}") from exc  # fmt: skip
+        if reply.get("id") not in (request_id, None):
+            self.close()
+            raise ControlError("bad_reply", f"node {self.node}: a reply to another request")
+        return result_of(reply)
+
+    def _read_reply(self, sock: ssl.SSLSocket, deadline: float) -> Message:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            sock.settimeout(left)
+            data = sock.recv(READ_SIZE)
+            if not data:
+                raise ControlError("closed", f"node {self.node} at {self.address} closed "
+                                   "the connection without a reply")  # fmt: skip
+            try:
+                replies = self._reader.feed(data)
+            except WireError as exc:
+                raise ControlError("bad_reply", f"node {self.node}: {exc}") from exc
+            if replies:
+                return replies[0]
+
+    def _connect(self) -> ssl.SSLSocket:
+        if self._sock is not None:
+            return self._sock
+        try:
+            host, port = parse_tls_address(self.address)
+            if self._context is None:
+                self._context = self.files.client_context()
+        except TransportError as exc:
+            raise ControlError("bad_address", str(exc)) from exc
+        try:
+            raw = socket.create_connection((host, port), timeout=self.timeout)
+        except OSError as exc:
+            raise ControlError("no_daemon", f"cannot reach node {self.node} at "
+                               f"{self.address}: {exc.strerror or exc}") from exc  # fmt: skip
+        try:
+            sock = self._context.wrap_socket(raw, server_hostname=self.node)
+        except (ssl.SSLError, OSError) as exc:
+            raw.close()
+            raise ControlError(
+                "tls_refused", f"node {self.node} at {self.address}: {refusal(exc)}"
+            ) from exc
+        try:
+            check_node_certificate(sock.getpeercert(), self.node)
+        except TransportError as exc:
+            sock.close()
+            raise ControlError("tls_refused", f"node {self.node} at {self.address}: {exc}") from exc
+        self._sock = sock
+        self._reader = FrameReader()
+        return sock

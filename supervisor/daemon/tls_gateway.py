@@ -1,0 +1,246 @@
+"""A node's TLS port: ``--listen tls://HOST:PORT`` (docs/scaling.md, "The transport").
+
+The port is served by a thread of the daemon with an event loop of its own, never by the
+daemon's loop. Each connection is a TLS 1.3 handshake that requires a certificate of
+the cluster CA; a peer refused (another CA, expired, no certificate, not TLS at all, no
+role) costs one line in the daemon's log and nothing else. An accepted peer's control
+requests are checked against its role (``transport.ALLOWED``) and relayed, frame by
+frame, to the node's own control socket, whose replies go back unchanged: what a remote
+client may ask is exactly what a local one may, less what its certificate forbids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+from collections.abc import Callable
+from typing import Final
+
+from supervisor.cluster.errors import ClusterError
+from supervisor.cluster.move_node import read_chunk, sealed_manifest
+from supervisor.cluster.transport import (
+    ALLOWED,
+    HANDSHAKE_TIMEOUT,
+    Role,
+    TlsFiles,
+    TransportError,
+    describe,
+    dns_names,
+    own_certificate_problem,
+    parse_tls_address,
+    refusal,
+    role_of,
+)
+from supervisor.errors import ServeError
+from worker import SessionError
+from worker.wire import FrameReader, Message, WireError, encode, error, ok
+
+BACKLOG: Final = 128
+READ_SIZE: Final = 1 << 16
+
+
+class TlsGateway:
+    """The TLS port of one node, relaying accepted peers to ``control_path``."""
+
+    def __init__(
+        self, address: str, files: TlsFiles, control_path: str, report: Callable[[str], None]
+    ) -> None:
+        try:
+            self.host, self.port = parse_tls_address(address)
+            self.context = files.server_context()
+        except TransportError as exc:
+            raise ServeError(str(exc)) from exc
+        self.address = address
+        self.control_path = control_path
+        self.report = report
+        self.refused = 0
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped: asyncio.Event | None = None
+
+    def open(self) -> None:
+        """Bind and listen (ServeError in one line if the port cannot be had), then serve."""
+        try:
+            infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            family, kind, proto, _name, where = infos[0]
+            sock = socket.socket(family, kind, proto)
+        except OSError as exc:
+            raise ServeError(f"--listen {self.address}: {exc.strerror or exc}") from exc
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(where)
+            sock.listen(BACKLOG)
+        except OSError as exc:
+            sock.close()
+            raise ServeError(
+                f"--listen {self.address}: cannot listen: {exc.strerror or exc}"
+            ) from exc
+        sock.setblocking(False)
+        self._sock = sock
+        ready = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(ready,), name="loopd-tls", daemon=True
+        )
+        self._thread.start()
+        ready.wait()
+
+    def close(self) -> None:
+        """Stop accepting, end every relayed connection, join the thread."""
+        if self._loop is not None and self._stopped is not None:
+            self._loop.call_soon_threadsafe(self._stopped.set)
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _run(self, ready: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._serve(ready))
+        finally:
+            loop.close()
+
+    async def _serve(self, ready: threading.Event) -> None:
+        self._stopped = asyncio.Event()
+        assert self._sock is not None
+        server = await asyncio.start_server(self._connection, sock=self._sock)
+        ready.set()
+        try:
+            await self._stopped.wait()
+        finally:
+            server.close()
+            for task in asyncio.all_tasks() - {asyncio.current_task()}:
+                task.cancel()
+            await server.wait_closed()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = _peer_name(writer)
+        try:
+            await writer.start_tls(self.context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+        except (OSError, TimeoutError) as exc:
+            self._refuse(peer, refusal(exc))
+            writer.transport.abort()
+            return
+        cert = writer.get_extra_info("peercert")
+        role = role_of(cert)
+        if role is None:
+            self._refuse(peer, f"a certificate without a loopd role ({describe(cert)})")
+            writer.transport.abort()
+            return
+        try:
+            await self._relay(reader, writer, role, f"{peer} ({describe(cert)})", cert)
+        except (OSError, asyncio.IncompleteReadError):
+            pass  # the peer or the daemon went away: the connection ends
+        finally:
+            writer.transport.abort()
+
+    async def _relay(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        role: Role,
+        peer: str,
+        cert: dict[str, object],
+    ) -> None:
+        try:
+            daemon_reader, daemon_writer = await asyncio.open_unix_connection(self.control_path)
+        except OSError as exc:
+            writer.write(encode(error(None, "no_daemon", f"the node is not serving: {exc}")))
+            await writer.drain()
+            return
+        back = asyncio.ensure_future(_copy(daemon_reader, writer))
+        frames = FrameReader()
+        allowed = ALLOWED[role]
+        names = dns_names(cert)
+        try:
+            while not back.done():
+                data = await reader.read(READ_SIZE)
+                if not data:
+                    break
+                try:
+                    messages = frames.feed(data)
+                except WireError as exc:
+                    self._refuse(peer, f"a bad frame: {exc}")
+                    return
+                for message in messages:
+                    op = message.get("op")
+                    if op not in allowed:
+                        self._refuse(peer, f"op {op!r} is not allowed to a {role.value} "
+                                     "certificate")  # fmt: skip
+                        writer.write(encode(error(message.get("id"), "forbidden",
+                            f"a {role.value} certificate may not ask {op!r}")))  # fmt: skip
+                        continue
+                    if op in ("files", "file"):  # a moved session's files, read here
+                        reply = await asyncio.to_thread(self._files, message, names)
+                        writer.write(encode(reply))
+                        continue
+                    daemon_writer.write(encode(message))
+                await daemon_writer.drain()
+        finally:
+            back.cancel()
+            daemon_writer.transport.abort()
+
+    def _files(self, message: Message, names: list[str]) -> Message:
+        """Answer ``files`` (the manifest) or ``file`` (a chunk) from this node's home, for
+        a session sealed for the peer node (``move_node``), in a thread of the gateway."""
+        request_id = message.get("id")
+        home = os.path.dirname(self.control_path)
+        session, name, offset = message.get("session"), message.get("name"), message.get("offset")
+        try:
+            if not isinstance(session, str):
+                raise WireError("field 'session' must be a string")
+            if message.get("op") == "files":
+                return ok(request_id, {"files": sealed_manifest(home, session, names)})
+            if not isinstance(name, str) or type(offset) is not int:
+                raise WireError("fields 'name' (a string) and 'offset' (an integer) are needed")
+            return ok(request_id, read_chunk(home, session, name, offset))
+        except (WireError, ValueError) as exc:
+            return error(request_id, "bad_request", str(exc))
+        except (ClusterError, SessionError, OSError) as exc:
+            return error(request_id, "move_failed", str(exc))
+
+    def _refuse(self, peer: str, why: str) -> None:
+        self.refused += 1
+        self.report(f"tls: refused {peer}: {why}")
+
+
+async def _copy(source: asyncio.StreamReader, target: asyncio.StreamWriter) -> None:
+    while data := await source.read(READ_SIZE):
+        target.write(data)
+        await target.drain()
+    target.transport.abort()  # the daemon closed its end: so does the peer's
+
+
+def _peer_name(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer)
+
+
+def open_gateway(
+    listen: str | None,
+    tls: TlsFiles | None,
+    node: str | None,
+    control_path: str,
+    report: Callable[[str], None],
+) -> TlsGateway | None:
+    """The node's TLS port, listening, or None without ``--listen``; ServeError (one line)
+    if it is given without its certificate, or with one that is not this node's."""
+    if listen is None:
+        if tls is not None:
+            raise ServeError("--tls-ca/--tls-cert/--tls-key need --listen tls://HOST:PORT")
+        return None
+    if node is None:
+        raise ServeError("--listen needs --cluster URL and --node NAME")
+    if tls is None:
+        raise ServeError(f"--listen {listen} needs --tls-ca, --tls-cert and --tls-key")
+    problem = own_certificate_problem(tls, node)
+    if problem is not None:
+        raise ServeError(problem)
+    gateway = TlsGateway(listen, tls, control_path, report)
+    gateway.open()
+    return gateway
