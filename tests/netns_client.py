@@ -30,7 +30,7 @@ from supervisor.cluster.routing import live_nodes
 from supervisor.cluster.transport import tls_files_from_env
 from supervisor.errors import ControlError
 
-DEADLINE = 40.0
+DEADLINE = 60.0
 
 
 def wait_for(url: str, nodes: list[str]) -> None:

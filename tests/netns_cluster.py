@@ -174,7 +174,9 @@ def run_client(
         copy=Path(f"{copy}:{extra}") if extra else copy, timeout=110,
     )  # fmt: skip
     if done.returncode != 0:
-        raise AssertionError(f"the client host failed: {done.stderr.strip()[-2000:]}")
+        logs = sorted(host.root.parent.glob("*/serve.log"))
+        tails = "".join(f"\n--- {log.parent.name}: " + log.read_text()[-1500:] for log in logs)
+        raise AssertionError(f"the client host failed: {done.stderr.strip()[-2000:]}{tails}")
     results: list[dict[str, Any]] = json.loads(done.stdout)
     return results
 
