@@ -31,7 +31,7 @@ from supervisor.daemon.hosted import HostedSession
 from supervisor.daemon.links import ClientConnection, WorkerLink, WorkerWatch
 from supervisor.daemon.listener import Listener
 from supervisor.daemon.lock_wait import HolderWait
-from supervisor.daemon.spawn import WorkerProcess, WorkerSpec
+from supervisor.daemon.spawn import WorkerProcess, WorkerSpec, prepare_forks
 from supervisor.daemon.worker_specs import UnknownApp, worker_spec
 from supervisor.errors import ServeError
 from supervisor.hosting.intent import IntentError
@@ -150,6 +150,9 @@ class Supervisor:
             sessions = existing_sessions(self.home)
             if self.config.cluster is not None:
                 sessions = self._join_cluster(self.config.cluster)
+            skipped = prepare_forks(self.config.start_method)
+            if skipped is not None:
+                self.report(skipped)
             self._listener.open()
             self.hosting.open_metrics()
             self.hosting.begin()

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Final
 import psutil
 
 from worker.heartbeat import HeartbeatCell
+from worker.store.errors import SessionError
+from worker.warm_up import warm_up
 
 if TYPE_CHECKING:
     from supervisor.cluster.serving import WorkerCluster
@@ -217,6 +219,20 @@ class WorkerProcess:
         loop's transport)."""
         os.close(self.pidfd)
         self.heartbeat.close()
+
+
+def prepare_forks(method: StartMethod) -> str | None:
+    """Before the first fork: run the worker's code once here (worker/warm_up.py), so the
+    pages that running it writes are written in the supervisor and shared by every
+    worker forked afterwards. Nothing for exec. Returns why it was skipped, if it was
+    (the workers start the same either way, only with less memory shared)."""
+    if method is not StartMethod.FORK:
+        return None
+    try:
+        warm_up()
+    except (OSError, SessionError) as exc:
+        return f"the workers' warm-up was skipped ({exc}); each forked worker shares less memory"
+    return None
 
 
 def _fork_worker(spec: WorkerSpec, channel_fd: int, beat_fd: int, output_fd: int | None) -> int:
