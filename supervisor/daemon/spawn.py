@@ -302,9 +302,16 @@ def _close_all_but(*keep: int) -> None:
 
 
 def _name_process(name: str) -> None:
-    """Set the name ps -o comm, top and pgrep show (the kernel keeps 15 bytes of it)."""
-    with contextlib.suppress(OSError), open("/proc/self/comm", "w", encoding="utf-8") as comm:
-        comm.write(name[:15])
+    """Set the name ps -o comm, top and pgrep show (the kernel keeps 15 bytes of it).
+
+    One os.write: the io stack of ``open()`` cost a forked child about 0.4 ms here.
+    """
+    with contextlib.suppress(OSError):
+        comm = os.open("/proc/self/comm", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(comm, name[:15].encode())
+        finally:
+            os.close(comm)
 
 
 def _max_fd() -> int:
