@@ -42,8 +42,8 @@ _MEMORY: Final = "/dev/shm"  # noqa: S108 - mkdtemp makes a private directory in
 def warm_up(requests: int = REQUESTS) -> None:
     """Create, open and serve a scratch session in process, then remove it.
 
-    Raises what the store raises (SessionError, a subclass of OSError's errors in it)
-    if the temporary directory cannot hold it; nothing is left behind either way.
+    Raises the store's SessionError, or OSError, if the temporary directory cannot hold
+    it or its server stops answering; nothing is left behind either way.
     """
     previous = set_hook(None)  # a boundary hook is the rig's; this run is not its case
     try:
