@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import msgpack
 import pytest
 
@@ -49,3 +51,21 @@ def test_the_limit_holds_when_a_frame_arrives_a_byte_at_a_time(size: int) -> Non
             reader.feed(frame[-1:])
     else:
         assert messages + reader.feed(frame[-1:]) == [{"t": "a" * (size - 5)}]
+
+
+def test_a_reader_of_small_frames_keeps_a_small_buffer_however_long_it_lives() -> None:
+    """msgpack's default first buffer is 1 MiB, which a stream of small frames wrote end to
+    end: every worker's connection and every link of the daemon held a dirty megabyte."""
+    frame = msgpack.packb({"id": 1, "op": "request", "request": {"text": "x" * 200}})
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        reader = FrameReader()
+        for _ in range((2 << 20) // len(frame)):  # 2 MiB of frames, one at a time
+            assert len(reader.feed(frame)) == 1
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 256 << 10, f"the reader holds {held} bytes after 2 MiB of small frames"
+    # It still admits a frame of exactly the limit: the buffer grows when a frame needs it.
+    assert len(reader.feed(_frame_of_size(MAX_FRAME))) == 1

@@ -99,6 +99,10 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    return _PARSER.parse_args(argv)
+
+
+def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m worker", description=__doc__)
     parser.add_argument("--home", required=True)
     parser.add_argument("--session", required=True)
@@ -145,7 +149,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="DIGEST:DEATHS",
         help="a request key's digest (hex) that was in flight at DEATHS deaths: refused",
     )
-    return parser.parse_args(argv)
+    return parser
+
+
+# Built once, at import: a worker forked from the warm supervisor only parses its
+# arguments (building the parser costs about a millisecond and its objects stay shared).
+_PARSER: Final = _build_parser()
 
 
 def _poisoned(values: list[str]) -> dict[bytes, int]:

@@ -23,6 +23,11 @@ SHORT_FIELD: Final = 256
 _ERROR_TEXT: Final = 2000
 _READ_SIZE: Final = 65536
 _FEED_SIZE: Final = 1 << 18
+_FIRST_BUFFER: Final = 1 << 16
+"""A reader's first buffer. msgpack's own default is 1 MiB, and it appends every fed
+chunk after the last until that end is reached: a long-lived connection of small
+frames wrote its whole megabyte, in every worker and for every link of the daemon. It
+grows (doubling, up to the frame limit) only when a frame needs more."""
 Message = dict[str, object]
 _T = TypeVar("_T")
 
@@ -151,9 +156,11 @@ class FrameReader:
     def _new_unpacker(self) -> msgpack.Unpacker:
         # Room for one whole frame plus one fed chunk: the frame limit itself is checked
         # below against the unpacker's offsets, so it is exact.
+        limit = self.max_frame + 2 * _FEED_SIZE
         return msgpack.Unpacker(
             raw=False,
-            max_buffer_size=self.max_frame + 2 * _FEED_SIZE,
+            max_buffer_size=limit,
+            read_size=min(_FIRST_BUFFER, limit),
             strict_map_key=True,
             use_list=True,
         )

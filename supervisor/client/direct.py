@@ -61,6 +61,9 @@ class Client:
         self.timeout = timeout
         self.retry_for = retry_for
         self._links: dict[str, socket.socket] = {}
+        # One reply reader per connection, kept between calls (a new one costs a msgpack
+        # Unpacker per request); empty after each reply, as a fresh one would be.
+        self._readers: dict[str, FrameReader] = {}
         self._ids = itertools.count(1)
 
     def __enter__(self) -> Client:
@@ -74,6 +77,7 @@ class Client:
         for sock in self._links.values():
             sock.close()
         self._links.clear()
+        self._readers.clear()
 
     def call(self, op: str, **fields: object) -> object:
         """One control request to the daemon (status, create, stop, ...)."""
@@ -93,7 +97,7 @@ class Client:
         request_id = next(self._ids)
         frame = encode({"id": request_id, "op": "request", "request": payload})
         try:
-            reply = _round_trip(sock, frame)
+            reply = _round_trip(sock, frame, self._reader(session))
         except BlockingIOError as exc:  # SO_RCVTIMEO or SO_SNDTIMEO ran out
             self._drop(session)
             raise ControlError(
@@ -136,7 +140,8 @@ class Client:
         while True:
             sock = self._link(session, deadline)
             try:
-                reply = _round_trip(sock, encode({"id": next(self._ids), **message}))
+                frame = encode({"id": next(self._ids), **message})
+                reply = _round_trip(sock, frame, self._reader(session))
             except BlockingIOError as exc:
                 self._drop(session)
                 raise ControlError(
@@ -261,6 +266,7 @@ class Client:
                 time.sleep(_RETRY_PAUSE)  # the worker restarts; the daemon queues us
                 continue
             self._links[session] = sock
+            self._readers.pop(session, None)  # a new connection starts with a new reader
             return sock
 
     def _connect(self, session: str) -> socket.socket:
@@ -294,7 +300,14 @@ class Client:
         link.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, bound)
         return link
 
+    def _reader(self, session: str) -> FrameReader:
+        reader = self._readers.get(session)
+        if reader is None:
+            reader = self._readers[session] = FrameReader()
+        return reader
+
     def _drop(self, session: str) -> None:
+        self._readers.pop(session, None)
         sock = self._links.pop(session, None)
         if sock is not None:
             sock.close()
@@ -308,12 +321,17 @@ def _take(replies: list[Message], frames: dict[int, bytes], answers: dict[int, M
             answers[request_id] = reply
 
 
-def _round_trip(sock: socket.socket, frame: bytes) -> Message:
-    """Send one frame and read one reply on a blocking socket; ConnectionError at its end."""
+def _round_trip(sock: socket.socket, frame: bytes, reader: FrameReader) -> Message:
+    """Send one frame and read one reply on a blocking socket; ConnectionError at its end.
+
+    ``reader`` is the connection's, holding nothing between calls: whatever came in
+    after the reply, or before a bad frame, is dropped with it (each call starts clean).
+    """
     if sock.gettimeout() is not None:
         sock.settimeout(None)  # back to blocking after a pipeline's selector exchange
     sock.sendall(frame)
-    reader = FrameReader()
+    if reader.buffered:
+        reader.reset()
     while True:
         data = sock.recv(READ_SIZE)
         if not data:
@@ -321,8 +339,11 @@ def _round_trip(sock: socket.socket, frame: bytes) -> Message:
         try:
             replies = reader.feed(data)
         except WireError as exc:
+            reader.reset()
             raise ControlError("bad_reply", str(exc)) from exc
         if replies:
+            if len(replies) > 1 or reader.buffered:
+                reader.reset()
             return replies[0]
 
 

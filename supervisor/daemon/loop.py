@@ -32,7 +32,7 @@ from supervisor.daemon.links import ClientConnection, WorkerLink, WorkerWatch
 from supervisor.daemon.listener import Listener
 from supervisor.daemon.local_sessions import adopt_local, forget_local
 from supervisor.daemon.lock_wait import HolderWait
-from supervisor.daemon.spawn import WorkerProcess, WorkerSpec
+from supervisor.daemon.spawn import WorkerProcess, WorkerSpec, prepare_forks
 from supervisor.daemon.tls_gateway import TlsGateway, open_gateway
 from supervisor.daemon.worker_specs import UnknownApp, worker_spec
 from supervisor.errors import ServeError
@@ -155,6 +155,9 @@ class Supervisor:
                 sessions = self._join_cluster(self.config.cluster)
             elif self.config.listen is not None:
                 raise ServeError("--listen needs --cluster URL and --node NAME")
+            skipped = prepare_forks(self.config.start_method)
+            if skipped is not None:
+                self.report(skipped)
             self._listener.open()
             self.hosting.open_metrics()
             self.hosting.begin()

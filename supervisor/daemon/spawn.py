@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Final
 import psutil
 
 from worker.heartbeat import HeartbeatCell
+from worker.store.errors import SessionError
+from worker.warm_up import warm_up
 
 if TYPE_CHECKING:
     from supervisor.cluster.serving import WorkerCluster
@@ -219,6 +221,20 @@ class WorkerProcess:
         self.heartbeat.close()
 
 
+def prepare_forks(method: StartMethod) -> str | None:
+    """Before the first fork: run the worker's code once here (worker/warm_up.py), so the
+    pages that running it writes are written in the supervisor and shared by every
+    worker forked afterwards. Nothing for exec. Returns why it was skipped, if it was
+    (the workers start the same either way, only with less memory shared)."""
+    if method is not StartMethod.FORK:
+        return None
+    try:
+        warm_up()
+    except (OSError, SessionError) as exc:
+        return f"the workers' warm-up was skipped ({exc}); each forked worker shares less memory"
+    return None
+
+
 def _fork_worker(spec: WorkerSpec, channel_fd: int, beat_fd: int, output_fd: int | None) -> int:
     """Fork; in the child, become the worker and exit with its code. Return the child pid."""
     for stream in (sys.stdout, sys.stderr):
@@ -286,9 +302,16 @@ def _close_all_but(*keep: int) -> None:
 
 
 def _name_process(name: str) -> None:
-    """Set the name ps -o comm, top and pgrep show (the kernel keeps 15 bytes of it)."""
-    with contextlib.suppress(OSError), open("/proc/self/comm", "w", encoding="utf-8") as comm:
-        comm.write(name[:15])
+    """Set the name ps -o comm, top and pgrep show (the kernel keeps 15 bytes of it).
+
+    One os.write: the io stack of ``open()`` cost a forked child about 0.4 ms here.
+    """
+    with contextlib.suppress(OSError):
+        comm = os.open("/proc/self/comm", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(comm, name[:15].encode())
+        finally:
+            os.close(comm)
 
 
 def _max_fd() -> int:

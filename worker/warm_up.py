@@ -1,0 +1,94 @@
+"""The worker's code run once in the process that forks workers, before the first fork.
+
+A forked worker shares the supervisor's memory pages until one of the two writes to a
+page. CPython writes into much of what code merely runs: each code object's warm-up
+counter and, once it is warm, its specialized instructions; caches built on first use;
+the free slots of its allocator's pools. A worker forked from a supervisor that never
+ran the worker's code makes all those writes itself, and every page they touch becomes
+its own private copy. Run once here, in the supervisor, they are made once, and every
+worker forked afterwards shares their result (docs/benchmarks.md, "Density").
+
+The run is a scratch session in a temporary directory (in memory where ``/dev/shm`` is
+writable, so that it costs no disk flushes), created, opened and served in
+process by the worker's own ``Server`` through a connection attached as the daemon
+attaches one, with the default App, and then removed. No chaos hook sees it, and the
+worker counters it moved are reset.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import threading
+from typing import Final
+
+from worker.app import DefaultApp
+from worker.server import Server
+from worker.store.durable import set_hook
+from worker.store.session import Session
+from worker.store.stats import STATS
+from worker.wire import FrameReader, Message, WireError, encode
+
+REQUESTS: Final = 16
+"""Requests the scratch session serves (enough for the per-request path to warm up)."""
+_SESSION: Final = "warm-up"
+_READ: Final = 1 << 16
+_PATIENCE: Final = 30.0
+_MEMORY: Final = "/dev/shm"  # noqa: S108 - mkdtemp makes a private directory in it
+"""Where the scratch session goes if it can (memory: its fsyncs cost nothing)."""
+
+
+def warm_up(requests: int = REQUESTS) -> None:
+    """Create, open and serve a scratch session in process, then remove it.
+
+    Raises the store's SessionError, or OSError, if the temporary directory cannot hold
+    it or its server stops answering; nothing is left behind either way.
+    """
+    previous = set_hook(None)  # a boundary hook is the rig's; this run is not its case
+    try:
+        scratch = _MEMORY if os.access(_MEMORY, os.W_OK | os.X_OK) else None
+        with tempfile.TemporaryDirectory(prefix="loopd-warm-up-", dir=scratch) as home:
+            app = DefaultApp()
+            Session.create(home, _SESSION, app.initial_baseline(_SESSION)).close()
+            _serve(Session.open(home, _SESSION), app, requests)
+    finally:
+        set_hook(previous)
+        STATS.reset()
+
+
+def _serve(session: Session, app: DefaultApp, requests: int) -> None:
+    ours, workers = socket.socketpair()  # the control channel, as the daemon has it
+    client, attached = socket.socketpair()  # a client's connection, handed over
+    try:
+        server = Server(session, app, workers)
+        runner = threading.Thread(target=server.run, name="loopd-warm-up")
+        runner.start()
+        try:
+            socket.send_fds(ours, [encode({"op": "attach"})], [attached.fileno()])
+            attached.close()
+            client.settimeout(_PATIENCE)  # a server that died cannot hang the supervisor
+            reader = FrameReader()
+            for n in range(requests):
+                request = {"text": f"warm-up {n}", "key": f"warm-up-{n}"}
+                client.sendall(encode({"id": n + 1, "op": "request", "request": request}))
+                _reply(client, reader)
+            client.sendall(encode({"id": 0, "op": "status"}))
+            _reply(client, reader)
+        finally:
+            ours.close()  # the end of its control channel: the server's loop ends
+            runner.join()
+    finally:
+        for sock in (ours, workers, client, attached):
+            sock.close()
+        session.close()
+
+
+def _reply(sock: socket.socket, reader: FrameReader) -> Message:
+    while True:
+        data = sock.recv(_READ)
+        if not data:
+            raise WireError("the warm-up server closed its connection")
+        replies = reader.feed(data)
+        if replies:
+            return replies[0]
