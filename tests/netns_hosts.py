@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -206,7 +207,13 @@ class Hosts:
 
     def __init__(self, root: Path, net: int = 77) -> None:
         require_namespaces()
-        self.root = root
+        # A home's socket path must fit a Unix socket's 108 bytes, and pytest's own
+        # directories grow with their number: the hosts live in a short directory,
+        # reached from ``root`` by a link (their logs stay where the test keeps files).
+        self._short = tempfile.mkdtemp(prefix="ldh-", dir="/tmp")
+        root.parent.mkdir(parents=True, exist_ok=True)
+        root.symlink_to(self._short)
+        self.root = Path(self._short)
         self.net = net
         self.tag = f"ld{os.getpid() % 100000}x{next(_SEQUENCE)}"
         self.bridge = f"{self.tag}br"
@@ -279,6 +286,7 @@ class Hosts:
             _kill_left_in(netns)
             subprocess.run([IP, "netns", "del", netns], check=False, capture_output=True)
         self._namespaces.clear()
+        shutil.rmtree(self._short, ignore_errors=True)
 
 
 def _kill_left_in(netns: str) -> None:
