@@ -26,7 +26,7 @@ from worker.process import (
     EXIT_REFUSED,
     MAX_REPORT,
 )
-from worker.store.records import EpochEnd, encode_record
+from worker.store.records import EpochEnd, encode_appended
 from worker.wire import Channel, Message
 
 
@@ -264,7 +264,11 @@ def test_a_worker_resumes_an_interrupted_epoch_change_without_a_second_epoch_end
     with Session.create(home, "s1", app.initial_baseline("s1")) as session:
         directory = Path(session.dir)
     with (directory / "0.jsonl").open("ab") as f:
-        f.write(encode_record(EpochEnd(next=1, summary="the recorded one")))
+        f.write(
+            encode_appended(
+                (directory / "0.jsonl").read_bytes(), EpochEnd(next=1, summary="the recorded one")
+            )
+        )
     if leftover == "next-baseline":
         (directory / "1.baseline.json").write_bytes(b'{"partial":')
     with worker(home, "s1") as w:
@@ -311,7 +315,9 @@ def _unopenable(home: Path, damage: str) -> tuple[Path, str, tuple[str, ...]]:
         directory = Path(session.dir)
     if damage == "enospc-while-resuming":
         with (directory / "0.jsonl").open("ab") as f:
-            f.write(encode_record(EpochEnd(next=1, summary="s")))
+            f.write(
+                encode_appended((directory / "0.jsonl").read_bytes(), EpochEnd(next=1, summary="s"))
+            )
         return directory, "ENOSPC", ("--app", "tests.apps:no_space_for_epoch_1_app")
     # Open cannot make what it read durable: a restart meets the same failing disk.
     return directory, "EIO", ("--app", "tests.apps:eio_syncing_the_session_directory_app")
