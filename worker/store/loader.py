@@ -274,7 +274,7 @@ class _Reader:
             check_carried_digest(path, first, end)
         if self.on_epoch is not None:
             self.on_epoch(records)
-        if self.fence.sealed is not None or any(type(r) in _FENCING for r in records):
+        if self.fence.sealed is not None or not _FENCING.isdisjoint(map(type, records)):
             self._fence(path, records)
         # Comprehensions over the types, not a Python branch per record: a large log's
         # calls and keys are checked in a few C-speed passes; the place of a problem is
@@ -299,6 +299,11 @@ class _Reader:
         key is (``exact``). A key found again further back in a log written before is
         kept with both places (``repeats``).
         """
+        keyed = [(user.key, number) for number, user in users if user.key is not None]
+        if not self.index.segments and _all_new(self.keys, [key for key, _n in keyed]):
+            # The common case, in a few C-speed passes: no key seen before, none twice.
+            self.keys.update({key: KeyRef(epoch, number) for key, number in keyed})
+            return
         window = epoch - 1
         index = self.index
         for number, user in users:
@@ -349,3 +354,8 @@ class _Reader:
         )
         assert first.next_call is not None  # checked above
         self.next_call = first.next_call
+
+
+def _all_new(seen: dict[str, KeyRef], keys: list[str | None]) -> bool:
+    """True if no key in ``keys`` is in ``seen`` and none comes twice."""
+    return len(set(keys)) == len(keys) and seen.keys().isdisjoint(keys)
