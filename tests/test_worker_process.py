@@ -15,6 +15,7 @@ import msgpack
 import pytest
 
 from tests.conftest import HUGE_LINE, torn_session
+from tests.forge import reseal
 from tests.support import REPO
 from worker import Session
 from worker.app import DefaultApp
@@ -203,6 +204,7 @@ def test_a_worker_refuses_carried_state_that_verify_refuses_and_exits_4_with_pat
     start[field] = value
     lines[0] = json.dumps(start, separators=(",", ":")).encode() + b"\n"
     log.write_bytes(b"".join(lines))
+    reseal(log.parent)  # a deliberate change: the checksums are made to match
     with worker(home, "s1") as w:
         said = w.channel.recv()
         assert said is not None
