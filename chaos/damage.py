@@ -1,9 +1,9 @@
 """The "damage" fault: a sealed epoch's log changed on disk, outside any crash.
 
-At boundary k (a rename: the moments new files appear) the hook, inside the live
-worker, damages the newest sealed log as bit rot or a stray edit would, with plain
-``os`` calls (no boundary of the store's): ``flip`` changes the case of one letter
-inside a string (the JSON stays valid, the length too), ``cut`` truncates the log at
+At boundary k the hook, inside the live worker, damages the newest sealed log as bit
+rot or a stray edit would, with plain ``os`` calls (no boundary of the store's):
+``flip`` changes the case of one letter of a record's text (the JSON stays valid, the
+length too), ``cut`` truncates the log at
 a line boundary (its last line, the EpochEnd, gone). The worker goes on. What was
 damaged is written to ``damage.json`` beside the home, for the check
 (``chaos.damage_case``): the damage must always be refused with its ``path:line``,
@@ -30,13 +30,20 @@ def damage_record_path(home: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(home)), RECORD_NAME)
 
 
-def damage_sealed(session_dir: str, variant: str) -> dict[str, object] | None:
-    """Damage the newest sealed log of ``session_dir``; return (and record) what was done.
+def damage_sealed(step_path: str, variant: str) -> dict[str, object] | None:
+    """Damage the newest sealed log of the session ``step_path`` (a boundary's path) is in.
 
-    None (and ``{"damaged": null}`` recorded) when no epoch is sealed yet.
+    Returns (and records) what was done; None (and ``{"damaged": null}`` recorded) when
+    no epoch is sealed yet.
     """
-    epochs = sorted(int(n[:-6]) for n in os.listdir(session_dir) if _LOG.fullmatch(n))
-    home = os.path.dirname(os.path.dirname(session_dir))
+    parts = os.path.abspath(step_path).split(os.sep)
+    if "sessions" not in parts:  # a step on the home itself
+        parts.append("sessions")
+    at = len(parts) - 1 - parts[::-1].index("sessions")
+    home = os.sep.join(parts[:at])
+    session_dir = os.sep.join(parts[: at + 2])
+    names = os.listdir(session_dir) if len(parts) > at + 1 and os.path.isdir(session_dir) else []
+    epochs = sorted(int(n[:-6]) for n in names if _LOG.fullmatch(n))
     done: dict[str, object] | None = None
     if len(epochs) > 1:
         path = os.path.join(session_dir, f"{epochs[-2]}.jsonl")
@@ -50,7 +57,15 @@ def damage_sealed(session_dir: str, variant: str) -> dict[str, object] | None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            done = {"path": path, "line": line, "variant": variant, "epoch": epochs[-2]}
+            # A cut is named at the first line cut (by the length the next SessionStart
+            # recorded) or, when it recorded none (written before checksums), at the
+            # last line left (an older epoch without its EpochEnd).
+            newest = os.path.join(session_dir, f"{epochs[-1]}.jsonl")
+            with open(newest, "rb") as f:
+                bound = b'"prior_log_size"' in f.readline()
+            lines = [line - 1] if variant == "cut" and not bound else [line]
+            done = {"path": path, "line": line, "lines": lines, "variant": variant,
+                    "epoch": epochs[-2]}  # fmt: skip
     with open(damage_record_path(home), "w", encoding="utf-8") as f:
         json.dump({"damaged": done}, f)
     return done

@@ -54,14 +54,15 @@ def run_damage_case(case: Case, scenario: Scenario, workdir: str, boundary: str)
         result.notes.append("no epoch was sealed yet at this boundary: nothing damaged")
         return result
     place = f"{damaged['path']}:{damaged['line']}: "
+    places = tuple(f"{damaged['path']}:{line}: " for line in damaged["lines"])
     result.notes.append(f"{damaged['variant']} in sealed epoch {damaged['epoch']} at {place}")
     before = file_digests(home)
-    _check_refused(result, place, "the history reading (verify)",
+    _check_refused(result, places, "the history reading (verify)",
                    lambda: inspect_session(home, SESSION, history=True))  # fmt: skip
-    _check_refused(result, place, "the sealed epoch's reader",
+    _check_refused(result, places, "the sealed epoch's reader",
                    lambda: sealed_records(os.path.dirname(str(damaged["path"])),
                                           int(damaged["epoch"])))  # fmt: skip
-    _check_open(result, home, scenario, log, output, damaged, place, case.mutant)
+    _check_open(result, home, scenario, log, output, damaged, places, case.mutant)
     try:
         repair_torn_tail(home, SESSION)
     except SessionError:
@@ -73,12 +74,13 @@ def run_damage_case(case: Case, scenario: Scenario, workdir: str, boundary: str)
     return result
 
 
-def _check_refused(result: CaseResult, place: str, who: str, read: object) -> None:
+def _check_refused(result: CaseResult, places: tuple[str, ...], who: str, read: object) -> None:
     assert callable(read)
+    place = places[0]
     try:
         read()
     except LogError as exc:
-        if not str(exc).startswith(place):
+        if not str(exc).startswith(places):
             result.violate(INVARIANT, f"{who} refused elsewhere: {exc}, the damage is at {place}")
     except SessionError as exc:
         result.violate(INVARIANT, f"{who} refused without the damage's place: {exc}")
@@ -93,7 +95,7 @@ def _check_open(
     log: ClientLog,
     output: str,
     damaged: dict[str, object],
-    place: str,
+    places: tuple[str, ...],
     mutant: str | None,
 ) -> None:
     """A fresh worker must refuse the session when open reads the damaged log."""
@@ -105,10 +107,10 @@ def _check_open(
                          mutant=mutant)  # fmt: skip
     if int(str(damaged["epoch"])) == newest - 1:
         if resumed.refused is None:
-            result.violate(INVARIANT, f"a fresh worker opened the session, damaged at {place}")
-        elif not str(resumed.refused.get("why", "")).startswith(place):
+            result.violate(INVARIANT, f"a fresh worker opened the session, damaged at {places[0]}")
+        elif not str(resumed.refused.get("why", "")).startswith(places):
             result.violate(
-                INVARIANT, f"a fresh worker refused elsewhere: {resumed.refused}, not {place}"
+                INVARIANT, f"a fresh worker refused elsewhere: {resumed.refused}, not {places[0]}"
             )
     else:
         result.notes.append("the damaged epoch is older than the one open reads: verify's")

@@ -80,8 +80,6 @@ def variants_at(kind: FaultKind, step: Step) -> tuple[str, ...]:
         return VARIANTS[kind] if step is Step.WRITE else ()
     if kind is FaultKind.IO:
         return IO_VARIANTS_BY_STEP[step]
-    if kind is FaultKind.DAMAGE:
-        return VARIANTS[kind] if step is Step.RENAME else ()
     return VARIANTS[kind]
 
 
@@ -153,7 +151,7 @@ class ChaosHook:
             self._die()
         if self.kind is FaultKind.DAMAGE:
             self.events.send(event)
-            damage_sealed(os.path.dirname(boundary.path), self.variant)
+            damage_sealed(boundary.path, self.variant)
             return
         if self.kind is FaultKind.SHORT:
             assert boundary.fd is not None

@@ -29,12 +29,13 @@ def _damage_cases(workdir: Path) -> list[Case]:
 def test_every_damage_case_is_refused_at_its_place_and_changes_nothing(tmp_path: Path) -> None:
     clean_steps("basic", str(tmp_path))
     damaged = 0
-    for case in _damage_cases(tmp_path):
+    cases = _damage_cases(tmp_path)
+    for case in [*cases[:-8:5], *cases[-8:]]:  # a sample, and every boundary of the end
         result = run_case(case, str(tmp_path))
         assert result.violations == [], f"replay: loopd chaos replay {case.id}"
         assert "damage-refused" in result.checked
         damaged += any("in sealed epoch" in note for note in result.notes)
-    assert damaged >= 2  # a flip and a cut at least
+    assert damaged >= 4  # flips and cuts, of the sealed epoch open reads too
 
 
 @pytest.mark.parametrize("variant", ["flip", "cut"])

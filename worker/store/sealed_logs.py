@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from worker.store.epoch_log import DecodedLog, decode_log
+from worker.store.epoch_log import DecodedLog, check_epoch, decode_log
 from worker.store.files import open_directory, read_file
 from worker.store.line_checksums import refuse_sealed, sealed_binding, sealed_intact
 from worker.store.records import SessionStart, decode_line
@@ -48,7 +48,12 @@ def check_sealed(path: str, data: bytes, epoch: int, following: SessionStart | N
 
 
 def read_sealed(directory: str, epoch: int) -> DecodedLog:
-    """Read and decode sealed log ``epoch``, checked against the next epoch's SessionStart."""
+    """Read and decode sealed log ``epoch``, checked against the next epoch's SessionStart.
+
+    Its structure is checked too (a sealed epoch ends with its EpochEnd): a sealed log
+    whose next SessionStart recorded no length (written before checksums) and that was
+    cut at a line boundary is refused at its last line.
+    """
     path = log_path(directory, epoch)
     dir_fd = open_directory(directory)
     try:
@@ -56,4 +61,6 @@ def read_sealed(directory: str, epoch: int) -> DecodedLog:
         check_sealed(path, data, epoch, first_start(dir_fd, directory, epoch + 1))
     finally:
         os.close(dir_fd)
-    return decode_log(path, data)
+    decoded = decode_log(path, data)
+    check_epoch(path, os.path.basename(directory), epoch, decoded.records, newest=False)
+    return decoded
