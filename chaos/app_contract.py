@@ -42,7 +42,7 @@ from worker.app import App, load_app
 from worker.process import open_session
 from worker.store.errors import SessionError
 from worker.store.layout import SESSIONS_DIR
-from worker.store.records import EpochEnd, encode_record
+from worker.store.records import EpochEnd, encode_appended
 from worker.store.repair import QUARANTINE_DIR
 from worker.store.session import Session
 
@@ -178,7 +178,7 @@ def _interrupted_copies(home: str, case: str) -> tuple[str, tuple[str, str]] | N
     line = b""
     if summary is None:
         summary = f"the summary recorded before the crash of {case}"
-        line = encode_record(EpochEnd(next=newest + 1, summary=summary))
+        line = encode_appended(raw, EpochEnd(next=newest + 1, summary=summary))
     root = tempfile.mkdtemp(prefix="resume-probe-", dir=os.path.dirname(os.path.abspath(home)))
     copies = []
     for name in ("first", "second"):

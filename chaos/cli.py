@@ -118,7 +118,7 @@ def chaos() -> None:
 @scenarios_option
 @click.option(
     "--faults",
-    default="kill,torn,power,io,short",
+    default="kill,torn,power,io,short,damage",
     show_default=True,
     help="comma-separated fault kinds.",
 )

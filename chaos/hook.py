@@ -17,6 +17,7 @@ import resource
 import signal
 from typing import Final
 
+from chaos.damage import DAMAGE_VARIANTS, damage_sealed
 from worker.store.durable import Boundary, Step
 
 _FULL: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -31,6 +32,7 @@ class FaultKind(enum.Enum):
     POWER = "power"
     IO = "io"
     SHORT = "short"
+    DAMAGE = "damage"  # a sealed log changed on disk, outside any crash (chaos.damage)
 
 
 TORN_VARIANTS: Final = ("1byte", "half", "allbutlast", "lines")
@@ -61,6 +63,7 @@ VARIANTS: Final = {
     FaultKind.POWER: POWER_VARIANTS,
     FaultKind.IO: IO_VARIANTS,
     FaultKind.SHORT: SHORT_VARIANTS,
+    FaultKind.DAMAGE: DAMAGE_VARIANTS,
 }
 
 
@@ -146,6 +149,10 @@ class ChaosHook:
             written = os.write(boundary.fd, data[:keep]) if keep > 0 else 0
             self.events.send({**event, "n": written, "torn": True})
             self._die()
+        if self.kind is FaultKind.DAMAGE:
+            self.events.send(event)
+            damage_sealed(boundary.path, self.variant)
+            return
         if self.kind is FaultKind.SHORT:
             assert boundary.fd is not None
             self.events.send(event)

@@ -19,6 +19,7 @@ from typing import Final
 from chaos.api_state import check_api_state
 from chaos.app_contract import check_app_contract, learned_shapes
 from chaos.cases import Case, CaseResult
+from chaos.damage_case import run_damage_case
 from chaos.hook import FaultKind
 from chaos.model import DurableModel, PowerVariant
 from chaos.oracle import (
@@ -62,6 +63,9 @@ def run_case(case: Case, workdir: str, *, crash_cache: str | None = None) -> Cas
     if case.app is not None:
         clean_steps(case.scenario, workdir, app=case.app)  # learns the app's shapes
     scenario = scenario_for(case.scenario, case.app)
+    if case.fault is FaultKind.DAMAGE:
+        boundary = boundary_name(case.scenario, case.at, case.app)
+        return run_damage_case(case, scenario, workdir, boundary)
     result = CaseResult(case=case.id, fault=case.fault.value, boundary="", app=case.app)
     root = tempfile.mkdtemp(prefix="case-", dir=workdir)
     home = os.path.abspath(os.path.join(root, "home"))

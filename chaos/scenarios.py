@@ -23,7 +23,9 @@ from worker.store.records import (
     Usage,
     User,
     decode_record,
+    encode_appended,
     encode_record,
+    without_checksums,
 )
 from worker.store.session import Session
 
@@ -87,9 +89,12 @@ def _prepare_interrupted(home: str) -> None:
         apply_op(session, home, Op("group", key="pre-1"), retry=False)
         apply_op(session, home, Op("group", key="pre-2"), retry=False)
         path = session.log_path
+    with open(path, "rb") as f:
+        written = f.read()
     fd = durable.open_append(path)
     try:
-        os.write(fd, encode_record(EpochEnd(next=1, summary="summary recorded before the crash")))
+        end = EpochEnd(next=1, summary="summary recorded before the crash")
+        os.write(fd, encode_appended(written, end))
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -116,7 +121,8 @@ def _prepare_legacy(home: str) -> None:
     )  # fmt: skip
     fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
     try:
-        os.write(fd, encode_record(legacy) + rest)
+        # Before carried state there were no checksums either.
+        os.write(fd, without_checksums(encode_record(legacy) + rest))
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -15,7 +15,8 @@ from chaos.worker_run import fork_child
 from worker.store.durable import Step
 
 ALL_FAULTS: tuple[FaultKind, ...] = (FaultKind.KILL, FaultKind.TORN, FaultKind.POWER,
-                                     FaultKind.IO, FaultKind.SHORT)  # fmt: skip
+                                     FaultKind.IO, FaultKind.SHORT,
+                                     FaultKind.DAMAGE)  # fmt: skip
 
 
 # The first faults of the "then power loss" compounds: a kill anywhere, and an I/O error

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from worker import Baseline, Session, User
 from worker.store.loader import load_session
+from worker.store.records import without_checksums
 
 BASELINE = Baseline(system="bench", memory="", tools=[])
 T = "2026-11-29T20:17:57.123456Z"
@@ -43,7 +44,10 @@ def make_keyed_session(home: str, epochs: int, per_epoch: int) -> list[float]:
 
 
 def strip_index(directory: str) -> None:
-    """Rewrite the session as the store wrote it before the key index and the digest."""
+    """Rewrite the session as the store wrote it before the key index and the digest.
+
+    (And before checksums: the lines lose theirs, the SessionStart its binding.)
+    """
     for name in os.listdir(directory):
         path = os.path.join(directory, name)
         if name.endswith(".keys"):
@@ -52,9 +56,10 @@ def strip_index(directory: str) -> None:
         if not name.endswith(".jsonl"):
             continue
         with open(path, "rb") as f:
-            lines = f.read().splitlines(keepends=True)
+            lines = without_checksums(f.read()).splitlines(keepends=True)
         first, last = json.loads(lines[0]), json.loads(lines[-1])
-        first.pop("key_index", None)
+        for field in ("key_index", "prior_log_size", "prior_log_crc"):
+            first.pop(field, None)
         last.pop("carried", None)
         lines[0] = json.dumps(first, separators=(",", ":")).encode() + b"\n"
         if len(lines) > 1:

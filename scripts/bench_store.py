@@ -27,7 +27,7 @@ from bench_key_index import bench_key_index, markdown_rows, strip_index
 from worker import Assistant, Baseline, Session, SessionStart, ToolResult, Usage, User
 from worker.store import durable
 from worker.store import session as session_module
-from worker.store.records import Record, encode_record
+from worker.store.records import Record, encode_record, without_checksums
 
 BASELINE = Baseline(system="bench", memory="", tools=[])
 RECORD = Assistant(time="2026-11-29T20:17:57.123456Z", text="x" * 80)
@@ -187,7 +187,7 @@ def _strip_carried(directory: str) -> None:
             continue
         path = os.path.join(directory, name)
         with open(path, "rb") as f:
-            first, rest = f.read().split(b"\n", 1)
+            first, rest = without_checksums(f.read()).split(b"\n", 1)
         start = json.loads(first)
         for block in SessionStart.OPTIONAL:
             for key in block:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.forge import reseal
 from worker import (
     Assistant,
     Baseline,
@@ -93,6 +94,7 @@ def test_append_after_epoch_end_raises_epoch_closed(home: Path, baseline: Baseli
         f.write(
             b'{"type":"EpochEnd","time":"2026-11-29T00:00:00.000000Z","next":1,"summary":"s"}\n'
         )
+    reseal(Path(path).parent)
     with Session.open(home, "s1") as session:
         with pytest.raises(EpochClosed, match="closed by EpochEnd"):
             session.append(User(text="late"))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.forge import reseal
 from tests.support import loopd
 from worker import Baseline, InvalidLog, Session, SessionIOError, ToolResult, User
 from worker.store import durable
@@ -44,6 +45,7 @@ def _epochs(home: Path, epochs: int) -> Path:
 def _rewrite_line(log: Path, index: int, **changes: object) -> None:
     lines = log.read_bytes().splitlines(keepends=True)
     record = json.loads(lines[index])
+    record.pop("crc", None)  # a forger's change: the checksums are made to match (reseal)
     for name, value in changes.items():
         if value is None:
             del record[name]
@@ -51,6 +53,7 @@ def _rewrite_line(log: Path, index: int, **changes: object) -> None:
             record[name] = value
     lines[index] = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
     log.write_bytes(b"".join(lines))
+    reseal(log.parent)
 
 
 def _record(log: Path, index: int) -> object:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from worker import Baseline, EpochEnd, Session, SessionStart, Usage, User
-from worker.store.records import encode_record
+from worker.store.records import encode_appended
 
 NEXT = Baseline(system="sys", memory="remembered", tools=[])
 
@@ -65,7 +65,7 @@ def _interrupted_change(home: Path, baseline: Baseline) -> Path:
         path = Path(session.log_path)
     end = EpochEnd(next=1, summary="recorded summary")
     with open(path, "ab") as f:
-        f.write(encode_record(end))
+        f.write(encode_appended(path.read_bytes(), end))
     return path.parent
 
 

@@ -16,10 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.forge import reseal
 from tests.support import loopd
 from worker import (
     Assistant,
     Baseline,
+    ChecksumMismatch,
     InvalidLog,
     Session,
     SessionStart,
@@ -27,7 +29,7 @@ from worker import (
     User,
 )
 from worker.store.loader import SessionState, load_session
-from worker.store.records import decode_record, encode_record
+from worker.store.records import decode_record, encode_record, without_checksums
 
 BASELINE = Baseline(system="s", memory="", tools=[])
 T = "2026-11-29T20:17:57.123456Z"
@@ -128,9 +130,14 @@ def test_open_refuses_a_previous_epoch_that_does_not_end_with_its_epoch_end(home
     log = directory / "1.jsonl"
     lines = log.read_bytes().splitlines(keepends=True)
     log.write_bytes(b"".join(lines[:-1]))
-    with pytest.raises(InvalidLog, match="does not end with EpochEnd") as caught:
+    # The next epoch's SessionStart recorded the sealed log's length: the cut is named.
+    with pytest.raises(ChecksumMismatch, match="lines were cut off its end") as caught:
         Session.open(home, "s1")
-    assert (caught.value.path, caught.value.line) == (str(log), len(lines) - 1)
+    assert (caught.value.path, caught.value.line) == (str(log), len(lines))
+    reseal(directory)  # a forger who fixed the length and CRC-32 too
+    with pytest.raises(InvalidLog, match="does not end with EpochEnd") as forged:
+        Session.open(home, "s1")
+    assert (forged.value.path, forged.value.line) == (str(log), len(lines) - 1)
 
 
 @pytest.mark.parametrize(
@@ -152,6 +159,7 @@ def test_verify_checks_every_carried_field_against_the_history(
     start[field] = value
     lines[0] = json.dumps(start, separators=(",", ":")).encode() + b"\n"
     log.write_bytes(b"".join(lines))
+    reseal(directory)  # a deliberate change: the checksums are made to match
     with pytest.raises(InvalidLog, match=why) as caught:
         load_session(str(directory), "s1", history=True)
     assert (caught.value.path, caught.value.line) == (str(log), 1)
@@ -174,7 +182,7 @@ def _strip_carried(log: Path) -> None:
             baseline=start.baseline,
         )
     )
-    log.write_bytes(b"".join(lines))
+    log.write_bytes(without_checksums(b"".join(lines)))  # and before checksums
 
 
 def test_a_session_written_before_state_was_carried_opens_and_moves_to_it_at_its_next_commit(

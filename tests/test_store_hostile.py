@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import file_digests
+from tests.forge import reseal
 from worker import (
     Assistant,
     Baseline,
@@ -293,6 +294,7 @@ def test_open_refuses_a_request_key_applied_twice(home: Path, baseline: Baseline
     log = _session(home, baseline, requests=1)
     user = b'{"type":"User","time":"t","text":"again","untrusted":false,"key":"k0"}\n'
     log.write_bytes(log.read_bytes() + user)
+    reseal(log.parent)  # a forger's line, checksummed: the key check is what refuses it
     with pytest.raises(InvalidLog, match="request key 'k0' was already applied") as caught:
         Session.open(home, "s1")
     assert caught.value.line == 6
@@ -333,6 +335,7 @@ def test_a_deeply_nested_baseline_is_refused_as_unparsable(home: Path, baseline:
     start["baseline"] = hash_bytes(nested)
     lines[0] = json.dumps(start, separators=(",", ":")).encode() + b"\n"
     log.write_bytes(b"".join(lines))
+    reseal(log.parent)
     with pytest.raises(BaselineError, match="nested too deeply"):
         Session.open(home, "s1")
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.forge import reseal
 from tests.support import loopd
 from worker import Baseline, InvalidLog, InvalidRecord, Session, SessionStart, ToolResult, User
 from worker.store import key_index
@@ -55,6 +56,7 @@ def _rewrite_line(log: Path, index: int, **changes: object) -> None:
     """Rewrite line ``index`` of ``log`` (from 0; -1 the last) with some fields changed."""
     lines = log.read_bytes().splitlines(keepends=True)
     record = json.loads(lines[index])
+    record.pop("crc", None)  # a forger's change: the checksums are made to match (reseal)
     for name, value in changes.items():
         if value is None:
             del record[name]
@@ -62,6 +64,7 @@ def _rewrite_line(log: Path, index: int, **changes: object) -> None:
             record[name] = value
     lines[index] = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
     log.write_bytes(b"".join(lines))
+    reseal(log.parent)
 
 
 def _verify(home: Path) -> tuple[int, str]:
@@ -190,7 +193,13 @@ def test_a_session_written_before_the_index_finds_every_key_and_gains_it_at_its_
     directory = _epochs(home, 4)
     # As the store wrote it before the index: the four carried fields, no digest.
     for epoch in (1, 2, 3):
-        _rewrite_line(directory / f"{epoch}.jsonl", 0, key_index=None)
+        _rewrite_line(
+            directory / f"{epoch}.jsonl",
+            0,
+            key_index=None,
+            prior_log_size=None,
+            prior_log_crc=None,
+        )
         _rewrite_line(directory / f"{epoch - 1}.jsonl", -1, carried=None)
     for index in directory.glob("*.keys"):
         index.unlink()
@@ -224,6 +233,7 @@ def test_a_key_applied_again_beyond_the_old_window_is_refused_by_open_and_verify
     # A line applying e0-1 again, written behind the store's back.
     with log.open("ab") as f:
         f.write(encode_record(User(time=T, text="again", key="e0-1")))
+    reseal(directory)
     lines = len(log.read_bytes().splitlines())
     why = "request key 'e0-1' was already applied (epoch 0, line 4)"
     with pytest.raises(InvalidLog, match=re.escape(why)) as caught:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.forge import reseal
 from worker import (
     Assistant,
     Baseline,
@@ -33,6 +34,7 @@ def _append_raw(home: Path, line: bytes, epoch: int = 0) -> Path:
     log = home / "sessions" / "s" / f"{epoch}.jsonl"
     with log.open("ab") as f:
         f.write(line)
+    reseal(log.parent)  # written behind the store's back, checksums and all
     return log
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import file_digests
+from tests.forge import reseal
 from worker import (
     Assistant,
     Baseline,
@@ -158,6 +159,7 @@ def test_structural_breaks_are_refused_as_invalid_with_path_and_line(
     directory = _make(home, baseline)
     log = directory / "0.jsonl"
     log.write_bytes(b"".join(edit(_lines(log))))
+    reseal(directory)  # deliberate: the checksums are made to match, the structure is not
     _refused(home, directory, InvalidLog, log, line=line, why=why)
 
 
@@ -173,6 +175,7 @@ def test_an_older_epoch_without_epoch_end_is_refused_as_invalid(
     directory = _make(home, baseline, epochs=2)
     log = directory / "0.jsonl"
     log.write_bytes(b"".join(_lines(log)[:-1]))
+    reseal(directory)  # the sealed log's length and CRC-32 made to match
     _refused(home, directory, InvalidLog, log, line=3, why="does not end with EpochEnd")
 
 

@@ -15,6 +15,7 @@ import msgpack
 import pytest
 
 from tests.conftest import HUGE_LINE, torn_session
+from tests.forge import reseal
 from tests.support import REPO
 from worker import Session
 from worker.app import DefaultApp
@@ -26,7 +27,7 @@ from worker.process import (
     EXIT_REFUSED,
     MAX_REPORT,
 )
-from worker.store.records import EpochEnd, encode_record
+from worker.store.records import EpochEnd, encode_appended
 from worker.wire import Channel, Message
 
 
@@ -203,6 +204,7 @@ def test_a_worker_refuses_carried_state_that_verify_refuses_and_exits_4_with_pat
     start[field] = value
     lines[0] = json.dumps(start, separators=(",", ":")).encode() + b"\n"
     log.write_bytes(b"".join(lines))
+    reseal(log.parent)  # a deliberate change: the checksums are made to match
     with worker(home, "s1") as w:
         said = w.channel.recv()
         assert said is not None
@@ -264,7 +266,11 @@ def test_a_worker_resumes_an_interrupted_epoch_change_without_a_second_epoch_end
     with Session.create(home, "s1", app.initial_baseline("s1")) as session:
         directory = Path(session.dir)
     with (directory / "0.jsonl").open("ab") as f:
-        f.write(encode_record(EpochEnd(next=1, summary="the recorded one")))
+        f.write(
+            encode_appended(
+                (directory / "0.jsonl").read_bytes(), EpochEnd(next=1, summary="the recorded one")
+            )
+        )
     if leftover == "next-baseline":
         (directory / "1.baseline.json").write_bytes(b'{"partial":')
     with worker(home, "s1") as w:
@@ -311,7 +317,9 @@ def _unopenable(home: Path, damage: str) -> tuple[Path, str, tuple[str, ...]]:
         directory = Path(session.dir)
     if damage == "enospc-while-resuming":
         with (directory / "0.jsonl").open("ab") as f:
-            f.write(encode_record(EpochEnd(next=1, summary="s")))
+            f.write(
+                encode_appended((directory / "0.jsonl").read_bytes(), EpochEnd(next=1, summary="s"))
+            )
         return directory, "ENOSPC", ("--app", "tests.apps:no_space_for_epoch_1_app")
     # Open cannot make what it read durable: a restart meets the same failing disk.
     return directory, "EIO", ("--app", "tests.apps:eio_syncing_the_session_directory_app")

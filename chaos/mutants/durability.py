@@ -7,7 +7,7 @@ import os
 from worker.store import durable, loader, session
 from worker.store.baseline import Baseline
 from worker.store.errors import SessionIOError
-from worker.store.records import Record, encode_records
+from worker.store.records import Record, encode_lines
 
 
 def no_fsync() -> None:
@@ -17,7 +17,7 @@ def no_fsync() -> None:
 def fsync_after_memory() -> None:
     def append_durably(self: session.Session, batch: list[Record]) -> None:
         self._check_writable()
-        data = encode_records(batch)
+        data, crc = encode_lines(batch, self._state.log_crc)
         self._state.records.extend(batch)  # the bug: memory first
         for offset, record in enumerate(batch):
             key = getattr(record, "key", None)
@@ -33,6 +33,7 @@ def fsync_after_memory() -> None:
             self._cut_back(fd, "failed")
             raise
         self._size += len(data)
+        self._state.log_size, self._state.log_crc = self._size, crc
 
     session.Session._append_durably = append_durably  # type: ignore[method-assign]
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import zlib
 
 from worker.app import App
 from worker.store import durable, session
 from worker.store.baseline import Baseline
-from worker.store.records import EpochEnd, encode_records
+from worker.store.records import EpochEnd, encode_lines
 from worker.wire import Message
 
 
@@ -18,10 +19,13 @@ def second_epoch_end_on_resume() -> None:
     def commit_epoch(self: session.Session, summary: str, baseline: Baseline) -> None:
         if isinstance(self._state.records[-1], EpochEnd):
             # The bug: close the epoch again instead of resuming with the recorded one.
-            data = encode_records([EpochEnd(next=self.epoch + 1, summary=summary)])
+            state = self._state
+            end = EpochEnd(next=self.epoch + 1, summary=summary)
+            data, crc = encode_lines([end], state.log_crc)
             assert self._log_fd is not None
             durable.write_all(self._log_fd, data, self._log_path)
             durable.fdatasync(self._log_fd, self._log_path)
+            state.log_size, state.log_crc = state.log_size + len(data), crc
         original(self, summary, baseline)
 
     session.Session.commit_epoch = commit_epoch  # type: ignore[method-assign]
@@ -34,13 +38,18 @@ def recorded_summary_rewritten() -> None:
         last = self._state.records[-1]
         if isinstance(last, EpochEnd) and last.summary != summary:
             # The bug: "refresh" the recorded summary with the caller's, in place.
-            line = encode_records([EpochEnd(time=last.time, next=last.next, summary=summary)])
-            old = encode_records([last])
+            old_size = len(encode_lines([last], 0)[0])
+            with open(self._log_path, "rb") as f:
+                before = zlib.crc32(f.read()[: self._size - old_size])
+            line, crc = encode_lines(
+                [EpochEnd(time=last.time, next=last.next, summary=summary)], before
+            )
             assert self._log_fd is not None
-            os.ftruncate(self._log_fd, self._size - len(old))
+            os.ftruncate(self._log_fd, self._size - old_size)
             os.write(self._log_fd, line)
             os.fsync(self._log_fd)
-            self._size += len(line) - len(old)
+            self._size += len(line) - old_size
+            self._state.log_size, self._state.log_crc = self._size, crc
             self._state.records[-1] = EpochEnd(time=last.time, next=last.next, summary=summary)
         original(self, summary, baseline)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from worker.store.baseline import Baseline
 from worker.store.errors import (
     BaselineError,
+    ChecksumMismatch,
     EpochClosed,
     InvalidLog,
     InvalidRecord,
@@ -43,6 +44,7 @@ __all__ = [
     "Assistant",
     "Baseline",
     "BaselineError",
+    "ChecksumMismatch",
     "EpochClosed",
     "EpochEnd",
     "Handoff",

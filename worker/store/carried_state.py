@@ -58,6 +58,8 @@ class NextEpoch:
             prior_untrusted=self.prior_untrusted,
             recent_keys=self.recent_keys,
             key_index=self.index.field(),
+            prior_log_size=state.log_size,
+            prior_log_crc=f"{state.log_crc:08x}",
         )
 
 

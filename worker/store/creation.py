@@ -7,7 +7,7 @@ import os
 from worker.store import durable
 from worker.store.baseline import Baseline
 from worker.store.errors import InvalidRecord, quote
-from worker.store.records import SessionStart, encode_record
+from worker.store.records import SessionStart, encode_lines
 from worker.store.session_state import SessionState, baseline_path, log_path
 
 
@@ -29,7 +29,7 @@ def write_first_epoch(
 ) -> tuple[SessionState, int]:
     """Write epoch 0 into the locked, log-less ``directory``: its state and log's fd."""
     start = SessionStart(session=session_id, epoch=0, slot=slot, baseline=baseline.hash())
-    line = encode_record(start)
+    line, crc = encode_lines((start,), 0)
     # The baseline's name is made durable before the log that names its hash,
     # so no crash can leave a log whose baseline is missing.
     durable.write_file_atomic(baseline_path(directory, 0), baseline.to_json())
@@ -44,6 +44,7 @@ def write_first_epoch(
         records=[start],
         log_size=len(line),
         carry=None,
+        log_crc=crc,
     )
     return state, log_fd
 

@@ -12,23 +12,27 @@ from worker.store import durable
 from worker.store.baseline import Baseline
 from worker.store.carried_state import NextEpoch
 from worker.store.key_index import write_segments
-from worker.store.records import SessionStart, encode_record
+from worker.store.records import SessionStart, encode_lines
 from worker.store.session_state import SessionState, baseline_path, log_path
 
 
 def write_next_epoch(
     state: SessionState, plan: NextEpoch, baseline: Baseline
-) -> tuple[SessionStart, int, int]:
-    """Write the files of the epoch after ``state``'s; return its SessionStart, size, log fd."""
+) -> tuple[SessionStart, int, int, int]:
+    """Write the files of the epoch after ``state``'s; its SessionStart, size, CRC-32, log fd.
+
+    The SessionStart records the closing log's length and CRC-32 (``state``'s, which
+    ends with its EpochEnd): the sealed log is bound to what follows.
+    """
     following = state.epoch + 1
     start = plan.start(state, baseline.hash())
-    line = encode_record(start)
+    line, crc = encode_lines((start,), 0)
     new_log = log_path(state.directory, following)
     write_segments(state.directory, plan.new_segments)
     # The baseline's directory fsync makes the index files' names durable too.
     durable.write_file_atomic(baseline_path(state.directory, following), baseline.to_json())
     durable.write_file_atomic(new_log, line)
-    return start, len(line), durable.open_append(new_log)
+    return start, len(line), crc, durable.open_append(new_log)
 
 
 def switch_to_next_epoch(
@@ -38,6 +42,7 @@ def switch_to_next_epoch(
     baseline: Baseline,
     summary: str,
     size: int,
+    crc: int,
 ) -> None:
     """Make ``state`` the new epoch's, once its files are durable."""
     state.prior_users = plan.prior_users
@@ -53,4 +58,5 @@ def switch_to_next_epoch(
     state.records = [start]
     state.carry = summary
     state.log_size = size
+    state.log_crc = crc
     state.epoch_sizes.append(size)

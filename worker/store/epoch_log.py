@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import gc
 import os
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from worker.store.errors import InvalidLog, TornLog, quote
 from worker.store.files import read_file
+from worker.store.line_checksums import chain_line
 from worker.store.records import (
     EpochEnd,
     Record,
     SessionStart,
     ToolResult,
     User,
-    decode_line,
+    decode_line_checksum,
     decode_lines_fast,
 )
 
@@ -46,17 +48,19 @@ def _cyclic_gc_paused() -> Iterator[None]:
 
 @dataclass(slots=True)
 class DecodedLog:
-    """One epoch log's records, and ``(index, part, parts)`` for each line of a group."""
+    """One epoch log's records, ``(index, part, parts)`` for each line of a group, and
+    the CRC-32 of all the log's bytes (what the next line's checksum continues)."""
 
     records: list[Record]
     framed: list[tuple[int, int, int]]
+    crc: int = 0
 
 
 def decode_log(path: str, data: bytes) -> DecodedLog:
-    """Decode every line of a log; TornLog with the line number of the first bad one.
+    """Decode and check every line of a log; TornLog or ChecksumMismatch at the first bad one.
 
-    A last line without its newline is reported only when every line before it decodes:
-    the error always names the first bad line of the file.
+    A last line without its newline is reported only when every line before it decodes
+    and checks: the error always names the first bad line of the file.
     """
     if not data:
         return DecodedLog([], [])
@@ -64,22 +68,26 @@ def decode_log(path: str, data: bytes) -> DecodedLog:
     tail = lines.pop()  # b"" when the data ends in a newline
     if not tail:
         with _cyclic_gc_paused():
-            fast = decode_lines_fast(lines)
+            fast = decode_lines_fast(data, lines)
         if fast is not None:
-            return DecodedLog(fast, [])  # its groups are already proven whole
+            return DecodedLog(fast[0], [], fast[1])  # its groups are already proven whole
     records: list[Record] = []
     framed: list[tuple[int, int, int]] = []
+    running = summed_from = 0
     for number, line in enumerate(lines, start=1):
         try:
-            record, part = decode_line(line)
+            record, part, crc = decode_line_checksum(line)
         except ValueError as exc:
             raise TornLog(path, number, f"undecodable record: {exc}") from exc
+        running = chain_line(path, number, line, crc, running, summed_from)
+        if crc is not None and not summed_from:
+            summed_from = number
         if part is not None:
             framed.append((number - 1, *part))
         records.append(record)
     if tail:
         raise TornLog(path, len(lines) + 1, "last line has no newline (torn write)")
-    return DecodedLog(records, framed)
+    return DecodedLog(records, framed, running)
 
 
 def check_groups(path: str, records: list[Record], framed: list[tuple[int, int, int]]) -> None:
@@ -171,8 +179,9 @@ def key_applied_at(dir_fd: int, path: str, line: int, key: str) -> bool:
     """True if line ``line`` of the log at ``path`` is a User applying the request ``key``.
 
     How a hit of the key index is confirmed: the log is the state. A line that does
-    not decode is refused (InvalidLog); one that holds another record or another key
-    is a hash collision (False).
+    not decode, or whose checksum does not match the log before it, is refused
+    (InvalidLog); one that holds another record or another key is a hash collision
+    (False).
     """
     data = read_file(dir_fd, os.path.basename(path), path)
     start = 0
@@ -183,10 +192,13 @@ def key_applied_at(dir_fd: int, path: str, line: int, key: str) -> bool:
     end = data.find(b"\n", start)
     if end < 0:
         return False
+    text = data[start:end]
     try:
-        record, _part = decode_line(data[start:end])
+        record, _part, crc = decode_line_checksum(text)
     except ValueError as exc:
         raise InvalidLog(path, line, f"undecodable record: {exc}") from exc
+    if crc is not None:
+        chain_line(path, line, text, crc, zlib.crc32(memoryview(data)[:start]), 0)
     return isinstance(record, User) and record.key == key
 
 

@@ -138,6 +138,14 @@ class InvalidLog(LogError):
     """The records decode but break the log's structure (SessionStart, EpochEnd, epochs)."""
 
 
+class ChecksumMismatch(InvalidLog):
+    """A line's checksum, or a sealed log's length and CRC-32, is not what the writer wrote.
+
+    Damage after the write (a flipped byte, a line deleted, duplicated, moved, or cut
+    off a sealed log), never a crash: nothing repairs it in place.
+    """
+
+
 class KeyIndexFileError(InvalidLog):
     """A key index file a SessionStart names is missing or hashes otherwise (the line names it).
 

@@ -12,13 +12,10 @@ place.
 
 from __future__ import annotations
 
-import errno
 import os
-import re
 from collections.abc import Callable
 from typing import Final
 
-from worker.store.baseline import Baseline, hash_bytes
 from worker.store.carried_checks import (
     EpochEndAt,
     check_carried_digest,
@@ -27,6 +24,7 @@ from worker.store.carried_checks import (
     check_planned_digest,
 )
 from worker.store.carried_state import parse_recent_keys
+from worker.store.epoch_files import list_epochs, load_baseline
 from worker.store.epoch_log import (
     DecodedLog,
     check_epoch,
@@ -35,7 +33,7 @@ from worker.store.epoch_log import (
     key_applied_at,
     refuse_reused_call,
 )
-from worker.store.errors import BaselineError, InvalidLog, SessionIOError, SessionNotFound, quote
+from worker.store.errors import InvalidLog, quote
 from worker.store.fencing import NO_FENCE, advance
 from worker.store.files import open_directory, read_file
 from worker.store.key_index import KeyIndex, load_index
@@ -49,6 +47,7 @@ from worker.store.records import (
     User,
     decode_line,
 )
+from worker.store.sealed_logs import check_sealed, first_start
 from worker.store.session_state import KeyRef, SessionState, baseline_path, log_path
 
 __all__ = [
@@ -65,61 +64,7 @@ __all__ = [
     "log_path",
 ]
 
-_LOG_NAME: Final = re.compile(r"(0|[1-9][0-9]*)\.jsonl")
-_DIGITS_LOG: Final = re.compile(r"[0-9]+\.jsonl")
-_MISSING: Final = frozenset({errno.ENOENT})
 _FENCING: Final[frozenset[type[Record]]] = frozenset((Owner, Handoff))
-
-
-def list_epochs(session_dir: str, dir_fd: int | None = None) -> list[int]:
-    """Return the epoch numbers that have a log, ascending; refuse gaps and odd names."""
-    try:
-        names = os.listdir(session_dir if dir_fd is None else dir_fd)
-    except OSError as exc:
-        if exc.errno in _MISSING:
-            raise SessionNotFound(session_dir) from exc
-        raise SessionIOError(session_dir, exc.errno or 0, "list directory") from exc
-    epochs = []
-    for name in names:
-        if _LOG_NAME.fullmatch(name):
-            epochs.append(int(name[: -len(".jsonl")]))
-        elif _DIGITS_LOG.fullmatch(name):
-            raise InvalidLog(os.path.join(session_dir, name), 1, "epoch number has a leading zero")
-    epochs.sort()
-    if not epochs:
-        raise SessionNotFound(session_dir)
-    if epochs[0] != 0:
-        raise InvalidLog(
-            log_path(session_dir, epochs[0]), 1, "0.jsonl is missing: the log has no first epoch"
-        )
-    for expected, epoch in enumerate(epochs):
-        if epoch != expected:
-            raise InvalidLog(
-                log_path(session_dir, epoch),
-                1,
-                f"gap in epochs: {expected}.jsonl is missing before {epoch}.jsonl",
-            )
-    return epochs
-
-
-def load_baseline(dir_fd: int, path: str, expected_hash: str) -> Baseline:
-    """Read, hash and parse a baseline; BaselineError if missing, unparsable or mismatched."""
-    try:
-        data = read_file(dir_fd, os.path.basename(path), path)
-    except SessionIOError as exc:
-        if exc.errno in _MISSING:
-            raise BaselineError(path, "baseline file is missing") from exc
-        raise
-    actual = hash_bytes(data)
-    if actual != expected_hash:
-        raise BaselineError(
-            path,
-            f"baseline hashes to {actual}, SessionStart.baseline says {quote(expected_hash, 80)}",
-        )
-    try:
-        return Baseline.from_json(data)
-    except ValueError as exc:
-        raise BaselineError(path, f"baseline is unparsable: {exc}") from exc
 
 
 def load_session(
@@ -176,6 +121,8 @@ class _Reader:
         self.prior_users = self.prior_untrusted = 0
         self.carry: str | None = None
         self.fence = NO_FENCE
+        self.crc = 0  # of the newest log
+        self.starts: dict[int, SessionStart | None] = {}  # each epoch's, once read
 
     def load(self, history: bool, index_files: bool = True) -> SessionState:
         epochs = list_epochs(self.directory, self.dir_fd)
@@ -188,7 +135,7 @@ class _Reader:
             # the digest in the EpochEnd before it, and the key index finds their keys.
             first_read = newest
             self._take_carried(path, first, newest)
-            end = self._previous_end(newest)
+            end = self._previous_end(newest, first)
             self.carry = end.record.summary
             check_carried_digest(path, first, end)
             self.index = load_index(self.dir_fd, self.directory, path, newest, first.key_index)
@@ -238,6 +185,7 @@ class _Reader:
             first_read=first_read,
             next_call=max(self.next_call, self.max_call + 1),
             fence=self.fence,
+            log_crc=self.crc,
         )
         last = records[-1]
         if isinstance(last, EpochEnd):
@@ -252,10 +200,22 @@ class _Reader:
         else:
             data = read_file(self.dir_fd, os.path.basename(path), path)
         self.sizes.append(len(data))
+        if not newest:
+            self._check_sealed(path, data, epoch)
         decoded = decode_log(path, data)
         check_epoch(path, self.session_id, epoch, decoded.records, newest=newest)
         check_groups(path, decoded.records, decoded.framed)
+        if newest:
+            self.crc = decoded.crc
+        first = decoded.records[0]
+        self.starts[epoch] = first if isinstance(first, SessionStart) else None
         return path, decoded.records
+
+    def _check_sealed(self, path: str, data: bytes, epoch: int) -> None:
+        """A sealed log must be the length and CRC-32 the next epoch's SessionStart recorded."""
+        if epoch + 1 not in self.starts:
+            self.starts[epoch + 1] = first_start(self.dir_fd, self.directory, epoch + 1)
+        check_sealed(path, data, epoch, self.starts[epoch + 1])
 
     def _take_carried(self, path: str, first: SessionStart, epoch: int) -> None:
         """Take the state the newest SessionStart carries; its keys are the previous epoch's."""
@@ -270,10 +230,15 @@ class _Reader:
         for key, line in parse_recent_keys(path, first.recent_keys).items():
             self.keys[key] = KeyRef(epoch - 1, line)
 
-    def _previous_end(self, epoch: int) -> EpochEndAt:
-        """Read the previous log's last line: it must be the EpochEnd leading to ``epoch``."""
+    def _previous_end(self, epoch: int, first: SessionStart) -> EpochEndAt:
+        """Read the previous log's last line: it must be the EpochEnd leading to ``epoch``.
+
+        The whole previous log must also be the length and CRC-32 ``first`` recorded.
+        """
         path = log_path(self.directory, epoch - 1)
         data = read_file(self.dir_fd, os.path.basename(path), path)
+        self.starts[epoch] = first
+        self._check_sealed(path, data, epoch - 1)
         lines = data.count(b"\n")
         start = data.rfind(b"\n", 0, len(data) - 1) + 1
         try:
@@ -309,7 +274,7 @@ class _Reader:
             check_carried_digest(path, first, end)
         if self.on_epoch is not None:
             self.on_epoch(records)
-        if self.fence.sealed is not None or any(type(r) in _FENCING for r in records):
+        if self.fence.sealed is not None or not _FENCING.isdisjoint(map(type, records)):
             self._fence(path, records)
         # Comprehensions over the types, not a Python branch per record: a large log's
         # calls and keys are checked in a few C-speed passes; the place of a problem is
@@ -334,6 +299,11 @@ class _Reader:
         key is (``exact``). A key found again further back in a log written before is
         kept with both places (``repeats``).
         """
+        keyed = [(user.key, number) for number, user in users if user.key is not None]
+        if not self.index.segments and _all_new(self.keys, [key for key, _n in keyed]):
+            # The common case, in a few C-speed passes: no key seen before, none twice.
+            self.keys.update({key: KeyRef(epoch, number) for key, number in keyed})
+            return
         window = epoch - 1
         index = self.index
         for number, user in users:
@@ -384,3 +354,8 @@ class _Reader:
         )
         assert first.next_call is not None  # checked above
         self.next_call = first.next_call
+
+
+def _all_new(seen: dict[str, KeyRef], keys: list[str | None]) -> bool:
+    """True if no key in ``keys`` is in ``seen`` and none comes twice."""
+    return len(set(keys)) == len(keys) and seen.keys().isdisjoint(keys)

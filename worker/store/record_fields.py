@@ -103,6 +103,8 @@ def field_kinds(cls: type[Record]) -> tuple[tuple[str, str], ...]:
 FIELD_KINDS: Final = {cls.TYPE: (cls, field_kinds(cls)) for cls in RECORD_TYPES}
 GROUP_KEYS: Final = ("part", "parts")
 """The keys that frame a line of a group commit: its place (from 1) and the group's size."""
+CRC_KEY: Final = "crc"
+"""The last key of every line the store writes: the CRC-32 of the log before its value."""
 WRITTEN_ALONE: Final = (SessionStart, EpochEnd, Owner, Handoff)
 """Records that are always written alone, never in a group commit."""
 
@@ -117,11 +119,16 @@ def why_fields_wrong(type_name: str, values: dict[str, object]) -> str:
         return f"{type_name} is written alone, never in a group"
     names = [name for name, _kind in kinds]
     shapes = line_shapes(cls)
-    accepted = [shape + extra for shape in shapes for extra in ([], [*GROUP_KEYS])]
+    accepted = [
+        shape + extra + crc
+        for shape in shapes
+        for extra in ([], [*GROUP_KEYS])
+        for crc in ([], [CRC_KEY])
+    ]
     keys = list(values)
     if {*keys} not in [{*shape} for shape in accepted]:
         missing = sorted({*shapes[-1]} - values.keys())
-        extra = sorted(values.keys() - {*names, *GROUP_KEYS})
+        extra = sorted(values.keys() - {*names, *GROUP_KEYS, CRC_KEY})
         parts = []
         if missing:
             parts.append("missing " + ", ".join(missing))
@@ -136,12 +143,19 @@ def why_fields_wrong(type_name: str, values: dict[str, object]) -> str:
             )
         return f"{type_name}: " + "; ".join(parts)
     if keys not in accepted:
-        return f"{type_name}: fields are not in the writer's order ({', '.join(names)})"
+        return (
+            f"{type_name}: fields are not in the writer's order ({', '.join(names)}, "
+            "then part and parts, then crc)"
+        )
     for name, kind in kinds:
         check, what, _expression = CHECKS[kind]
         if name in values and not check(values[name]):
             return f"{type_name}.{name} must be {what}, got {quote(values[name])}"
-    if keys[-1] == "parts":
+    if keys[-1] == CRC_KEY:
+        crc = values[CRC_KEY]
+        if not (type(crc) is str and len(crc) == 8):
+            return f"{type_name}: crc must be 8 hexadecimal digits, got {quote(crc, 40)}"
+    if "parts" in keys:
         place, size = values["part"], values["parts"]
         if not (type(place) is int and type(size) is int and 1 <= place <= size and size >= 2):
             return (

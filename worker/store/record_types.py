@@ -10,18 +10,25 @@ import time
 from dataclasses import dataclass, field
 from typing import ClassVar, Final
 
+_second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text
+
 
 def utc_now() -> str:
     """Return the current time as RFC 3339 UTC with microseconds, e.g. ``...T20:17:57.123456Z``."""
-    # time.gmtime + an f-string is about four times cheaper than datetime.strftime, and
-    # every record pays for it on the append path.
-    now_ns = time.time_ns()
-    seconds, nanos = divmod(now_ns, 1_000_000_000)
-    t = time.gmtime(seconds)
-    return (
-        f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T"
-        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}.{nanos // 1000:06d}Z"
-    )
+    # Every record pays for this on the append path: the date and time of day are
+    # formatted once per second (time.gmtime and an f-string), the microseconds per call.
+    # One tuple read and written whole, so that threads never mix two seconds.
+    global _second  # noqa: PLW0603 - a one-entry cache
+    seconds, fraction = divmod(time.time_ns() // 1000, 1_000_000)
+    cached = _second
+    if cached[0] != seconds:
+        t = time.gmtime(seconds)
+        cached = _second = (
+            seconds,
+            f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T"
+            f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}.",
+        )
+    return f"{cached[1]}{fraction:06d}Z"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,6 +41,15 @@ class SessionStart:
     OPTIONAL: ClassVar[tuple[tuple[str, ...], ...]] = (
         ("next_call", "prior_users", "prior_untrusted", "recent_keys"),
         ("key_index",),
+        ("prior_log_size", "prior_log_crc"),
+    )
+    # The fields the closing EpochEnd's ``carried`` digest binds (the first two blocks).
+    CARRIED: ClassVar[tuple[str, ...]] = (
+        "next_call",
+        "prior_users",
+        "prior_untrusted",
+        "recent_keys",
+        "key_index",
     )
     time: str = field(default_factory=utc_now)
     session: str
@@ -50,6 +66,11 @@ class SessionStart:
     # The key index of every older epoch: its segment files and their digests
     # (worker.store.key_index); absent in logs written before it existed.
     key_index: str | None = None
+    # The previous epoch's log as it was sealed: its length and the CRC-32 of all its
+    # bytes, 8 lowercase hex digits (worker.store.line_checksums); absent in logs
+    # written before checksums.
+    prior_log_size: int | None = None
+    prior_log_crc: str | None = None
 
     @property
     def carries_state(self) -> bool:
@@ -59,7 +80,7 @@ class SessionStart:
     @property
     def carried_fields(self) -> dict[str, object]:
         """The carried fields by name, as the previous EpochEnd's ``carried`` digest binds them."""
-        return {name: getattr(self, name) for block in self.OPTIONAL for name in block}
+        return {name: getattr(self, name) for name in self.CARRIED}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

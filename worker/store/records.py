@@ -3,29 +3,29 @@
 A line is one JSON object, ``"type"`` first, no spaces, UTF-8, ending in ``\\n``.
 The records of one group commit (``append_many`` of n > 1) are framed: each of their
 lines ends with ``"part":i,"parts":n``, so a reader can tell a whole group from a cut
-one. Decoding is strict and canonical: a line is accepted only if it is exactly the
-bytes the writer would write for the record it decodes to, so unknown types, missing
-or extra fields, ill-typed values, duplicate keys, spaces and other spellings are all
-refused with a reason, so that ``open`` can report ``path:line: why``.
+one. Every line the store writes ends with ``"crc":N``, the CRC-32 of every byte of
+the log before N (``worker.store.line_checksums`` checks the chain). Decoding is strict
+and canonical: a line is accepted only if it is exactly the bytes the writer would
+write for the record it decodes to, so unknown types, missing or extra fields,
+ill-typed values, duplicate keys, spaces and other spellings are all refused with a
+reason, so that ``open`` can report ``path:line: why``.
 """
 
 from __future__ import annotations
 
 import json
+import operator
+import re
+import zlib
+from _json import make_encoder
 from collections.abc import Callable, Iterable
+from json.encoder import encode_basestring
 from typing import Final
 
 from worker.store.errors import InvalidRecord, quote
-from worker.store.record_fields import (
-    CHECKS,
-    FIELD_KINDS,
-    GROUP_KEYS,
-    WRITTEN_ALONE,
-    Part,
-    field_kinds,
-    line_shapes,
-    why_fields_wrong,
-)
+from worker.store.record_codecs import CODECS as _CODECS
+from worker.store.record_codecs import DECODERS as _DECODERS
+from worker.store.record_fields import FIELD_KINDS, Part, why_fields_wrong
 from worker.store.record_types import (
     RECORD_TYPES,
     Assistant,
@@ -52,105 +52,47 @@ __all__ = [
     "Usage",
     "User",
     "decode_line",
+    "decode_line_checksum",
     "decode_lines_fast",
     "decode_record",
+    "encode_appended",
+    "encode_lines",
     "encode_record",
     "encode_records",
     "record_document",
     "utc_now",
+    "without_checksums",
 ]
 
 
-_Decoder = Callable[[dict[str, object]], Record | None]
-_Encoder = Callable[[Record], dict[str, object] | None]
-_FRAME_OK: Final = (
-    'type(d["part"]) is int and type(d["parts"]) is int '
-    'and 1 <= d["part"] <= d["parts"] and d["parts"] >= 2'
-)
-
-
-def _shape(kinds: list[tuple[int, str, str]]) -> tuple[str, str, str, str]:
-    """Source fragments (loads, tests, build, dict) for the fields ``(index, name, kind)``."""
-    return (
-        "; ".join(f"a{i} = d[{name!r}]" for i, name, _kind in kinds),
-        " and ".join(CHECKS[kind][2].replace("v", f"a{i}") for i, _name, kind in kinds),
-        ", ".join(f"{name}=a{i}" for i, name, _kind in kinds),
-        ", ".join(f"{name!r}: a{i}" for i, name, _kind in kinds),
-    )
-
-
-def _compile_codecs(cls: type[Record]) -> tuple[_Decoder, _Encoder]:
-    """Compile a decoder and an encoder for ``cls`` with every check inlined.
-
-    Both return None when a value does not fit; the slow path then says why. Inlined
-    checks make ``open`` of a large log cost little more than its ``json.loads``. The
-    decoder also requires the canonical key order of one of the line's shapes (every
-    field, or without its later optional blocks: ``line_shapes``), alone or followed by
-    the group keys.
-    """
-    every = [(i, name, kind) for i, (name, kind) in enumerate(field_kinds(cls))]
-    shapes = [[f for f in every if f[1] in shape] for shape in line_shapes(cls)]
-    # SessionStart, EpochEnd, Owner and Handoff are written alone: no framed shape.
-    group = () if cls in WRITTEN_ALONE else GROUP_KEYS
-    never = ("",)  # matches no line's keys
-    namespace: dict[str, object] = {
-        "cls": cls,
-        "new": object.__new__,
-        **{f"s{i}": getattr(cls, name).__set__ for i, name, _kind in every},
-    }
-    decode_branches: list[str] = []
-    encode_branches: list[str] = []
-    for number, shape in enumerate(shapes):
-        loads, tests, _build, as_dict = _shape(shape)
-        present = {name for _i, name, _kind in shape}
-        # Built without calling the dataclass's __init__: its frozen-field setattrs cost
-        # more than the rest of decoding a line. The slots' own descriptors set each
-        # field (what __init__ ends up doing), every value already checked above.
-        sets = "; ".join(
-            f"s{i}(r, a{i})" if name in present else f"s{i}(r, None)" for i, name, _kind in every
-        )
-        body = f"""
-        {loads}
-        if not ({tests}):
-            return None
-        r = new(cls); {sets}
-        return r"""
-        keys = ("type", *(name for _i, name, _kind in shape))
-        namespace[f"K{number}"] = keys
-        namespace[f"F{number}"] = keys + group if group else never
-        decode_branches.append(f"""
-    {"if" if number == 0 else "elif"} keys == K{number}:{body}
-    elif keys == F{number}:
-        if not ({_FRAME_OK}):
-            return None{body}""")
-        absent = [f"a{i} is None" for i, name, _kind in every if name not in present]
-        encode_branches.insert(
-            0,
-            f"""
-    {f"if {' and '.join(absent)}:" if absent else "if True:"}
-        if not ({tests}):
-            return None
-        return {{"type": {cls.TYPE!r}, {as_dict}}}""",
-        )
-    gets = "; ".join(f"a{i} = r.{name}" for i, name, _kind in every)
-    source = f"""
-def decode(d):
-    keys = tuple(d){"".join(decode_branches)}
-    return None
-
-def encode(r):
-    {gets}{"".join(encode_branches)}
-"""
-    exec(compile(source, f"<codec {cls.TYPE}>", "exec"), namespace)  # noqa: S102 - built above from field names only
-    decode, encode = namespace["decode"], namespace["encode"]
-    return decode, encode  # type: ignore[return-value]
-
-
-_CODECS: Final = {cls.TYPE: _compile_codecs(cls) for cls in RECORD_TYPES}
-_DECODERS: Final[dict[object, _Decoder]] = {name: c[0] for name, c in _CODECS.items()}
 _LINE_PREFIX: Final = b'{"type":"'
 _JOINED_PREFIX: Final = b',\n{"type":"'
 _JSON_LINE: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_CRC_FIELD: Final = b',"crc":"'
+_CRC_FIELD_TEXT: Final = ',"crc":"'
+_CRC_SUFFIX: Final = re.compile(rb',"crc":"[0-9a-f]{8}"}$', re.MULTILINE)
+_HAS_CRC: Final = operator.methodcaller("__contains__", "crc")
+
+
+def _compact_encoder() -> Callable[[object], str]:
+    """``_JSON_LINE.encode`` without rebuilding its C encoder on every call.
+
+    ``JSONEncoder.encode`` makes a new C encoder per call (``_json.make_encoder``),
+    which costs about as much as encoding a record; this one is made once, with the
+    same arguments ``_JSON_LINE`` would pass. Records hold no containers, so no cycle
+    check (``markers``) is needed.
+    """
+    chunks = make_encoder(
+        None, _JSON_LINE.default, encode_basestring, None, ":", ",", False, False, True
+    )
+
+    def encode(value: object) -> str:
+        return "".join(chunks(value, 0))
+
+    return encode
+
+
+_encode: Final = _compact_encoder()
 
 
 def _document(record: Record) -> dict[str, object]:
@@ -164,10 +106,57 @@ def _document(record: Record) -> dict[str, object]:
 
 def _line(type_name: str, document: dict[str, object]) -> bytes:
     try:
-        return (_JSON_LINE.encode(document) + "\n").encode("utf-8")
+        return (_encode(document) + "\n").encode("utf-8")
     except UnicodeEncodeError as exc:
         # A lone surrogate has no UTF-8 form; writing it escaped would not round-trip.
         raise InvalidRecord(type_name, f"text is not valid Unicode: {exc.reason}") from exc
+
+
+def _checksummed(type_name: str, document: dict[str, object], crc: int) -> tuple[bytes, int]:
+    """The line of ``document`` ending in ``"crc":"N"`` after a log whose CRC-32 is ``crc``.
+
+    N (8 lowercase hex digits) is the CRC-32 of every byte of the log before N: the
+    earlier lines whole, and this line up to ``"crc":"``. Returns the line and the
+    log's CRC-32 after it.
+    """
+    try:
+        head = (_encode(document)[:-1] + _CRC_FIELD_TEXT).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRecord(type_name, f"text is not valid Unicode: {exc.reason}") from exc
+    value = zlib.crc32(head, crc)
+    tail = b'%08x"}\n' % value
+    return head + tail, zlib.crc32(tail, value)
+
+
+def encode_lines(records: Iterable[Record], crc: int) -> tuple[bytes, int]:
+    """The lines the store appends for ``records`` after a log whose CRC-32 is ``crc``.
+
+    One record is written alone; more are one group commit, framed (line i of n ends
+    with ``"part":i,"parts":n``). Every line ends with its checksum. Returns the bytes
+    and the CRC-32 of the log once they follow it.
+    """
+    batch = list(records)
+    if len(batch) == 1:
+        record = batch[0]
+        return _checksummed(record.TYPE, _document(record), crc)
+    lines = []
+    for part, record in enumerate(batch, start=1):
+        document = _document(record)
+        document["part"] = part
+        document["parts"] = len(batch)
+        line, crc = _checksummed(record.TYPE, document, crc)
+        lines.append(line)
+    return b"".join(lines), crc
+
+
+def encode_appended(log: bytes, record: Record) -> bytes:
+    """The line a writer appends for ``record`` after the log bytes ``log`` (checksummed)."""
+    return encode_lines((record,), zlib.crc32(log))[0]
+
+
+def without_checksums(data: bytes) -> bytes:
+    """``data``'s lines as a loopd from before checksums wrote them (for old-format homes)."""
+    return _CRC_SUFFIX.sub(b"}", data)
 
 
 def record_document(record: Record) -> dict[str, object]:
@@ -176,7 +165,11 @@ def record_document(record: Record) -> dict[str, object]:
 
 
 def encode_record(record: Record) -> bytes:
-    """Return the record's log line (``"type"`` first, compact, UTF-8, ending in ``\\n``)."""
+    """Return the record's line without a checksum, as a loopd before checksums wrote it.
+
+    ``"type"`` first, compact, UTF-8, ending in ``\\n``. The store writes with
+    ``encode_lines``; this is the line's form for readers and for old-format logs.
+    """
     return _line(record.TYPE, _document(record))
 
 
@@ -185,7 +178,8 @@ def encode_records(records: Iterable[Record]) -> bytes:
 
     A group of more than one record is framed: line i of n ends with
     ``"part":i,"parts":n``, so that a reader knows whether the whole group reached
-    the disk. A single record is written alone, unframed.
+    the disk. A single record is written alone, unframed. No checksums (the old form;
+    the store writes ``encode_lines``).
     """
     batch = list(records)
     if len(batch) == 1:
@@ -214,8 +208,16 @@ def decode_line(line: bytes) -> tuple[Record, Part | None]:
     """Decode one log line (without its newline) into its record and its group part.
 
     Raises ValueError naming what is wrong; a line is accepted only if it is exactly
-    the canonical encoding of the record it holds (the writer's own bytes).
+    the canonical encoding of the record it holds (the writer's own bytes). Its
+    checksum, if it has one, is not checked here (it depends on the lines before it:
+    ``decode_line_checksum`` gives it).
     """
+    record, part, _crc = decode_line_checksum(line)
+    return record, part
+
+
+def decode_line_checksum(line: bytes) -> tuple[Record, Part | None, str | None]:
+    """``decode_line``, and the line's checksum (None for a line written without one)."""
     if not line.startswith(_LINE_PREFIX):
         raise ValueError('line does not start with {"type":"')
     try:
@@ -226,7 +228,7 @@ def decode_line(line: bytes) -> tuple[Record, Part | None]:
         raise ValueError(f"not valid JSON: {exc}") from exc
     record = _record_from(values)
     try:
-        canonical = _JSON_LINE.encode(values).encode("utf-8")
+        canonical = _encode(values).encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ValueError(f"text is not valid Unicode: {exc.reason}") from exc
     if canonical != line:
@@ -234,9 +236,10 @@ def decode_line(line: bytes) -> tuple[Record, Part | None]:
             "not the canonical encoding of its record (spacing, escapes or number "
             "format differ from what the writer writes, or two values share a line)"
         )
+    crc = values.get("crc")
     if "part" in values:
-        return record, (values["part"], values["parts"])
-    return record, None
+        return record, (values["part"], values["parts"]), crc
+    return record, None, crc
 
 
 def decode_record(line: bytes) -> Record:
@@ -259,19 +262,26 @@ def _record_from(values: object) -> Record:
     return record
 
 
-def decode_lines_fast(lines: list[bytes]) -> list[Record] | None:
-    """Decode many lines with one ``json.loads``; None when the caller must go line by line.
+def decode_lines_fast(data: bytes, lines: list[bytes]) -> tuple[list[Record], int] | None:
+    """Decode a log's lines with one ``json.loads``; None when the caller must go line by line.
 
-    Returns the records only when every line is canonical and every group commit in
-    the lines is whole (parts 1..n on consecutive lines); otherwise the line-by-line
-    path finds and names the first problem.
+    ``lines`` are ``data`` split at its newlines (``data`` ends with one). Returns the
+    records and the CRC-32 of ``data`` only when every line is the writer's and every
+    group commit in the lines is whole (parts 1..n on consecutive lines); otherwise the
+    line-by-line path finds and names the first problem.
 
     Joining with ``,\\n`` keeps each line's attribution sound: JSON strings cannot hold a
     raw newline, so every join point is a comma between tokens, and a line starting with
     ``{"type":"`` can only follow a comma inside an array. Records hold no arrays, so if
-    the count matches and every element decodes as a record, element i is line i. Then
-    one encode of all elements must give back exactly the lines joined by ``,``: the
-    proof that every line, alone, is the canonical encoding of its record.
+    the count matches and every element decodes as a record, element i is line i.
+
+    That every line is the writer's own bytes is proven two ways. Lines with a checksum
+    (the store's lines end with ``"crc":"N"``, and once one has it every later line
+    has): the last line's N must be the CRC-32 of all of ``data`` before N, and the
+    bytes after it exactly N, ``"}`` and the newline; every earlier line's bytes are
+    inside that CRC. Lines without one (written before checksums): one encode of their elements
+    must give back exactly those lines joined by ``,``, the proof that each, alone, is
+    the canonical encoding of its record.
     """
     joined = b",\n".join(lines)
     # Lines hold no newline (they were split on it), so ",\n" occurs only where they
@@ -307,10 +317,24 @@ def decode_lines_fast(lines: list[bytes]) -> list[Record] | None:
             return None
     if expect:
         return None
-    try:
-        canonical = _JSON_LINE.encode(values).encode("utf-8")
-    except UnicodeEncodeError:
+    # ',"crc":"' can only be a key: a quote inside a string is always escaped.
+    first = joined.find(_CRC_FIELD)
+    unsummed = len(lines) if first < 0 else joined.count(b"\n", 0, first)
+    if unsummed:
+        try:
+            canonical = _encode(values[:unsummed]).encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+        if canonical != b"[" + b",".join(lines[:unsummed]) + b"]":
+            return None
+    if first < 0:
+        return records, zlib.crc32(data)
+    summed = len(lines) - unsummed
+    if joined.count(_CRC_FIELD, first) != summed or sum(map(_HAS_CRC, values[unsummed:])) != summed:
+        return None  # a line without one after a line with one, or one with two
+    at = data.rfind(_CRC_FIELD) + len(_CRC_FIELD)
+    view = memoryview(data)
+    before = zlib.crc32(view[:at])
+    if data[at:] != b'%08x"}\n' % before:
         return None
-    if canonical != b"[" + b",".join(lines) + b"]":
-        return None
-    return records
+    return records, zlib.crc32(view[at:], before)

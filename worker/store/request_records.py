@@ -7,13 +7,11 @@ in memory; an older epoch's are read from its sealed log (only when a retry asks
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
-from worker.store.epoch_log import decode_log
 from worker.store.errors import InvalidLog
-from worker.store.files import open_directory, read_file
 from worker.store.records import EpochEnd, Handoff, Owner, Record, SessionStart, User
+from worker.store.sealed_logs import read_sealed
 from worker.store.session import Session
 from worker.store.session_state import KeyRef, log_path
 
@@ -21,14 +19,12 @@ _ENDS_A_REQUEST = (User, SessionStart, EpochEnd, Owner, Handoff)
 
 
 def sealed_records(directory: str, epoch: int) -> list[Record]:
-    """The records of a sealed epoch's log, read from its file (TornLog, InvalidLog)."""
-    path = log_path(directory, epoch)
-    dir_fd = open_directory(directory)
-    try:
-        data = read_file(dir_fd, os.path.basename(path), path)
-    finally:
-        os.close(dir_fd)
-    return decode_log(path, data).records
+    """The records of a sealed epoch's log, read from its file (TornLog, InvalidLog).
+
+    Its checksums, length and CRC-32 are checked first: a damaged sealed log is
+    refused (ChecksumMismatch), never served.
+    """
+    return read_sealed(directory, epoch).records
 
 
 def request_records(session: Session, ref: KeyRef) -> list[Record]:

@@ -39,7 +39,7 @@ from worker.store.records import (
     SessionStart,
     Usage,
     User,
-    encode_records,
+    encode_lines,
 )
 from worker.store.records_view import RecordsView
 
@@ -295,7 +295,7 @@ class Session:
             end = EpochEnd(next=state.epoch + 1, summary=summary, carried=plan.digest)
             self._append_durably([end])
         try:
-            start, size, new_fd = write_next_epoch(state, plan, baseline)
+            start, size, crc, new_fd = write_next_epoch(state, plan, baseline)
         except SessionIOError as exc:
             # What reached the disk is unknown after a failed step; the next open reads it.
             self._broken = f"epoch change to {state.epoch + 1} failed: {exc}"
@@ -303,7 +303,7 @@ class Session:
         old_fd, self._log_fd = self._log_fd, new_fd
         if old_fd is not None:
             durable.close(old_fd)
-        switch_to_next_epoch(state, plan, start, baseline, summary, size)
+        switch_to_next_epoch(state, plan, start, baseline, summary, size, crc)
         self._log_path = log_path(state.directory, state.epoch)
         self._size = size
         self._last_usage = None
@@ -322,7 +322,7 @@ class Session:
         self._check_writable()
         state = self._state
         fence = fence_after(state.fence, batch, self._log_path)
-        data = encode_records(batch)  # validates every field first
+        data, crc = encode_lines(batch, state.log_crc)  # validates every field first
         highest = highest_call_after(state, batch, self._applied)
         fd = self._log_fd
         assert fd is not None  # _check_writable
@@ -344,6 +344,7 @@ class Session:
         state.records.extend(batch)
         self._size += len(data)
         state.log_size = self._size
+        state.log_crc = crc
         state.max_call = highest
         state.fence = fence
         self._next_call = max(self._next_call, highest + 1)

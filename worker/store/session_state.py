@@ -56,3 +56,4 @@ class SessionState:
     first_read: int = 0  # the oldest epoch whose log was read
     next_call: int = 1  # the next tool call number (> max_call, maybe more: reserved ones)
     fence: Fence = NO_FENCE  # Owner and Handoff of the epochs read (worker.fencing)
+    log_crc: int = 0  # CRC-32 of the newest log's bytes: the next line's checksum continues it

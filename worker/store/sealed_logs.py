@@ -1,0 +1,66 @@
+"""Reading a sealed epoch's log: it must be what the next epoch's SessionStart recorded.
+
+Open checks the previous log this way (it reads it anyway, for its ``EpochEnd``);
+``verify`` and ``inspect --all`` check every sealed log; the reader of a sealed epoch's
+records (a duplicate's answer, a page of records) checks the one it serves. A sealed
+log whose length or CRC-32 is not the recorded one is refused at its line
+(``worker.store.line_checksums``), never served.
+"""
+
+from __future__ import annotations
+
+import os
+
+from worker.store.epoch_log import DecodedLog, check_epoch, decode_log
+from worker.store.files import open_directory, read_file
+from worker.store.line_checksums import refuse_sealed, sealed_binding, sealed_intact
+from worker.store.records import SessionStart, decode_line
+from worker.store.session_state import log_path
+
+
+def first_start(dir_fd: int, directory: str, epoch: int) -> SessionStart | None:
+    """The first record of ``epoch``'s log if it is a SessionStart (read alone), else None.
+
+    Whatever else is wrong with that log is refused when it is read itself.
+    """
+    path = log_path(directory, epoch)
+    data = read_file(dir_fd, os.path.basename(path), path)
+    try:
+        first, _part = decode_line(data[: data.find(b"\n")])
+    except ValueError:
+        return None
+    return first if isinstance(first, SessionStart) else None
+
+
+def check_sealed(path: str, data: bytes, epoch: int, following: SessionStart | None) -> None:
+    """Sealed log ``epoch`` must be the length and CRC-32 ``following`` (the next
+    epoch's SessionStart) recorded, if it recorded them.
+
+    A mismatch is named at its line: the first line whose own checksum fails, or, when
+    every line checks, where lines were cut off (or added to) its end.
+    """
+    binding = sealed_binding(following) if following is not None else None
+    if sealed_intact(data, binding):
+        return
+    assert binding is not None
+    decode_log(path, data)  # the first line whose checksum fails, if one does
+    refuse_sealed(path, data, binding, epoch + 1)
+
+
+def read_sealed(directory: str, epoch: int) -> DecodedLog:
+    """Read and decode sealed log ``epoch``, checked against the next epoch's SessionStart.
+
+    Its structure is checked too (a sealed epoch ends with its EpochEnd): a sealed log
+    whose next SessionStart recorded no length (written before checksums) and that was
+    cut at a line boundary is refused at its last line.
+    """
+    path = log_path(directory, epoch)
+    dir_fd = open_directory(directory)
+    try:
+        data = read_file(dir_fd, os.path.basename(path), path)
+        check_sealed(path, data, epoch, first_start(dir_fd, directory, epoch + 1))
+    finally:
+        os.close(dir_fd)
+    decoded = decode_log(path, data)
+    check_epoch(path, os.path.basename(directory), epoch, decoded.records, newest=False)
+    return decoded
