@@ -118,7 +118,7 @@ def chaos() -> None:
 @scenarios_option
 @click.option(
     "--faults",
-    default="kill,torn,power,io,short",
+    default="kill,torn,power,io,short,lease,hostile",
     show_default=True,
     help="comma-separated fault kinds.",
 )

@@ -20,6 +20,7 @@ from chaos.api_state import check_api_state
 from chaos.app_contract import check_app_contract, learned_shapes
 from chaos.cases import Case, CaseResult
 from chaos.hook import FaultKind
+from chaos.hostile import run_hostile_case
 from chaos.model import DurableModel, PowerVariant
 from chaos.oracle import (
     ClientLog,
@@ -29,6 +30,7 @@ from chaos.oracle import (
     file_digests,
     snapshot_logs,
 )
+from chaos.probes import run_probes
 from chaos.scenarios import SCENARIOS, SESSION, Scenario
 from chaos.torn import describe, expected_torn_place, torn_refusal_checked
 from chaos.worker_run import ChildRun, fork_child
@@ -59,6 +61,8 @@ def run_case(case: Case, workdir: str, *, crash_cache: str | None = None) -> Cas
     are kept there and copied for the next such case, which then only crashes the
     recovery (or cuts the power under the resumed worker).
     """
+    if case.fault is FaultKind.HOSTILE:
+        return run_hostile_case(case, workdir)  # not a crash: planted, then tried thrice
     if case.app is not None:
         clean_steps(case.scenario, workdir, app=case.app)  # learns the app's shapes
     scenario = scenario_for(case.scenario, case.app)
@@ -87,6 +91,7 @@ def run_case(case: Case, workdir: str, *, crash_cache: str | None = None) -> Cas
         after_fault = snapshot_logs(home)
         check_after_fault(result, scenario, log, after_fault)
     _resume_and_check(case, scenario, home, output, log, after_fault, result)
+    run_probes(result, scenario, home, log, case.mutant)
     if case.app is not None:
         check_app_contract(result, scenario, home, log)
     return result
