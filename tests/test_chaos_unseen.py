@@ -35,7 +35,7 @@ def test_the_new_fault_kinds_apply_only_to_the_scenarios_naming_them(tmp_path: P
 
 @pytest.mark.timeout(100)
 def test_the_real_store_holds_a_slice_of_each_new_scenario(tmp_path: Path) -> None:
-    ids = ["calls:kill:-:20", "calls:kill:-:40", "retries:kill:-:30", "retries:kill:-:60",
+    ids = ["calls:kill:-:1", "calls:kill:-:40", "retries:kill:-:30", "retries:kill:-:60",
            "cluster:kill:-:10", "cluster:lease:lapse:18", "cluster:lease:lapse:20"]  # fmt: skip
     results = _run(ids, str(tmp_path))
     assert [(i, o, v) for i, o, v, _c in results if o != "ok"] == []
@@ -74,3 +74,21 @@ def test_a_planted_damage_names_the_line_it_damaged(tmp_path: Path) -> None:
     assert fifo is not None
     assert os.path.exists(fifo.path)
     assert not os.path.isfile(fifo.path)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the fencing token is not carried across an epoch commit: open reads the newest "
+    "epoch only, so a lower token than an older epoch's Owner is accepted (docs/chaos.md)",
+)
+def test_a_token_below_an_older_epochs_owner_is_refused_after_a_reopen(tmp_path: Path) -> None:
+    from chaos.scenarios import baseline_for
+    from worker.store.errors import SessionError
+    from worker.store.fencing import write_owner
+    from worker.store.session import Session
+
+    with Session.create(str(tmp_path), "s", baseline_for(""), 0) as session:
+        write_owner(session, "node-a", 5)
+        session.commit_epoch("summary", baseline_for("summary"))
+    with Session.open(str(tmp_path), "s") as session, pytest.raises(SessionError):
+        write_owner(session, "node-old", 3)

@@ -155,7 +155,7 @@ _ALL: Final = (
     Mutant(name="commit-resets-call-counter",
            bug="an epoch commit restarts the live call counter from the carried number",
            patch=unseen.commit_resets_call_counter, caught_by="call-numbers-handed-out-once",
-           scenarios=("calls",), quick=("calls:kill:-:20", "calls:kill:-:40")),
+           scenarios=("calls",), quick=("calls:kill:-:1", "calls:kill:-:40")),
     Mutant(name="lease-read-before-write-only",
            bug="a cluster worker reads its lease before a group commit, not again after it",
            patch=unseen.lease_read_before_write_only, caught_by="no-ack-without-lease",
@@ -169,7 +169,7 @@ _ALL: Final = (
     Mutant(name="create-follows-links",
            bug="a temporary file is created through a link planted in its place",
            patch=unseen.create_follows_links, caught_by="hostile-refused-unchanged",
-           faults=(FaultKind.HOSTILE,), quick=("basic:hostile:link:5", "basic:hostile:link:9")),
+           faults=(FaultKind.HOSTILE,), quick=("basic:hostile:link:5", "basic:hostile:link:27")),
 )  # fmt: skip
 MUTANTS: Final[dict[str, Mutant]] = {m.name: m for m in _ALL}
 
