@@ -276,6 +276,8 @@ def scenario_for(name: str, app: str | None) -> Scenario:
         return spec
     if not spec.worker_level:
         raise AppScenarioError(f"scenario {name} drives the store directly: it hosts no app")
+    if not spec.hosts_apps:
+        raise AppScenarioError(f"scenario {name} runs the rig's own app only")
     import_app(app)
     return replace(spec, app=app, contract=True, shapes=_SHAPES.get((name, app), ()))
 

@@ -75,6 +75,11 @@ class Scenario:
     def worker_level(self) -> bool:
         return bool(self.requests)
 
+    @property
+    def hosts_apps(self) -> bool:
+        """Whether a user's App can run in it (the probes' scenarios run the rig's app)."""
+        return self.worker_level and not self.probes
+
     def shape(self, key: str) -> tuple[str, ...]:
         """The record types the request ``key`` appends, User first, in one group."""
         for known, shape in self.shapes:

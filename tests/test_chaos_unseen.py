@@ -92,3 +92,11 @@ def test_a_token_below_an_older_epochs_owner_is_refused_after_a_reopen(tmp_path:
         session.commit_epoch("summary", baseline_for("summary"))
     with Session.open(str(tmp_path), "s") as session, pytest.raises(SessionError):
         write_owner(session, "node-old", 3)
+
+
+def test_the_probe_scenarios_host_no_users_app() -> None:
+    from chaos.runner import AppScenarioError, scenario_for
+
+    for name in ("retries", "cluster"):
+        with pytest.raises(AppScenarioError, match="runs the rig's own app only"):
+            scenario_for(name, "examples.notes_app:NotesApp")
