@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from chaos.cluster_node import node_argv
 from chaos.hook import EventPipe
 from chaos.scenarios import RETRY_SUMMARY, SESSION, SLOT, Scenario, apply_op, baseline_for
 from worker.store import durable
@@ -127,9 +128,13 @@ def refusal(exc: SessionError) -> dict[str, object]:
     return event
 
 
-def worker_child(home: str, scenario: Scenario, channel_fd: int, *, create: bool) -> int:
+def worker_child(
+    home: str, scenario: Scenario, channel_fd: int, *, create: bool, node: list[str] | None = None
+) -> int:
     """Run the real worker process code on the inherited channel, started as the
     supervisor starts it: with ``--create`` only until a worker of the session was ready.
+    A ``cluster`` scenario's worker starts as a cluster node's (``node``: its flags, by
+    default a token above the log's, chaos.cluster_node).
     """
     from worker.process import main  # noqa: PLC0415 - only a worker-level child needs it
 
@@ -139,4 +144,6 @@ def worker_child(home: str, scenario: Scenario, channel_fd: int, *, create: bool
         argv += ["--create", "--slot", str(SLOT)]
     if scenario.app is not None:
         argv += ["--app", scenario.app]
+    if "cluster" in scenario.probes:
+        argv += node_argv(home) if node is None else node
     return main(argv)

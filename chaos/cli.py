@@ -42,7 +42,7 @@ def _app_scenarios(app: str | None, scenarios: tuple[str, ...]) -> list[str]:
     """The scenarios to run: with an App, the worker-level ones (each checked to host it)."""
     if app is None:
         return list(scenarios or sorted(SCENARIOS))
-    chosen = scenarios or tuple(n for n in sorted(SCENARIOS) if SCENARIOS[n].worker_level)
+    chosen = scenarios or tuple(n for n in sorted(SCENARIOS) if SCENARIOS[n].hosts_apps)
     for name in chosen:
         try:
             scenario_for(name, app)
@@ -118,7 +118,7 @@ def chaos() -> None:
 @scenarios_option
 @click.option(
     "--faults",
-    default="kill,torn,power,io,short,damage",
+    default="kill,torn,power,io,short,damage,lease,hostile",
     show_default=True,
     help="comma-separated fault kinds.",
 )

@@ -33,6 +33,8 @@ class FaultKind(enum.Enum):
     IO = "io"
     SHORT = "short"
     DAMAGE = "damage"  # a sealed log changed on disk, outside any crash (chaos.damage)
+    LEASE = "lease"  # the cluster node's lease lapses at the step (chaos.cluster)
+    HOSTILE = "hostile"  # a kill, then the disk is made hostile (chaos.hostile)
 
 
 TORN_VARIANTS: Final = ("1byte", "half", "allbutlast", "lines")
@@ -56,6 +58,16 @@ IO_VARIANTS_BY_STEP: Final = {
 }
 IO_VARIANTS: Final = tuple(IO_ERRNOS)
 SHORT_VARIANTS: Final = ("fsize",)
+LEASE_VARIANTS: Final = ("lapse",)
+# What a hostile disk holds after the kill: a link where the next create writes; a FIFO
+# or a socket in place of the log or baseline; a line with a trailing space or its keys
+# in another order; a group whose middle part is gone; a damaged group before the last.
+HOSTILE_AT_CREATE: Final = ("link",)
+HOSTILE_AT_FSYNC: Final = ("fifo", "socket", "space", "reordered", "gap", "earlier")
+# The fault kinds that apply only to the scenarios naming them (Scenario.extra_faults).
+EXTRA_FAULTS: Final = frozenset({FaultKind.LEASE, FaultKind.HOSTILE})
+# The cluster node's lease file, in a cluster worker's child (set by chaos.cluster).
+lease_file: str | None = None
 VARIANTS: Final = {
     FaultKind.NONE: ("-",),
     FaultKind.KILL: ("-",),
@@ -64,6 +76,8 @@ VARIANTS: Final = {
     FaultKind.IO: IO_VARIANTS,
     FaultKind.SHORT: SHORT_VARIANTS,
     FaultKind.DAMAGE: DAMAGE_VARIANTS,
+    FaultKind.LEASE: LEASE_VARIANTS,
+    FaultKind.HOSTILE: HOSTILE_AT_CREATE + HOSTILE_AT_FSYNC,
 }
 
 
@@ -80,6 +94,10 @@ def variants_at(kind: FaultKind, step: Step) -> tuple[str, ...]:
         return VARIANTS[kind] if step is Step.WRITE else ()
     if kind is FaultKind.IO:
         return IO_VARIANTS_BY_STEP[step]
+    if kind is FaultKind.LEASE:
+        return LEASE_VARIANTS if step in (Step.WRITE, Step.FSYNC) else ()
+    if kind is FaultKind.HOSTILE:
+        return {Step.CREATE: HOSTILE_AT_CREATE, Step.FSYNC: HOSTILE_AT_FSYNC}.get(step, ())
     return VARIANTS[kind]
 
 
@@ -140,8 +158,15 @@ class ChaosHook:
         if self.count != self.at or self.variant not in variants_at(self.kind, boundary.step):
             self.events.send(event)
             return
-        if self.kind in (FaultKind.KILL, FaultKind.POWER):
+        if self.kind is FaultKind.HOSTILE:
+            self.events.send(event)  # the rig plants its damage where this step writes
+        if self.kind in (FaultKind.KILL, FaultKind.POWER, FaultKind.HOSTILE):
             self._die()
+        if self.kind is FaultKind.LEASE:
+            self.events.send(event)
+            _lapse_lease()
+            self.events.send({"e": "lease_lapsed", "k": self.count}, flush=True)
+            return
         if self.kind is FaultKind.TORN:
             assert boundary.fd is not None
             data = boundary.data
@@ -196,6 +221,17 @@ def _limit_file_size(limit: int) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     _soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+
+
+def _lapse_lease() -> None:
+    """The node's lease lapses: its file says nothing is proven (a deadline of 0)."""
+    if lease_file is None:
+        return
+    fd = os.open(lease_file, os.O_WRONLY)
+    try:
+        os.pwrite(fd, bytes(32), 0)  # two copies of (0.0, lease 0): unproven
+    finally:
+        os.close(fd)
 
 
 def _content_or_none(path: str | None) -> str | None:

@@ -34,6 +34,13 @@ class ClientLog:
     # Requests sent again (the App contract's retry check) that got an error, not the
     # answer from the log: "key (error code)".
     refused_retries: list[str] = field(default_factory=list)
+    answers: dict[str, dict[str, object]] = field(default_factory=dict)  # key -> first reply
+    # What the rig saw go wrong while the case ran (invariant, detail), reported at the end.
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    checks: set[str] = field(default_factory=set)  # the invariants those were judged by
+
+    def problem(self, invariant: str, detail: str) -> None:
+        self.problems.append((invariant, detail))
 
     def start(self, key: str) -> None:
         if key:
@@ -195,6 +202,9 @@ def check_final(
     result: CaseResult, scenario: Scenario, log: ClientLog, after_fault: LogsView, home: str
 ) -> None:
     """After the resume finished the scenario: the whole session, record by record."""
+    result.checked += sorted(log.checks)
+    for invariant, detail in log.problems:
+        result.violate(invariant, detail)
     view = snapshot_logs(home)
     check_requests_complete(result, scenario, view)
     result.checked.append("final-state-opens")

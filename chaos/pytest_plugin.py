@@ -80,7 +80,7 @@ class ChaosCollector(pytest.Collector):
         config = self.config
         faults = [FaultKind(f.strip()) for f in config.getoption("loopd_chaos_faults").split(",")]
         compound = bool(config.getoption("loopd_chaos_compound"))
-        scenarios = [n for n in sorted(SCENARIOS) if SCENARIOS[n].worker_level]
+        scenarios = [n for n in sorted(SCENARIOS) if SCENARIOS[n].hosts_apps]
         then_power = None if compound else ThenPower.NONE
         cases = build_cases(scenarios, faults, _workdir(config), app=self.app,
                             compound=compound, then_power=then_power)  # fmt: skip

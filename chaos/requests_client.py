@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import selectors
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,6 +15,10 @@ from chaos.scenarios import Scenario
 from worker.wire import Channel, Message
 
 _COMPACT: Final = "\0compact"  # what ``sent`` holds while the operator's compact is out
+
+
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
 
 
 @dataclass(slots=True)
@@ -35,9 +40,11 @@ class RequestsClient:
     on_ready: Callable[[Message], None]
     on_refused: Callable[[dict[str, object]], None]
     resend: bool = False  # send every request again, answered or not; no compact, no retry
+    on_error: Callable[[str, object], None] | None = None  # an error reply: (key, code)
     pending: list[tuple[str, str]] = field(default_factory=list)
     sent: str | None = None
     tries: int = 0
+    lapsed: bool = False  # the cluster node's lease lapsed (the fault ``lease``)
 
     def run(self, event_fd: int) -> None:
         """Serve until both the trace and the channel reach their end."""
@@ -50,19 +57,35 @@ class RequestsClient:
         selector.register(self.channel.fileno(), selectors.EVENT_READ, "channel")
         buffer = b""
         open_streams = 2
+        events_open = True
+
+        def read_events() -> None:
+            nonlocal buffer, open_streams, events_open
+            data = os.read(event_fd, 65536)
+            if not data:
+                open_streams -= 1
+                events_open = False
+                selector.unregister(event_fd)
+                return
+            buffer += data
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                event = json.loads(line)
+                if event.get("e") == "lease_lapsed":
+                    self.lapsed = True
+                self.on_event(event)
+
         while open_streams:
             for key, _ in selector.select():
                 if key.data == "events":
-                    data = os.read(event_fd, 65536)
-                    if not data:
-                        open_streams -= 1
-                        selector.unregister(event_fd)
-                        continue
-                    buffer += data
-                    *lines, buffer = buffer.split(b"\n")
-                    for line in lines:
-                        self.on_event(json.loads(line))
+                    # Ready when the select began; the channel's turn may have drained it.
+                    if events_open and _readable(event_fd):
+                        read_events()
                     continue
+                # What the worker traced before this reply is in the pipe already: read
+                # it first, so that a reply is judged after the events that preceded it.
+                while events_open and _readable(event_fd):
+                    read_events()
                 messages = self.channel.read_nowait()
                 if self.channel.closed:
                     open_streams -= 1
@@ -88,15 +111,26 @@ class RequestsClient:
                 self.log.compacted = True
                 self.log.ack("", int(state.get("epoch", 0)))
             else:
+                if self.lapsed:
+                    self.log.problem(
+                        "no-ack-without-lease",
+                        f"request {self.sent!r} was acknowledged after the node's lease lapsed",
+                    )
+                if isinstance(result, dict):
+                    self.log.answers.setdefault(self.sent, result)
                 self.log.ack(self.sent, int(state.get("epoch", 0)))
                 self.pending.pop(0)
             self.tries = 0
         elif self.sent is not None and self.resend:
             error = message.get("error")
             code = error.get("code") if isinstance(error, dict) else error
+            self._error_reply(code)
             self.log.refused_retries.append(f"{self.sent} ({code})")
             self.pending.pop(0)
         elif self.sent is not None:
+            error = message.get("error")
+            if message.get("ok") is False:
+                self._error_reply(error.get("code") if isinstance(error, dict) else error)
             self.tries += 1
             if self.tries > 1:  # the retry failed too: the worker exits or is broken
                 self.sent = None
@@ -123,6 +157,10 @@ class RequestsClient:
             return
         self.sent = None
         self._send({"id": 0, "op": "stop"})
+
+    def _error_reply(self, code: object) -> None:
+        if self.on_error is not None and self.sent is not None and self.sent != _COMPACT:
+            self.on_error(self.sent, code)
 
     def _send(self, message: Message) -> None:
         try:

@@ -21,6 +21,7 @@ from chaos.app_contract import check_app_contract, learned_shapes
 from chaos.cases import Case, CaseResult
 from chaos.damage_case import run_damage_case
 from chaos.hook import FaultKind
+from chaos.hostile import run_hostile_case
 from chaos.model import DurableModel, PowerVariant
 from chaos.oracle import (
     ClientLog,
@@ -30,6 +31,7 @@ from chaos.oracle import (
     file_digests,
     snapshot_logs,
 )
+from chaos.probes import run_probes
 from chaos.scenarios import SCENARIOS, SESSION, Scenario
 from chaos.torn import describe, expected_torn_place, torn_refusal_checked
 from chaos.worker_run import ChildRun, fork_child
@@ -60,6 +62,8 @@ def run_case(case: Case, workdir: str, *, crash_cache: str | None = None) -> Cas
     are kept there and copied for the next such case, which then only crashes the
     recovery (or cuts the power under the resumed worker).
     """
+    if case.fault is FaultKind.HOSTILE:
+        return run_hostile_case(case, workdir)  # not a crash: planted, then tried thrice
     if case.app is not None:
         clean_steps(case.scenario, workdir, app=case.app)  # learns the app's shapes
     scenario = scenario_for(case.scenario, case.app)
@@ -91,6 +95,7 @@ def run_case(case: Case, workdir: str, *, crash_cache: str | None = None) -> Cas
         after_fault = snapshot_logs(home)
         check_after_fault(result, scenario, log, after_fault)
     _resume_and_check(case, scenario, home, output, log, after_fault, result)
+    run_probes(result, scenario, home, log, case.mutant)
     if case.app is not None:
         check_app_contract(result, scenario, home, log)
     return result
@@ -275,6 +280,8 @@ def scenario_for(name: str, app: str | None) -> Scenario:
         return spec
     if not spec.worker_level:
         raise AppScenarioError(f"scenario {name} drives the store directly: it hosts no app")
+    if not spec.hosts_apps:
+        raise AppScenarioError(f"scenario {name} runs the rig's own app only")
     import_app(app)
     return replace(spec, app=app, contract=True, shapes=_SHAPES.get((name, app), ()))
 

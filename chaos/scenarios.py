@@ -50,6 +50,7 @@ class Op:
     key: str = ""
     epoch: int = 0
     summary: str = ""
+    name: str = ""  # reserve/finish: the tool call whose number is reserved (not a key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +68,19 @@ class Scenario:
     contract: bool = False  # the app is a user's: its workers are checked against the contract
     # A user's App: the record types each request key appends, learned from a clean run.
     shapes: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # The checks run once the resume finished (chaos.probes): "retry" sends every key
+    # again through the real client; "cluster" runs workers as a cluster node's.
+    probes: tuple[str, ...] = ()
+    extra_faults: tuple[str, ...] = ()  # the fault kinds beyond the five that apply here
 
     @property
     def worker_level(self) -> bool:
         return bool(self.requests)
+
+    @property
+    def hosts_apps(self) -> bool:
+        """Whether a user's App can run in it (the probes' scenarios run the rig's app)."""
+        return self.worker_level and not self.probes
 
     def shape(self, key: str) -> tuple[str, ...]:
         """The record types the request ``key`` appends, User first, in one group."""
@@ -144,6 +154,7 @@ SCENARIOS: Final = {
                 Op("group", key="k5"),
                 Op("commit", epoch=2, summary="second summary"),
             ),
+            extra_faults=("hostile",),
         ),
         Scenario(
             name="resume",
@@ -189,6 +200,41 @@ SCENARIOS: Final = {
             app="chaos.apps:UnrepeatableSummaryApp",
             compact=("o2", "the operator's own summary"),
         ),
+        Scenario(
+            name="calls",
+            doc="tool call numbers reserved before an epoch commit and written after it",
+            ops=(
+                Op("create"),
+                Op("group", key="c1"),
+                Op("reserve", name="t1"),
+                Op("commit", epoch=1, summary="calls pending"),
+                Op("reserve", name="t2"),
+                Op("finish", key="t1", name="t1"),
+                Op("finish", key="t2", name="t2"),
+                Op("reserve", name="t3"),
+                Op("commit", epoch=2, summary="one call pending"),
+                Op("finish", key="t3", name="t3"),
+            ),
+        ),
+        Scenario(
+            name="retries",
+            doc="requests over five epochs, then every key sent again through the real "
+            "client from a fresh worker: keys of every epoch, and one never sent",
+            ops=(),
+            requests=tuple((f"e{n}", f"retried request {n} " + "z" * 40) for n in range(8)),
+            budget=40,
+            probes=("retry",),
+        ),
+        Scenario(
+            name="cluster",
+            doc="requests to a cluster node's worker: a lease file, an Owner token that "
+            "grows at every start, then a Handoff, a stale owner and the new one",
+            ops=(),
+            requests=tuple((f"n{n}", f"cluster request {n} " + "w" * 30) for n in range(4)),
+            budget=50,
+            probes=("cluster",),
+            extra_faults=("lease",),
+        ),
     )
 }
 
@@ -204,6 +250,8 @@ def apply_op(session: Session | None, home: str, op: Op, *, retry: bool) -> Sess
     if op.kind == "open":
         return session or Session.open(home, SESSION)
     assert session is not None
+    if op.kind in ("reserve", "finish"):
+        return _tool_call(session, op)
     if op.kind in ("append", "group"):
         if session.find_key(op.key) is not None:
             return session  # applied before the crash: the log answers the retry
@@ -229,3 +277,28 @@ def apply_op(session: Session | None, home: str, op: Op, *, retry: bool) -> Sess
         session.commit_epoch(summary, baseline_for(used))
         return session
     raise ValueError(f"unknown op {op.kind!r}")
+
+
+_RESERVED: dict[str, int] = {}  # a child's tool calls in progress: name -> call number
+
+
+def _tool_call(session: Session, op: Op) -> Session:
+    """``reserve``: a tool call starts and takes its number; ``finish``: its result is
+    written (a keyed request of four records) with that number, maybe epochs later. A
+    reservation dies with its process: after a restart the call starts again."""
+    if session.find_key(op.key or op.name) is not None:
+        return session  # finished before the crash
+    if op.kind == "reserve":
+        _RESERVED.setdefault(op.name, session.next_call())
+        return session
+    call = _RESERVED.pop(op.name, None) or session.next_call()
+    user = User(text=f"text of {op.key}", key=op.key)
+    session.append_many(
+        [
+            user,
+            ToolResult(call=call, tool="echo", output=user.text, ok=True),
+            Assistant(text=f"echo: {user.text}"),
+            Usage(prompt_tokens=5, completion_tokens=7, context_tokens=12),
+        ]
+    )
+    return session

@@ -11,9 +11,10 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 
-from chaos.cases import CaseResult, ThenPower
+from chaos.cases import Case, CaseResult, ThenPower
 from chaos.mutants import MUTANTS
 from chaos.parallel import run_cases
+from chaos.runner import clean_steps
 from chaos.scenarios import SCENARIOS
 from chaos.sweep import ALL_FAULTS, build_cases
 
@@ -49,13 +50,18 @@ def score_mutant(
     """Run the mutant's cases (its own quick selection, or every case) and score them."""
     mutant = MUTANTS[name]
     chosen = scenarios or (mutant.scenarios if quick else tuple(sorted(SCENARIOS)))
-    cases = build_cases(
-        chosen,
-        mutant.faults if quick else ALL_FAULTS,
-        workdir,
-        then_power=mutant.then_power if quick else ThenPower.EVERY,
-        mutant=name,
-    )
+    if quick and mutant.quick and not scenarios:
+        for scenario in {c.partition(":")[0] for c in mutant.quick}:
+            clean_steps(scenario, workdir)
+        cases = [dataclasses.replace(Case.parse(c), mutant=name) for c in mutant.quick]
+    else:
+        cases = build_cases(
+            chosen,
+            mutant.faults if quick else ALL_FAULTS,
+            workdir,
+            then_power=mutant.then_power if quick else ThenPower.EVERY,
+            mutant=name,
+        )
     plain = [dataclasses.replace(c, mutant=None) for c in cases]
     key = frozenset(c.id for c in plain)
     if key not in _store_failures:

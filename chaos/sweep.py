@@ -8,15 +8,15 @@ from collections.abc import Iterable
 from typing import Final
 
 from chaos.cases import Case, ThenPower, enumerate_cases
-from chaos.hook import FaultKind
+from chaos.hook import EXTRA_FAULTS, FaultKind
 from chaos.oracle import ClientLog, snapshot_logs
 from chaos.runner import clean_steps, scenario_for
 from chaos.worker_run import fork_child
 from worker.store.durable import Step
 
 ALL_FAULTS: tuple[FaultKind, ...] = (FaultKind.KILL, FaultKind.TORN, FaultKind.POWER,
-                                     FaultKind.IO, FaultKind.SHORT,
-                                     FaultKind.DAMAGE)  # fmt: skip
+                                     FaultKind.IO, FaultKind.SHORT, FaultKind.DAMAGE,
+                                     FaultKind.LEASE, FaultKind.HOSTILE)  # fmt: skip
 
 
 # The first faults of the "then power loss" compounds: a kill anywhere, and an I/O error
@@ -48,7 +48,9 @@ def build_cases(
         steps = [Step(str(s["step"])) for s in clean_steps(name, workdir, app=app)]
         recovery = recovery_counts(name, len(steps), workdir, app=app) if compound else None
         resume = power_compounds(name, steps, then_power, workdir, mutant=mutant, app=app)
-        cases += enumerate_cases(name, steps, wanted, mutant=mutant, recovery_steps=recovery,
+        extra = scenario_for(name, app).extra_faults  # lease, hostile: where they apply
+        kinds = [k for k in wanted if k not in EXTRA_FAULTS or k.value in extra]
+        cases += enumerate_cases(name, steps, kinds, mutant=mutant, recovery_steps=recovery,
                                  resume_steps=resume, app=app)  # fmt: skip
     return cases
 

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from chaos import mutants
+from chaos.answers import judge_error_reply
 from chaos.api_state import implied_state
+from chaos.calls import highest_call_on_disk, judge_calls, watch_next_call
 from chaos.child import second_open_gets_in, store_child, worker_child
 from chaos.hook import ChaosHook, EventPipe, FaultKind
 from chaos.oracle import ClientLog, session_path, snapshot_logs
@@ -37,6 +39,7 @@ class ChildRun:
     intruders: list[str] = field(default_factory=list)  # second writers that got in
     reported: dict[str, object] | None = None  # the state the resumed worker reported
     implied: dict[str, object] = field(default_factory=dict)  # ... and what the disk says
+    calls: list[int] = field(default_factory=list)  # the call numbers it handed out
 
     @property
     def killed(self) -> bool:
@@ -70,6 +73,7 @@ def fork_child(
     ours, theirs = socket.socketpair() if scenario.worker_level else (None, None)
     # Objects that exist now are never collected by the cyclic GC of this process or its
     # children: a collection would touch (and so copy) every page the child shares.
+    floor = highest_call_on_disk(home)
     gc.freeze()
     pid = os.fork()
     if pid == 0:  # the child: never returns
@@ -85,6 +89,7 @@ def fork_child(
                 ours.close()
             mutants.apply(mutant)
             events = EventPipe(event_w)
+            watch_next_call(events)
             durable.set_hook(ChaosHook(events, fault, variant, at, trace=trace))
             if scratch is not None:
                 os.chdir(scratch)
@@ -113,6 +118,7 @@ def fork_child(
                 on_ready=lambda message: _on_ready(run, home, mutant, message),
                 on_refused=lambda event: _refused(run, event),
                 resend=resend,
+                on_error=lambda key, code: judge_error_reply(home, log, key, code),
             ).run(event_r)
         else:
             _read_events(home, log, run, event_r, go_w, mutant)
@@ -123,6 +129,7 @@ def fork_child(
             ours.close()
         _pid, status = os.waitpid(pid, 0)
         run.code = os.waitstatus_to_exitcode(status)
+    judge_calls(log, floor, run.calls, "a worker" if scenario.worker_level else "a store client")
     return run
 
 
@@ -145,6 +152,8 @@ def _on_event(
     kind = event.get("e")
     if kind == "step":
         run.steps.append(event)
+    elif kind == "call":
+        run.calls.append(int(str(event.get("n"))))
     elif kind == "start":
         log.start(str(event.get("key") or ""))
     elif kind == "ack":

@@ -13,7 +13,7 @@ from typing import Final
 
 from chaos.cases import ThenPower
 from chaos.hook import FaultKind
-from chaos.mutants import durability, epochs, reading
+from chaos.mutants import durability, epochs, reading, unseen
 
 KILL: Final = (FaultKind.KILL,)
 
@@ -33,6 +33,7 @@ class Mutant:
     faults: tuple[FaultKind, ...] = KILL
     then_power: ThenPower = ThenPower.NONE
     scenarios: tuple[str, ...] = ("basic",)
+    quick: tuple[str, ...] = ()  # the quick check's own cases (ids), when given
 
 
 _ALL: Final = (
@@ -146,6 +147,29 @@ _ALL: Final = (
     Mutant(name="next-baseline-ignores-summary",
            bug="an epoch change keeps the old baseline instead of the one from the summary",
            patch=epochs.next_baseline_ignores_summary, caught_by="carry-is-recorded-summary"),
+    # The classes the rig once missed (issue 19), each caught only by what was added for it.
+    Mutant(name="key-index-search-off-by-one",
+           bug="a key index lookup starts one past the first matching hash",
+           patch=unseen.key_index_search_off_by_one, caught_by="retry-answered-from-log",
+           scenarios=("retries",), quick=("retries:kill:-:30", "retries:kill:-:60")),
+    Mutant(name="commit-resets-call-counter",
+           bug="an epoch commit restarts the live call counter from the carried number",
+           patch=unseen.commit_resets_call_counter, caught_by="call-numbers-handed-out-once",
+           scenarios=("calls",), quick=("calls:kill:-:1", "calls:kill:-:40")),
+    Mutant(name="lease-read-before-write-only",
+           bug="a cluster worker reads its lease before a group commit, not again after it",
+           patch=unseen.lease_read_before_write_only, caught_by="no-ack-without-lease",
+           faults=(FaultKind.LEASE,), scenarios=("cluster",),
+           quick=("cluster:lease:lapse:18", "cluster:lease:lapse:20")),
+    Mutant(name="commit-failure-fails-request",
+           bug="a request whose epoch commit failed is answered as not applied",
+           patch=unseen.commit_failure_fails_request, caught_by="refused-means-not-applied",
+           faults=(FaultKind.IO,), scenarios=("requests",),
+           quick=("requests:io:eio:19", "requests:io:eio:21")),
+    Mutant(name="create-follows-links",
+           bug="a temporary file is created through a link planted in its place",
+           patch=unseen.create_follows_links, caught_by="hostile-refused-unchanged",
+           faults=(FaultKind.HOSTILE,), quick=("basic:hostile:link:5", "basic:hostile:link:27")),
 )  # fmt: skip
 MUTANTS: Final[dict[str, Mutant]] = {m.name: m for m in _ALL}
 
