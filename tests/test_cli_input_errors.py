@@ -56,12 +56,12 @@ def test_serve_with_a_home_of_5000_characters_is_refused_in_one_line() -> None:
     [
         (("logs", "s", "-n", "99999999999999999999"), r"'-n' / '--lines'.*not in the range"),
         (("create", "s", "--slot", str(10**23)), r"'--slot'.*not in the range"),
-        (("status", "--cluster", "ftp://x"), r"expected http://host:port"),
-        (("send", "--cluster", "ftp://x", "s", "x"), r"expected http://host:port"),
-        (("status", "--cluster", "http://[::1"), r"not a URL \(Invalid IPv6 URL\)"),
-        (("create", "--cluster", "http://[::1", "s"), r"not a URL"),
-        (("move", "--cluster", "ftp://x", "s", "--to", "n"), r"expected http://host:port"),
-        (("serve", "--cluster", "http://[::1", "--node", "n"), r"not a URL"),
+        (("status", "--cluster", "ftp://x"), r"must be http://host:port, got 'ftp://x'"),
+        (("send", "--cluster", "ftp://x", "s", "x"), r"must be http://host:port, got 'ftp://x'"),
+        (("status", "--cluster", "http://[::1"), r"got 'http://\[::1'.*Invalid IPv6 URL"),
+        (("create", "--cluster", "http://[::1", "s"), r"Invalid IPv6 URL"),
+        (("move", "--cluster", "ftp://x", "s", "--to", "n"), r"must be http://host:port, got 'ftp://x'"),
+        (("serve", "--cluster", "http://[::1", "--node", "n"), r"Invalid IPv6 URL"),
     ],
     ids=["logs-n", "create-slot", "status-ftp", "send-ftp", "status-ipv6", "create-ipv6",
          "move-ftp", "serve-ipv6"],
@@ -116,7 +116,7 @@ def test_every_float_option_of_serve_refuses_nan_and_inf_as_a_flag(
         ("log-max-bytes = 100000000000", r"key 'log-max-bytes': .* is not in the range"),
         ("max-restarts = -1", r"key 'max-restarts': -1 is not in the range"),
         ("hang-timeout = 1e9", r"key 'hang-timeout': .* is not in the range"),
-        ('cluster = "ftp://x"', r"key 'cluster': 'ftp://x': expected http://host:port"),
+        ('cluster = "ftp://x"', r"key 'cluster': etcd URL must be http://host:port, got 'ftp://x'"),
     ],
 )
 def test_loopd_toml_values_out_of_range_or_not_finite_are_refused_naming_the_key(
