@@ -208,3 +208,23 @@ def test_identical_violations_are_one_group_with_a_count_and_one_replay_line() -
     page = render_html_report(results, title="t", groups=groups)
     assert page.index("Violations by invariant and first cause") < page.index("<table>")
     assert page.count("&times; 3") == 1
+
+
+@pytest.mark.timeout(115)
+def test_the_pytest_plugin_runs_a_sample_covering_every_fault_kind_on_two_workers(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "pytest.ini").write_text("[pytest]\nloopd_chaos_sample = 1\n")
+    junit = tmp_path / "junit.xml"
+    ran = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(tmp_path / "pytest.ini"), "--rootdir",
+         str(tmp_path), str(tmp_path), "-p", "no:cacheprovider",
+         "--loopd-chaos=examples.notes_app:NotesApp", "--loopd-chaos-seed=3", "-k", "requests",
+         "-n", "2", f"--junitxml={junit}"],
+        capture_output=True, text=True, timeout=110, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
+    names = [c.get("name", "") for c in ET.parse(junit).getroot().iter("testcase")]  # noqa: S314
+    assert 10 < len(names) < 80
+    faults = {name.split(":")[1] for name in names}
+    assert faults == {k.value for k in ALL_FAULTS}
