@@ -4,6 +4,7 @@ reports written as the run goes, violations grouped by invariant and first cause
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ from chaos.hook import FaultKind
 from chaos.html_report import render_html_report
 from chaos.oracle import ClientLog
 from chaos.parallel import run_cases
+from chaos.run_report import RunReport
 from chaos.runner import clean_steps
 from chaos.sampling import RECOVERY, SINGLE, THEN_POWER, compound_shape, plan_sample
 from chaos.sweep import ALL_FAULTS, build_cases
@@ -228,3 +230,30 @@ def test_the_pytest_plugin_runs_a_sample_covering_every_fault_kind_on_two_worker
     assert 10 < len(names) < 80
     faults = {name.split(":")[1] for name in names}
     assert faults == {k.value for k in ALL_FAULTS}
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_redrawn_in_place_on_a_terminal_and_printed_plainly_elsewhere() -> None:
+    now = [0.0]
+    for stream, tty in ((_Terminal(), True), (io.StringIO(), False)):
+        now[0] = 0.0
+        report = RunReport(total=4, title="t", out=stream, clock=lambda: now[0])
+        for n in range(4):
+            now[0] = 6.0 * (n + 1)
+            report.add(CaseResult(case=f"basic:kill:-:{n + 1}", fault="kill", boundary="-"))
+        report.add(_violating("basic:kill:-:9", "acknowledged keys lost by the crash: ['k1']"))
+        text = stream.getvalue()
+        assert "VIOLATION basic:kill:-:9" in text
+        assert "replay: loopd chaos replay basic:kill:-:9" in text
+        if tty:
+            assert text.count("\r") >= 4  # every case redraws the line
+            assert "4/4 cases, 0 violations, 0.2 cases/s, ETA 0s" in text
+        else:
+            assert "\r" not in text
+            lines = [line for line in text.splitlines() if " cases/s, ETA " in line]
+            assert lines == ["2/4 cases, 0 violations, 0.2 cases/s, ETA 12s",
+                             "4/4 cases, 0 violations, 0.2 cases/s, ETA 0s"]  # fmt: skip
