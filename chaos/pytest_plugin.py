@@ -7,8 +7,8 @@ failing item shows its violations and the one line that replays it. Without the 
 the plugin adds nothing and imports nothing of the rig.
 
 ``--loopd-chaos-sample N`` (ini ``loopd_chaos_sample``) collects a seeded, stratified
-sample of N items instead (at least one per scenario, fault kind and variant, boundary
-kind and compound shape; ``--loopd-chaos-seed``, default 0, so that every xdist worker
+sample of N items instead (at least one per scenario, fault kind, boundary kind and
+compound shape; ``--loopd-chaos-seed``, default 0, so that every xdist worker
 collects the same items); ``--loopd-chaos-budget SECONDS`` (ini ``loopd_chaos_budget``)
 skips the items that start after that many seconds of the session, except the first
 item of each stratum. Cases that reach a crash state another item checked already take

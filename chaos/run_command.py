@@ -83,7 +83,7 @@ def _summary(results: list[CaseResult], elapsed: float) -> None:
     default=None,
     metavar="N",
     help="run a seeded, stratified sample of N cases (at least one per scenario, fault "
-    "kind and variant, boundary kind and compound shape) instead of the full sweep.",
+    "kind, boundary kind and compound shape) instead of the full sweep.",
 )
 @click.option(
     "--budget",

@@ -1,11 +1,11 @@
 """A seeded, stratified sample of the sweep: ``loopd chaos run --sample N`` / ``--budget S``.
 
-A stratum is one scenario, fault kind and variant, boundary kind (the durable step the
-fault hits: mkdir, create, write, fsync, ...) and compound shape (a single fault, a
-crash of the recovery, a power loss after a resume). The sample takes every stratum's
-cases in a seeded order, one of each stratum per round, so its first rounds cover
-every stratum; ``--sample N`` runs at least the first round, ``--budget`` runs rounds
-until its time is up.
+A stratum is one scenario, fault kind, boundary kind (the durable step the fault hits:
+mkdir, create, write, fsync, ...) and compound shape (a single fault, a crash of the
+recovery, a power loss after a resume). The sample takes every stratum's cases in a
+seeded order, its fault variants taking turns, one of each stratum per round, so its
+first round covers every stratum and the next ones the variants; ``--sample N`` runs at
+least the first round, ``--budget`` runs rounds until its time is up.
 
 Compound cases are known only by counting forks (how many boundaries a recovery or a
 resumed worker has), which for a user's App costs more than a short budget. So the
@@ -99,6 +99,21 @@ class Plan:
         )
 
 
+def _variants_in_turn(picks: list[Pick], rng: random.Random) -> list[Pick]:
+    """A stratum's picks shuffled, its fault variants taking turns (so the first few
+    rounds of a sample cover every variant too)."""
+    by_variant: dict[str, list[Pick]] = defaultdict(list)
+    for pick in picks:
+        first = pick.case if pick.case is not None else pick.families[0]
+        by_variant[first.variant].append(pick)
+    turns = [by_variant[v] for v in sorted(by_variant)]
+    for queue in turns:
+        rng.shuffle(queue)
+    rng.shuffle(turns)
+    depth = max((len(q) for q in turns), default=0)
+    return [q[i] for i in range(depth) for q in turns if i < len(q)]
+
+
 def compound_shape(case: Case) -> str:
     """The compound fields a case sets (``single`` for none): its compound shape."""
     base = ("scenario", "fault", "variant", "at", "mutant", "app")
@@ -130,14 +145,14 @@ def plan_sample(
         singles = enumerate_cases(name, steps, faults, mutant=mutant, app=app)
         plan.single_cases += len(singles)
         for case in singles:
-            key = (name, case.fault.value, case.variant, steps[case.at - 1].value, SINGLE)
+            key = (name, case.fault.value, steps[case.at - 1].value, SINGLE)
             strata[key].append(Pick(stratum=key, case=case))
         if not compound:
             continue
         kills = [Case(scenario=name, fault=FaultKind.KILL, at=k, mutant=mutant, app=app)
                  for k in range(1, len(steps) + 1)]  # fmt: skip
         plan.families += len(kills)
-        key = (name, FaultKind.KILL.value, "-", "any", RECOVERY)
+        key = (name, FaultKind.KILL.value, "any", RECOVERY)
         for _ in kills:  # each pick tries every kill, from a different one on
             order = kills[:]
             rng.shuffle(order)
@@ -147,12 +162,10 @@ def plan_sample(
             plan.families += 1
             first = Case(scenario=name, fault=kind, variant=variant, at=k, mutant=mutant,
                          app=app)  # fmt: skip
-            key = (name, kind.value, variant, steps[k - 1].value, THEN_POWER)
+            key = (name, kind.value, steps[k - 1].value, THEN_POWER)
             strata[key].append(Pick(stratum=key, families=(first,), shape=THEN_POWER,
                                     seed=rng.randrange(1 << 32)))  # fmt: skip
-    queues = [strata[key] for key in sorted(strata)]
-    for queue in queues:
-        rng.shuffle(queue)
+    queues = [_variants_in_turn(strata[key], rng) for key in sorted(strata)]
     rng.shuffle(queues)
     plan.strata = len(queues)
     depth = max((len(q) for q in queues), default=0)

@@ -113,9 +113,18 @@ def test_the_sample_covers_every_fault_kind_boundary_kind_and_compound_shape(
     for name in scenarios:
         steps = {str(s["step"]) for s in clean_steps(name, str(tmp_path))}
         mine = [s for s in strata if s[0] == name]
-        assert {s[3] for s in mine if s[4] == SINGLE} == steps
+        assert {s[2] for s in mine if s[3] == SINGLE} == steps
         assert {s[1] for s in mine} == {k.value for k in ALL_FAULTS}
-        assert {s[4] for s in mine} == {SINGLE, RECOVERY, THEN_POWER}
+        assert {s[3] for s in mine} == {SINGLE, RECOVERY, THEN_POWER}
+    # Each stratum's variants take turns: its first V picks are its V variants.
+    by_stratum: dict[tuple[str, ...], list[str]] = {}
+    for pick in plan.picks:
+        head = pick.case if pick.case is not None else pick.families[0]
+        by_stratum.setdefault(pick.stratum, []).append(head.variant)
+    assert any(len(set(v)) == 4 for v in by_stratum.values())  # power and torn at a write
+    for variants in by_stratum.values():
+        kinds = set(variants)
+        assert set(variants[: len(kinds)]) == kinds
     again = plan_sample(scenarios, list(ALL_FAULTS), str(tmp_path), seed=7, compound=True)
     assert [p.stratum for p in again.picks] == [p.stratum for p in plan.picks]
     other = plan_sample(scenarios, list(ALL_FAULTS), str(tmp_path), seed=8, compound=True)
