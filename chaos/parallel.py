@@ -64,7 +64,7 @@ def run_cases(
     jobs: int,
     on_result: Callable[[CaseResult], None],
     dedupe: bool = True,
-    stop: Callable[[int], bool] = lambda _done: False,
+    stop: Callable[[int], bool] | None = None,
 ) -> list[CaseResult]:
     """Run ``cases`` (or a sample's picks) on ``jobs`` processes; call ``on_result`` as
     each one finishes (a pick that has no case gives no result, nor does a repeat).
@@ -80,18 +80,19 @@ def run_cases(
         _init(workdir, dedupe)
         for done, case in enumerate(cases, start=1):
             _collect(_run(case), results, seen, on_result)
-            if stop(done):
+            if stop is not None and stop(done):
                 break
         return results
     # fork: the pool processes inherit the warm rig (modules, counted boundaries).
     context = multiprocessing.get_context("fork")
-    # Small chunks: a budgeted run stops soon after its time is up.
-    chunk = max(1, min(8, len(cases) // (jobs * 16)))
+    # One case at a time when the run may stop early (a budget), so that it stops soon
+    # after its time is up; else small chunks.
+    chunk = 1 if stop is not None else max(1, min(8, len(cases) // (jobs * 16)))
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init,
                              initargs=(workdir, dedupe)) as pool:  # fmt: skip
         for done, result in enumerate(pool.map(_run, cases, chunksize=chunk), start=1):
             _collect(result, results, seen, on_result)
-            if stop(done):
+            if stop is not None and stop(done):
                 pool.shutdown(wait=True, cancel_futures=True)
                 break
     return results

@@ -170,13 +170,13 @@ def run(
         )
         covering = plan.strata if plan is not None else 0
 
-        def stop(done: int) -> bool:
+        def over_budget(done: int) -> bool:
             return budget is not None and done >= covering and time.monotonic() - began >= budget
 
         click.echo(f"{len(units)} {'cases' if plan is None else 'picks'}", err=True)
         start = time.perf_counter()
         results = run_cases(units, workdir, jobs=jobs, on_result=report.add, dedupe=dedupe,
-                            stop=stop)  # fmt: skip
+                            stop=None if budget is None else over_budget)  # fmt: skip
         elapsed = time.perf_counter() - start
     if plan is not None:
         header["sample"] = {**plan_header(header), "covered": plan.coverage(results)}
