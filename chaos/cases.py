@@ -105,6 +105,8 @@ class CaseResult:
     violations: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     app: str | None = None
+    state: str = ""  # the key of the crash state recovered and checked (chaos.crash_states)
+    checked_by: str = ""  # the case that checked that state, when it was another one
 
     @property
     def replay_line(self) -> str:
@@ -120,6 +122,7 @@ class CaseResult:
             "outcome": self.outcome, "invariants": sorted(set(self.checked)),
             "violations": self.violations, "notes": self.notes,
             "app": self.app, "replay": self.replay_line,
+            "state": self.state, "checked_by": self.checked_by or self.case,
         }  # fmt: skip
 
 

@@ -2,111 +2,29 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
-import time
-from collections import Counter, defaultdict
 from dataclasses import replace
-from typing import Final
 
 import click
 
-from chaos.cases import Case, CaseResult
-from chaos.hook import FaultKind
-from chaos.html_report import write_html_report
+from chaos.cases import Case
+from chaos.cli_options import (
+    EXIT_VIOLATION,
+    app_option,
+    app_scenarios,
+    dir_option,
+    jobs_option,
+    scenarios_option,
+)
 from chaos.mutants import MUTANTS
-from chaos.parallel import case_workdir, run_cases
-from chaos.runner import clean_steps, run_case, scenario_for
+from chaos.parallel import case_workdir
+from chaos.run_command import run
+from chaos.runner import clean_steps, run_case
 from chaos.scenarios import SCENARIOS
 from chaos.scoring import score_mutant
 from chaos.supervised import run_supervised
-from chaos.sweep import ALL_FAULTS, build_cases
-
-EXIT_VIOLATION: Final = 1
-
-
-def _faults(text: str) -> list[FaultKind]:
-    kinds = []
-    for name in text.split(","):
-        try:
-            kinds.append(FaultKind(name.strip()))
-        except ValueError as exc:
-            known = ",".join(k.value for k in ALL_FAULTS)
-            raise click.BadParameter(f"unknown fault {name!r}; known: {known}") from exc
-    return kinds
-
-
-def _app_scenarios(app: str | None, scenarios: tuple[str, ...]) -> list[str]:
-    """The scenarios to run: with an App, the worker-level ones (each checked to host it)."""
-    if app is None:
-        return list(scenarios or sorted(SCENARIOS))
-    chosen = scenarios or tuple(n for n in sorted(SCENARIOS) if SCENARIOS[n].hosts_apps)
-    for name in chosen:
-        try:
-            scenario_for(name, app)
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from exc
-        except (ImportError, AttributeError) as exc:
-            raise click.BadParameter(f"cannot import {app}: {exc}", param_hint="--app") from exc
-    return list(chosen)
-
-
-def _summary(results: list[CaseResult], elapsed: float) -> None:
-    table: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
-    for r in results:
-        table[(r.case.split(":")[0], r.fault)][r.outcome] += 1
-    click.echo(f"\n{'scenario':<10} {'fault':<8} {'cases':>6} {'violations':>10}")
-    for (scenario, fault), counts in sorted(table.items()):
-        total = sum(counts.values())
-        click.echo(f"{scenario:<10} {fault:<8} {total:>6} {counts['violation']:>10}")
-    bad = sum(1 for r in results if r.outcome != "ok")
-    rate = len(results) / elapsed if elapsed > 0 else 0.0
-    click.echo(
-        f"{'all':<10} {'':<8} {len(results):>6} {bad:>10}   ({elapsed:.1f} s, {rate:.0f} cases/s)"
-    )
-
-
-def _execute(cases: list[Case], workdir: str, jobs: int, label: str) -> list[CaseResult]:
-    with click.progressbar(length=len(cases), label=label, file=sys.stderr) as bar:
-
-        def advance(result: CaseResult) -> None:
-            bar.update(1)
-            if result.outcome != "ok":
-                click.echo(
-                    f"\nVIOLATION {result.case} ({result.boundary}): "
-                    f"{'; '.join(result.violations)}\n  replay: {result.replay_line}",
-                    err=True,
-                )
-
-        return run_cases(cases, workdir, jobs=jobs, on_result=advance)
-
-
-scenarios_option = click.option(
-    "--scenario",
-    "scenarios",
-    multiple=True,
-    type=click.Choice(sorted(SCENARIOS)),
-    help="scenario(s) to run (default: all).",
-)
-jobs_option = click.option(
-    "--jobs", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default="all cores"
-)
-app_option = click.option(
-    "--app",
-    default=None,
-    metavar="MODULE:ATTR",
-    help="the App the request scenarios' workers host (importable from the working "
-    "directory); its contract is checked too.",
-)
-dir_option = click.option(
-    "--dir",
-    "base",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="where case homes go (default: /dev/shm, else the temp dir).",
-)
 
 
 @click.group()
@@ -114,75 +32,7 @@ def chaos() -> None:
     """The crash rig: kill workers at every write boundary and check the files."""
 
 
-@chaos.command()
-@scenarios_option
-@click.option(
-    "--faults",
-    default="kill,torn,power,io,short,damage,lease,hostile",
-    show_default=True,
-    help="comma-separated fault kinds.",
-)
-@click.option(
-    "--compound/--no-compound",
-    default=True,
-    show_default=True,
-    help="also crash at every boundary of each recovery.",
-)
-@jobs_option
-@click.option("--seed", type=int, default=None, help="shuffle the case order with this seed.")
-@click.option(
-    "--json-report",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="write every case's result to this file.",
-)
-@click.option(
-    "--html-report",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="write a self-contained HTML page: boundaries x faults, each case linked.",
-)
-@app_option
-@dir_option
-def run(
-    scenarios: tuple[str, ...],
-    faults: str,
-    compound: bool,
-    jobs: int,
-    seed: int | None,
-    json_report: str | None,
-    html_report: str | None,
-    app: str | None,
-    base: str | None,
-) -> None:
-    """Run every case of the chosen scenarios and faults; exit 1 on any violation."""
-    kinds = _faults(faults)
-    chosen = _app_scenarios(app, scenarios)
-    with case_workdir(base) as workdir:
-        cases = build_cases(chosen, kinds, workdir, compound=compound, app=app)
-        if seed is not None:
-            random.Random(seed).shuffle(cases)
-        start = time.perf_counter()
-        results = _execute(cases, workdir, jobs, f"{len(cases)} cases")
-        elapsed = time.perf_counter() - start
-    _summary(results, elapsed)
-    if json_report:
-        with open(json_report, "w", encoding="utf-8") as f:
-            json.dump(
-                {
-                    "cases": [r.to_json() for r in results],
-                    "elapsed_s": elapsed,
-                    "violations": sum(r.outcome != "ok" for r in results),
-                },
-                f,
-                indent=1,
-            )
-        click.echo(f"report: {json_report}")
-    if html_report:
-        write_html_report(html_report, results, title=f"loopd chaos run ({app or 'the store'})")
-        click.echo(f"report: {html_report}")
-    if any(r.outcome != "ok" for r in results):
-        sys.exit(EXIT_VIOLATION)
+chaos.add_command(run)
 
 
 @chaos.command()
@@ -199,7 +49,7 @@ def replay(case_id: str, app: str | None, base: str | None) -> None:
         raise click.BadParameter(f"unknown scenario {case.scenario!r}", param_hint="CASE")
     if case.mutant is not None and case.mutant not in MUTANTS:
         raise click.BadParameter(f"unknown mutant {case.mutant!r}", param_hint="CASE")
-    _app_scenarios(app, (case.scenario,))
+    app_scenarios(app, (case.scenario,))
     with case_workdir(base) as workdir:
         clean_steps(case.scenario, workdir, app=app)
         result = run_case(case, workdir)

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import html
 from collections import defaultdict
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from chaos.cases import Case, CaseResult
+
+if TYPE_CHECKING:
+    from chaos.violation_groups import Group
 
 _STYLE: Final = """
 body { font: 14px system-ui, sans-serif; margin: 1.5em; }
@@ -31,8 +34,16 @@ def write_html_report(path: str, results: list[CaseResult], *, title: str) -> No
         f.write(render_html_report(results, title=title))
 
 
-def render_html_report(results: list[CaseResult], *, title: str) -> str:
-    """The page for ``results`` (standard library only, no script, no external file)."""
+def render_html_report(
+    results: list[CaseResult],
+    *,
+    title: str,
+    groups: list[Group] | None = None,
+    status: str = "finished",
+) -> str:
+    """The page for ``results`` (standard library only, no script, no external file):
+    the violations' ``groups`` first (each with its count and one replay line), then the
+    boundaries x faults table, then every case."""
     cells: dict[tuple[str, int], dict[str, list[CaseResult]]] = defaultdict(dict)
     boundaries: dict[tuple[str, int], str] = {}
     columns: set[str] = set()
@@ -49,7 +60,9 @@ def render_html_report(results: list[CaseResult], *, title: str) -> str:
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
-        f"<p>{len(results)} cases, {bad} with a violation.</p>",
+        f"<p>{len(results)} cases, {bad} with a violation"
+        f"{'' if status == 'finished' else f' (the run is {html.escape(status)})'}.</p>",
+        *_groups_section(groups or []),
         "<table><tr><th>boundary</th>",
         *(f"<th>{html.escape(c)}</th>" for c in order),
         "</tr>",
@@ -85,6 +98,23 @@ def render_html_report(results: list[CaseResult], *, title: str) -> str:
         out.append("</li>")
     out.append("</ul></body></html>\n")
     return "\n".join(out)
+
+
+def _groups_section(groups: list[Group]) -> list[str]:
+    """The violations by invariant and first cause, each with one case to replay."""
+    if not groups:
+        return []
+    out = ["<h2>Violations by invariant and first cause</h2><ul>"]
+    for group in groups:
+        assert group.example is not None
+        out.append(
+            f"<li class='bad'><b>{html.escape(group.invariant)}</b> &times; {group.count}: "
+            f"{html.escape(group.cause)} &mdash; e.g. <a href='#{_anchor(group.example)}'>"
+            f"{html.escape(group.example.case)}</a>: "
+            f"<code>{html.escape(group.example.replay_line)}</code></li>"
+        )
+    out.append("</ul>")
+    return out
 
 
 def _anchor(result: CaseResult) -> str:

@@ -19,6 +19,7 @@ from typing import Final
 from chaos.api_state import check_api_state
 from chaos.app_contract import check_app_contract, learned_shapes
 from chaos.cases import Case, CaseResult
+from chaos.crash_states import Mark, StateCache, state_key
 from chaos.damage_case import run_damage_case
 from chaos.hook import FaultKind
 from chaos.hostile import run_hostile_case
@@ -54,13 +55,22 @@ class _FirstCrash:
 _first_crash: _FirstCrash | None = None
 
 
-def run_case(case: Case, workdir: str, *, crash_cache: str | None = None) -> CaseResult:
+def run_case(
+    case: Case,
+    workdir: str,
+    *,
+    crash_cache: str | None = None,
+    states: StateCache | None = None,
+) -> CaseResult:
     """Run ``case`` in a fresh home under ``workdir`` and check every invariant.
 
     Compound cases that share their first fault (same scenario, fault, boundary and
     mutant) may share its outcome: with ``crash_cache`` the files that fault really left
     are kept there and copied for the next such case, which then only crashes the
     recovery (or cuts the power under the resumed worker).
+
+    With ``states`` each distinct crash state is recovered and checked once: a case
+    whose state (``chaos.crash_states``) was checked already takes its verdict.
     """
     if case.fault is FaultKind.HOSTILE:
         return run_hostile_case(case, workdir)  # not a crash: planted, then tried thrice
@@ -88,17 +98,50 @@ def run_case(case: Case, workdir: str, *, crash_cache: str | None = None) -> Cas
         log, model = _first_run(case, scenario, home, output, result)
         if compound and crash_cache is not None:
             _keep_first_crash(key, home, log, model, crash_cache)
+    skip = frozenset({os.path.basename(output)})
+    before_power: tuple[str, Mark] | None = None
+    if case.power_at is not None and model is not None:
+        if states is not None:
+            state = state_key(case, root, log, skip=skip, model=model)
+            if _shared(states, state, result):
+                return result
+            before_power = (state, Mark.of(result))
+        check_after_fault(result, scenario, log, snapshot_logs(home))
+        _resume_then_power_loss(case, scenario, home, output, log, model, result)
+    if states is not None:
+        state = state_key(case, root, log, skip=skip)
+        if not _shared(states, state, result):
+            mark = Mark.of(result)
+            result.state = state
+            _recover_and_check(case, scenario, home, output, log, result)
+            states.put(state, result, mark)
+        if before_power is not None:
+            states.put(before_power[0], result, before_power[1])
+        return result
+    _recover_and_check(case, scenario, home, output, log, result)
+    return result
+
+
+def _shared(states: StateCache, key: str, result: CaseResult) -> bool:
+    """Give ``result`` the verdict of state ``key`` if it was checked already."""
+    known = states.get(key)
+    if known is None:
+        return False
+    known.give(result)
+    return True
+
+
+def _recover_and_check(
+    case: Case, scenario: Scenario, home: str, output: str, log: ClientLog, result: CaseResult
+) -> None:
+    """Everything after the fault: the checks of the files it left, the resumes, the
+    oracle, the App contract."""
     after_fault = snapshot_logs(home)
     check_after_fault(result, scenario, log, after_fault)
-    if case.power_at is not None and model is not None:
-        _resume_then_power_loss(case, scenario, home, output, log, model, result)
-        after_fault = snapshot_logs(home)
-        check_after_fault(result, scenario, log, after_fault)
     _resume_and_check(case, scenario, home, output, log, after_fault, result)
     run_probes(result, scenario, home, log, case.mutant)
     if case.app is not None:
         check_app_contract(result, scenario, home, log)
-    return result
 
 
 def _keep_first_crash(

@@ -14,9 +14,8 @@ from chaos.runner import clean_steps, scenario_for
 from chaos.worker_run import fork_child
 from worker.store.durable import Step
 
-ALL_FAULTS: tuple[FaultKind, ...] = (FaultKind.KILL, FaultKind.TORN, FaultKind.POWER,
-                                     FaultKind.IO, FaultKind.SHORT, FaultKind.DAMAGE,
-                                     FaultKind.LEASE, FaultKind.HOSTILE)  # fmt: skip
+# Every fault kind the hook knows (a new kind joins the default sweep by being one).
+ALL_FAULTS: tuple[FaultKind, ...] = tuple(k for k in FaultKind if k is not FaultKind.NONE)
 
 
 # The first faults of the "then power loss" compounds: a kill anywhere, and an I/O error
@@ -69,24 +68,36 @@ def power_compounds(
     when the first boundary and the end are)."""
     if then_power is ThenPower.NONE:
         return {}
+    firsts = power_firsts(steps)
+    if then_power in (ThenPower.END, ThenPower.FIRST):
+        return dict.fromkeys(firsts, int(then_power is ThenPower.FIRST))
+    return {
+        first: resume_count(scenario, *first, workdir, mutant=mutant, app=app) for first in firsts
+    }
+
+
+def power_firsts(steps: list[Step]) -> list[tuple[FaultKind, str, int]]:
+    """The first faults (kind, variant, boundary) of the "then power loss" compounds."""
     firsts = [(FaultKind.KILL, "-", k) for k in range(1, len(steps) + 1)]
     firsts += [
         (FaultKind.IO, "eio", k) for k, step in enumerate(steps, start=1) if step in _POWER_AFTER_IO
     ]
-    if then_power in (ThenPower.END, ThenPower.FIRST):
-        return dict.fromkeys(firsts, int(then_power is ThenPower.FIRST))
-    return {first: _resume_count(scenario, *first, workdir, mutant, app) for first in firsts}
+    return firsts
 
 
-def _resume_count(
+def resume_count(
     scenario: str,
     kind: FaultKind,
     variant: str,
     at: int,
     workdir: str,
-    mutant: str | None,
-    app: str | None,
+    *,
+    mutant: str | None = None,
+    app: str | None = None,
 ) -> int:
+    """How many boundaries the worker resuming after the first fault (kind, variant,
+    at) has: the "then power loss" compounds of that fault are one per boundary, and
+    one after the last."""
     spec = scenario_for(scenario, app)
     root = tempfile.mkdtemp(prefix="resume-", dir=workdir)
     home = os.path.join(root, "home")
@@ -103,18 +114,25 @@ def recovery_counts(
 ) -> dict[int, int]:
     """For each kill boundary that leaves an interrupted epoch change (EpochEnd last),
     how many boundaries the recovery after it has (so each can be crashed in turn)."""
-    spec = scenario_for(scenario, app)
     counts = {}
     for k in range(1, boundaries + 1):
-        root = tempfile.mkdtemp(prefix="recovery-", dir=workdir)
-        home = os.path.join(root, "home")
-        os.mkdir(home)
-        if spec.prepare is not None:
-            spec.prepare(home)
-        fork_child(home, spec, ClientLog(), resume=False, fault=FaultKind.KILL, at=k, trace=False)
-        view = snapshot_logs(home)
-        if not view.epochs or view.closing_summary(max(view.epochs)) is None:
-            continue
-        resumed = fork_child(home, spec, ClientLog(), resume=True)
-        counts[k] = len(resumed.steps)
+        count = recovery_count(scenario, k, workdir, app=app)
+        if count:
+            counts[k] = count
     return counts
+
+
+def recovery_count(scenario: str, at: int, workdir: str, *, app: str | None = None) -> int:
+    """How many boundaries the recovery after a kill at boundary ``at`` has when that
+    kill leaves an interrupted epoch change (EpochEnd last); 0 when it does not."""
+    spec = scenario_for(scenario, app)
+    root = tempfile.mkdtemp(prefix="recovery-", dir=workdir)
+    home = os.path.join(root, "home")
+    os.mkdir(home)
+    if spec.prepare is not None:
+        spec.prepare(home)
+    fork_child(home, spec, ClientLog(), resume=False, fault=FaultKind.KILL, at=at, trace=False)
+    view = snapshot_logs(home)
+    if not view.epochs or view.closing_summary(max(view.epochs)) is None:
+        return 0
+    return len(fork_child(home, spec, ClientLog(), resume=True).steps)

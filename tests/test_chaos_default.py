@@ -4,7 +4,9 @@ the "fault, resume, then power loss" compounds of scenario 1 and of the worker l
 
 The same cases ``loopd chaos run`` runs, as pytest parameters, so ``pytest -n auto``
 shards them. The full sweep (every scenario, every fault, every compound) is marked
-``sweep``: ``pytest -m sweep``.
+``sweep``: ``pytest -m sweep``. As in ``loopd chaos run``, a case whose crash state an
+earlier case of the same process checked takes that verdict (``chaos.crash_states``);
+``.ci/run`` adds a budgeted stratified sample of every scenario and fault kind.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from chaos.cases import Case, ThenPower
+from chaos.crash_states import StateCache
 from chaos.hook import FaultKind
 from chaos.runner import clean_steps, run_case
 from chaos.sweep import build_cases
@@ -28,6 +31,7 @@ def _default_cases() -> list[Case]:
 
 
 DEFAULT_CASES = _default_cases()
+STATES = StateCache()  # this process's verdicts by crash state
 
 
 def test_the_default_slice_kills_a_legacy_session_at_every_boundary() -> None:
@@ -69,7 +73,7 @@ def test_the_default_slice_cuts_the_power_after_a_resume_from_every_kill(tmp_pat
 @pytest.mark.parametrize("case", DEFAULT_CASES, ids=[c.id for c in DEFAULT_CASES])
 def test_the_store_survives_the_case_with_every_invariant_held(case: Case, tmp_path: Path) -> None:
     clean_steps(case.scenario, str(tmp_path))
-    result = run_case(case, str(tmp_path))
+    result = run_case(case, str(tmp_path), states=STATES)
     assert result.violations == [], f"replay: loopd chaos replay {case.id}"
     assert result.outcome == "ok"
     assert {
