@@ -17,8 +17,12 @@ fault, the App contract) depends only on:
 
 The key hashes all of that. Record timestamps (``"time":"...Z"``, fixed width) are
 written as one placeholder: no check and no part of the store reads them, and every
-run writes new ones, so without this no two cases would ever share a state. A line cut
-inside a timestamp is hashed as it is (no sharing, never a wrong one).
+run writes new ones, so without this no two cases would ever share a state. So are the
+lines' checksums (``"crc"``, and a sealed log's ``"prior_log_crc"``): each covers the
+bytes before it, timestamps included, so they differ wherever the times do; the same
+writer (the same case fields, mutant included) writes them alike, so two states equal
+but for times and checksums are both valid or both not. A line cut inside a timestamp
+or a checksum is hashed as it is (no sharing, never a wrong one).
 
 A case whose key was checked already gets that state's verdict (its invariants checked,
 its violations, its notes) and names the case that checked it.
@@ -40,8 +44,17 @@ from chaos.cases import Case, CaseResult
 from chaos.model import DurableModel
 from chaos.oracle import ClientLog
 
-_TIME: Final = re.compile(rb'"time":"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}\.[0-9]{6}Z"')
-_TIME_PLACEHOLDER: Final = b'"time":"-"'
+_TIME: Final = re.compile(
+    rb'"time":"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}\.[0-9]{6}Z"'
+    rb'|"(?:prior_log_)?crc":"[0-9a-f]{8}"'
+)
+
+
+def _placeholder(found: re.Match[bytes]) -> bytes:
+    return found.group(0).split(b":", 1)[0] + b':"-"'
+
+
+_TIME_PLACEHOLDER: Final = _placeholder
 # The fields of a case that only say what its first fault was: the files and the
 # client's view it left stand for them.
 _FIRST_FAULT: Final = frozenset({"fault", "variant", "at"})

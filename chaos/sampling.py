@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from chaos.cases import POWER_AT_END, Case, CaseResult, enumerate_cases
 from chaos.hook import FaultKind
 from chaos.runner import clean_steps
-from chaos.sweep import power_firsts, recovery_count, resume_count
+from chaos.sweep import faults_for, power_firsts, recovery_count, resume_count
 from worker.store.durable import Step
 
 RECOVERY: str = "recovery_at"
@@ -142,7 +142,8 @@ def plan_sample(
     for name in scenarios:
         raw = clean_steps(name, workdir, app=app)
         steps = [Step(str(s["step"])) for s in raw]
-        singles = enumerate_cases(name, steps, faults, mutant=mutant, app=app)
+        singles = enumerate_cases(name, steps, faults_for(name, faults, app), mutant=mutant,
+                                  app=app)  # fmt: skip
         plan.single_cases += len(singles)
         for case in singles:
             key = (name, case.fault.value, steps[case.at - 1].value, SINGLE)

@@ -47,11 +47,17 @@ def build_cases(
         steps = [Step(str(s["step"])) for s in clean_steps(name, workdir, app=app)]
         recovery = recovery_counts(name, len(steps), workdir, app=app) if compound else None
         resume = power_compounds(name, steps, then_power, workdir, mutant=mutant, app=app)
-        extra = scenario_for(name, app).extra_faults  # lease, hostile: where they apply
-        kinds = [k for k in wanted if k not in EXTRA_FAULTS or k.value in extra]
+        kinds = faults_for(name, wanted, app)
         cases += enumerate_cases(name, steps, kinds, mutant=mutant, recovery_steps=recovery,
                                  resume_steps=resume, app=app)  # fmt: skip
     return cases
+
+
+def faults_for(scenario: str, faults: Iterable[FaultKind], app: str | None) -> list[FaultKind]:
+    """``faults`` without the kinds ``scenario`` does not take (lease, hostile: only the
+    scenarios that name them among their ``extra_faults``)."""
+    extra = scenario_for(scenario, app).extra_faults
+    return [k for k in faults if k not in EXTRA_FAULTS or k.value in extra]
 
 
 def power_compounds(

@@ -25,7 +25,7 @@ from chaos.parallel import run_cases
 from chaos.run_report import RunReport
 from chaos.runner import clean_steps
 from chaos.sampling import RECOVERY, SINGLE, THEN_POWER, compound_shape, plan_sample
-from chaos.sweep import ALL_FAULTS, build_cases
+from chaos.sweep import ALL_FAULTS, build_cases, faults_for
 from chaos.violation_groups import group_violations
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,7 +114,7 @@ def test_the_sample_covers_every_fault_kind_boundary_kind_and_compound_shape(
         steps = {str(s["step"]) for s in clean_steps(name, str(tmp_path))}
         mine = [s for s in strata if s[0] == name]
         assert {s[2] for s in mine if s[3] == SINGLE} == steps
-        assert {s[1] for s in mine} == {k.value for k in ALL_FAULTS}
+        assert {s[1] for s in mine} == {k.value for k in faults_for(name, ALL_FAULTS, None)}
         assert {s[3] for s in mine} == {SINGLE, RECOVERY, THEN_POWER}
     # Each stratum's variants take turns: its first V picks are its V variants.
     by_stratum: dict[tuple[str, ...], list[str]] = {}
@@ -151,7 +151,7 @@ def test_chaos_run_with_a_sample_prints_its_seed_and_coverage_and_covers_every_f
     assert data["sample"]["seed"] == 5
     cases = [Case.parse(c["id"]) for c in data["cases"]]
     assert len(cases) >= data["sample"]["strata"] > 10
-    assert {c.fault for c in cases} == set(ALL_FAULTS)
+    assert {c.fault for c in cases} == set(faults_for("resume", ALL_FAULTS, None))
     assert {compound_shape(c) for c in cases} == {SINGLE, RECOVERY, THEN_POWER}
     assert data["distinct_states"] >= 1
     assert f"{len(cases)}/{len(cases)} cases, 0 violations" in ran.stderr  # not a tty: plain
@@ -238,7 +238,7 @@ def test_the_pytest_plugin_runs_a_sample_covering_every_fault_kind_on_two_worker
     names = [c.get("name", "") for c in ET.parse(junit).getroot().iter("testcase")]  # noqa: S314
     assert 10 < len(names) < 80
     faults = {name.split(":")[1] for name in names}
-    assert faults == {k.value for k in ALL_FAULTS}
+    assert faults == {k.value for k in faults_for("requests", ALL_FAULTS, None)}
 
 
 class _Terminal(io.StringIO):
