@@ -158,8 +158,8 @@ def cluster_probe(result: CaseResult, scenario: Scenario, home: str, mutant: str
     if token < 1:
         result.violate(FENCING, "the cluster workers wrote no Owner")
         return
-    # The owner starts again first (as its node restarts it): its token is then in the
-    # newest epoch, which is all open reads (a token is not carried across epochs).
+    # The owner starts again first (as its node restarts it): its token is then the
+    # newest epoch's, carried by the commit or written by its Owner.
     with Node(home, scenario, mutant, flags=node_argv(home, token=token)) as node:
         if node.ready is None:
             result.violate(STALE, f"the owner (token {token}) was refused: {node.exiting}")

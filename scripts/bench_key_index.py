@@ -58,7 +58,7 @@ def strip_index(directory: str) -> None:
         with open(path, "rb") as f:
             lines = without_checksums(f.read()).splitlines(keepends=True)
         first, last = json.loads(lines[0]), json.loads(lines[-1])
-        for field in ("key_index", "prior_log_size", "prior_log_crc"):
+        for field in ("key_index", "prior_log_size", "prior_log_crc", "fence_token", "fence_node"):
             first.pop(field, None)
         last.pop("carried", None)
         lines[0] = json.dumps(first, separators=(",", ":")).encode() + b"\n"

@@ -76,11 +76,6 @@ def test_a_planted_damage_names_the_line_it_damaged(tmp_path: Path) -> None:
     assert not os.path.isfile(fifo.path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the fencing token is not carried across an epoch commit: open reads the newest "
-    "epoch only, so a lower token than an older epoch's Owner is accepted (docs/chaos.md)",
-)
 def test_a_token_below_an_older_epochs_owner_is_refused_after_a_reopen(tmp_path: Path) -> None:
     from chaos.scenarios import baseline_for
     from worker.store.errors import SessionError

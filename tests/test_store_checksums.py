@@ -20,8 +20,9 @@ import pytest
 from tests.support import loopd, running_daemon, wait_state
 from worker import Assistant, ChecksumMismatch, Session, User
 from worker.app import DefaultApp
+from worker.store.carried_state import carried_digest
 from worker.store.inspection import inspect_session
-from worker.store.records import encode_appended, without_checksums
+from worker.store.records import SessionStart, encode_appended, without_checksums
 from worker.store.request_records import sealed_records
 
 T = "2026-11-29T20:17:57.123456Z"
@@ -201,13 +202,21 @@ def test_a_home_written_before_checksums_opens_and_gains_them_as_it_is_written(
     home: Path,
 ) -> None:
     directory = _session(home, "s1", requests=3)
-    # As a loopd before checksums wrote it: no crc on any line, no binding in SessionStart.
-    for log in directory.glob("*.jsonl"):
+    # As a loopd before checksums wrote it: no crc on any line, no binding and no fence in
+    # SessionStart, and the EpochEnd before it binding the five fields that are left.
+    for log in sorted(directory.glob("*.jsonl"), reverse=True):
         lines = without_checksums(log.read_bytes()).splitlines(keepends=True)
         start = json.loads(lines[0])
         if start.pop("prior_log_size", None) is not None:
-            del start["prior_log_crc"]
+            for name in ("prior_log_crc", "fence_token", "fence_node"):
+                del start[name]
             lines[0] = json.dumps(start, separators=(",", ":")).encode() + b"\n"
+            sealed = log.with_name(f"{start['epoch'] - 1}.jsonl")
+            older = without_checksums(sealed.read_bytes()).splitlines(keepends=True)
+            end = json.loads(older[-1])
+            end["carried"] = carried_digest({name: start[name] for name in SessionStart.CARRIED})
+            older[-1] = json.dumps(end, separators=(",", ":")).encode() + b"\n"
+            sealed.write_bytes(b"".join(older))
         log.write_bytes(b"".join(lines))
     assert b'"crc"' not in (directory / "1.jsonl").read_bytes()
     verified = loopd("verify", "--home", str(home))

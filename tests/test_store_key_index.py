@@ -199,6 +199,8 @@ def test_a_session_written_before_the_index_finds_every_key_and_gains_it_at_its_
             key_index=None,
             prior_log_size=None,
             prior_log_crc=None,
+            fence_token=None,
+            fence_node=None,
         )
         _rewrite_line(directory / f"{epoch - 1}.jsonl", -1, carried=None)
     for index in directory.glob("*.keys"):

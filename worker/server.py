@@ -57,6 +57,14 @@ def error_code(exc: SessionError) -> str:
     return type(exc).__name__
 
 
+def error_reply(request_id: object, exc: SessionError) -> Message:
+    """The reply to a request refused before a byte of it was written: a ``not_owner`` says
+    so (``before_write``); one sent after the fsync (``_apply_chunk``) leaves it unknown."""
+    code = error_code(exc)
+    more = {"before_write": True} if code == "not_owner" else {}
+    return error(request_id, code, str(exc), **more)
+
+
 def _streams(peer: Peer, control: Peer, payload: Message) -> bool:
     """Partials go to a client that asked for them on its own connection, never through
     the supervisor's relay (it expects one reply frame per request)."""
@@ -301,12 +309,14 @@ class Server:
         for (target, _), result in zip(chunk, results, strict=True):
             peer, request_id = target.peer, target.request_id
             if lost is not None and not isinstance(result, SessionError | WireError):
-                # Durable but unacknowledged: the client retries with its key elsewhere.
+                # Durable, on a copy another owner may have replaced: the outcome is
+                # unknown; the client retries by key at the owner ("duplicate" if held).
                 peer.queue(error(request_id, error_code(lost), str(lost)))
             elif isinstance(result, WireError):
                 peer.queue(error(request_id, "bad_request", str(result)))
             elif isinstance(result, SessionError):
-                peer.queue(error(request_id, error_code(result), str(result)))
+                # The lease checked before the chunk, LogSealed, any other store refusal.
+                peer.queue(error_reply(request_id, result))
             else:
                 result["state"] = state
                 if target.dropped:

@@ -135,9 +135,9 @@ def ok(request_id: object, result: object) -> Message:
     return {"id": request_id, "ok": True, "result": result}
 
 
-def error(request_id: object, code: str, message: str) -> Message:
-    """Return an error reply."""
-    return {"id": request_id, "ok": False, "error": {"code": code, "message": message}}
+def error(request_id: object, code: str, message: str, **more: object) -> Message:
+    """Return an error reply; ``more`` adds fields to its ``error`` (after code, message)."""
+    return {"id": request_id, "ok": False, "error": {"code": code, "message": message, **more}}
 
 
 class FrameReader:

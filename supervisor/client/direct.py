@@ -186,7 +186,10 @@ class Client:
         - ``"refused"``: the worker answered with an error, ``"error": {"code",
           "message"}``; not applied.
         - ``"unanswered"``: no answer came (``"error"`` says why: a timeout, a worker
-          that kept dying, a session that went away); it may or may not be applied.
+          that kept dying, a session that went away), or a cluster worker answered
+          ``not_owner`` after the request's group commit (its lease lapsed between the
+          fsync and the reply); it may or may not be applied. A ``not_owner`` that the
+          worker checked before writing (``"before_write": true``) is ``"refused"``.
 
         A refused or unanswered request may be sent again with the same key: it is
         applied at most once. Raises ControlError only if the session cannot be
@@ -363,8 +366,13 @@ def _outcome(reply: Message, key: object) -> Message:
     try:
         result = result_of(reply)
     except ControlError as exc:
+        failure = reply.get("error")
+        before_write = isinstance(failure, dict) and failure.get("before_write") is True
+        # A not_owner sent after the fsync (or by a worker that does not say when) may be
+        # of a durable request: unknown, to be sent again by key at the session's owner.
+        known = exc.code != "not_owner" or before_write
         return {
-            "outcome": "refused",
+            "outcome": "refused" if known else "unanswered",
             "key": key,
             "error": {"code": exc.code, "message": exc.message},
         }

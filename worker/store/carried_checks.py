@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from worker.store.carried_state import carried_digest, parse_recent_keys, plan_next_epoch
 from worker.store.errors import InvalidLog, quote
+from worker.store.fencing import Fence
 from worker.store.key_index import KeyIndex, entry, load_index, parse_field
 from worker.store.records import EpochEnd, SessionStart
 from worker.store.session_state import KeyRef, SessionState
@@ -50,15 +51,13 @@ def check_carried_digest(path: str, first: SessionStart, end: EpochEndAt) -> Non
 
 def check_planned_digest(path: str, line: int, end: EpochEnd, state: SessionState) -> None:
     """An EpochEnd not yet followed by its epoch: resume will carry what it recorded."""
-    if end.carried is None:
-        return
-    planned = plan_next_epoch(state).digest
-    if planned != end.carried:
+    planned = plan_next_epoch(state)
+    if planned.matching(end.carried) is None:
         raise InvalidLog(
             path,
             line,
             f"EpochEnd.carried is {quote(end.carried, 80)}, but the epoch's records give "
-            f"{planned}: the log changed after its EpochEnd was written",
+            f"{planned.digest}: the log changed after its EpochEnd was written",
         )
 
 
@@ -71,6 +70,7 @@ def check_carried_fields(
     prior_users: int,
     prior_untrusted: int,
     max_call: int,
+    fence: Fence,
 ) -> None:
     """Check a SessionStart's carried state against the older epochs just read."""
     previous = {k: ref.line for k, ref in keys.items() if ref.epoch == epoch - 1}
@@ -96,6 +96,15 @@ def check_carried_fields(
         )
     if first.key_index is not None:
         parse_field(path, epoch, first.key_index)
+    held_fence = (fence.token, fence.node or "")
+    if first.fence_token is not None and (first.fence_token, first.fence_node) != held_fence:
+        raise InvalidLog(
+            path,
+            1,
+            f"SessionStart carries the fence token {first.fence_token} of "
+            f"{quote(first.fence_node, 80)}, the older epochs hold {held_fence[0]} of "
+            f"{quote(held_fence[1], 80)}",
+        )
 
 
 def check_index_against_history(

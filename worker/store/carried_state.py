@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from worker.store.errors import InvalidLog
 from worker.store.key_index import KeyIndex, Segment, entry
@@ -29,22 +29,44 @@ class NextEpoch:
     recent_keys: str  # JSON object {key: line} of the closing epoch's keys
     index: KeyIndex  # of every epoch up to the closing one: ``key_index``
     new_segments: list[Segment]  # the files of ``index`` the commit writes
+    # The fence (the newest Owner's token and node, 0 and "" when none); None in the
+    # form of a commit begun by a loopd from before the fence was carried.
+    fence_token: int | None
+    fence_node: str | None
 
     @property
     def carried_fields(self) -> dict[str, object]:
         """The carried fields by name, in the order of ``SessionStart.carried_fields``."""
-        return {
+        fields: dict[str, object] = {
             "next_call": self.next_call,
             "prior_users": self.prior_users,
             "prior_untrusted": self.prior_untrusted,
             "recent_keys": self.recent_keys,
             "key_index": self.index.field(),
         }
+        if self.fence_token is not None:
+            fields["fence_token"] = self.fence_token
+            fields["fence_node"] = self.fence_node
+        return fields
 
     @property
     def digest(self) -> str:
         """``EpochEnd.carried``: the digest the next SessionStart's carried fields must have."""
         return carried_digest(self.carried_fields)
+
+    def without_fence(self) -> NextEpoch:
+        """The form an EpochEnd written before the fence was carried binds (no fence block)."""
+        return replace(self, fence_token=None, fence_node=None)
+
+    def matching(self, recorded: str | None) -> NextEpoch | None:
+        """The form whose digest is ``recorded`` (an EpochEnd's), or None if neither's is.
+
+        An EpochEnd that records no digest binds nothing: the current form is carried.
+        """
+        if recorded is None or recorded == self.digest:
+            return self
+        legacy = self.without_fence()
+        return legacy if recorded == legacy.digest else None
 
     def start(self, state: SessionState, baseline_hash: str) -> SessionStart:
         """The SessionStart of the epoch after ``state``'s, carrying this."""
@@ -60,6 +82,8 @@ class NextEpoch:
             key_index=self.index.field(),
             prior_log_size=state.log_size,
             prior_log_crc=f"{state.log_crc:08x}",
+            fence_token=self.fence_token,
+            fence_node=self.fence_node,
         )
 
 
@@ -76,7 +100,9 @@ def plan_next_epoch(state: SessionState) -> NextEpoch:
     least what the current SessionStart carries): a number ``next_call()`` handed out
     and never written is not carried, as a restart does not keep it either.
     ``recent_keys`` holds the closing epoch's keys with their lines, in line order; the
-    index grows by every key of the epochs it does not cover yet.
+    index grows by every key of the epochs it does not cover yet. The fence is the one
+    the log gives at its end; it is never sealed there (nothing, ``EpochEnd`` included,
+    may follow a ``Handoff`` but a higher ``Owner``), so its token and node are all of it.
     """
     users = [r for r in state.records if isinstance(r, User)]
     closing = sorted((ref.line, k) for k, ref in state.keys.items() if ref.epoch == state.epoch)
@@ -93,6 +119,8 @@ def plan_next_epoch(state: SessionState) -> NextEpoch:
         ),
         index=index,
         new_segments=new_segments,
+        fence_token=state.fence.token,
+        fence_node=state.fence.node or "",
     )
 
 

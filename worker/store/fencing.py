@@ -2,7 +2,9 @@
 
 One rule, used by open (every epoch it reads) and by append (before a byte is written):
 tokens never go backwards; a ``Handoff`` is made by the current owner with its own
-token; after a ``Handoff`` only an ``Owner`` with a higher token may follow.
+token; after a ``Handoff`` only an ``Owner`` with a higher token may follow. The rule
+spans epochs: the commit carries the fence (its token and node; a log never ends an
+epoch sealed) in the next ``SessionStart``, and open of the newest epoch starts from it.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from worker.store.epoch_log import (
     refuse_reused_call,
 )
 from worker.store.errors import InvalidLog, quote
-from worker.store.fencing import NO_FENCE, advance
+from worker.store.fencing import NO_FENCE, Fence, advance
 from worker.store.files import open_directory, read_file
 from worker.store.key_index import KeyIndex, load_index
 from worker.store.records import (
@@ -229,6 +229,10 @@ class _Reader:
         self.prior_untrusted = first.prior_untrusted
         for key, line in parse_recent_keys(path, first.recent_keys).items():
             self.keys[key] = KeyRef(epoch - 1, line)
+        if first.fence_token:
+            # The older epochs' newest Owner, as if it were written in this epoch (a
+            # SessionStart without the fence, written before, knows only this epoch's).
+            self.fence = Fence(first.fence_token, first.fence_node or None)
 
     def _previous_end(self, epoch: int, first: SessionStart) -> EpochEndAt:
         """Read the previous log's last line: it must be the EpochEnd leading to ``epoch``.
@@ -351,6 +355,7 @@ class _Reader:
             prior_users=self.prior_users,
             prior_untrusted=self.prior_untrusted,
             max_call=self.max_call,
+            fence=self.fence,
         )
         assert first.next_call is not None  # checked above
         self.next_call = first.next_call

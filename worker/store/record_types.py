@@ -42,8 +42,10 @@ class SessionStart:
         ("next_call", "prior_users", "prior_untrusted", "recent_keys"),
         ("key_index",),
         ("prior_log_size", "prior_log_crc"),
+        ("fence_token", "fence_node"),
     )
-    # The fields the closing EpochEnd's ``carried`` digest binds (the first two blocks).
+    # The fields the closing EpochEnd's ``carried`` digest binds: the first two blocks,
+    # and the fence block when the line holds it (logs written before it bind five).
     CARRIED: ClassVar[tuple[str, ...]] = (
         "next_call",
         "prior_users",
@@ -51,6 +53,7 @@ class SessionStart:
         "recent_keys",
         "key_index",
     )
+    FENCE: ClassVar[tuple[str, ...]] = ("fence_token", "fence_node")
     time: str = field(default_factory=utc_now)
     session: str
     epoch: int
@@ -71,6 +74,10 @@ class SessionStart:
     # written before checksums.
     prior_log_size: int | None = None
     prior_log_crc: str | None = None
+    # The fence of the older epochs (worker.store.fencing): the newest Owner's token and
+    # node, 0 and "" when none wrote one; absent in logs written before it was carried.
+    fence_token: int | None = None
+    fence_node: str | None = None
 
     @property
     def carries_state(self) -> bool:
@@ -80,7 +87,8 @@ class SessionStart:
     @property
     def carried_fields(self) -> dict[str, object]:
         """The carried fields by name, as the previous EpochEnd's ``carried`` digest binds them."""
-        return {name: getattr(self, name) for name in self.CARRIED}
+        names = self.CARRIED + (self.FENCE if self.fence_token is not None else ())
+        return {name: getattr(self, name) for name in names}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

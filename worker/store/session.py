@@ -289,6 +289,9 @@ class Session:
         plan = plan_next_epoch(state)
         if isinstance(last, EpochEnd):
             summary = last.summary
+            # The form it recorded: one begun before the fence was carried carries none
+            # (open has checked that the EpochEnd's digest is of one of the two).
+            plan = plan.matching(last.carried) or plan
         else:
             if type(summary) is not str:
                 raise InvalidRecord("EpochEnd", f"summary must be a string, got {quote(summary)}")
