@@ -403,3 +403,22 @@ def test_a_session_of_a_named_app_deleted_and_restored_runs_that_app_again(
             reply = client.send("agent", "again", key="k2")
     assert reply["tag"] == "blue"
     assert '"apps":{"agent":"tagged"}' in (home / "intent.json").read_text()
+
+
+def test_a_backup_without_a_worker_refuses_damage_with_whole_groups_after_it(
+    tmp_path: Path,
+) -> None:
+    """Only a torn last group may be left out; damage with acknowledged groups after it
+    would make a copy that verifies without them."""
+    home, dest = tmp_path / "home", tmp_path / "backups"
+    log = _session(home, "s", pairs=4) / "0.jsonl"
+    _flip_line(log, 3)  # the first group's last line; three whole groups follow
+    before = log.read_bytes()
+    done = loopd("backup", "--home", str(home), "s", str(dest))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"{log}: damaged at line 2" in done.stderr  # the first group starts there
+    assert "more than a torn last group follows" in done.stderr
+    assert "Nothing was copied" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (dest / "s").exists()
+    assert log.read_bytes() == before

@@ -28,13 +28,13 @@ from datetime import UTC, datetime
 from typing import Final
 
 from worker.store import durable
-from worker.store.errors import PathError, SessionError, SessionIOError
+from worker.store.errors import PathError, SessionError, SessionIOError, TornLog
 from worker.store.files import open_directory, read_file
 from worker.store.key_index import INDEX_SUFFIX, parse_field
 from worker.store.layout import session_dir
 from worker.store.loader import baseline_path, list_epochs, load_session, log_path
 from worker.store.records import SessionStart, decode_line
-from worker.store.repair import make_dirs
+from worker.store.repair import RepairRefused, find_cut, make_dirs
 
 MANIFEST: Final = "loopd-backup.json"
 FORMAT: Final = "loopd-backup 1"
@@ -82,6 +82,24 @@ def last_group_end(data: bytes) -> int:
     return end
 
 
+def _only_a_torn_tail(path: str, data: bytes, end: int) -> None:
+    """Refuse to cut the newest log at ``end`` unless what follows is one damaged last
+    group, as a crash leaves it (the rule ``loopd repair`` cuts by): damage with whole
+    groups after it may hide acknowledged records, and a copy without them would
+    verify as if they had never been written."""
+    line = data.count(b"\n", 0, end) + 1
+    try:
+        find_cut(path, data, TornLog(path, line, "damaged after the last whole group"))
+    except RepairRefused as exc:
+        raise BackupError(
+            path,
+            f"damaged at line {line}, and more than a torn last group follows ({exc.why}): "
+            "no worker names a point to cut at, and a copy cut there could lack acknowledged "
+            "records. Nothing was copied; `loopd salvage` keeps the intact prefix, or "
+            "restore an older backup",
+        ) from exc
+
+
 def backup_session(
     home: str | os.PathLike[str],
     session_id: str,
@@ -114,6 +132,8 @@ def _collect(directory: str, fd: int, point: Point | None) -> tuple[Point, dict[
         data = _read(fd, directory, f"{newest}.jsonl")
         point = Point(newest, last_group_end(data), "last whole group")
         left = len(data) - point.size
+        if left:
+            _only_a_torn_tail(log_path(directory, newest), data, point.size)
     if point.epoch not in epochs:
         raise BackupError(log_path(directory, point.epoch), "the point's log is missing")
     newest_name = f"{point.epoch}.jsonl"
