@@ -3,6 +3,7 @@ backup and restore, salvage, rebuilding epoch 0's baseline, delete and forget.""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -422,3 +423,30 @@ def test_a_backup_without_a_worker_refuses_damage_with_whole_groups_after_it(
     assert "Traceback" not in done.stderr
     assert not (dest / "s").exists()
     assert log.read_bytes() == before
+
+
+def test_a_restore_that_would_not_open_replaces_nothing_even_with_force(tmp_path: Path) -> None:
+    """The copy is checked where it is staged: a healthy session is not moved to the trash
+    for one that is refused, whatever its manifest says."""
+    home, dest = tmp_path / "home", tmp_path / "backups"
+    _session(home, "s")
+    _ok("backup", "--home", str(home), "s", str(dest))
+    log = dest / "s" / "0.jsonl"
+    log.write_bytes(log.read_bytes().replace(b"topic 0 1", b"topic 0 X"))  # the CRC breaks
+    manifest_path = dest / "s" / "loopd-backup.json"
+    manifest = json.loads(manifest_path.read_text())
+    for entry in manifest["files"]:  # a manifest made to match the damage
+        data = (dest / "s" / entry["name"]).read_bytes()
+        entry["bytes"], entry["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    manifest_path.write_text(json.dumps(manifest))
+    live = home / "sessions" / "s" / "0.jsonl"
+    before = live.read_bytes()
+    done = loopd("restore", "--home", str(home), str(dest / "s"), "--force")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "does not open as a session" in done.stderr
+    assert "checksum mismatch" in done.stderr
+    assert "nothing was replaced" in done.stderr
+    assert live.read_bytes() == before
+    assert not any(p.name.startswith("s.") and p.is_dir() and p.suffix != ".refused"
+                   for p in (home / "trash").iterdir())  # fmt: skip
+    assert "1 sessions, 0 refused" in _ok("verify", "--home", str(home))

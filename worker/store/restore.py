@@ -45,7 +45,6 @@ class RestoreResult:
     directory: str
     manifest: Manifest
     replaced: str | None  # where the session that was there went
-    refused: str | None  # what the loader says of the restored session, if it refuses it
 
 
 def check_backup(source: str) -> Manifest:
@@ -122,25 +121,30 @@ def restore_session(
         )
     home = os.fspath(home)
     directory = session_dir(home, wanted)
-    replaced = None
-    if os.path.lexists(directory):
-        if not replace:
-            raise BackupError(
-                directory, "already exists; --force moves it to the trash first, then restores"
-            )
-        replaced = move_to_trash(home, wanted)  # refused while a worker holds it
+    if os.path.lexists(directory) and not replace:
+        raise BackupError(
+            directory, "already exists; --force moves it to the trash first, then restores"
+        )
     staging = os.path.join(home, TRASH_DIR, f"{wanted}.{stamp()}.restoring")
     make_dirs(staging)
     for name, data in sorted(manifest.files.items()):
         durable.write_file_atomic(os.path.join(staging, name), data, sync_dir=False)
     durable.fsync_dir(staging)
+    try:  # checked where it is staged: a copy that does not open replaces nothing
+        load_session(staging, wanted, history=True)
+    except SessionError as exc:
+        kept = staging[: -len(".restoring")] + ".refused"
+        durable.rename(staging, kept)
+        raise BackupError(
+            source,
+            f"does not open as a session ({exc}); nothing was replaced (the copy is kept in "
+            f"{kept})",
+        ) from exc
+    replaced = None
+    if os.path.lexists(directory):
+        replaced = move_to_trash(home, wanted)  # refused while a worker holds it
     make_dirs(os.path.join(home, SESSIONS_DIR))
     durable.rename(staging, directory)
     durable.fsync_dir(os.path.dirname(directory))
     durable.fsync_dir(os.path.dirname(staging))
-    refused = None
-    try:
-        load_session(directory, wanted, history=True)
-    except SessionError as exc:
-        refused = str(exc)
-    return RestoreResult(directory, manifest, replaced, refused)
+    return RestoreResult(directory, manifest, replaced)
