@@ -174,3 +174,19 @@ def test_a_commit_begun_before_the_fence_was_carried_resumes_in_the_form_it_reco
         assert (session.epoch, session.carry) == (1, "old")
         session.append(Owner(node="b", token=8))
     assert loopd("verify", "--home", str(home)).returncode == 0
+
+
+def test_a_commit_after_a_session_start_without_the_fence_never_carries_a_fence_of_zero(
+    home: Path,
+) -> None:
+    """Upgraded from before the carried fence, with no Owner written since: the fence is
+    unknown, so the next SessionStart keeps the old form instead of carrying 0, and the
+    store's own log still verifies."""
+    directory = _owned(home)
+    _strip_fence(directory, 1)
+    with Session.open(home, "s") as session:
+        session.append(User(text="after the upgrade", key="k-up"))
+        session.commit_epoch("summary 1", BASELINE)
+    start = _start(directory / "2.jsonl")
+    assert (start.fence_token, start.fence_node) == (None, None)
+    assert loopd("verify", "--home", str(home)).returncode == 0

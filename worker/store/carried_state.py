@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from worker.store.errors import InvalidLog
 from worker.store.key_index import KeyIndex, Segment, entry
-from worker.store.records import SessionStart, User
+from worker.store.records import Owner, SessionStart, User
 from worker.store.session_state import SessionState
 
 
@@ -105,6 +105,11 @@ def plan_next_epoch(state: SessionState) -> NextEpoch:
     may follow a ``Handoff`` but a higher ``Owner``), so its token and node are all of it.
     """
     users = [r for r in state.records if isinstance(r, User)]
+    # A fence read from a SessionStart written before the fence was carried knows only
+    # this epoch's Owner records: it is carried (authoritative from then on) once an
+    # Owner was written in this epoch, else the next SessionStart keeps the old form
+    # rather than carry a token of 0 as if no older epoch had an owner.
+    known = state.fence_known or any(type(r) is Owner for r in state.records)
     closing = sorted((ref.line, k) for k, ref in state.keys.items() if ref.epoch == state.epoch)
     covers = state.key_index.covers
     places = [*state.keys.items(), *state.repeats]
@@ -119,8 +124,8 @@ def plan_next_epoch(state: SessionState) -> NextEpoch:
         ),
         index=index,
         new_segments=new_segments,
-        fence_token=state.fence.token,
-        fence_node=state.fence.node or "",
+        fence_token=state.fence.token if known else None,
+        fence_node=(state.fence.node or "") if known else None,
     )
 
 

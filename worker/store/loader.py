@@ -121,6 +121,7 @@ class _Reader:
         self.prior_users = self.prior_untrusted = 0
         self.carry: str | None = None
         self.fence = NO_FENCE
+        self.fence_known = True  # False: the newest SessionStart predates the carried fence
         self.crc = 0  # of the newest log
         self.starts: dict[int, SessionStart | None] = {}  # each epoch's, once read
 
@@ -185,6 +186,7 @@ class _Reader:
             first_read=first_read,
             next_call=max(self.next_call, self.max_call + 1),
             fence=self.fence,
+            fence_known=self.fence_known,
             log_crc=self.crc,
         )
         last = records[-1]
@@ -229,6 +231,7 @@ class _Reader:
         self.prior_untrusted = first.prior_untrusted
         for key, line in parse_recent_keys(path, first.recent_keys).items():
             self.keys[key] = KeyRef(epoch - 1, line)
+        self.fence_known = first.fence_token is not None
         if first.fence_token:
             # The older epochs' newest Owner, as if it were written in this epoch (a
             # SessionStart without the fence, written before, knows only this epoch's).
