@@ -106,6 +106,8 @@ def test_delete_moves_the_directory_to_trash_and_the_daemon_forgets_it_without_a
         (home / "sessions" / "s1").rename(tmp_path / "aside")
         _ok("forget", "--home", str(home), "s1")
         assert loopd("status", "--home", str(home), "s1").returncode == 1
+        again = _ok("forget", "--home", str(home), "s1")  # listed no more: says so
+        assert "nothing to forget: the daemon lists no session s1" in again
         _ok("create", "--home", str(home), "s1")
     assert "s1" not in (home / "intent.json").read_text()
 

@@ -92,7 +92,11 @@ def forget(home: str, timeout: float, session_id: str) -> None:
     try:
         directory = session_dir(home, session_id)
         if daemon_answers(home, timeout):
-            call(home, "forget", timeout=timeout, session=session_id)
+            said = call(home, "forget", timeout=timeout, session=session_id)
+            if isinstance(said, dict) and said.get("forgotten") is False:
+                click.echo(f"nothing to forget: the daemon lists no session {session_id} "
+                           "(an intent entry for it, if any, is cleared)")  # fmt: skip
+                return
             how = "the daemon no longer lists it and its intent is cleared"
         elif os.path.lexists(directory):
             _fail("forget", f"{directory}: the session's directory is still there; "

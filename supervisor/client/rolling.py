@@ -136,7 +136,11 @@ def _roll(
                             try:
                                 row = result_of(reply)
                             except ControlError as exc:
-                                finish(answered, failure=f"{exc.message} [{exc.code}]")
+                                if exc.code == "not_found":  # deleted during the roll
+                                    gone, _sent = pending.pop(answered)
+                                    roll.skipped.append((gone, "deleted meanwhile"))
+                                else:
+                                    finish(answered, failure=f"{exc.message} [{exc.code}]")
                             else:
                                 finish(answered, row=row if isinstance(row, dict) else None)
     except (ConnectionError, ControlError) as exc:
