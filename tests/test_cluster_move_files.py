@@ -64,6 +64,7 @@ def test_an_unsealed_copy_and_a_name_outside_the_session_are_refused(
     [
         (["--listen", "tls://127.0.0.1:7443"], "--listen needs --cluster URL and --node NAME"),
         (["--listen", "tcp://x:1"], "expected tls://HOST:PORT"),
+        (["--listen", "tls://127.0.0.1:0"], "port 0 is no address a client can reach"),
         (["--tls-ca", "ca.pem"], "--tls-cert, --tls-key not given"),
     ],
 )

@@ -246,3 +246,42 @@ def test_a_client_certificate_presented_as_a_node_is_refused_both_ways(
     assert "is not a node certificate" in result.stderr.strip()
     assert len(result.stderr.strip().splitlines()) == 1
     tls_cluster.still_serves("after-posing")
+
+
+def test_handshakes_that_never_finish_are_capped_and_the_node_serves_once_they_end(
+    tls_cluster: TlsCluster,
+) -> None:
+    """No certificate is needed to start a handshake: a peer that opens many and finishes
+    none gets the ones past the cap closed at once, and the node serves on."""
+    from supervisor.daemon.tls_gateway import MAX_HANDSHAKES
+
+    host, port = tls_cluster.address.removeprefix("tls://").split(":")
+    half_open = []
+    try:
+        for _ in range(MAX_HANDSHAKES):
+            raw = socket.create_connection((host, int(port)), timeout=10)
+            raw.sendall(b"\x16\x03\x01")  # the start of a ClientHello, never the rest
+            half_open.append(raw)
+
+        # The gateway counts a handshake once it took the connection: the one past the
+        # cap is closed at once (an empty read), the others stay open.
+        def one_past_the_cap_is_closed() -> bool:
+            with socket.create_connection((host, int(port)), timeout=10) as extra:
+                extra.sendall(b"\x16\x03\x01")
+                extra.settimeout(2.0)  # well inside the 10 s handshake timeout
+                try:
+                    return extra.recv(1) == b""
+                except ConnectionResetError:
+                    return True
+                except TimeoutError:
+                    return False
+
+        poll_until(one_past_the_cap_is_closed, what="a connection past the cap closed at once")
+        poll_until(
+            lambda: any("handshakes in progress already" in x for x in tls_cluster.refusals()),
+            what="the node's line for the connection past the cap",
+        )
+    finally:
+        for raw in half_open:
+            raw.close()
+    tls_cluster.still_serves("after-half-open")

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import sys
-import urllib.parse
 from collections.abc import Callable
 from typing import Final, TypeVar
 
 import click
 
 from supervisor.client.cluster import ClusterClient
-from supervisor.cluster.transport import ENV, TlsFiles, TransportError
+from supervisor.cluster.transport import ENV, TlsFiles, TransportError, parse_tls_address
 
 F = TypeVar("F", bound=Callable[..., object])
 EXIT_USAGE: Final = 2
@@ -27,13 +26,10 @@ class TlsAddress(click.ParamType):  # type: ignore[type-arg]
         self, value: object, param: click.Parameter | None, ctx: click.Context | None
     ) -> str:
         text = str(value)
-        parsed = urllib.parse.urlsplit(text)
         try:
-            port = parsed.port
-        except ValueError:
-            port = None
-        if parsed.scheme != "tls" or not parsed.hostname or port is None or parsed.path:
-            self.fail(f"{text!r}: expected tls://HOST:PORT", param, ctx)
+            parse_tls_address(text)
+        except TransportError as exc:
+            self.fail(str(exc), param, ctx)
         return text
 
 

@@ -132,6 +132,8 @@ def parse_tls_address(address: str) -> tuple[str, int]:
         port = None
     if parts.scheme != TLS_SCHEME or not parts.hostname or port is None or parts.path:
         raise TransportError(f"{address!r}: expected tls://HOST:PORT")
+    if port == 0:  # the address is registered in etcd as given: it must be reachable
+        raise TransportError(f"{address!r}: port 0 is no address a client can reach; name one")
     return parts.hostname, port
 
 

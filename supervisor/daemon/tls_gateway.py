@@ -38,6 +38,12 @@ from worker import SessionError
 from worker.wire import FrameReader, Message, WireError, encode, error, ok
 
 BACKLOG: Final = 128
+MAX_HANDSHAKES: Final = 32
+"""TLS handshakes in progress at once; a connection beyond is closed at once. A
+handshake holds a few hundred KB until it ends or times out, and needs no certificate
+to start: without a cap, peers that open and never finish would grow the node."""
+MAX_CONNECTIONS: Final = 1024
+"""Connections (handshaking or relaying) at once; beyond, a new one is closed at once."""
 READ_SIZE: Final = 1 << 16
 
 
@@ -56,6 +62,8 @@ class TlsGateway:
         self.control_path = control_path
         self.report = report
         self.refused = 0
+        self.handshaking = 0
+        self.connections = 0
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -118,12 +126,30 @@ class TlsGateway:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = _peer_name(writer)
+        if self.handshaking >= MAX_HANDSHAKES or self.connections >= MAX_CONNECTIONS:
+            busy = "handshakes" if self.handshaking >= MAX_HANDSHAKES else "connections"
+            limit = MAX_HANDSHAKES if busy == "handshakes" else MAX_CONNECTIONS
+            self._refuse(peer, f"{limit} {busy} in progress already (the limit)")
+            writer.transport.abort()
+            return
+        self.connections += 1
+        try:
+            await self._serve_one(reader, writer, peer)
+        finally:
+            self.connections -= 1
+
+    async def _serve_one(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
+    ) -> None:
+        self.handshaking += 1
         try:
             await writer.start_tls(self.context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
         except (OSError, TimeoutError) as exc:
             self._refuse(peer, refusal(exc))
             writer.transport.abort()
             return
+        finally:
+            self.handshaking -= 1
         cert = writer.get_extra_info("peercert")
         role = role_of(cert)
         if role is None:
