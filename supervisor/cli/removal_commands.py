@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Final, NoReturn
 
 import click
@@ -42,6 +43,22 @@ def daemon_answers(home: str, timeout: float) -> bool:
     return True
 
 
+def _forget_once_settled(home: str, session_id: str, timeout: float) -> None:
+    """Forget a session whose directory is in the trash now. A start that raced the move
+    (a ``restart`` between the stop and the move) finds no directory and ends FATAL at
+    once: ``busy`` until then, so it is asked again until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            call(home, "forget", timeout=timeout, session=session_id)
+        except ControlError as exc:
+            if exc.code != "busy" or time.monotonic() >= deadline:
+                raise
+        else:
+            return
+        time.sleep(0.05)  # the interval between asks, against the deadline above
+
+
 def forget_offline(home: str, session_id: str) -> None:
     """No daemon runs: clear the session's intent entry in the file itself."""
     intent = IntentFile(home)
@@ -70,7 +87,7 @@ def delete(home: str, timeout: float, session_id: str) -> None:
                     raise
         target = move_to_trash(home, session_id)
         if live:
-            call(home, "forget", timeout=timeout, session=session_id)
+            _forget_once_settled(home, session_id, timeout)
         else:
             forget_offline(home, session_id)
     except (ControlError, SessionError, IntentError) as exc:
