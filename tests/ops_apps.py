@@ -57,3 +57,15 @@ class DiesOnDieApp(DefaultApp):
                     pass
                 os.kill(os.getpid(), signal.SIGKILL)
         return super().handle(session, request)
+
+
+class SlowTurnApp(DefaultApp):
+    """The default app, whose turn on the text ``slow`` takes 3 s; it first creates the
+    file ``$LOOPD_TEST_TURN`` so a test knows the turn is under way."""
+
+    def handle(self, session: Session, request: Message) -> Message:
+        if field(request, "text", str) == "slow":
+            with open(os.environ["LOOPD_TEST_TURN"], "a"):
+                pass
+            time.sleep(3)
+        return super().handle(session, request)

@@ -310,3 +310,35 @@ def test_systemd_unit_quotes_what_systemd_would_split_and_refuses_what_it_cannot
         assert done.stderr.startswith("loopd systemd-unit: ")
         assert done.stderr.count("\n") == 1
         assert why in done.stderr, done.stderr
+
+
+def test_a_request_sent_while_a_restart_stops_the_worker_waits_for_the_new_one(
+    tmp_path: Path,
+) -> None:
+    """The docs' promise for a restart: a request arriving while the old worker stops
+    is queued and answered by the new one, not refused ``unavailable``."""
+    import threading
+
+    home, marker = tmp_path / "home", tmp_path / "turn-started"
+    env = {**os.environ, "LOOPD_TEST_TURN": str(marker)}
+    with running_daemon(home, "--app", "tests.ops_apps:SlowTurnApp", env=env):
+        assert loopd("create", "--home", str(home), "s").returncode == 0
+        wait_state(home, "s", "RUNNING")
+        done: dict[str, subprocess.CompletedProcess[str]] = {}
+
+        def run(name: str, *args: str) -> None:
+            done[name] = loopd(*args, "--home", str(home))
+
+        slow = threading.Thread(target=run, args=("slow", "send", "s", "slow", "--key", "k1"))
+        slow.start()
+        poll_until(marker.exists, what="the slow turn under way")
+        restart = threading.Thread(target=run, args=("restart", "restart", "s"))
+        restart.start()
+        wait_state(home, "s", "STOPPING")  # the old worker finishes its 3 s turn
+        during = loopd("send", "s", "during", "--key", "k2", "--home", str(home))
+        slow.join(timeout=60)
+        restart.join(timeout=60)
+        assert during.returncode == 0, during.stdout + during.stderr
+        assert "echo: during" in during.stdout
+        assert done["restart"].returncode == 0, done["restart"].stderr
+        assert status(home, "s")["state"] == "RUNNING"

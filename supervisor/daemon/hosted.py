@@ -141,7 +141,7 @@ class HostedSession:
         if self.state in (State.BACKOFF, State.EXITED, State.FATAL, State.IDLE):
             self._cancel_timer()
             self.machine.move(State.STOPPED)
-            self._fail_waiting("stopped", f"session {self.id} was stopped", keep_ready=restart)
+            self._fail_waiting("stopped", f"session {self.id} was stopped", restarting=restart)
         if self.state is State.STOPPED:
             self._answer_stop_waiters()
             if restart:
@@ -232,9 +232,8 @@ class HostedSession:
             return
         if self.state is State.STOPPING:
             self.machine.move(State.STOPPED)
-            self._fail_waiting(
-                "stopped", f"session {self.id} was stopped", keep_ready=self.restart_after_stop
-            )
+            restarting = self.restart_after_stop  # a restart: they wait for the new worker
+            self._fail_waiting("stopped", f"session {self.id} was stopped", restarting=restarting)
             self._answer_stop_waiters()
             if self.restart_after_stop:
                 self.restart_after_stop = False
@@ -312,7 +311,7 @@ class HostedSession:
             self._act(waiter, request)
         elif (
             self.state in (State.STARTING, State.BACKOFF, State.IDLE)
-            or (self.state is State.STOPPING and self.hibernating)
+            or (self.state is State.STOPPING and (self.hibernating or self.restart_after_stop))
         ) and len(self.queued) < MAX_QUEUED:
             self.queued.append((waiter, request))
             if self.state is State.IDLE:
@@ -347,11 +346,14 @@ class HostedSession:
     def _fail_in_flight(self, code: str, message: str) -> None:
         self.relay.fail_all(code, message)
 
-    def _fail_waiting(self, code: str, message: str, *, keep_ready: bool = False) -> None:
+    def _fail_waiting(self, code: str, message: str, *, restarting: bool = False) -> None:
+        """Fail the requests in flight; and those queued and the ready waiters unless a
+        restart keeps them for the new worker."""
         self._fail_in_flight(code, message)
-        queued, self.queued = self.queued, []
+        queued: list[tuple[Waiter, Message]] = []
         ready: list[Waiter] = []
-        if not keep_ready:
+        if not restarting:
+            queued, self.queued = self.queued, []
             ready, self.ready_waiters = self.ready_waiters, []
         for waiter in [w for w, _ in queued] + ready:
             waiter.client.reply(error(waiter.request_id, code, message))
