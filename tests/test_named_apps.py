@@ -107,10 +107,18 @@ def test_serve_refuses_a_default_app_attribute_that_is_missing(tmp_path: Path) -
         ("[apps.a]\nbudget = 5\n", "[apps.a]: key 'app' (module:attribute) is required"),
         ('[apps.a]\napp = "m:A"\nenvironment = {}\n', "[apps.a]: unknown key 'environment'"),
         ('[apps.a]\napp = "m:A"\nhang-timeout = nan\n', "key 'hang-timeout' must be a number"),
+        ('[apps.a]\napp = "m:A"\nhang-timeout = 900000.0\n', "a number from 0.1 to 604800"),
         ('[apps.a]\napp = "m:A"\nenv = { X = 1 }\n', "key 'env' must be a table of strings"),
         ("apps = 3\n", "'apps' must be a table of [apps.NAME] tables"),
     ],
-    ids=["no-app", "unknown-key", "nan-timeout", "env-not-strings", "apps-not-a-table"],
+    ids=[
+        "no-app",
+        "unknown-key",
+        "nan-timeout",
+        "timeout-over-a-week",
+        "env-not-strings",
+        "apps-not-a-table",
+    ],
 )
 def test_a_badly_configured_app_is_refused_naming_its_key(
     tmp_path: Path, toml: str, expected: str

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from supervisor.errors import SupervisorError
+from supervisor.hosting.bounds import MAX_SECONDS
 
 APP_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 IMPORT_TIMEOUT: Final = 60.0
@@ -111,10 +112,12 @@ def parse_apps(table: object, path: str) -> dict[str, AppConfig]:
             cwd=_optional(where, "cwd", entry.get("cwd"), str),
             env=_env(where, entry.get("env", {})),
             budget=_count(where, "budget", entry.get("budget")),
-            hang_timeout=_number(where, "hang-timeout", entry.get("hang-timeout"), float, 0.1, 1e6),
-            request_deadline=_number(
-                where, "request-deadline", entry.get("request-deadline"), float, 0.01, 1e6
+            hang_timeout=_number(
+                where, "hang-timeout", entry.get("hang-timeout"), float, 0.1, MAX_SECONDS
             ),
+            request_deadline=_number(
+                where, "request-deadline", entry.get("request-deadline"), float, 0.01, MAX_SECONDS
+            ),  # the bounds of serve's own options
         )
     return apps
 
