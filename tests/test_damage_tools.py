@@ -246,8 +246,9 @@ def test_salvage_keeps_the_prefix_before_mid_file_damage_and_says_what_it_cut(
     assert "CUT epoch 0, its lines after the prefix: lines 4-11 (8 lines)" in said
     assert "line 4: User key=s1-0-1" in said
     assert "line 5: undecodable" in said
-    assert "keys cut (4): s1-0-1, s1-0-2, s1-0-3, s1-0-4" in said
+    assert "keys cut (4): s1-0-1, s1-0-2, s1-0-3, s1-0-4 (and those of 1 undecodable" in said
     assert "acknowledged work may be among what was cut" in said
+    assert "unless the damage is a torn last group a crash left" in said
     assert "kept: epoch 0, the last up to byte" in said
     kept = original.split(b"\n", 3)
     assert log.read_bytes() == b"\n".join(kept[:3]) + b"\n"

@@ -36,7 +36,9 @@ def salvage(home: str, session_id: str) -> None:
         f"kept: {epochs}, the last up to byte {result.kept_bytes} (the longest prefix that opens)"
     )
     keys: list[str] = []
+    unreadable = 0
     for cut in result.cuts:
+        unreadable += sum("undecodable" in record for record in cut.records)
         what = "the whole epoch" if cut.whole else "its lines after the prefix"
         click.echo(
             f"CUT epoch {cut.epoch}, {what}: lines {cut.first_line}-{cut.last_line} "
@@ -46,11 +48,13 @@ def salvage(home: str, session_id: str) -> None:
             click.echo(f"   {record}")
         keys.extend(cut.keys)
     click.echo(f"moved to {result.quarantine} (nothing was deleted)")
+    unknown = f" (and those of {unreadable} undecodable lines, unknown)" if unreadable else ""
     click.echo(
-        f"keys cut ({len(keys)}): {', '.join(keys) if keys else 'none'}\n"
-        "WARNING: acknowledged work may be among what was cut: the damage did not come "
-        "from a crash, so these records may have been answered. A request sent again "
-        f"under a cut key is applied again. Next: loopd start {session_id}"
+        f"keys cut ({len(keys)}): {', '.join(keys) if keys else 'none'}{unknown}\n"
+        "WARNING: acknowledged work may be among what was cut: unless the damage is a torn "
+        "last group a crash left (which `loopd repair` cuts, and says so), these records "
+        "may have been answered. A request sent again under a cut key is applied again. "
+        f"Next: loopd start {session_id}"
     )
 
 
