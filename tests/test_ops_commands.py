@@ -304,6 +304,7 @@ def test_systemd_unit_quotes_what_systemd_would_split_and_refuses_what_it_cannot
     for args, why in [
         (["--home", f"{tmp_path}/a\nb"], "holds the control character '\\n'"),
         (["--home", str(tmp_path), "--user", "two words"], "not a user name systemd takes"),
+        (["--home", os.fsdecode(os.fsencode(tmp_path) + b"/rv\xff")], "is not UTF-8 text"),
     ]:
         done = loopd("systemd-unit", *args)
         assert done.returncode == 1, done.stdout

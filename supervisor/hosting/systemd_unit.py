@@ -98,6 +98,10 @@ def _word(text: str, what: str, *, exec_line: bool = False) -> str:
     bad = next((c for c in text if ord(c) < 32 or ord(c) == 127), None)
     if bad is not None:
         raise UnitError(f"{what} {text!r} holds the control character {bad!r}")
+    try:  # a unit file is UTF-8: a path's undecodable bytes (surrogates here) cannot be one
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UnitError(f"{what} {text!r} is not UTF-8 text, which a unit file must be") from exc
     text = text.replace("%", "%%")
     if exec_line:
         text = text.replace("$", "$$")
