@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.lease import LeaseTiming, NodeNameTaken
-from supervisor.cluster.node import ClusterNode
+from supervisor.cluster.node import Claims, ClusterNode
+from tests.support import poll_until
 from worker import Session, SessionError
 from worker.app import DefaultApp
 
@@ -28,15 +28,14 @@ def main(argv: list[str]) -> int:
     app = DefaultApp(budget=40)
     with EtcdClient(url) as client:
         node = ClusterNode(client, name, home, timing=LeaseTiming(ttl=ttl))
-        deadline = time.monotonic() + ttl * 5
-        while True:
+
+        def started() -> Claims | None:
             try:
-                claims = node.start()
-                break
-            except NodeNameTaken:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+                return node.start()
+            except NodeNameTaken:  # the previous holder's lease has not expired yet
+                return None
+
+        claims = poll_until(started, timeout=ttl * 5, what=f"the node name {name} to be free")
         print(json.dumps({"served": claims.served, "quarantined": claims.quarantined}), flush=True)
         for line in sys.stdin:
             command, _, key = line.strip().partition(" ")

@@ -12,7 +12,6 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Final
 
@@ -20,6 +19,7 @@ import pytest
 
 from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.etcd import EtcdClient
+from tests.support import poll_until
 
 START_TIMEOUT: Final = 20.0
 
@@ -80,20 +80,25 @@ class EtcdServer:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
-        deadline = time.monotonic() + START_TIMEOUT
+        process = self.process
         with EtcdClient(self.url, timeout=0.5) as client:
-            while True:
+
+            def answers() -> bool:
                 try:
                     client.range("/health-check")
-                except ClusterError as exc:
-                    if self.process.poll() is not None or time.monotonic() > deadline:
-                        self.stop()
-                        raise AssertionError(
-                            f"etcd did not start: {self.log_path.read_text()[-2000:]}"
-                        ) from exc
-                    time.sleep(0.02)
-                else:
-                    return
+                except ClusterError:
+                    if process.poll() is not None:
+                        raise AssertionError("etcd exited") from None
+                    return False
+                return True
+
+            try:
+                poll_until(answers, timeout=START_TIMEOUT, what="etcd to answer")
+            except AssertionError as exc:
+                self.stop()
+                raise AssertionError(
+                    f"etcd did not start ({exc}): {self.log_path.read_text()[-2000:]}"
+                ) from exc
 
     def stop(self) -> None:
         """Stop the member: SIGTERM, a deadline, SIGKILL, reap."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 from supervisor.cli.cluster_commands import RemoteNodes
 from supervisor.client.cluster import ClusterClient
@@ -29,28 +28,28 @@ from supervisor.cluster.remote_move import move_remote
 from supervisor.cluster.routing import live_nodes
 from supervisor.cluster.transport import tls_files_from_env
 from supervisor.errors import ControlError
+from tests.support import poll_until
 
 DEADLINE = 60.0
 
 
 def wait_for(url: str, nodes: list[str]) -> None:
     files = tls_files_from_env()
-    deadline = time.monotonic() + DEADLINE
-    last = "nothing tried"
+    last = ["nothing tried"]
     context = files.etcd_context() if files is not None else None
     with EtcdClient(url, timeout=1.0, tls=context) as etcd:
-        while time.monotonic() < deadline:
+
+        def up() -> bool:
+            """etcd answers, every node is registered, and each answers a ping over TLS."""
             try:
                 found = live_nodes(etcd)
             except ClusterError as exc:
-                last = str(exc)
-                time.sleep(0.05)
-                continue
+                last[0] = str(exc)
+                return False
             missing = [node for node in nodes if node not in found]
             if missing or files is None:
-                last = f"nodes not registered: {missing}"
-                time.sleep(0.05)
-                continue
+                last[0] = f"nodes not registered: {missing}"
+                return False
             try:
                 for node in nodes:
                     link = NodeLink(found[node], node, files, timeout=2.0)
@@ -59,11 +58,14 @@ def wait_for(url: str, nodes: list[str]) -> None:
                     finally:
                         link.close()
             except ControlError as exc:
-                last = str(exc)
-                time.sleep(0.05)
-                continue
-            return
-    raise SystemExit(f"the cluster did not come up: {last}")
+                last[0] = str(exc)
+                return False
+            return True
+
+        try:
+            poll_until(up, timeout=DEADLINE, what="the cluster")
+        except AssertionError:
+            raise SystemExit(f"the cluster did not come up: {last[0]}") from None
 
 
 def run_step(cluster: ClusterClient, step: dict[str, object]) -> dict[str, object]:
@@ -78,11 +80,11 @@ def run_step(cluster: ClusterClient, step: dict[str, object]) -> dict[str, objec
     if "interrupt" in step:
         return interrupted_move(cluster, step)
     if "wait_unowned" in step:  # a dead node's lease expiring
-        deadline = time.monotonic() + 30
-        while owner_of(cluster.etcd, str(step["wait_unowned"])) is not None:
-            if time.monotonic() > deadline:
-                return {"error": "still owned"}
-            time.sleep(0.1)
+        session = str(step["wait_unowned"])
+        try:
+            poll_until(lambda: owner_of(cluster.etcd, session) is None, timeout=30, what=session)
+        except AssertionError:
+            return {"error": "still owned"}
         return {"ok": "unowned"}
     try:
         if "create" in step:
