@@ -86,12 +86,19 @@ def test_delete_moves_the_directory_to_trash_and_the_daemon_forgets_it_without_a
         _ok("send", "--home", str(home), "s1", "hello", "--key", "k1")
         _ok("stop", "--home", str(home), "s1")  # its intent says stopped
         _ok("start", "--home", str(home), "s1")
+        (home / "logs" / "s1.log.7").write_bytes(b"an older backup of its output\n")
+        assert (home / "logs" / "s1.log").exists()  # the worker wrote its start line
         said = _ok("delete", "--home", str(home), "s1")
         assert "the daemon no longer lists it" in said
         assert not (home / "sessions" / "s1").exists()
-        [moved] = (home / "trash").iterdir()
+        [moved, logs] = sorted((home / "trash").iterdir())
         assert moved.name.startswith("s1.")
         assert b'"key":"k1"' in (moved / "0.jsonl").read_bytes()
+        # Its output log and backups follow it: a session created again logs anew.
+        assert logs.name == moved.name + ".logs"
+        assert sorted(p.name for p in logs.iterdir()) == ["s1.log", "s1.log.7"]
+        assert not list((home / "logs").glob("s1.log*"))
+        assert f"to {logs}" in said
         gone = loopd("status", "--home", str(home), "s1")
         assert gone.returncode == 1
         assert "no session 's1'" in gone.stderr

@@ -3,7 +3,10 @@
 Both act through the running daemon when there is one (it stops the session, and its
 ``forget`` operation drops the session from its list and clears its intent entry), and
 on the files alone when no daemon serves the home. A directory is never removed:
-``delete`` moves it to ``<home>/trash/<id>.<UTC time>``.
+``delete`` moves it to ``<home>/trash/<id>.<UTC time>``, and the session's output log
+(``<home>/logs/<id>.log`` and its numbered backups) beside it, to
+``<home>/trash/<id>.<UTC time>.logs/``, once the daemon has forgotten the session (so a
+session created again under the id starts a log of its own).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from supervisor.cli.options import existing_home_option, timeout_option
 from supervisor.client.control import call
 from supervisor.errors import ControlError
 from supervisor.hosting.intent import IntentError, IntentFile
+from supervisor.hosting.session_log import backup_numbers, backup_path, log_path
+from worker.store import durable
 from worker.store.errors import SessionError
 from worker.store.layout import session_dir
 from worker.store.trash import move_to_trash
@@ -41,6 +46,26 @@ def daemon_answers(home: str, timeout: float) -> bool:
             return False
         raise
     return True
+
+
+def move_logs_to_trash(home: str, session_id: str, target: str) -> str | None:
+    """Move the session's output log and its backups to ``<target>.logs/``.
+
+    Where they went, or None when the session had no log. Called once the daemon no
+    longer lists the session, so nothing writes to them while they move.
+    """
+    path = log_path(home, session_id)
+    names = [path] + [backup_path(path, n) for n in backup_numbers(path)]
+    present = [name for name in names if os.path.lexists(name)]
+    if not present:
+        return None
+    logs = target + ".logs"
+    os.mkdir(logs, 0o700)
+    for name in present:
+        durable.rename(name, os.path.join(logs, os.path.basename(name)))
+    durable.fsync_dir(logs)
+    durable.fsync_dir(os.path.dirname(path))
+    return logs
 
 
 def _forget_once_settled(home: str, session_id: str, timeout: float) -> None:
@@ -90,10 +115,16 @@ def delete(home: str, timeout: float, session_id: str) -> None:
             _forget_once_settled(home, session_id, timeout)
         else:
             forget_offline(home, session_id)
+        logs = move_logs_to_trash(home, session_id, target)
     except (ControlError, SessionError, IntentError) as exc:
         _fail("delete", exc)
+    except OSError as exc:
+        _fail("delete", f"{directory} is in the trash, but its log could not follow: {exc}")
     how = "the daemon no longer lists it" if live else "no daemon runs; its intent is cleared"
-    click.echo(f"moved {directory}\n   to {target}\n{how}; `loopd create {session_id}` is free")
+    click.echo(f"moved {directory}\n   to {target}")
+    if logs is not None:
+        click.echo(f"moved {log_path(home, session_id)}\n   to {logs}")
+    click.echo(f"{how}; `loopd create {session_id}` is free")
 
 
 @click.command()
