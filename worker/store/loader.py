@@ -149,6 +149,10 @@ class _Reader:
             closing: EpochEndAt | None = None
             for epoch in epochs[:-1]:
                 older_path, older = self._read(epoch, newest=False)
+                if history:  # open never reads an older baseline; verify checks each one
+                    start = older[0]
+                    assert isinstance(start, SessionStart)  # check_epoch guarantees it
+                    load_baseline(self.dir_fd, baseline_path(self.directory, epoch), start.baseline)
                 self._count(older_path, epoch, older, newest=False, end=closing)
                 last = older[-1]
                 assert isinstance(last, EpochEnd)  # check_epoch guarantees it
