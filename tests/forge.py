@@ -69,11 +69,16 @@ def reseal(directory: Path) -> None:
 
 
 def rewrite_line(log: Path, index: int, **changes: object) -> None:
-    """Change fields of line ``index`` of ``log`` (JSON order kept), then reseal its session."""
+    """Change fields of line ``index`` of ``log`` (JSON order kept; a value of None removes
+    the field), then reseal its session: a forger's change, the checksums made to match."""
     lines = log.read_bytes().splitlines()
     document = json.loads(lines[index])
     document.pop("crc", None)  # the checksum comes last again
-    document.update(changes)
+    for name, value in changes.items():
+        if value is None:
+            del document[name]
+        else:
+            document[name] = value
     lines[index] = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
     log.write_bytes(b"\n".join(lines) + b"\n")
     reseal(log.parent)

@@ -10,12 +10,11 @@ recorded; logs written before the digest still open.
 from __future__ import annotations
 
 import errno
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.forge import reseal
+from tests.forge import rewrite_line
 from tests.support import loopd
 from worker import Baseline, InvalidLog, Session, SessionIOError, ToolResult, User
 from worker.store import durable
@@ -42,20 +41,6 @@ def _epochs(home: Path, epochs: int) -> Path:
         return Path(session.dir)
 
 
-def _rewrite_line(log: Path, index: int, **changes: object) -> None:
-    lines = log.read_bytes().splitlines(keepends=True)
-    record = json.loads(lines[index])
-    record.pop("crc", None)  # a forger's change: the checksums are made to match (reseal)
-    for name, value in changes.items():
-        if value is None:
-            del record[name]
-        else:
-            record[name] = value
-    lines[index] = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
-    log.write_bytes(b"".join(lines))
-    reseal(log.parent)
-
-
 def _record(log: Path, index: int) -> object:
     return decode_record(log.read_bytes().splitlines()[index])
 
@@ -75,7 +60,7 @@ def test_open_refuses_a_changed_carried_field_as_verify_does(
 ) -> None:
     directory = _epochs(home, 3)
     newest = directory / "2.jsonl"
-    _rewrite_line(newest, 0, **{field: value})
+    rewrite_line(newest, 0, **{field: value})
     with pytest.raises(InvalidLog, match="SessionStart's carried state hashes to") as caught:
         Session.open(home, "s1")
     assert (caught.value.path, caught.value.line) == (str(newest), 1)
@@ -87,7 +72,7 @@ def test_open_refuses_a_changed_carried_field_as_verify_does(
 
 def test_open_refuses_a_changed_epoch_end_digest(home: Path) -> None:
     directory = _epochs(home, 3)
-    _rewrite_line(directory / "1.jsonl", -1, carried="0" * 64)
+    rewrite_line(directory / "1.jsonl", -1, carried="0" * 64)
     with pytest.raises(InvalidLog, match="but the epoch commit recorded 0000") as caught:
         Session.open(home, "s1")
     assert (caught.value.path, caught.value.line) == (str(directory / "2.jsonl"), 1)
@@ -97,7 +82,7 @@ def test_open_refuses_a_changed_epoch_end_digest(home: Path) -> None:
 def test_a_session_whose_epoch_ends_carry_no_digest_still_opens_and_verifies(home: Path) -> None:
     directory = _epochs(home, 4)
     for epoch in range(3):
-        _rewrite_line(directory / f"{epoch}.jsonl", -1, carried=None)
+        rewrite_line(directory / f"{epoch}.jsonl", -1, carried=None)
     with Session.open(home, "s1") as session:
         assert (session.epoch, session.prior_users, session.prior_untrusted) == (3, 9, 3)
         assert session.find_key("e0-0") is not None
@@ -154,7 +139,7 @@ def test_open_refuses_a_closed_epoch_changed_after_its_epoch_end_was_written(hom
         session._append_durably([end])  # phase 1 alone, as a crash leaves it
     log = directory / "1.jsonl"
     lines = len(log.read_bytes().splitlines())
-    _rewrite_line(log, -1, carried="f" * 64)
+    rewrite_line(log, -1, carried="f" * 64)
     with pytest.raises(
         InvalidLog, match="the log changed after its EpochEnd was written"
     ) as caught:

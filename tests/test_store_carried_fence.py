@@ -8,12 +8,11 @@ fence of its newest epoch's records, as it always did.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.forge import reseal
+from tests.forge import rewrite_line
 from tests.support import loopd
 from worker import Baseline, InvalidLog, Session, User
 from worker.store.carried_state import carried_digest, plan_next_epoch
@@ -43,27 +42,12 @@ def _start(log: Path) -> SessionStart:
     return start
 
 
-def _rewrite_line(log: Path, index: int, **changes: object) -> None:
-    """Change (None: remove) fields of line ``index``, then make the checksums match."""
-    lines = log.read_bytes().splitlines(keepends=True)
-    record = json.loads(lines[index])
-    record.pop("crc", None)
-    for name, value in changes.items():
-        if value is None:
-            del record[name]
-        else:
-            record[name] = value
-    lines[index] = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
-    log.write_bytes(b"".join(lines))
-    reseal(log.parent)
-
-
 def _strip_fence(directory: Path, epoch: int) -> None:
     """Make epoch ``epoch``'s SessionStart as a loopd before the carried fence wrote it."""
     log = directory / f"{epoch}.jsonl"
-    _rewrite_line(log, 0, fence_token=None, fence_node=None)
+    rewrite_line(log, 0, fence_token=None, fence_node=None)
     legacy = carried_digest(_start(log).carried_fields)
-    _rewrite_line(directory / f"{epoch - 1}.jsonl", -1, carried=legacy)
+    rewrite_line(directory / f"{epoch - 1}.jsonl", -1, carried=legacy)
 
 
 def test_the_next_session_start_carries_the_newest_owner_and_the_epoch_end_binds_it(
@@ -117,7 +101,7 @@ def test_open_refuses_a_session_start_whose_carried_fence_was_changed(
 ) -> None:
     directory = _owned(home)
     newest = directory / "1.jsonl"
-    _rewrite_line(newest, 0, **changes)
+    rewrite_line(newest, 0, **changes)
     with pytest.raises(InvalidLog, match="SessionStart's carried state hashes to") as caught:
         Session.open(home, "s")
     assert (caught.value.path, caught.value.line) == (str(newest), 1)
@@ -128,8 +112,8 @@ def test_verify_refuses_a_carried_fence_that_the_history_does_not_hold(home: Pat
     directory = _owned(home)
     newest = directory / "1.jsonl"
     # A consistent forgery: the EpochEnd's digest rewritten to match (open cannot tell).
-    _rewrite_line(newest, 0, fence_token=9, fence_node="x")
-    _rewrite_line(directory / "0.jsonl", -1, carried=carried_digest(_start(newest).carried_fields))
+    rewrite_line(newest, 0, fence_token=9, fence_node="x")
+    rewrite_line(directory / "0.jsonl", -1, carried=carried_digest(_start(newest).carried_fields))
     with Session.open(home, "s") as session:
         assert session.fence.token == 9
     verified = loopd("verify", "--home", str(home))
