@@ -460,3 +460,17 @@ def test_a_restore_that_would_not_open_replaces_nothing_even_with_force(tmp_path
     assert not any(p.name.startswith("s.") and p.is_dir() and p.suffix != ".refused"
                    for p in (home / "trash").iterdir())  # fmt: skip
     assert "1 sessions, 0 refused" in _ok("verify", "--home", str(home))
+
+
+def test_a_restore_over_a_session_a_writer_holds_is_refused_and_leaves_no_staged_copy(
+    tmp_path: Path,
+) -> None:
+    home, dest = tmp_path / "home", tmp_path / "backups"
+    _session(home, "s")
+    _ok("backup", "--home", str(home), "s", str(dest))
+    with Session.open(home, "s"):  # a writer outside any daemon holds the lock
+        done = loopd("restore", "--home", str(home), str(dest / "s"), "--force")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "locked" in done.stderr, done.stderr
+    assert not (home / "trash").exists() or not list((home / "trash").iterdir())
+    assert "1 sessions, 0 refused" in _ok("verify", "--home", str(home))

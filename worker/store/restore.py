@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from typing import Final
 
@@ -142,7 +143,11 @@ def restore_session(
         ) from exc
     replaced = None
     if os.path.lexists(directory):
-        replaced = move_to_trash(home, wanted)  # refused while a worker holds it
+        try:
+            replaced = move_to_trash(home, wanted)  # refused while a worker holds it
+        except SessionError:
+            shutil.rmtree(staging)  # a copy of the backup, which is still whole at source
+            raise
     make_dirs(os.path.join(home, SESSIONS_DIR))
     durable.rename(staging, directory)
     durable.fsync_dir(os.path.dirname(directory))
