@@ -18,25 +18,36 @@ docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
 import re
+import shutil
 import statistics
 import subprocess
+import tarfile
 import tempfile
 from pathlib import Path
 
 from supervisor.cluster.transport import Role
-from tests.netns_cluster import private_files, run_client, start_etcd, start_node
+from tests.netns_cluster import (
+    host_certificates,
+    node_address,
+    private_files,
+    run_client,
+    start_etcd,
+    start_node,
+    tls_args,
+)
 from tests.netns_hosts import NSENTER, Host, Hosts, namespaces_problem
 from tests.tls_certs import Certificates
 
-SESSION = "big"
 REFERENCE_PORT = 7600
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 START, END = "<!-- cluster-hosts-move-bench:start -->", "<!-- cluster-hosts-move-bench:end -->"
 NodeProcess = subprocess.Popen[bytes]
+Pair = dict[str, tuple[Host, NodeProcess]]
 
 
 def side(host: Host, node: NodeProcess, *args: str, timeout: float = 300) -> dict[str, object]:
@@ -56,7 +67,9 @@ def loopd(host: Host, node: NodeProcess, *args: str) -> None:
         raise SystemExit(f"loopd {args[0]} on {host.name}: {done.stderr.strip()[-2000:]}")
 
 
-def reference_copy(source: tuple[Host, NodeProcess], target: tuple[Host, NodeProcess]) -> float:
+def reference_copy(
+    source: tuple[Host, NodeProcess], target: tuple[Host, NodeProcess], session: str
+) -> float:
     """One raw TCP copy of the session's files from ``source`` to ``target``; its seconds."""
     (src, src_node), (dst, dst_node) = source, target
     receive = ["receive", dst.address, str(REFERENCE_PORT), str(dst.private), "1"]
@@ -70,7 +83,7 @@ def reference_copy(source: tuple[Host, NodeProcess], target: tuple[Host, NodePro
         if receiver.stdout.readline().strip() != b"ready":
             raise SystemExit(f"the reference receiver did not start: {receiver.stderr}")
         sent = side(src, src_node, "send", dst.address, str(REFERENCE_PORT),
-                    str(src.private / "home" / "sessions" / SESSION))  # fmt: skip
+                    str(src.private / "home" / "sessions" / session))  # fmt: skip
         _out, err = receiver.communicate(timeout=60)
         if receiver.returncode != 0:
             raise SystemExit(f"the reference receiver failed: {err.decode()[-2000:]}")
@@ -81,11 +94,11 @@ def reference_copy(source: tuple[Host, NodeProcess], target: tuple[Host, NodePro
     return float(str(sent["seconds"]))
 
 
-def move(operator: Host, url: str, target: str) -> dict[str, object]:
+def move(operator: Host, url: str, session: str, target: str) -> dict[str, object]:
     files = private_files(operator)
     env = [f"LOOPD_TLS_CA={files.ca}", f"LOOPD_TLS_CERT={files.cert}",
            f"LOOPD_TLS_KEY={files.key}"]  # fmt: skip
-    argv = operator.python("-m", "scripts.bench_hosts_side", "move", url, SESSION, target)
+    argv = operator.python("-m", "scripts.bench_hosts_side", "move", url, session, target)
     done = operator.run(["env", *env, *argv], copy=operator.root / "certs", timeout=300)
     if done.returncode != 0:
         raise SystemExit(f"the move to {target} failed: {done.stderr.strip()[-2000:]}")
@@ -95,31 +108,64 @@ def move(operator: Host, url: str, target: str) -> dict[str, object]:
     return result
 
 
-def bench(root: Path, records: int, rounds: int) -> dict[str, object]:
+def start_node_in(host: Host, name: str, url: str, certs: Certificates, tree: Path) -> NodeProcess:
+    """``start_node``, but running the code of ``tree`` (an older commit's files)."""
+    copy = host_certificates(certs, host, name, Role.NODE)
+    serve = host.python("-m", "supervisor", "serve", "--home", str(host.private / "home"),
+                        "--cluster", url, "--node", name, "--lease-ttl", "3",
+                        "--listen", node_address(host), *tls_args(private_files(host)))  # fmt: skip
+    in_tree = ["sh", "-c", 'export PYTHONPATH="$0"; cd "$0" && exec "$@"', str(tree), *serve]
+    return host.spawn(in_tree, log=host.root / "serve.log", copy=copy)
+
+
+def build_session(operator: Host, certs: Certificates, url: str, pair: Pair, session: str,
+                  records: int) -> tuple[str, object]:  # fmt: skip
+    """Create ``session`` on one of ``pair`` (the other nodes cordoned), fill it with
+    ``records`` records; the node holding it and its size."""
+    names = list(pair)
+    others = [n for n in ("a", "b", "c", "d") if n not in pair]
+    cluster = ["--cluster", url]
+    steps: list[dict[str, object]] = [{"loopd": ["cordon", *cluster, n]} for n in others]
+    steps.append({"create": session})
+    steps += [{"loopd": ["uncordon", *cluster, n]} for n in others]
+    steps.append({"loopd": ["status", *cluster, "--json"]})
+    made = run_client(operator, certs, url, names, steps, role=Role.OPERATOR)
+    if any("error" in step or step.get("code", 0) != 0 for step in made):
+        raise SystemExit(f"creating {session} failed: {made}")
+    where = next(r["node"] for r in json.loads(made[-1]["stdout"]) if r["session"] == session)
+    holder = pair[where]
+    loopd(*holder, "stop", session)
+    built = side(*holder, "build", str(holder[0].private / "home"), session, str(records))
+    loopd(*holder, "start", session)
+    return str(where), built["bytes"]
+
+
+def bench(root: Path, records: int, rounds: int, against: Path | None) -> dict[str, object]:
     certs = Certificates(root / "ca")
     with Hosts(root / "hosts") as hosts:
-        etcd_host, a, b, operator = (hosts.add(n) for n in ("etcd", "a", "b", "operator"))
+        etcd_host, operator = hosts.add("etcd"), hosts.add("operator")
         url = start_etcd(etcd_host)
-        nodes = {"a": (a, start_node(a, "a", url, certs)), "b": (b, start_node(b, "b", url, certs))}
-        made = run_client(operator, certs, url, ["a", "b"], [
-            {"create": SESSION}, {"loopd": ["status", "--cluster", url, "--json"]},
-        ], role=Role.OPERATOR)  # fmt: skip
-        if "ok" not in made[0] or made[1]["code"] != 0:
-            raise SystemExit(f"create failed: {made}")
-        where = json.loads(made[1]["stdout"])[0]["node"]
-        holder = nodes[where]
-        loopd(*holder, "stop", SESSION)
-        built = side(*holder, "build", str(holder[0].private / "home"), SESSION, str(records))
-        loopd(*holder, "start", SESSION)
+        pairs: dict[str, Pair] = {"new": {n: (h, start_node(h, n, url, certs)) for n, h in
+                                          ((n, hosts.add(n)) for n in ("a", "b"))}}  # fmt: skip
+        if against is not None:  # the same moves, by nodes running the older commit
+            pairs["old"] = {n: (h, start_node_in(h, n, url, certs, against)) for n, h in
+                            ((n, hosts.add(n)) for n in ("c", "d"))}  # fmt: skip
+        where, size = {}, None
+        for version, pair in pairs.items():
+            where[version], size = build_session(operator, certs, url, pair, version, records)
         copies: list[float] = []
-        moves: list[dict[str, object]] = []
-        for _ in range(rounds):
-            other = "b" if where == "a" else "a"
-            copies.append(reference_copy(nodes[where], nodes[other]))
-            moves.append(move(operator, url, other))
-            where = other
-        parts = side(*nodes[where], "parts", str(nodes[where][0].private / "home"), SESSION, "5")
-    return {"bytes": built["bytes"], "copies": copies, "moves": moves, "parts": parts}
+        moves: dict[str, list[dict[str, object]]] = {version: [] for version in pairs}
+        for n in range(rounds):
+            new = pairs["new"]
+            other = next(name for name in new if name != where["new"])
+            copies.append(reference_copy(new[where["new"]], new[other], "new"))
+            for version in sorted(pairs, reverse=n % 2 == 1):
+                target = next(name for name in pairs[version] if name != where[version])
+                moves[version].append(move(operator, url, version, target))
+                where[version] = target
+        holder = pairs["new"][where["new"]]
+        parts = side(*holder, "parts", str(holder[0].private / "home"), "new", "5")
+    return {"bytes": size, "copies": copies, "moves": moves, "parts": parts}
 
 
 def _median(moves: list[dict[str, object]], group: str, name: str) -> float:
@@ -127,35 +173,59 @@ def _median(moves: list[dict[str, object]], group: str, name: str) -> float:
 
 
 def figures(raw: dict[str, object]) -> dict[str, float]:
-    moves: list[dict[str, object]] = raw["moves"]  # type: ignore[assignment]
+    every: dict[str, list[dict[str, object]]] = raw["moves"]  # type: ignore[assignment]
     copies: list[float] = raw["copies"]  # type: ignore[assignment]
-    out = {
-        "move_ms": statistics.median(float(str(m["seconds"])) for m in moves) * 1e3,
-        "copy_ms": statistics.median(copies) * 1e3,
-        "etcd_ms": statistics.median(float(str(m["etcd"])) for m in moves) * 1e3,
-        "etcd_requests": statistics.median(float(str(m["etcd_requests"])) for m in moves),
-        "other_ms": statistics.median(float(str(m["other"])) for m in moves) * 1e3,
-        "bytes": float(str(raw["bytes"])),
-    }
-    out["ratio"] = out["move_ms"] / out["copy_ms"]
-    for step in ("intent", "seal", "copy", "own", "open", "release"):
-        out[f"step_{step}_ms"] = _median(moves, "steps", step) * 1e3
-    for op in ("connect", "stop", "seal", "pull", "adopt", "release", "forget"):
-        out[f"call_{op}_ms"] = _median(moves, "calls", op) * 1e3
+    out = {"copy_ms": statistics.median(copies) * 1e3, "bytes": float(str(raw["bytes"]))}
+    for version, moves in every.items():
+        tag = "" if version == "new" else f"{version}_"
+        for name, scale in (("seconds", 1e3), ("etcd", 1e3), ("etcd_requests", 1.0),
+                            ("other", 1e3)):  # fmt: skip
+            value = statistics.median(float(str(m[name])) for m in moves) * scale
+            out[tag + {"seconds": "move_ms", "etcd_requests": name}.get(name, f"{name}_ms")] = value
+        out[f"{tag}ratio"] = out[f"{tag}move_ms"] / out["copy_ms"]
+        for step in ("intent", "seal", "copy", "own", "open", "release"):
+            out[f"{tag}step_{step}_ms"] = _median(moves, "steps", step) * 1e3
+        for op in ("connect", "stop", "seal", "pull", "adopt", "release", "forget"):
+            out[f"{tag}call_{op}_ms"] = _median(moves, "calls", op) * 1e3
     parts: dict[str, float] = raw["parts"]  # type: ignore[assignment]
     for name, seconds in parts.items():
         out[f"part_{name}_ms"] = seconds * 1e3
     return out
 
 
-def render(f: dict[str, float], records: int, rounds: int, load: str) -> str:
+def compared(f: dict[str, float], against: str) -> str:
+    """The before/after table, when the same run also moved with nodes of ``against``."""
+    if "old_move_ms" not in f:
+        return ""
+    rows = [("move", "move_ms"), ("move / copy", "ratio"), ("source `seal`", "call_seal_ms"),
+            ("target `pull`", "call_pull_ms"), ("target `adopt`", "call_adopt_ms")]  # fmt: skip
+    table = "\n".join(
+        f"| {label} | {f['old_' + key]:.1f}{'x' if key == 'ratio' else ' ms'} | "
+        f"{f[key]:.1f}{'x' if key == 'ratio' else ' ms'} |"
+        for label, key in rows
+    )
+    return f"""
+Before and after the source stopped reading the log a second time for the manifest
+(`move_node.sealed_manifest` takes the seal's word for the very bytes it sealed), in the
+same run: a second pair of nodes, `c` and `d`, runs the code of {against} and moves
+a session of the same size, the two moves alternating in each round (medians):
+
+| | before ({against}) | after |
+|---|---|---|
+{table}
+"""
+
+
+def render(f: dict[str, float], args: argparse.Namespace, load: str) -> str:
+    records, rounds = args.records, args.rounds
+    against = f" --against {args.against}" if args.against else ""
     return f"""{START}
 ## Cluster: a move between hosts that share nothing
 
 Goal: a move between hosts costs a small multiple of what it cannot do without, a copy
 of the session's files over the network with an fsync of each and of the directory.
 
-`python -m scripts.bench_cluster_move_hosts --records {records} --rounds {rounds}
+`python -m scripts.bench_cluster_move_hosts --records {records} --rounds {rounds}{against}
 --write-docs` (root) on {platform.machine()} Linux, Python {platform.python_version()},
 {os.cpu_count()} cores, load average {load} at the start (other work shared the
 cores): etcd, nodes `a` and `b` and an operator, each a network namespace of its own on
@@ -194,7 +264,21 @@ one SHA-256 pass over the files {f["part_sha256_ms"]:.1f} ms. The seal is one op
 an append; the pull is the source's check and hash (the manifest), the transfer in
 512 KiB chunks with the target's hash as it writes, and the install; the adopt is the
 target's claim in etcd and its new worker's open (which writes the `Owner` record).
-{END}"""
+{compared(f, args.against)}{END}"""
+
+
+def extract(commit: str, tree: Path) -> Path:
+    """The files of ``commit`` of this repository, extracted into ``tree``."""
+    git = shutil.which("git")
+    if git is None:
+        raise SystemExit("--against needs git on PATH")
+    archive = subprocess.run([git, "-C", str(DOCS.parent.parent), "archive", commit],
+                             capture_output=True, check=False)  # fmt: skip
+    if archive.returncode != 0:
+        raise SystemExit(f"--against {commit}: {archive.stderr.decode().strip()}")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as files:
+        files.extractall(tree, filter="data")
+    return tree
 
 
 def main() -> int:
@@ -203,15 +287,18 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    parser.add_argument("--against", metavar="COMMIT", default=None,
+                        help="also move with nodes running COMMIT's code, alternating")  # fmt: skip
     args = parser.parse_args()
     problem = namespaces_problem()
     if problem is not None:
         raise SystemExit(f"bench_cluster_move_hosts: {problem}")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="loopd-move-bench-") as root:
-        raw = bench(Path(root), args.records, args.rounds)
+        tree = None if args.against is None else extract(args.against, Path(root) / "against")
+        raw = bench(Path(root), args.records, args.rounds, tree)
     result = figures(raw)
-    text = render(result, args.records, args.rounds, load)
+    text = render(result, args, load)
     print(text)
     if args.json:
         print(json.dumps(result))

@@ -37,7 +37,8 @@ def test_the_move_benchmark_moves_a_session_between_hosts_and_copies_it_raw() ->
     text, figures = run_bench("scripts.bench_cluster_move_hosts", "--records", "200",
                               "--rounds", "2")  # fmt: skip
     assert "| move / copy |" in text
-    assert figures["move_ms"] > 0 and figures["copy_ms"] > 0
+    assert figures["move_ms"] > 0
+    assert figures["copy_ms"] > 0
     assert figures["bytes"] > 200 * 60  # the records were written before the moves
     for op in ("stop", "seal", "pull", "adopt", "release"):
         assert figures[f"call_{op}_ms"] > 0, op  # each request of the move was made
@@ -48,5 +49,6 @@ def test_the_throughput_benchmark_loads_one_node_and_three() -> None:
     text, figures = run_bench("scripts.bench_cluster_scale_hosts", "--clients", "3",
                               "--seconds", "0.5", "--rounds", "1")  # fmt: skip
     assert "| three / one |" in text
-    assert figures["one_rate"] > 0 and figures["three_rate"] > 0
+    assert figures["one_rate"] > 0
+    assert figures["three_rate"] > 0
     assert figures["one_p50_ms"] <= figures["one_p99_ms"]
