@@ -101,9 +101,9 @@ def render(f: dict[str, float], clients: int, seconds: float, rounds: int, load:
     return f"""{START}
 ## Cluster: requests/s through three hosts against one
 
-Goal: spreading sessions over more hosts raises what the cluster serves; the client's
-routing (etcd read once per session, then straight to the owning node) adds no shared
-bottleneck.
+Goal: what spreading sessions over three hosts instead of one does to the requests/s a
+client host gets through `ClusterClient` (etcd read once per session, then straight to
+the owning node), and to each request's p50 and p99.
 
 `python -m scripts.bench_cluster_scale_hosts --clients {clients} --seconds {seconds:g}
 --rounds {rounds} --write-docs` (root) on {platform.machine()} Linux,
@@ -121,9 +121,10 @@ round trips of every round pooled.
 | three nodes | {f["three_rate"]:.0f} | {f["three_p50_ms"]:.2f} ms | {f["three_p99_ms"]:.2f} ms |
 | three / one | {f["ratio"]:.2f}x | | |
 
-The path measured is what `ClusterClient.send` does at this commit: mutual TLS to the
-owning node's `tls://` port, where the daemon relays each request to the session's
-worker (docs/scaling.md, "The transport"). The three "hosts" share this machine's
+The path measured is what `ClusterClient.send` did when these figures were written:
+mutual TLS to the owning node's `tls://` port, where the daemon relays each request to
+the session's worker (docs/scaling.md, "The transport"); once `send` reaches the worker
+directly over TCP, a rerun measures that path instead. The three "hosts" share this machine's
 {os.cpu_count()} cores (and the client's processes run on them too), so this is what
 the cluster's routing and the relay allow on one box, not a scale-out across machines:
 with one node its daemon relays every request; with three, three daemons share the
