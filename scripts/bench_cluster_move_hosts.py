@@ -1,6 +1,7 @@
 """Benchmark a move between hosts that share nothing, against a raw TCP copy of its files.
 
-    python -m scripts.bench_cluster_move_hosts [--records N] [--rounds R] [--write-docs]
+    python -m scripts.bench_cluster_move_hosts [--records N] [--rounds R]
+                                               [--against COMMIT] [--write-docs] [--json]
 
 Needs root and iproute2: it builds the hosts of the cluster tests (``tests/netns_hosts.py``):
 etcd, nodes ``a`` and ``b`` and an operator, each a network namespace of its own on one
@@ -11,7 +12,9 @@ TLS). In alternating rounds, before each move, the reference copies the same fil
 between the same two namespaces over the same bridge: a plain socket sender and
 receiver of the standard library (``scripts/bench_hosts_side.py``), the receiver
 fdatasyncing each file and fsyncing the directory. The figure is the ratio of medians,
-with where the move's time went. ``--write-docs`` replaces its section of
+with where the move's time went. ``--against COMMIT`` adds nodes ``c`` and ``d`` running
+COMMIT's code (extracted with ``git archive``), which move a session of the same size
+in the same rounds: a before/after in one run. ``--write-docs`` replaces its section of
 docs/benchmarks.md.
 """
 
@@ -301,6 +304,8 @@ def main() -> int:
     problem = namespaces_problem()
     if problem is not None:
         raise SystemExit(f"bench_cluster_move_hosts: {problem}")
+    if args.records < 6 or args.rounds < 1:
+        raise SystemExit("bench_cluster_move_hosts: --records >= 6 and --rounds >= 1")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="loopd-move-bench-") as root:
         tree = None if args.against is None else extract(args.against, Path(root) / "against")

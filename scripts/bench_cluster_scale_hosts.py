@@ -1,7 +1,7 @@
 """Benchmark requests/s through three hosts against one, with keyed client load.
 
     python -m scripts.bench_cluster_scale_hosts [--clients C] [--seconds S] [--rounds R]
-                                                [--write-docs]
+                                                [--write-docs] [--json]
 
 Needs root and iproute2: it builds the hosts of the cluster tests (``tests/netns_hosts.py``):
 etcd, nodes ``n0``, ``n1``, ``n2`` and a client, each a network namespace of its own on
