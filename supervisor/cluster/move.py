@@ -225,9 +225,12 @@ def start_intent(client: EtcdClient, session: str, target: str) -> MoveIntent | 
     return intent
 
 
-def seal_source(intent: MoveIntent, home: str | None = None) -> None:
+def seal_source(
+    intent: MoveIntent, home: str | None = None, *, sealed: Callable[[], None] | None = None
+) -> None:
     """Append ``Handoff{to, token}`` to the source log unless it already ends with it
-    (``home``: the source's, when the source node seals its own copy)."""
+    (``home``: the source's, when the source node seals its own copy); ``sealed`` runs
+    once the log is sealed for this move, while the session is still open (locked)."""
     home = home or intent.source_home
     directory = session_dir(home, intent.session)
     if not os.path.isdir(directory):
@@ -240,6 +243,8 @@ def seal_source(intent: MoveIntent, home: str | None = None) -> None:
         fence = session.fence
         if fence.sealed is not None:
             if fence.sealed.to == intent.target and fence.sealed.token == intent.token:
+                if sealed is not None:
+                    sealed()
                 return
             raise MoveFailed(intent.session, "seal", f"sealed for another move: {fence.sealed}")
         if fence.token > intent.token:
@@ -253,6 +258,8 @@ def seal_source(intent: MoveIntent, home: str | None = None) -> None:
             # but its worker had not written it yet: write it for the owner, then seal.
             session.append(Owner(node=intent.source, token=intent.token))
         session.append(Handoff(to=intent.target, token=intent.token))
+        if sealed is not None:
+            sealed()
 
 
 def _verify_and_install(intent: MoveIntent) -> None:

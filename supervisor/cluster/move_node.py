@@ -10,6 +10,14 @@ fdatasynced, the directory fsynced, then installed as ``sessions/<id>`` exactly 
 local move does. The source serves the files of a session only once its log is sealed
 for the node asking (``sealed_manifest``: its ``Handoff`` names the node of the peer's
 certificate), and only to a node certificate.
+
+That check reads and verifies the whole log (as an open does: most of a pull's time),
+and the seal made moments before has just done the same. So the seal, while it still
+holds the session's lock, notes the SHA-256 of each file of the copy it sealed and for
+which node (``_SEALED``, in the daemon's memory); the manifest, which hashes every file
+anyway, takes the seal's word only when the same files have the same hashes, the very
+bytes the seal verified and sealed, and reads the log again otherwise (another seal, a
+daemon restarted since, an abort's ``Owner`` appended, any change at all).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import threading
 from typing import Final
 
 from supervisor.cluster.errors import MoveFailed
@@ -43,6 +52,26 @@ from worker.store.loader import load_session
 CHUNK: Final = 512 << 10
 """Bytes of a file per ``file`` request (a reply frame holds at most 1 MiB)."""
 PULL_TIMEOUT: Final = 30.0
+_SEALED: dict[str, tuple[str, dict[str, str]]] = {}
+"""A copy this node sealed, by its directory: the node it is sealed for and each file's
+SHA-256 when it was sealed (under the session's lock)."""
+_SEALED_LOCK = threading.Lock()
+_SEALED_AT_MOST: Final = 256
+"""Seals remembered at once (each is dropped when its copy is released or discarded)."""
+
+
+def _remember_seal(directory: str, to: str) -> None:
+    hashes = file_hashes(directory)
+    with _SEALED_LOCK:
+        _SEALED.pop(directory, None)
+        while len(_SEALED) >= _SEALED_AT_MOST:
+            del _SEALED[next(iter(_SEALED))]
+        _SEALED[directory] = (to, hashes)
+
+
+def _forget_seal(directory: str) -> None:
+    with _SEALED_LOCK:
+        _SEALED.pop(directory, None)
 
 
 def _intent(client: EtcdClient, session: str, step: str) -> MoveIntent:
@@ -57,7 +86,8 @@ def seal_here(client: EtcdClient, node: str, home: str, session: str) -> dict[st
     intent = _intent(client, session, "seal")
     if intent.source != node:
         raise MoveFailed(session, "seal", f"the move in etcd is from {intent.source}, not {node}")
-    seal_source(intent, home)
+    directory = session_dir(home, session)
+    seal_source(intent, home, sealed=lambda: _remember_seal(directory, intent.target))
     return {"session": session, "sealed_for": intent.target, "token": intent.token}
 
 
@@ -66,10 +96,7 @@ def sealed_manifest(home: str, session: str, peer_names: list[str]) -> list[dict
     directory = session_dir(home, session)
     if not os.path.isdir(directory):
         raise MoveFailed(session, "copy", "no copy of it on this node")
-    fence = load_session(directory, session).fence
-    if fence.sealed is None or fence.sealed.to not in peer_names:
-        raise MoveFailed(session, "copy", f"its log is not sealed for {', '.join(peer_names)}")
-    files = []
+    files: list[dict[str, object]] = []
     for name in session_files(directory):
         digest = hashlib.sha256()
         with open(os.path.join(directory, name), "rb") as f:
@@ -77,6 +104,15 @@ def sealed_manifest(home: str, session: str, peer_names: list[str]) -> list[dict
                 digest.update(block)
             size = f.tell()
         files.append({"name": name, "size": size, "sha256": digest.hexdigest()})
+    with _SEALED_LOCK:
+        remembered = _SEALED.get(directory)
+    if remembered is not None and remembered[1] == {f["name"]: f["sha256"] for f in files}:
+        sealed_for: str | None = remembered[0]  # the bytes the seal verified and sealed
+    else:
+        fence = load_session(directory, session).fence
+        sealed_for = fence.sealed.to if fence.sealed is not None else None
+    if sealed_for not in peer_names:
+        raise MoveFailed(session, "copy", f"its log is not sealed for {', '.join(peer_names)}")
     return files
 
 
@@ -187,6 +223,7 @@ def discard_here(client: EtcdClient, node: str, home: str, session: str) -> dict
     if placement_of(client, session) == node or (owner is not None and owner.node == node):
         raise MoveFailed(session, "abort", f"it is placed on or owned by {node}: not discarded")
     removed = 0
+    _forget_seal(session_dir(home, session))
     for leftover in (incoming_dir(home, session), session_dir(home, session)):
         if os.path.isdir(leftover):
             shutil.rmtree(leftover)
@@ -204,4 +241,5 @@ def release_here(client: EtcdClient, node: str, home: str, session: str) -> dict
     if placement_of(client, session) != intent.target:
         raise MoveFailed(session, "release", f"it is not placed on {intent.target} yet")
     remove_released(home, session, f"moved-{owner.token}")
+    _forget_seal(session_dir(home, session))
     return {"session": session, "released": True}
