@@ -39,7 +39,7 @@ class Role(enum.Enum):
 
 
 CLIENT_OPS: Final = frozenset({"ping", "status", "create", "send"})
-NODE_OPS: Final = frozenset({"ping", "files", "file"})
+NODE_OPS: Final = frozenset({"ping", "files", "file", "replicate", "replica_position"})
 OPERATOR_OPS: Final = frozenset(
     {"ping", "status", "create", "send", "compact", "start", "stop", "restart", "adopt",
      "forget", "metrics", "seal", "pull", "release", "discard", "receive", "install"}

@@ -188,15 +188,19 @@ class Replica:
         # A higher token is a newer owner: from now on its predecessors are refused,
         # whether or not this step continues the copy.
         self._raise_seen(step.token)
+        if self._holds(step):
+            return self.position
         if step.is_epoch:
             self._apply_epoch(step)
-        elif not self._holds(step):
+        else:
             self._apply_lines(step)
         return self.position
 
     def _holds(self, step: Step) -> bool:
-        """True if the copy's newest log already holds exactly ``step``'s bytes there."""
+        """True if the copy already holds exactly ``step``'s bytes where it puts them."""
         state = self._state
+        if step.is_epoch:
+            return step.epoch <= state.epoch and self._holds_epoch(step)
         end = step.offset + len(step.data)
         if step.epoch != state.epoch or step.offset >= state.log_size or end > state.log_size:
             return False
@@ -205,6 +209,14 @@ class Replica:
         data = read_file(self._lock_fd, name, state.directory)
         held = data[step.offset : end]
         return _crc_after(data[: step.offset]) == step.prior_crc and held == step.data
+
+    def _holds_epoch(self, step: Step) -> bool:
+        assert self._lock_fd is not None
+        directory = self._state.directory
+        log, base = log_path(directory, step.epoch), baseline_path(directory, step.epoch)
+        first = read_file(self._lock_fd, os.path.basename(log), log)
+        baseline = read_file(self._lock_fd, os.path.basename(base), base)
+        return first[: len(step.data)] == step.data and baseline == step.baseline
 
     def _continues(self, step: Step) -> None:
         state = self._state

@@ -143,3 +143,20 @@ def split_step(step: Step, max_bytes: int) -> list[Step]:
     piece = data[begin:]
     pieces.append(Step(step.session, step.epoch, offset, crc, piece, step.token))
     return pieces
+
+
+def tail_step(
+    home: str | os.PathLike[str], session_id: str, at: Position, newest: Position, token: int
+) -> list[Step]:
+    """The steps from ``at`` to ``newest``, both the owner's own positions (its log after
+    two of its commits): within one epoch only the new bytes are read, and ``at.crc`` is
+    trusted (the owner's own); across an epoch commit, ``steps_after``."""
+    if at.epoch != newest.epoch:
+        return steps_after(home, session_id, at, token)
+    if newest.size <= at.size:
+        return []
+    path = log_path(session_dir(home, session_id), at.epoch)
+    with open(path, "rb") as log:
+        log.seek(at.size)
+        data = log.read(newest.size - at.size)
+    return [Step(session_id, at.epoch, at.size, at.crc, data, token)]

@@ -26,6 +26,20 @@ class Position:
     def __str__(self) -> str:
         return f"epoch {self.epoch}, {self.size} bytes, CRC-32 {self.crc:08x}"
 
+    def to_message(self) -> list[int]:
+        return [self.epoch, self.size, self.crc]
+
+    @classmethod
+    def from_message(cls, value: object) -> Position | None:
+        """A position as the wire carries it (``[epoch, size, crc]``, or None); ValueError."""
+        if value is None:
+            return None
+        if not isinstance(value, list | tuple) or len(value) != 3:
+            raise ValueError("a position must be [epoch, size, crc]")
+        if not all(type(v) is int and v >= 0 for v in value):
+            raise ValueError("a position's epoch, size and crc must be integers >= 0")
+        return cls(*value)
+
 
 @dataclass(frozen=True, slots=True)
 class Step:
@@ -52,6 +66,26 @@ class Step:
         """True for an epoch step (the new epoch's files)."""
         return self.baseline is not None
 
+    def to_message(self) -> dict[str, object]:
+        """The step as a wire message's fields (msgpack carries the bytes as bytes)."""
+        return {
+            "session": self.session, "epoch": self.epoch, "offset": self.offset,
+            "prior_crc": self.prior_crc, "data": self.data, "token": self.token,
+            "baseline": self.baseline,
+        }  # fmt: skip
+
+    @classmethod
+    def from_message(cls, fields: object) -> Step:
+        """The step a wire message carries; ValueError naming the first bad field."""
+        problem = _step_problem(fields)
+        if problem is not None:
+            raise ValueError(problem)
+        assert isinstance(fields, dict)
+        return cls(
+            fields["session"], fields["epoch"], fields["offset"], fields["prior_crc"],
+            fields["data"], fields["token"], fields.get("baseline"),
+        )  # fmt: skip
+
     def describe(self) -> str:
         """A few words naming the step, for errors and logs."""
         if self.is_epoch:
@@ -60,6 +94,23 @@ class Step:
             f"{len(self.data)} bytes at epoch {self.epoch} offset {self.offset} "
             f"(token {self.token})"
         )
+
+
+def _step_problem(fields: object) -> str | None:
+    if not isinstance(fields, dict):
+        return "a step must be a map"
+    for name in ("epoch", "offset", "prior_crc", "token"):
+        value = fields.get(name)
+        if type(value) is not int or value < 0:
+            return f"step field {name!r} must be an integer >= 0"
+    if not isinstance(fields.get("session"), str):
+        return "step field 'session' must be a string"
+    baseline = fields.get("baseline")
+    if not isinstance(fields.get("data"), bytes) or not (
+        baseline is None or isinstance(baseline, bytes)
+    ):
+        return "step fields 'data' and 'baseline' must be bytes"
+    return None
 
 
 class ReplicaRefused(PathError):

@@ -1,0 +1,101 @@
+"""A follower node's side of replication: the owner's steps applied to its copies.
+
+The node's TLS gateway answers ``replicate`` and ``replica_position`` from a node
+certificate itself (in a thread, like a moved session's ``files``): each step is
+applied to the copy in ``<home>/replicas/sessions/<id>`` (``worker.store.replica``),
+which checks it whole, its token against the highest it has seen, and fdatasyncs it
+before the reply, the follower's acknowledgement. One step at a time on a node (a
+lock), so two senders (an owner and a deposed one) never interleave on a copy.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Final
+
+from worker.store.errors import SessionError, SessionNotFound
+from worker.store.replica import Replica
+from worker.store.replica_types import NotContinuing, Position, ReplicaRefused, StaleToken, Step
+from worker.wire import Message, error, ok
+
+REPLICAS_DIR: Final = "replicas"
+OPS: Final = frozenset({"replicate", "replica_position"})
+
+
+def replicas_root(home: str) -> str:
+    """``<home>/replicas``: the home of a node's follower copies."""
+    return os.path.join(home, REPLICAS_DIR)
+
+
+class ReplicaReceiver:
+    """The copies a follower node holds open, and the requests that write them."""
+
+    def __init__(self, home: str) -> None:
+        self.root = replicas_root(home)
+        self._copies: dict[str, Replica] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            for replica in self._copies.values():
+                replica.close()
+            self._copies.clear()
+
+    def handle(self, message: Message) -> Message:
+        """Answer one ``replicate`` or ``replica_position`` request (one-line errors)."""
+        request_id = message.get("id")
+        at: Position | None
+        try:
+            with self._lock:
+                if message.get("op") == "replicate":
+                    step = Step.from_message(message.get("step"))
+                    replica = self._copy(step.session, step)
+                    if replica is None:  # made by this very step (epoch 0)
+                        replica = self._copies[step.session]
+                        at = replica.position
+                    else:
+                        at = replica.apply(step)
+                else:
+                    session = message.get("session")
+                    if not isinstance(session, str):
+                        raise ValueError("field 'session' must be a string")
+                    replica = self._copy(session, None)
+                    at = replica.position if replica is not None else None
+        except ValueError as exc:
+            return error(request_id, "bad_request", str(exc))
+        except StaleToken as exc:
+            return error(request_id, "stale_token", str(exc))
+        except NotContinuing as exc:
+            return error(request_id, "not_continuing", str(exc))
+        except ReplicaRefused as exc:
+            return error(request_id, "refused", str(exc))
+        except SessionError as exc:
+            self._forget(message)
+            return error(request_id, "replica_failed", str(exc))
+        return ok(request_id, {"position": None if at is None else at.to_message()})
+
+    def _copy(self, session: str, step: Step | None) -> Replica | None:
+        """The open copy of ``session``, or None: there is none, or ``step`` (epoch 0) made it."""
+        replica = self._copies.get(session)
+        if replica is not None:
+            return replica
+        try:
+            replica = Replica.open(self.root, session)
+        except SessionNotFound:
+            if step is None or step.epoch != 0 or not step.is_epoch:
+                if step is not None:
+                    raise NotContinuing(self.root, f"no copy of {session} here") from None
+                return None
+            self._copies[session] = Replica.create(self.root, step)
+            return None
+        self._copies[session] = replica
+        return replica
+
+    def _forget(self, message: Message) -> None:
+        """A copy that failed (a write or fsync error) is closed: the next step reopens it."""
+        step = message.get("step")
+        session = step.get("session") if isinstance(step, dict) else message.get("session")
+        replica = self._copies.pop(session, None) if isinstance(session, str) else None
+        if replica is not None:
+            replica.close()
