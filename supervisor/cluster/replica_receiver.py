@@ -10,22 +10,16 @@ lock), so two senders (an owner and a deposed one) never interleave on a copy.
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Final
 
 from worker.store.errors import SessionError, SessionNotFound
 from worker.store.replica import Replica
+from worker.store.replica_roles import replicas_root
 from worker.store.replica_types import NotContinuing, Position, ReplicaRefused, StaleToken, Step
 from worker.wire import Message, error, ok
 
-REPLICAS_DIR: Final = "replicas"
 OPS: Final = frozenset({"replicate", "replica_position"})
-
-
-def replicas_root(home: str) -> str:
-    """``<home>/replicas``: the home of a node's follower copies."""
-    return os.path.join(home, REPLICAS_DIR)
 
 
 class ReplicaReceiver:
