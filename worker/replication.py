@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final, Protocol
 
-from worker.store.errors import SessionError
+from worker.store.errors import NotOwnerNow, SessionError
 from worker.store.replica_source import split_step, steps_after, tail_step
 from worker.store.replica_types import Position, Step
 from worker.store.session import Session
@@ -50,13 +50,14 @@ class FollowerChannel(Protocol):
         ...
 
 
-class ReplicasMissing(SessionError):
-    """Fewer copies are in sync than the session asks for: writes are refused."""
+class ReplicasMissing(NotOwnerNow):
+    """Fewer copies are in sync than the session asks for: writes are refused (or a write
+    was not acknowledged by every in-sync follower). A ``NotOwnerNow``: the worker
+    answers it as it answers an unproven lease, before or after the write."""
 
     def __init__(self, session: str, why: str) -> None:
         super().__init__(session, why)
         self.session = session
-        self.why = why
 
     def __str__(self) -> str:
         return f"session {self.session}: {self.why}"

@@ -70,6 +70,22 @@ client_home_option = click.option(
     help=f"The loopd home directory (or ${HOME_ENV}); not with --cluster.",
 )
 
+replicas_option = click.option(
+    "--replicas",
+    type=click.IntRange(1, 9),
+    default=1,
+    show_default=True,
+    help="with --cluster: copies of the session's log on as many nodes, every one in sync "
+    "before a write is acknowledged (docs/scaling.md, Replication).",
+)
+
+
+def refuse_replicas_without_cluster(replicas: int) -> None:
+    """``--replicas`` above 1 with ``--home``: a usage error (a home holds one copy)."""
+    if replicas != 1:
+        raise click.UsageError("--replicas needs --cluster: a home holds one copy")
+
+
 cluster_option = click.option(
     "--cluster",
     envvar=CLUSTER_ENV,

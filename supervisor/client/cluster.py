@@ -72,7 +72,7 @@ class ClusterClient:
         self._links.clear()
         self.etcd.close()
 
-    def create(self, session: str, *, slot: int = 0) -> object:
+    def create(self, session: str, *, slot: int = 0, replicas: int = 1) -> object:
         """Create ``session`` on the live node holding the fewest sessions.
 
         An id placed already goes to its node: that node answers ``exists`` if it holds
@@ -83,7 +83,8 @@ class ClusterClient:
         address = node_address(self.etcd, node)
         if address is None:
             raise NotOwner(session, f"node {node} left the cluster")
-        return self._call(node, address, "create", session=session, slot=slot)
+        more = {"replicas": replicas} if replicas > 1 else {}  # a node from before ignores none
+        return self._call(node, address, "create", session=session, slot=slot, **more)
 
     def send(
         self, session: str, text: str, *, key: str | None = None, untrusted: bool = False

@@ -92,7 +92,9 @@ class DaemonNode:
         waiter.client.reply(error(waiter.request_id, "busy", why))
         return True
 
-    def place(self, waiter: Waiter, session: str, then: Callable[[WorkerCluster], None]) -> None:
+    def place(
+        self, waiter: Waiter, session: str, then: Callable[[WorkerCluster], None], replicas: int = 1
+    ) -> None:
         """Place and own a new session in etcd off the loop; ``then`` hosts it, in the loop."""
 
         def placed(args: WorkerCluster | None, exc: Exception | None) -> None:
@@ -108,7 +110,25 @@ class DaemonNode:
             else:
                 then(args)
 
-        self._run(session, lambda: self.serving.place(session), placed)
+        self._run(session, lambda: self.serving.place(session, replicas), placed)
+
+    def in_sync_change(self, session: str, change: dict[str, object]) -> None:
+        """A replicated session's worker saw a follower fail or catch up: etcd's in-sync set
+        is changed in a thread (under the session's token), the outcome logged."""
+        node, in_sync = change.get("node"), change.get("in_sync")
+        if not isinstance(node, str) or not isinstance(in_sync, bool):
+            return
+
+        def job() -> None:
+            try:
+                self.serving.change_in_sync(session, node, in_sync)
+            except ClusterError as exc:
+                self._in_loop(self.report, f"{session}: in-sync set not changed for {node}: {exc}")
+            else:
+                what = "back in" if in_sync else "out of"
+                self._in_loop(self.report, f"{session}: follower {node} {what} the in-sync set")
+
+        self.loop.run_in_executor(self._executor, job)
 
     def adopt(
         self, waiter: Waiter, session: str, host: Callable[[WorkerCluster], HostedSession]

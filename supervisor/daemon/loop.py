@@ -85,6 +85,8 @@ class Supervisor:
 
     def on_report(self, hosted: HostedSession, message: Message) -> None:
         self.hosting.on_report(hosted, message)
+        if self.cluster is not None and isinstance(change := message.get("in_sync"), dict):
+            self.cluster.in_sync_change(hosted.id, change)  # a replicated session's follower
 
     def wake(self, hosted: HostedSession) -> None:
         self.hosting.wake(hosted)
@@ -296,7 +298,7 @@ class Supervisor:
     # -- used by operations -------------------------------------------------------------
 
     def create_session(
-        self, waiter: Waiter, session_id: str, slot: int, app: str | None = None
+        self, waiter: Waiter, session_id: str, slot: int, app: str | None = None, replicas: int = 1
     ) -> None:
         directory = os.path.join(self.home, SESSIONS_DIR, session_id)
         if session_id in self.sessions or os.path.exists(directory):
@@ -314,6 +316,7 @@ class Supervisor:
                 waiter,
                 session_id,
                 lambda args: self._create_hosted(waiter, session_id, slot, args, app),
+                replicas,
             )
 
     def _create_hosted(

@@ -28,6 +28,7 @@ STATUS_PAGE_BYTES: Final = MAX_FRAME // 2
 a page always fits the frame with room for the reply around it."""
 
 MAX_APP_NAME: Final = 64
+MAX_REPLICAS: Final = 9  # copies of a replicated session (docs/scaling.md, "Replication")
 MOVE_STEPS: Final = frozenset({"seal", "pull", "release", "discard", "receive", "install"})
 """A cluster node's own part of a move or takeover between hosts (docs/scaling.md 6, 7)."""
 
@@ -38,7 +39,7 @@ class Daemon(Protocol):
     @property
     def sessions(self) -> dict[str, HostedSession]: ...
     def create_session(
-        self, waiter: Waiter, session_id: str, slot: int, app: str | None = None
+        self, waiter: Waiter, session_id: str, slot: int, app: str | None = None, replicas: int = 1
     ) -> None: ...
     def forget_pending_start(self, hosted: HostedSession) -> None: ...
     def statuses(self) -> list[Message]: ...
@@ -82,7 +83,10 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
             slot = optional_field(message, "slot", int) or 0
             if slot < 0:
                 raise WireError("field 'slot' must be >= 0")
-            daemon.create_session(waiter, session_id, slot, _app(message))
+            replicas = optional_field(message, "replicas", int) or 1
+            if not 1 <= replicas <= MAX_REPLICAS:
+                raise WireError(f"field 'replicas' must be 1 to {MAX_REPLICAS}")
+            daemon.create_session(waiter, session_id, slot, _app(message), replicas)
         elif op == "connect":
             _hosted(daemon, message).submit(waiter, {"op": "connect"})
         elif op in ("send", "compact"):

@@ -1,0 +1,156 @@
+"""``loopd create --cluster URL ID --replicas 3`` on three real daemons with TLS ports.
+
+The owner's worker ships every group commit to the two followers' TLS ports before it
+answers; etcd holds the followers and the in-sync set. Every process of the owner's
+node SIGKILLed right after an acknowledgement: each follower's copy, read from its
+disk, holds every acknowledged key once. A follower SIGKILLed: the next write is not
+acknowledged, the ones after are refused in one line until it is back, etcd's in-sync
+set loses it, and it rejoins once restarted.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from supervisor.client.cluster import ClusterClient
+from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.ownership import owner_of
+from supervisor.cluster.replica_set import ReplicaSet, replicas_of
+from supervisor.cluster.transport import Role
+from supervisor.errors import ControlError
+from tests.etcd_server import EtcdServer, free_port
+from tests.support import Daemon, log_user_keys, poll_until
+from tests.tls_certs import Certificates
+from worker.store.loader import load_session
+
+pytestmark = pytest.mark.timeout(100)
+NAMES = ("a", "b", "c")
+
+
+@dataclass
+class Nodes:
+    root: Path
+    etcd: EtcdServer
+    certs: Certificates
+    addresses: dict[str, str]
+    daemons: dict[str, Daemon]
+
+    def start(self, name: str) -> Daemon:
+        files = self.certs.issue(name, Role.NODE)
+        args = ["--cluster", self.etcd.url, "--node", name, "--lease-ttl", "3"]
+        args += ["--listen", self.addresses[name], *self.certs.args(files)]
+        self.daemons[name] = Daemon(self.root / name, *args)
+        return self.daemons[name]
+
+    def kill(self, name: str) -> None:
+        """SIGKILL every process of the node: its workers and its daemon."""
+        daemon = self.daemons[name]
+        workers = daemon.workers()
+        for proc in workers:
+            proc.send_signal(signal.SIGKILL)
+        daemon.proc.send_signal(signal.SIGKILL)
+        daemon.stop()
+
+    def client(self) -> ClusterClient:
+        return ClusterClient(self.etcd.url, timeout=20, tls=self.certs.issue("app", Role.CLIENT))
+
+    def replica_set(self) -> ReplicaSet | None:
+        with EtcdClient(self.etcd.url) as etcd:
+            return replicas_of(etcd, "r")
+
+    def owner(self) -> str:
+        with EtcdClient(self.etcd.url) as etcd:
+            owner = owner_of(etcd, "r")
+        assert owner is not None
+        return owner.node
+
+    def copy_keys(self, name: str) -> list[str | None]:
+        copies = self.root / name / "replicas"
+        load_session(str(copies / "sessions" / "r"), "r", history=True)
+        return log_user_keys(copies, "r")
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[Nodes]:
+    root = tmp_path / "rd"
+    root.mkdir()
+    etcd = EtcdServer(root / "etcd")
+    etcd.start()
+    addresses = {name: f"tls://127.0.0.1:{free_port()}" for name in NAMES}
+    cluster = Nodes(root, etcd, Certificates(root / "certs"), addresses, {})
+    try:
+        for name in NAMES:
+            cluster.start(name)
+        yield cluster
+    finally:
+        for daemon in cluster.daemons.values():
+            daemon.stop()
+        etcd.stop()
+
+
+def test_every_acknowledged_key_is_on_the_followers_when_the_owner_node_dies(
+    nodes: Nodes,
+) -> None:
+    with nodes.client() as client:
+        client.create("r", replicas=3)
+        owner = nodes.owner()
+        followers = tuple(n for n in NAMES if n != owner)
+        current = nodes.replica_set()
+        assert current is not None
+        assert (current.replicas, current.followers, current.in_sync) == (3, followers, followers)
+        acknowledged = []
+        for n in range(5):
+            reply = client.send("r", f"text {n}", key=f"k{n}")
+            assert reply["text"] == f"echo: text {n}"
+            acknowledged.append(f"k{n}")
+        nodes.kill(owner)  # right after the last acknowledgement
+    for name in followers:
+        assert nodes.copy_keys(name) == acknowledged
+
+
+def test_a_follower_killed_leaves_the_in_sync_set_and_writes_wait_for_it(nodes: Nodes) -> None:
+    with nodes.client() as client:
+        client.create("r", replicas=3)
+        owner = nodes.owner()
+        lost, kept = (n for n in NAMES if n != owner)
+        client.send("r", "one", key="k1")
+        nodes.kill(lost)
+        with pytest.raises(ControlError) as caught:
+            # Durable on the owner and one follower, not acknowledged; the client's
+            # retries by key are then refused before a byte is written.
+            client.send("r", "two", key="k2")
+        assert f"(not in sync: {lost}): writes are refused" in str(caught.value)
+
+        def out_of_sync() -> bool:
+            current = nodes.replica_set()
+            return current is not None and current.in_sync == (kept,)
+
+        poll_until(out_of_sync, what=f"{lost} out of the in-sync set in etcd")
+        with pytest.raises(ControlError) as caught:
+            client.send("r", "three", key="k3")
+        message = str(caught.value)
+        assert f"2 of the 3 copies it asks for are in sync (not in sync: {lost})" in message
+        assert "\n" not in message
+        assert nodes.copy_keys(kept) == ["k1", "k2"]
+        nodes.start(lost)  # back: the owner catches it up at its next write
+
+        def written() -> bool:
+            try:
+                client.send("r", "four", key="k4")
+            except ControlError:
+                return False
+            return True
+
+        poll_until(written, timeout=30, what=f"a write acknowledged with {lost} back")
+        def back_in_sync() -> bool:
+            current = nodes.replica_set()
+            return current is not None and set(current.in_sync) == {lost, kept}
+
+        poll_until(back_in_sync, what=f"{lost} back in the in-sync set")
+    for name in (lost, kept):
+        assert nodes.copy_keys(name) == ["k1", "k2", "k4"]
