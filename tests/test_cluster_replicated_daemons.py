@@ -147,6 +147,7 @@ def test_a_follower_killed_leaves_the_in_sync_set_and_writes_wait_for_it(nodes: 
             return True
 
         poll_until(written, timeout=30, what=f"a write acknowledged with {lost} back")
+
         def back_in_sync() -> bool:
             current = nodes.replica_set()
             return current is not None and set(current.in_sync) == {lost, kept}
