@@ -217,7 +217,6 @@ def main(argv: list[str] | None = None) -> int:
             fence=fence,
         )
         if isinstance(fence, ReplicatedFence):  # its followers hold the log before any write
-            fence.notify = server.control.queue
             fence.shipper.start()
         signal.signal(signal.SIGTERM, server.on_sigterm)  # stops at the next turn
         server.run()

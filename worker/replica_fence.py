@@ -5,11 +5,11 @@ before any reply (``worker/server.py``). In a replicated session that second che
 ships what the chunk wrote to every in-sync follower and waits for each one's
 acknowledgement (``worker.replication.Shipper``); a follower that fails is out of the
 worker's in-sync set at once, the chunk is answered as not acknowledged, and the daemon
-is told (``{"op": "state", "in_sync": {...}}`` on the control channel) so that it
-removes the follower from the in-sync set in etcd under the owner's token. The first
-check refuses a write, before a byte of it, while fewer copies are in sync than the
-session asks for, and first tries (at most every ``REJOIN_INTERVAL``) to catch the
-missing followers up and take them back.
+is asked (an ``in_sync`` request on its control socket, answered once etcd's in-sync
+set is changed under the owner's token) before the worker acknowledges anything
+without it. The first check refuses a write, before a byte of it, while fewer copies
+are in sync than the session needs (a majority of its copies), and first tries (at
+most every ``REJOIN_INTERVAL``) to catch the missing followers up and take them back.
 
 The daemon gives the worker what it needs: the followers' names and ``tls://``
 addresses, the in-sync set etcd holds, and the node certificate's files
@@ -19,17 +19,18 @@ addresses, the in-sync set etcd holds, and the node certificate's files
 from __future__ import annotations
 
 import argparse
+import socket
 import time
-from collections.abc import Callable
 from typing import Final
 
 from worker.follower_tls import TlsFollower, node_context
 from worker.lease_deadline import LeaseFence
 from worker.replication import Shipper
 from worker.store.session import Session
-from worker.wire import Message
+from worker.wire import FrameReader, Message, encode
 
 REJOIN_INTERVAL: Final = 1.0
+DAEMON_TIMEOUT: Final = 5.0  # the daemon's etcd call ends within 2 s (CALL_TIMEOUT)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,16 +38,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--follower", action="append", default=[], help="NAME=tls://HOST:PORT")
     parser.add_argument("--in-sync", default="", help="the followers in sync, comma-separated")
+    parser.add_argument("--min-in-sync", type=int, default=None)
     parser.add_argument("--node-tls", nargs=3, default=None, metavar=("CA", "CERT", "KEY"))
+    parser.add_argument("--daemon-socket", default=None, help="the daemon's control socket")
 
 
 class ReplicatedFence(LeaseFence):
     """``LeaseFence.check`` and then the followers': what the server calls around a chunk."""
 
-    def __init__(self, path: str, lease: int, token: int, shipper: Shipper) -> None:
+    def __init__(
+        self, path: str, lease: int, token: int, shipper: Shipper, daemon_socket: str
+    ) -> None:
         super().__init__(path, lease, token)
         self.shipper = shipper
-        self.notify: Callable[[Message], None] | None = None  # the control channel's queue
+        self.daemon_socket = daemon_socket
         self._rejoin_after = 0.0
 
     def check(self) -> None:
@@ -61,9 +66,15 @@ class ReplicatedFence(LeaseFence):
         shipper.check_writable()
 
     def change_in_sync(self, node: str, in_sync: bool) -> None:
-        """Ask the daemon to change etcd's in-sync set (``Shipper``'s callback)."""
-        if self.notify is not None:
-            self.notify({"op": "state", "in_sync": {"node": node, "in_sync": in_sync}})
+        """Have the daemon change etcd's in-sync set, and wait until it did (``Shipper``'s
+        callback); OSError or RuntimeError (one line) if it did not."""
+        session = self.shipper.session.id
+        request = {"id": 1, "op": "in_sync", "session": session, "node": node, "in_sync": in_sync}
+        reply = _ask(self.daemon_socket, request)
+        if reply.get("ok") is not True:
+            failure = reply.get("error")
+            why = failure.get("message") if isinstance(failure, dict) else reply
+            raise RuntimeError(f"the daemon did not change the in-sync set: {why}")
 
     def close(self) -> None:
         self.shipper.close()
@@ -77,8 +88,8 @@ def replicated_fence(args: argparse.Namespace, session: Session, fence: LeaseFen
     """The fence of a session with ``--replicas`` above 1, else ``fence`` as it is."""
     if args.replicas <= 1:
         return fence
-    if args.node_tls is None:
-        raise ValueError("a replicated session's worker needs --node-tls CA CERT KEY")
+    if args.node_tls is None or args.daemon_socket is None:
+        raise ValueError("a replicated session's worker needs --node-tls and --daemon-socket")
     context = node_context(*args.node_tls)
     followers = []
     for spec in args.follower:
@@ -90,8 +101,28 @@ def replicated_fence(args: argparse.Namespace, session: Session, fence: LeaseFen
     def change(node: str, in_sync: bool) -> None:
         holder[0].change_in_sync(node, in_sync)
 
-    shipper = Shipper(session, fence.token, args.replicas, followers, in_sync, change)
+    shipper = Shipper(
+        session, fence.token, args.replicas, followers, in_sync, change, args.min_in_sync
+    )
     fence.close()
-    replicated = ReplicatedFence(fence.path, fence.lease, fence.token, shipper)
+    replicated = ReplicatedFence(fence.path, fence.lease, fence.token, shipper, args.daemon_socket)
     holder.append(replicated)
     return replicated
+
+
+def _ask(path: str, request: Message) -> Message:
+    """One request to the daemon's control socket and its reply (OSError if none)."""
+    deadline = time.monotonic() + DAEMON_TIMEOUT
+    reader = FrameReader()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(DAEMON_TIMEOUT)
+        sock.connect(path)
+        sock.sendall(encode(request))
+        while time.monotonic() < deadline:
+            data = sock.recv(1 << 16)
+            if not data:
+                break
+            replies = reader.feed(data)
+            if replies:
+                return replies[0]
+    raise OSError(f"the daemon at {path} did not answer")

@@ -68,8 +68,17 @@ InSyncChange = Callable[[str, bool], None]
 the change could not be made (then the owner acknowledges nothing without it)."""
 
 
+def majority(replicas: int) -> int:
+    """The copies that must be in sync for a write of a session of ``replicas`` copies."""
+    return replicas // 2 + 1
+
+
 class Shipper:
-    """Ships one owner session's commits to its followers and keeps its in-sync set."""
+    """Ships one owner session's commits to its followers and keeps its in-sync set.
+
+    ``required`` (a majority of ``replicas`` by default) is how many copies, the owner's
+    included, must be in sync for any write to be taken.
+    """
 
     def __init__(
         self,
@@ -79,12 +88,17 @@ class Shipper:
         followers: Iterable[FollowerChannel],
         in_sync: Iterable[str],
         change_in_sync: InSyncChange,
+        required: int | None = None,
     ) -> None:
         self.session = session
         self.token = token
         self.replicas = replicas
+        self.required = majority(replicas) if required is None else required
         self.followers = {channel.node: channel for channel in followers}
         self.in_sync = set(in_sync) & set(self.followers)
+        # Out of the worker's set, but their removal from etcd's not confirmed yet: no
+        # write is acknowledged until it is (etcd's set may lag behind, never lead).
+        self.unconfirmed: set[str] = set()
         self._change = change_in_sync
         self._home = os.path.dirname(os.path.dirname(session.dir))
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.followers)))
@@ -102,22 +116,33 @@ class Shipper:
     # -- before and after a write ---------------------------------------------------------
 
     def check_writable(self) -> None:
-        """Refuse a write (before a byte is written) while too few copies are in sync."""
+        """Refuse a write (before a byte is written) while too few copies are in sync, or
+        while a follower's removal from etcd's in-sync set is not confirmed."""
+        for node in sorted(self.unconfirmed):
+            self._confirm_removal(node)
+        if self.unconfirmed:
+            raise ReplicasMissing(
+                self.session.id,
+                f"follower {', '.join(sorted(self.unconfirmed))} is not in sync and etcd "
+                "could not be told: writes are refused until it is",
+            )
         copies = 1 + len(self.in_sync)
-        if copies < self.replicas:
+        if copies < self.required:
             out = sorted(set(self.followers) - self.in_sync)
             raise ReplicasMissing(
                 self.session.id,
-                f"{copies} of the {self.replicas} copies it asks for are in sync "
-                f"(not in sync: {', '.join(out)}): writes are refused until they catch up",
+                f"{copies} of its {self.replicas} copies are in sync, {self.required} are "
+                f"needed (not in sync: {', '.join(out)}): writes are refused until they "
+                "catch up",
             )
 
     def ship(self) -> ReplicasMissing | None:
         """Ship what the owner wrote since the last call to every in-sync follower.
 
-        Returns None when every one acknowledged; otherwise the failed followers are
-        out of the in-sync set in etcd (or the change raised) and the error to answer
-        the written requests with (durable here, not acknowledged).
+        Returns None when every in-sync follower acknowledged, those that failed having
+        first been removed from etcd's in-sync set, and enough copies are left in sync;
+        otherwise the error to answer the written requests with (durable here, not
+        acknowledged).
         """
         newest = Position(self.session.epoch, os.stat(self.session.log_path).st_size, 0)
         steps = tail_step(self._home, self.session.id, self._at, newest, self.token)
@@ -133,11 +158,14 @@ class Shipper:
             self._drop(node, why)
         if not failed:
             return None
+        if not self.unconfirmed and 1 + len(self.in_sync) >= self.required:
+            return None  # acknowledged by every follower still in sync, in etcd too
         names = ", ".join(node for node, _why in failed)
         return ReplicasMissing(
             self.session.id,
-            f"follower {names} did not acknowledge ({failed[0][1]}): removed from the "
-            "in-sync set; the write is durable on the owner but not acknowledged",
+            f"follower {names} did not acknowledge ({failed[0][1]}); the write is durable "
+            f"on the owner but not acknowledged ({1 + len(self.in_sync)} of "
+            f"{self.required} copies needed are in sync)",
         )
 
     def _send(self, node: str, pieces: list[Step], expected: Position) -> str | None:
@@ -155,7 +183,17 @@ class Shipper:
     def _drop(self, node: str, why: str) -> None:
         self.in_sync.discard(node)  # first: whatever etcd says, nothing is acked without it
         self.lost.append((node, why))
-        self._change(node, False)
+        self.unconfirmed.add(node)
+        self._confirm_removal(node)
+
+    def _confirm_removal(self, node: str) -> None:
+        """Remove ``node`` from etcd's in-sync set; it stays unconfirmed if that fails."""
+        try:
+            self._change(node, False)
+        except Exception as exc:  # noqa: BLE001 - any failure: nothing acked without it
+            self.lost.append((node, f"not removed from etcd's in-sync set: {exc}"))
+        else:
+            self.unconfirmed.discard(node)
 
     # -- catching up ----------------------------------------------------------------------
 
@@ -174,7 +212,7 @@ class Shipper:
         write on it is shipped to before any acknowledgement.
         """
         joined = []
-        for node in sorted(set(self.followers) - self.in_sync):
+        for node in sorted(set(self.followers) - self.in_sync - self.unconfirmed):
             if self._catch_up(node) is None:
                 try:
                     self._change(node, True)

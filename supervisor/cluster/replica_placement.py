@@ -17,6 +17,7 @@ from supervisor.cluster.keys import cordons_prefix
 from supervisor.cluster.replica_set import replicas_of
 from supervisor.cluster.routing import live_nodes
 from supervisor.cluster.transport import TlsFiles
+from supervisor.control_socket import socket_path
 
 
 class ReplicasUnavailable(ClusterError):
@@ -39,12 +40,14 @@ class WorkerReplication:
     followers: tuple[tuple[str, str], ...]  # (name, tls:// address; "" if not registered)
     in_sync: tuple[str, ...]
     tls: TlsFiles
+    daemon_socket: str  # where the worker asks the daemon to change the in-sync set
 
     def argv(self) -> list[str]:
         args = ["--replicas", str(self.replicas), "--in-sync", ",".join(self.in_sync)]
         for name, address in self.followers:
             args += ["--follower", f"{name}={address}"]
-        return [*args, "--node-tls", self.tls.ca, self.tls.cert, self.tls.key]
+        args += ["--node-tls", self.tls.ca, self.tls.cert, self.tls.key]
+        return [*args, "--daemon-socket", self.daemon_socket]
 
     def with_in_sync(self, node: str, in_sync: bool) -> WorkerReplication:
         names = [n for n in self.in_sync if n != node] + ([node] if in_sync else [])
@@ -69,7 +72,7 @@ def choose_followers(client: EtcdClient, session: str, me: str, replicas: int) -
 
 
 def replication_of(
-    client: EtcdClient, session: str, tls: TlsFiles | None
+    client: EtcdClient, session: str, tls: TlsFiles | None, home: str
 ) -> WorkerReplication | None:
     """What the worker of ``session`` is told of its followers; None if it has none."""
     current = replicas_of(client, session)
@@ -79,4 +82,5 @@ def replication_of(
         raise ReplicasUnavailable(session, "a replicated session needs the node's --tls-* files")
     addresses = live_nodes(client)
     followers = tuple((name, addresses.get(name, "")) for name in current.followers)
-    return WorkerReplication(current.replicas, followers, tuple(sorted(current.in_sync)), tls)
+    in_sync = tuple(sorted(current.in_sync))
+    return WorkerReplication(current.replicas, followers, in_sync, tls, socket_path(home))

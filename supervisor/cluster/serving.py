@@ -113,7 +113,7 @@ class ServingNode:
         )  # fmt: skip
 
     def _read_replication(self, session: str) -> None:
-        found = replication_of(self.client, session, self.tls)
+        found = replication_of(self.client, session, self.tls, self.home)
         if found is None:
             self.replication.pop(session, None)
         else:

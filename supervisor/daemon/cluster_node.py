@@ -112,23 +112,27 @@ class DaemonNode:
 
         self._run(session, lambda: self.serving.place(session, replicas), placed)
 
-    def in_sync_change(self, session: str, change: dict[str, object]) -> None:
+    def in_sync_change(self, waiter: Waiter, session: str, node: str, in_sync: bool) -> None:
         """A replicated session's worker saw a follower fail or catch up: etcd's in-sync set
-        is changed in a thread (under the session's token), the outcome logged."""
-        node, in_sync = change.get("node"), change.get("in_sync")
-        if not isinstance(node, str) or not isinstance(in_sync, bool):
-            return
+        is changed in a thread (under the session's token); the worker waits for the reply
+        before it acknowledges anything without the follower (docs/scaling.md)."""
 
         def job() -> None:
             try:
                 self.serving.change_in_sync(session, node, in_sync)
             except ClusterError as exc:
-                self._in_loop(self.report, f"{session}: in-sync set not changed for {node}: {exc}")
+                why = f"{session}: in-sync set not changed for {node}: {exc}"
+                self._in_loop(self._answer, waiter, error(waiter.request_id, "unavailable", why))
             else:
                 what = "back in" if in_sync else "out of"
                 self._in_loop(self.report, f"{session}: follower {node} {what} the in-sync set")
+                self._in_loop(self._answer, waiter, ok(waiter.request_id, {"in_sync": in_sync}))
 
         self.loop.run_in_executor(self._executor, job)
+
+    @staticmethod
+    def _answer(waiter: Waiter, reply: Message) -> None:
+        waiter.client.reply(reply)
 
     def adopt(
         self, waiter: Waiter, session: str, host: Callable[[WorkerCluster], HostedSession]
@@ -260,3 +264,15 @@ def _code(exc: Exception | None) -> str:
     if isinstance(exc, NotOwner):
         return "not_owner"
     return "unavailable"  # etcd did not answer, or badly; a file error of a claim
+
+
+def in_sync_change(node: DaemonNode | None, waiter: Waiter, session: str, message: Message) -> None:
+    """The ``in_sync`` request of a replicated session's worker (``worker/replica_fence.py``)."""
+    follower, in_sync = message.get("node"), message.get("in_sync")
+    if node is None:
+        waiter.client.reply(error(waiter.request_id, "bad_request", "not a cluster node"))
+    elif not isinstance(follower, str) or not isinstance(in_sync, bool):
+        why = "fields 'node' (a string) and 'in_sync' (a boolean) are needed"
+        waiter.client.reply(error(waiter.request_id, "bad_request", why))
+    else:
+        node.in_sync_change(waiter, session, follower, in_sync)

@@ -85,8 +85,6 @@ class Supervisor:
 
     def on_report(self, hosted: HostedSession, message: Message) -> None:
         self.hosting.on_report(hosted, message)
-        if self.cluster is not None and isinstance(change := message.get("in_sync"), dict):
-            self.cluster.in_sync_change(hosted.id, change)  # a replicated session's follower
 
     def wake(self, hosted: HostedSession) -> None:
         self.hosting.wake(hosted)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Final, Protocol
 
+from supervisor.daemon.cluster_node import DaemonNode, in_sync_change
 from supervisor.daemon.endpoints import Client, Waiter
 from supervisor.daemon.hosted import HostedSession
 from supervisor.states import State
@@ -35,6 +36,8 @@ MOVE_STEPS: Final = frozenset({"seal", "pull", "release", "discard", "receive", 
 
 class Daemon(Protocol):
     """What the operations need of the daemon (passed in, so neither imports the other)."""
+
+    cluster: DaemonNode | None
 
     @property
     def sessions(self) -> dict[str, HostedSession]: ...
@@ -87,6 +90,8 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
             if not 1 <= replicas <= MAX_REPLICAS:
                 raise WireError(f"field 'replicas' must be 1 to {MAX_REPLICAS}")
             daemon.create_session(waiter, session_id, slot, _app(message), replicas)
+        elif op == "in_sync":  # a replicated session's worker (docs/scaling.md, Replication)
+            in_sync_change(daemon.cluster, waiter, _session_id(message), message)
         elif op == "connect":
             _hosted(daemon, message).submit(waiter, {"op": "connect"})
         elif op in ("send", "compact"):
