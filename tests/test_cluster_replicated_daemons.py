@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.client.cluster import ClusterClient
+from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.ownership import owner_of
 from supervisor.cluster.replica_set import ReplicaSet, replicas_of
@@ -147,3 +148,49 @@ def test_a_follower_killed_leaves_the_in_sync_set_before_the_next_ack(nodes: Nod
         assert current.in_sync == (first,)
     assert nodes.copy_keys(first) == ["k1", "k2", "k3", "k4"]
     assert nodes.copy_keys(second) == ["k1", "k2"]
+
+
+def test_the_owner_node_dies_a_follower_takes_over_and_the_old_owner_rejoins(
+    nodes: Nodes,
+) -> None:
+    with nodes.client() as client:
+        client.create("r", replicas=3)
+        owner = nodes.owner()
+        for n in range(4):
+            assert client.send("r", f"t{n}", key=f"k{n}")["duplicate"] is False
+        nodes.kill(owner)  # every process of the owner's node
+
+        def served() -> dict[str, object] | None:
+            try:
+                return client.send("r", "after", key="k4")
+            except (ControlError, ClusterError):  # nobody owns it yet, or not served yet
+                return None
+
+        assert poll_until(served, timeout=30, what="the session served again")["duplicate"] is False
+        successor = nodes.owner()
+        assert successor != owner
+        for n in range(4):  # every acknowledged key is there, once: its retry is answered
+            assert client.send("r", f"t{n}", key=f"k{n}")["duplicate"] is True
+        current = nodes.replica_set()
+        assert current is not None
+        assert owner in current.followers
+        assert owner not in current.in_sync
+        nodes.start(owner)  # it quarantines its old copy and comes back as a follower
+
+        def rejoined() -> bool:
+            client.send("r", "more", key=f"m{poll_round()}")  # the owner catches it up
+            now = nodes.replica_set()
+            return now is not None and owner in now.in_sync
+
+        poll_until(rejoined, timeout=30, what=f"{owner} back in the in-sync set")
+    assert list((nodes.root / owner / "quarantine").iterdir())  # its old copy, kept
+    keys = nodes.copy_keys(owner)
+    assert keys[:5] == ["k0", "k1", "k2", "k3", "k4"]
+    assert len(keys) == len(set(keys))
+
+
+_ROUNDS = iter(range(10**6))
+
+
+def poll_round() -> int:
+    return next(_ROUNDS)

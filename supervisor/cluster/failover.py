@@ -11,6 +11,7 @@ revision is the new token, higher than every token before it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from supervisor.cluster.errors import NotOwner
@@ -48,7 +49,7 @@ def take_over(client: EtcdClient, session: str, node: str, lease: int) -> Failov
     previous = node_of(placed.value)
     followers = [f for f in current.followers if f != node] + [previous]
     in_sync = [f for f in current.in_sync if f != node]
-    wanted = ReplicaSet(current.replicas, tuple(followers), tuple(in_sync))
+    wanted = ReplicaSet(current.replicas, tuple(followers), tuple(in_sync), 0, current.addresses)
     result = client.txn(
         [
             absent(owner_key(session)),
@@ -70,7 +71,5 @@ def take_over(client: EtcdClient, session: str, node: str, lease: int) -> Failov
             raise NotOwner(session, f"owned by {holder} (token {owners[0].mod_revision})")
         raise NotOwner(session, "its replica set, placement or move changed meanwhile: retry")
     return Failover(
-        result.revision,
-        previous,
-        ReplicaSet(wanted.replicas, wanted.followers, wanted.in_sync, result.revision),
+        result.revision, previous, dataclasses.replace(wanted, revision=result.revision)
     )

@@ -80,7 +80,7 @@ def replication_of(
         return None
     if tls is None:
         raise ReplicasUnavailable(session, "a replicated session needs the node's --tls-* files")
-    addresses = live_nodes(client)
+    addresses = {**dict(current.addresses), **live_nodes(client)}
     followers = tuple((name, addresses.get(name, "")) for name in current.followers)
     in_sync = tuple(sorted(current.in_sync))
     return WorkerReplication(current.replicas, followers, in_sync, tls, socket_path(home))

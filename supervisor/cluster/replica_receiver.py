@@ -20,6 +20,18 @@ from worker.store.replica_types import NotContinuing, Position, ReplicaRefused, 
 from worker.wire import Message, error, ok
 
 OPS: Final = frozenset({"replicate", "replica_position"})
+_RECEIVERS: dict[str, ReplicaReceiver] = {}
+_RECEIVERS_LOCK = threading.Lock()
+
+
+def receiver_for(home: str) -> ReplicaReceiver:
+    """The one receiver of a node's home in this process: the TLS gateway writes copies
+    with it, the failover (``supervisor/cluster/failover_watch.py``) releases one with it."""
+    with _RECEIVERS_LOCK:
+        receiver = _RECEIVERS.get(home)
+        if receiver is None:
+            receiver = _RECEIVERS[home] = ReplicaReceiver(home)
+        return receiver
 
 
 class ReplicaReceiver:
@@ -28,6 +40,7 @@ class ReplicaReceiver:
     def __init__(self, home: str) -> None:
         self.root = replicas_root(home)
         self._copies: dict[str, Replica] = {}
+        self._released: set[str] = set()  # promoted here: no step is written to them
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -35,6 +48,15 @@ class ReplicaReceiver:
             for replica in self._copies.values():
                 replica.close()
             self._copies.clear()
+
+    def release(self, session: str) -> None:
+        """Close the copy of ``session`` (its lock released): it is being promoted. Until
+        then no step is applied to it; a step after it reopens whatever is there."""
+        with self._lock:
+            self._released.add(session)
+            replica = self._copies.pop(session, None)
+            if replica is not None:
+                replica.close()
 
     def handle(self, message: Message) -> Message:
         """Answer one ``replicate`` or ``replica_position`` request (one-line errors)."""
@@ -74,6 +96,8 @@ class ReplicaReceiver:
         replica = self._copies.get(session)
         if replica is not None:
             return replica
+        if session in self._released:
+            raise NotContinuing(self.root, f"{session} was promoted here: it is served, not copied")
         try:
             replica = Replica.open(self.root, session)
         except SessionNotFound:

@@ -1,15 +1,19 @@
 """A replicated session's followers and in-sync set in etcd (docs/scaling.md, "Replication").
 
-``/loopd/replicas/<id>`` holds ``{"replicas": N, "followers": [...], "in_sync": [...]}``
+``/loopd/replicas/<id>`` holds ``{"replicas": N, "followers": [...], "in_sync": [...],
+"addresses": {...}}``
 (durable, no lease): how many copies the session asks for (its owner's included), the
 nodes that hold a follower's copy, and those of them that hold every group the owner
-acknowledged. It is written only in transactions that also compare the owner key's
+acknowledged, and the ``tls://`` address of every node that held a copy when it was
+placed (a node whose registration is gone, a dead owner, is still reached there when
+it returns). It is written only in transactions that also compare the owner key's
 ``mod_revision`` with the writer's token: a deposed owner changes nothing, and two
 writes of one owner never interleave (each compares the key's own revision too).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from supervisor.cluster.errors import BadClusterValue, NotOwner
@@ -34,11 +38,12 @@ class ReplicaSet:
     followers: tuple[str, ...]
     in_sync: tuple[str, ...]
     revision: int = 0  # the key's mod_revision when read (0: not written yet)
+    addresses: tuple[tuple[str, str], ...] = ()  # (node, tls:// address), by node
 
     def value(self) -> bytes:
         return encode_value(
             {"replicas": self.replicas, "followers": list(self.followers),
-             "in_sync": list(self.in_sync)}
+             "in_sync": list(self.in_sync), "addresses": dict(self.addresses)}
         )  # fmt: skip
 
 
@@ -53,7 +58,11 @@ def parse_replica_set(data: bytes, revision: int) -> ReplicaSet:
         raise BadClusterValue(data, "'followers' must be a list of node names")
     if not isinstance(in_sync, list) or not set(in_sync) <= set(followers):
         raise BadClusterValue(data, "'in_sync' must be a list of followers")
-    return ReplicaSet(replicas, tuple(followers), tuple(in_sync), revision)
+    addresses = value.get("addresses", {})
+    if not isinstance(addresses, dict) or not all(isinstance(a, str) for a in addresses.values()):
+        raise BadClusterValue(data, "'addresses' must map node names to addresses")
+    known = tuple(sorted((str(node), str(where)) for node, where in addresses.items()))
+    return ReplicaSet(replicas, tuple(followers), tuple(in_sync), revision, known)
 
 
 def replicas_of(client: EtcdClient, session: str) -> ReplicaSet | None:
@@ -63,22 +72,24 @@ def replicas_of(client: EtcdClient, session: str) -> ReplicaSet | None:
 
 
 def place_replicas(
-    client: EtcdClient, session: str, token: int, replicas: int, followers: list[str]
-) -> ReplicaSet:
+    client: EtcdClient, session: str, token: int, replicas: int, followers: list[str],
+    addresses: dict[str, str] | None = None,
+) -> ReplicaSet:  # fmt: skip
     """Write a new session's followers (all in sync: their copies are made before any
     write is acknowledged); NotOwner unless ``token`` is the owner's and none is there."""
     if replicas < 1 or len(followers) != replicas - 1 or len(set(followers)) != len(followers):
         raise ValueError(f"{replicas} replicas need {replicas - 1} distinct followers")
     for name in followers:
         check_node_name(name)
-    wanted = ReplicaSet(replicas, tuple(followers), tuple(followers))
+    known = tuple(sorted((addresses or {}).items()))
+    wanted = ReplicaSet(replicas, tuple(followers), tuple(followers), 0, known)
     key = replicas_key(session)
     result = client.txn(
         [modified_at(owner_key(session), token), absent(key)], [Put(key=key, value=wanted.value())]
     )
     if not result.succeeded:
         raise NotOwner(session, f"token {token} is not the owner's, or its replicas are placed")
-    return ReplicaSet(replicas, wanted.followers, wanted.in_sync, result.revision)
+    return dataclasses.replace(wanted, revision=result.revision)
 
 
 def change_in_sync(
@@ -101,7 +112,7 @@ def change_in_sync(
             if add not in current.followers:
                 raise ValueError(f"{add} is not a follower of {session}")
             names.append(add)
-        wanted = ReplicaSet(current.replicas, current.followers, tuple(names))
+        wanted = dataclasses.replace(current, in_sync=tuple(names), revision=0)
         if wanted.in_sync == current.in_sync:
             return current
         result = client.txn(
@@ -110,7 +121,7 @@ def change_in_sync(
             [Get(key=owner_key(session))],
         )
         if result.succeeded:
-            return ReplicaSet(wanted.replicas, wanted.followers, wanted.in_sync, result.revision)
+            return dataclasses.replace(wanted, revision=result.revision)
         owners = result.reads[0]
         if not owners or owners[0].mod_revision != token:
             raise NotOwner(session, f"token {token} is no longer the owner's")

@@ -30,6 +30,7 @@ from supervisor.cluster.replica_placement import (
     replication_of,
 )
 from supervisor.cluster.replica_set import change_in_sync, place_replicas, replicas_of
+from supervisor.cluster.routing import live_nodes
 from supervisor.cluster.transport import TlsFiles, TransportError
 from supervisor.errors import ServeError
 
@@ -151,7 +152,10 @@ class ServingNode:
         token = place_or_resume(self.client, session, self.node.name, lease)
         if replicas > 1 and replicas_of(self.client, session) is None:
             try:
-                place_replicas(self.client, session, token, replicas, followers)
+                addresses = {n: a for n, a in live_nodes(self.client).items() if n in followers}
+                if self.node.address.startswith("tls://"):
+                    addresses[self.node.name] = self.node.address
+                place_replicas(self.client, session, token, replicas, followers, addresses)
             except BaseException:
                 unplace(self.client, session, self.node.name, token)
                 raise

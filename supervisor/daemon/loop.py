@@ -211,6 +211,7 @@ class Supervisor:
             self.loop, serving, self.sessions, self.report, lambda: self._shutting_down,
             self._check_done,
         )  # fmt: skip
+        self.cluster.host = lambda sid, args: self._host(self._spec(sid, cluster=args))
         return self.cluster.start()
 
     def report_from_thread(self, line: str) -> None:

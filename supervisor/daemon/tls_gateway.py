@@ -21,7 +21,7 @@ from typing import Final
 from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.move_node import read_chunk, sealed_manifest
 from supervisor.cluster.replica_receiver import OPS as REPLICA_OPS
-from supervisor.cluster.replica_receiver import ReplicaReceiver
+from supervisor.cluster.replica_receiver import receiver_for
 from supervisor.cluster.transport import (
     ALLOWED,
     HANDSHAKE_TIMEOUT,
@@ -70,7 +70,7 @@ class TlsGateway:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopped: asyncio.Event | None = None
-        self.replicas = ReplicaReceiver(os.path.dirname(control_path))  # follower copies
+        self.replicas = receiver_for(os.path.dirname(control_path))  # follower copies
 
     def open(self) -> None:
         """Bind and listen (ServeError in one line if the port cannot be had), then serve."""
