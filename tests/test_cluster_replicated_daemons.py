@@ -25,7 +25,7 @@ from supervisor.cluster.replica_set import ReplicaSet, replicas_of
 from supervisor.cluster.transport import Role
 from supervisor.errors import ControlError
 from tests.etcd_server import EtcdServer, free_port
-from tests.support import Daemon, log_user_keys, poll_until
+from tests.support import Daemon, log_user_keys, loopd, poll_until
 from tests.tls_certs import Certificates
 from worker.store.loader import load_session
 
@@ -97,13 +97,21 @@ def nodes(tmp_path: Path) -> Iterator[Nodes]:
 def test_every_acknowledged_key_is_on_the_followers_when_the_owner_node_dies(
     nodes: Nodes,
 ) -> None:
+    files = nodes.certs.issue("app", Role.CLIENT)
+    env = {"LOOPD_TLS_CA": files.ca, "LOOPD_TLS_CERT": files.cert, "LOOPD_TLS_KEY": files.key}
+    created = loopd("create", "--cluster", nodes.etcd.url, "r", "--replicas", "3", env=env)
+    assert created.returncode == 0, created.stderr
+    owner = nodes.owner()
+    followers = tuple(n for n in NAMES if n != owner)
+    current = nodes.replica_set()
+    assert current is not None
+    assert (current.replicas, current.followers, current.in_sync) == (3, followers, followers)
+    shown = loopd("status", "--cluster", nodes.etcd.url, env=env)
+    assert shown.returncode == 0, shown.stderr
+    header, row = shown.stdout.splitlines()
+    assert header.split()[:4] == ["session", "node", "followers", "in_sync"]
+    assert row.split()[:4] == ["r", owner, ",".join(followers), ",".join(followers)]
     with nodes.client() as client:
-        client.create("r", replicas=3)
-        owner = nodes.owner()
-        followers = tuple(n for n in NAMES if n != owner)
-        current = nodes.replica_set()
-        assert current is not None
-        assert (current.replicas, current.followers, current.in_sync) == (3, followers, followers)
         acknowledged = []
         for n in range(5):
             reply = client.send("r", f"text {n}", key=f"k{n}")
