@@ -45,7 +45,11 @@ class Nodes:
         files = self.certs.issue(name, Role.NODE)
         args = ["--cluster", self.etcd.url, "--node", name, "--lease-ttl", "3"]
         args += ["--listen", self.addresses[name], *self.certs.args(files)]
-        self.daemons[name] = Daemon(self.root / name, *args)
+        home = self.root / name
+        home.mkdir(parents=True, exist_ok=True)
+        # The node's default for creates that do not say (the first test says it).
+        (home / "loopd.toml").write_text("replicas = 3\n")
+        self.daemons[name] = Daemon(home, *args)
         return self.daemons[name]
 
     def kill(self, name: str) -> None:
@@ -124,7 +128,7 @@ def test_every_acknowledged_key_is_on_the_followers_when_the_owner_node_dies(
 
 def test_a_follower_killed_leaves_the_in_sync_set_before_the_next_ack(nodes: Nodes) -> None:
     with nodes.client() as client:
-        client.create("r", replicas=3)  # a majority, 2 of the 3 copies, must be in sync
+        client.create("r")  # loopd.toml's replicas = 3: 2 copies must be in sync
         owner = nodes.owner()
         first, second = (n for n in NAMES if n != owner)
         client.send("r", "one", key="k1")
@@ -162,7 +166,7 @@ def test_the_owner_node_dies_a_follower_takes_over_and_the_old_owner_rejoins(
     nodes: Nodes,
 ) -> None:
     with nodes.client() as client:
-        client.create("r", replicas=3)
+        client.create("r")  # 3 copies, loopd.toml's default
         owner = nodes.owner()
         for n in range(4):
             assert client.send("r", f"t{n}", key=f"k{n}")["duplicate"] is False

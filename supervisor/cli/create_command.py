@@ -48,7 +48,7 @@ def create(
     timeout: float,
     session_id: str,
     slot: int,
-    replicas: int,
+    replicas: int | None,
     app: str | None,
 ) -> None:
     """Create session ID and start its worker (with --cluster: on the least loaded node)."""

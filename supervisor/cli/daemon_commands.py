@@ -165,6 +165,13 @@ def _fail(op: str, exc: ControlError) -> NoReturn:
     "without a renewal.",
 )
 @click.option(
+    "--replicas",
+    type=click.IntRange(1, 9),
+    default=None,
+    help="with --cluster: the copies of a session created on this node whose create does "
+    "not say (default 1; docs/scaling.md, Replication).",
+)
+@click.option(
     "--print-config",
     is_flag=True,
     help=f"print the settings (<home>/{CONFIG_NAME} under these flags) as TOML, and exit.",
@@ -204,6 +211,7 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
         max_batch=cast(int, get("max_batch")), poison_after=cast(int, get("poison_after")),
         cluster=cast("str | None", get("cluster")), node=cast("str | None", get("node")),
         lease_ttl=cast("int | None", get("lease_ttl")), apps=apps,
+        replicas=cast("int | None", get("replicas")),
         listen=cast("str | None", get("listen")), tls=tls.tls_files(*map(get, tls.TLS_PARAMS)),
     )  # fmt: skip
     try:

@@ -73,16 +73,15 @@ client_home_option = click.option(
 replicas_option = click.option(
     "--replicas",
     type=click.IntRange(1, 9),
-    default=1,
-    show_default=True,
-    help="with --cluster: copies of the session's log on as many nodes, every one in sync "
-    "before a write is acknowledged (docs/scaling.md, Replication).",
+    default=None,
+    help="with --cluster: copies of the session's log on as many nodes, a majority in sync "
+    "for writes (default: the node's `replicas`, else 1; docs/scaling.md, Replication).",
 )
 
 
-def refuse_replicas_without_cluster(replicas: int) -> None:
+def refuse_replicas_without_cluster(replicas: int | None) -> None:
     """``--replicas`` above 1 with ``--home``: a usage error (a home holds one copy)."""
-    if replicas != 1:
+    if replicas not in (None, 1):
         raise click.UsageError("--replicas needs --cluster: a home holds one copy")
 
 

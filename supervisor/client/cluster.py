@@ -73,7 +73,7 @@ class ClusterClient:
         self._links.clear()
         self.etcd.close()
 
-    def create(self, session: str, *, slot: int = 0, replicas: int = 1) -> object:
+    def create(self, session: str, *, slot: int = 0, replicas: int | None = None) -> object:
         """Create ``session`` on the live node holding the fewest sessions.
 
         An id placed already goes to its node: that node answers ``exists`` if it holds
@@ -84,7 +84,7 @@ class ClusterClient:
         address = node_address(self.etcd, node)
         if address is None:
             raise NotOwner(session, f"node {node} left the cluster")
-        more = {"replicas": replicas} if replicas > 1 else {}  # a node from before ignores none
+        more = {"replicas": replicas} if replicas is not None else {}  # else the node's default
         return self._call(node, address, "create", session=session, slot=slot, **more)
 
     def send(

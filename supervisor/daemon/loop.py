@@ -297,8 +297,9 @@ class Supervisor:
     # -- used by operations -------------------------------------------------------------
 
     def create_session(
-        self, waiter: Waiter, session_id: str, slot: int, app: str | None = None, replicas: int = 1
-    ) -> None:
+        self, waiter: Waiter, session_id: str, slot: int, app: str | None = None,
+        replicas: int | None = None,
+    ) -> None:  # fmt: skip
         directory = os.path.join(self.home, SESSIONS_DIR, session_id)
         if session_id in self.sessions or os.path.exists(directory):
             waiter.client.reply(
@@ -315,7 +316,7 @@ class Supervisor:
                 waiter,
                 session_id,
                 lambda args: self._create_hosted(waiter, session_id, slot, args, app),
-                replicas,
+                replicas or self.config.replicas or 1,  # the create's, else this node's
             )
 
     def _create_hosted(

@@ -42,8 +42,9 @@ class Daemon(Protocol):
     @property
     def sessions(self) -> dict[str, HostedSession]: ...
     def create_session(
-        self, waiter: Waiter, session_id: str, slot: int, app: str | None = None, replicas: int = 1
-    ) -> None: ...
+        self, waiter: Waiter, session_id: str, slot: int, app: str | None = None,
+        replicas: int | None = None,
+    ) -> None: ...  # fmt: skip
     def forget_pending_start(self, hosted: HostedSession) -> None: ...
     def statuses(self) -> list[Message]: ...
     def daemon_status(self) -> Message: ...
@@ -86,8 +87,8 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
             slot = optional_field(message, "slot", int) or 0
             if slot < 0:
                 raise WireError("field 'slot' must be >= 0")
-            replicas = optional_field(message, "replicas", int) or 1
-            if not 1 <= replicas <= MAX_REPLICAS:
+            replicas = optional_field(message, "replicas", int)
+            if replicas is not None and not 1 <= replicas <= MAX_REPLICAS:
                 raise WireError(f"field 'replicas' must be 1 to {MAX_REPLICAS}")
             daemon.create_session(waiter, session_id, slot, _app(message), replicas)
         elif op == "in_sync":  # a replicated session's worker (docs/scaling.md, Replication)
