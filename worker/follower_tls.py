@@ -69,6 +69,18 @@ class TlsFollower:
     def position(self, session: str) -> Position | None:
         return self._position(self._call({"op": "replica_position", "session": session}))
 
+    def line_ends(self, session: str, epoch: int) -> tuple[int, list[list[int]]]:
+        result = self._call({"op": "replica_line_ends", "session": session, "epoch": epoch})
+        return parse_line_ends(self._node, result)
+
+    def rewind(self, session: str, keep: Position, token: int) -> Position:
+        request = {"op": "replica_rewind", "session": session, "position": keep.to_message(),
+                   "token": token}  # fmt: skip
+        position = self._position(self._call(request))
+        if position is None:
+            raise ShipFailed(f"{self._node}: the reply holds no position")
+        return position
+
     def _position(self, result: object) -> Position | None:
         value = result.get("position") if isinstance(result, dict) else None
         try:
@@ -139,3 +151,13 @@ def _units(cert: object) -> list[str]:
             if isinstance(pair, tuple) and len(pair) == 2 and pair[0] == "organizationalUnitName":
                 found.append(str(pair[1]))
     return found
+
+
+def parse_line_ends(node: str, result: object) -> tuple[int, list[list[int]]]:
+    """A ``replica_line_ends`` reply's epoch and ``[size, crc]`` pairs; ShipFailed if bad."""
+    epoch = result.get("epoch") if isinstance(result, dict) else None
+    ends = result.get("ends") if isinstance(result, dict) else None
+    if type(epoch) is not int or not isinstance(ends, list):
+        raise ShipFailed(f"{node}: a bad line_ends reply")
+    pairs = [[int(e[0]), int(e[1])] for e in ends if isinstance(e, list) and len(e) == 2]
+    return epoch, pairs

@@ -24,8 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Final, Protocol
 
 from worker.store.errors import NotOwnerNow, SessionError
+from worker.store.replica_roles import shared_prefix
 from worker.store.replica_source import split_step, steps_after, tail_step
-from worker.store.replica_types import Position, Step
+from worker.store.replica_types import NotContinuing, Position, Step
 from worker.store.session import Session
 
 MAX_STEP: Final = 256 * 1024  # bytes of lines per shipped step (a wire frame holds 1 MiB)
@@ -47,6 +48,15 @@ class FollowerChannel(Protocol):
 
     def position(self, session: str) -> Position | None:
         """Where the follower's copy ends (None: it has none), or ShipFailed."""
+        ...
+
+    def line_ends(self, session: str, epoch: int) -> tuple[int, list[list[int]]]:
+        """The copy's ``[size, crc]`` line ends in ``epoch`` (or its newest below), or
+        ShipFailed."""
+        ...
+
+    def rewind(self, session: str, keep: Position, token: int) -> Position:
+        """Cut the copy back to ``keep`` (its suffix to quarantine); its position."""
         ...
 
 
@@ -223,11 +233,24 @@ class Shipper:
                 joined.append(node)
         return joined
 
+    def _rewind(self, channel: FollowerChannel, position: Position) -> Position:
+        """The follower's copy diverged (it holds what this log does not: groups its old
+        owner wrote and never had acknowledged): cut it back to the prefix they share."""
+        keep = _shared(self._home, self.session.id, channel, position)
+        at = channel.rewind(self.session.id, keep, self.token)
+        self.lost.append((channel.node, f"its copy was cut back from {position} to {at}"))
+        return at
+
     def _catch_up(self, node: str) -> str | None:
         channel = self.followers[node]
         try:
             position = channel.position(self.session.id)
-            steps = steps_after(self._home, self.session.id, position, self.token)
+            try:
+                steps = steps_after(self._home, self.session.id, position, self.token)
+            except NotContinuing:
+                assert position is not None  # a copy without a position continues nothing
+                position = self._rewind(channel, position)
+                steps = steps_after(self._home, self.session.id, position, self.token)
             pieces = [piece for step in steps for piece in split_step(step, MAX_STEP)]
             at = position
             for piece in pieces:
@@ -238,6 +261,17 @@ class Shipper:
         if at != self._at:
             return f"its copy is at {at}, the owner's at {self._at}"
         return None
+
+
+def _shared(home: str, session: str, channel: FollowerChannel, at: Position) -> Position:
+    """The longest prefix the follower's copy shares with this log (epochs from ``at``'s
+    down); NotContinuing if they share not even a first line."""
+    for epoch in range(at.epoch, -1, -1):
+        found, ends = channel.line_ends(session, epoch)
+        keep = shared_prefix(home, session, found, ends)
+        if keep is not None:
+            return keep
+    raise NotContinuing(session, f"{channel.node}'s copy shares no line with this log")
 
 
 def _end_of(pieces: list[Step]) -> Position:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from supervisor.cluster.peer_link import NodeLink
 from supervisor.cluster.transport import TlsFiles
 from supervisor.errors import ControlError
+from worker.follower_tls import parse_line_ends
 from worker.replication import ShipFailed
 from worker.store.replica_types import Position, Step
 
@@ -41,6 +42,18 @@ class FollowerLink:
 
     def position(self, session: str) -> Position | None:
         return self._position(self._call("replica_position", session=session), required=False)
+
+    def line_ends(self, session: str, epoch: int) -> tuple[int, list[list[int]]]:
+        result = self._call("replica_line_ends", session=session, epoch=epoch)
+        return parse_line_ends(self._node, result)
+
+    def rewind(self, session: str, keep: Position, token: int) -> Position:
+        result = self._call(
+            "replica_rewind", session=session, position=keep.to_message(), token=token
+        )
+        position = self._position(result, required=True)
+        assert position is not None  # required
+        return position
 
     def _call(self, op: str, **fields: object) -> object:
         try:

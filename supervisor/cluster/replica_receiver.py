@@ -15,11 +15,11 @@ from typing import Final
 
 from worker.store.errors import SessionError, SessionNotFound
 from worker.store.replica import Replica
-from worker.store.replica_roles import replicas_root
+from worker.store.replica_roles import line_ends, replicas_root, rewind
 from worker.store.replica_types import NotContinuing, Position, ReplicaRefused, StaleToken, Step
-from worker.wire import Message, error, ok
+from worker.wire import Message, WireError, error, field, ok
 
-OPS: Final = frozenset({"replicate", "replica_position"})
+OPS: Final = frozenset({"replicate", "replica_position", "replica_line_ends", "replica_rewind"})
 _RECEIVERS: dict[str, ReplicaReceiver] = {}
 _RECEIVERS_LOCK = threading.Lock()
 
@@ -64,7 +64,10 @@ class ReplicaReceiver:
         at: Position | None
         try:
             with self._lock:
-                if message.get("op") == "replicate":
+                op = message.get("op")
+                if op in ("replica_line_ends", "replica_rewind"):
+                    return ok(request_id, self._diverged(message))
+                if op == "replicate":
                     step = Step.from_message(message.get("step"))
                     replica = self._copy(step.session, step)
                     if replica is None:  # made by this very step (epoch 0)
@@ -78,7 +81,7 @@ class ReplicaReceiver:
                         raise ValueError("field 'session' must be a string")
                     replica = self._copy(session, None)
                     at = replica.position if replica is not None else None
-        except ValueError as exc:
+        except (ValueError, WireError) as exc:
             return error(request_id, "bad_request", str(exc))
         except StaleToken as exc:
             return error(request_id, "stale_token", str(exc))
@@ -90,6 +93,32 @@ class ReplicaReceiver:
             self._forget(message)
             return error(request_id, "replica_failed", str(exc))
         return ok(request_id, {"position": None if at is None else at.to_message()})
+
+    def _diverged(self, message: Message) -> dict[str, object]:
+        """``replica_line_ends``: the copy's line ends in an epoch (the new owner finds the
+        prefix they share); ``replica_rewind``: the copy cut back to that prefix, by an
+        owner whose token is no lower than the copy has seen (``replica_roles.rewind``)."""
+        session = field(message, "session", str)
+        replica = self._copy(session, None)
+        if replica is None:
+            raise NotContinuing(self.root, f"no copy of {session} here")
+        if message.get("op") == "replica_line_ends":
+            epoch = message.get("epoch")
+            if type(epoch) is not int or epoch < 0:
+                raise ValueError("field 'epoch' must be an integer >= 0")
+            found, ends = line_ends(self.root, session, min(epoch, replica.position.epoch))
+            return {"epoch": found, "ends": ends}
+        keep, token = Position.from_message(message.get("position")), message.get("token")
+        if keep is None or type(token) is not int:
+            raise ValueError("fields 'position' and 'token' are needed")
+        if token < replica.highest_token:
+            raise StaleToken(self.root, f"token {token} is lower than {replica.highest_token}")
+        replica.close()
+        del self._copies[session]
+        moved = rewind(self.root, session, keep)
+        replica = self._copy(session, None)
+        assert replica is not None
+        return {"position": replica.position.to_message(), "quarantined": moved}
 
     def _copy(self, session: str, step: Step | None) -> Replica | None:
         """The open copy of ``session``, or None: there is none, or ``step`` (epoch 0) made it."""

@@ -132,6 +132,27 @@ def demote(home: str | os.PathLike[str], session_id: str, keep: Position) -> lis
     return moved
 
 
+def rewind(root: str | os.PathLike[str], session_id: str, keep: Position) -> list[str]:
+    """Cut a follower's copy (in the replicas home ``root``) back to ``keep``, the longest
+    prefix it shares with the new owner's log: what follows goes to
+    ``<root>/quarantine/<id>/`` (never deleted); the files written there are returned.
+
+    The copy's suffix was never acknowledged (an acknowledged write is on every in-sync
+    follower, the new owner included); the copy must not be open (its lock is taken).
+    """
+    root = os.fspath(root)
+    directory = session_dir(root, session_id)
+    lock_fd = lock_existing(directory)
+    try:
+        moved = _cut(root, directory, session_id, lock_fd, keep)
+    finally:
+        unlock_directory(lock_fd)
+    if key_index_damaged(root, session_id) is not None:
+        rebuild_key_index(root, session_id)
+    load_session(directory, session_id)  # it must open as it is now
+    return moved
+
+
 def _cut(home: str, directory: str, session_id: str, lock_fd: int, keep: Position) -> list[str]:
     epochs = list_epochs(directory, lock_fd)
     path = log_path(directory, keep.epoch)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import zlib
 
 from worker.store.baseline import hash_bytes
 from worker.store.errors import LogError, quote
@@ -62,8 +61,3 @@ def describe_difference(expected: SessionStart, actual: SessionStart) -> str:
         if want != got:
             return f"{field.name} is {quote(got, 80)}, the copy carries {quote(want, 80)}"
     return "they differ"
-
-
-def crc_of(data: bytes) -> int:
-    """CRC-32 of ``data`` (a log's bytes: what its next line's checksum continues)."""
-    return zlib.crc32(data)
