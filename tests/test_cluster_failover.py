@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.cluster.errors import NotOwner
+from supervisor.cluster.errors import MoveFailed, NotOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.failover import take_over
+from supervisor.cluster.keys import move_key
+from supervisor.cluster.move import start_intent
 from supervisor.cluster.ownership import owner_of, place_new, placement_of
 from supervisor.cluster.replica_set import ReplicaSet, change_in_sync, place_replicas, replicas_of
 from tests.cluster_support import register
@@ -50,3 +52,15 @@ def test_only_an_in_sync_follower_takes_over_and_only_once_the_owner_is_gone(
         with pytest.raises(NotOwner, match="no longer the owner's"):
             change_in_sync(client, "r", token, add="a")  # the old owner's token is void
         assert change_in_sync(client, "r", failover.token, add="c").in_sync == ("c",)
+
+
+def test_a_replicated_session_is_not_moved(etcd: EtcdServer, tmp_path: Path) -> None:
+    with EtcdClient(etcd.url) as client:
+        a = register(client, "a", tmp_path / "a")
+        register(client, "b", tmp_path / "b")
+        token = place_new(client, "r", "a", a.lease_id)
+        place_replicas(client, "r", token, 2, ["b"])
+        with pytest.raises(MoveFailed) as caught:
+            start_intent(client, "r", "b")
+        assert "a replicated session is not moved yet" in str(caught.value)
+        assert client.get(move_key("r")) is None  # nothing was changed
