@@ -25,6 +25,8 @@ from typing import Final
 from worker.app import DEFAULT_APP, DEFAULT_BUDGET, App, load_app
 from worker.heartbeat import HeartbeatCell
 from worker.lease_deadline import LeaseFence
+from worker.replica_fence import ReplicatedFence, replicated_fence
+from worker.replica_fence import add_arguments as add_replication_arguments
 from worker.server import Server, describe
 from worker.store.errors import (
     LOG_REFUSED,
@@ -118,6 +120,7 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cluster-token", type=int, default=None)
     parser.add_argument("--cluster-lease", type=int, default=0)
     parser.add_argument("--lease-file", default=None)
+    add_replication_arguments(parser)  # a replicated session's followers (docs/scaling.md)
     parser.add_argument("--create", action="store_true", help="create the session if absent")
     parser.add_argument("--slot", type=int, default=0)
     parser.add_argument("--app", default=DEFAULT_APP, help="module:attribute of the app")
@@ -213,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             poisoned=_poisoned(args.poison),
             fence=fence,
         )
+        if isinstance(fence, ReplicatedFence):  # its followers hold the log before any write
+            fence.shipper.start()
         signal.signal(signal.SIGTERM, server.on_sigterm)  # stops at the next turn
         server.run()
     except (StopRequested, BrokenPipeError, ConnectionResetError):
@@ -255,7 +260,8 @@ def _cluster_fence(args: argparse.Namespace, session: Session) -> LeaseFence | N
         write_owner(session, args.cluster_node, args.cluster_token)
     except SessionError as exc:  # a newer token in the log, or sealed by a move
         raise CannotOpen(exc) from exc
-    return LeaseFence(args.lease_file, args.cluster_lease, args.cluster_token)
+    fence = LeaseFence(args.lease_file, args.cluster_lease, args.cluster_token)
+    return replicated_fence(args, session, fence)
 
 
 def _heartbeat_cell(fd: int | None) -> HeartbeatCell | None:

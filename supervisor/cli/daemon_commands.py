@@ -165,6 +165,13 @@ def _fail(op: str, exc: ControlError) -> NoReturn:
     "without a renewal.",
 )
 @click.option(
+    "--replicas",
+    type=click.IntRange(1, 9),
+    default=None,
+    help="with --cluster: the copies of a session created on this node whose create does "
+    "not say (default 1; docs/scaling.md, Replication).",
+)
+@click.option(
     "--print-config",
     is_flag=True,
     help=f"print the settings (<home>/{CONFIG_NAME} under these flags) as TOML, and exit.",
@@ -204,6 +211,7 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
         max_batch=cast(int, get("max_batch")), poison_after=cast(int, get("poison_after")),
         cluster=cast("str | None", get("cluster")), node=cast("str | None", get("node")),
         lease_ttl=cast("int | None", get("lease_ttl")), apps=apps,
+        replicas=cast("int | None", get("replicas")),
         listen=cast("str | None", get("listen")), tls=tls.tls_files(*map(get, tls.TLS_PARAMS)),
     )  # fmt: skip
     try:
@@ -224,45 +232,6 @@ def _home_or_cluster(home: str | None, cluster: str | None) -> str | None:
 def _cluster_fail(op: str, exc: ClusterError | ControlError) -> NoReturn:
     click.echo(f"loopd {op}: {exc}", err=True)
     sys.exit(EXIT_ERROR)
-
-
-@click.command()
-@client_home_option
-@cluster_option
-@tls.client_tls_options
-@timeout_option
-@click.argument("session_id", metavar="ID")
-@click.option("--slot", type=click.IntRange(0, MAX_SLOT), default=0, show_default=True)
-@click.option(
-    "--app",
-    "app",
-    default=None,
-    help="the named App ([apps.NAME] of loopd.toml) the session runs, now and at every "
-    "restart (default: serve's --app).",
-)
-def create(
-    home: str | None,
-    cluster: str | None,
-    timeout: float,
-    session_id: str,
-    slot: int,
-    app: str | None,
-) -> None:
-    """Create session ID and start its worker (with --cluster: on the least loaded node)."""
-    if _home_or_cluster(home, cluster) is not None:
-        assert home is not None
-        _print_status([_call(home, "create", timeout, session=session_id, slot=slot, app=app)])
-        return
-    if app is not None:
-        click.echo("loopd create: --app is for a home's named Apps, not --cluster", err=True)
-        sys.exit(EXIT_ERROR)
-    assert cluster is not None
-    try:
-        with tls.cluster_client(cluster, timeout=timeout) as client:
-            row = client.create(session_id, slot=slot)
-    except (ClusterError, ControlError) as exc:
-        _cluster_fail("create", exc)
-    _print_status([row])
 
 
 @click.command()
@@ -394,4 +363,4 @@ def _print_status(rows: list[object]) -> None:
         click.echo(line)
 
 
-COMMANDS: Final = (serve, create, send, compact, start, stop, status)
+COMMANDS: Final = (serve, send, compact, start, stop, status)  # create: create_command.py

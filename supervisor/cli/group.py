@@ -19,7 +19,7 @@ import click
 PLUGIN_GROUP: Final = "loopd.commands"
 COMMANDS: Final = {
     "serve": "supervisor.cli.daemon_commands:serve",
-    "create": "supervisor.cli.daemon_commands:create",
+    "create": "supervisor.cli.create_command:create",
     "send": "supervisor.cli.daemon_commands:send",
     "compact": "supervisor.cli.daemon_commands:compact",
     "start": "supervisor.cli.daemon_commands:start",

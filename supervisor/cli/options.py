@@ -70,6 +70,21 @@ client_home_option = click.option(
     help=f"The loopd home directory (or ${HOME_ENV}); not with --cluster.",
 )
 
+replicas_option = click.option(
+    "--replicas",
+    type=click.IntRange(1, 9),
+    default=None,
+    help="with --cluster: copies of the session's log on as many nodes, a majority in sync "
+    "for writes (default: the node's `replicas`, else 1; docs/scaling.md, Replication).",
+)
+
+
+def refuse_replicas_without_cluster(replicas: int | None) -> None:
+    """``--replicas`` above 1 with ``--home``: a usage error (a home holds one copy)."""
+    if replicas not in (None, 1):
+        raise click.UsageError("--replicas needs --cluster: a home holds one copy")
+
+
 cluster_option = click.option(
     "--cluster",
     envvar=CLUSTER_ENV,

@@ -19,6 +19,7 @@ from supervisor.cluster.errors import ClusterError, NotOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.ownership import placement_of
 from supervisor.cluster.peer_link import NodeLink
+from supervisor.cluster.replica_set import replicas_of
 from supervisor.cluster.routing import (
     Route,
     TokenGuard,
@@ -72,7 +73,7 @@ class ClusterClient:
         self._links.clear()
         self.etcd.close()
 
-    def create(self, session: str, *, slot: int = 0) -> object:
+    def create(self, session: str, *, slot: int = 0, replicas: int | None = None) -> object:
         """Create ``session`` on the live node holding the fewest sessions.
 
         An id placed already goes to its node: that node answers ``exists`` if it holds
@@ -83,7 +84,8 @@ class ClusterClient:
         address = node_address(self.etcd, node)
         if address is None:
             raise NotOwner(session, f"node {node} left the cluster")
-        return self._call(node, address, "create", session=session, slot=slot)
+        more = {"replicas": replicas} if replicas is not None else {}  # else the node's default
+        return self._call(node, address, "create", session=session, slot=slot, **more)
 
     def send(
         self, session: str, text: str, *, key: str | None = None, untrusted: bool = False
@@ -121,8 +123,16 @@ class ClusterClient:
             result = self._call(node, address, "status")
             for row in result if isinstance(result, list) else []:
                 if isinstance(row, dict):
-                    rows.append({**row, "node": node})
+                    rows.append({**row, "node": node, **self._replicas(row.get("session"))})
         return rows
+
+    def _replicas(self, session: object) -> dict[str, object]:
+        """A replicated session's followers and in-sync set, from etcd (else nothing)."""
+        found = replicas_of(self.etcd, session) if isinstance(session, str) else None
+        if found is None:
+            return {}
+        followers, in_sync = ",".join(found.followers), ",".join(found.in_sync)
+        return {"followers": followers or None, "in_sync": in_sync or None}
 
     def _route(self, session: str, *, fresh: bool) -> Route:
         found = None if fresh else self._routes.get(session)

@@ -79,6 +79,9 @@ def _by_count(item: tuple[str, int]) -> tuple[int, str]:
 def with_node_column(columns: Sequence[str], rows: Sequence[object]) -> Sequence[str]:
     """``columns`` with ``node`` after the first when any row names its node (a cluster's
     status, ``loopd status --cluster``)."""
+    if any(isinstance(row, dict) and "followers" in row for row in rows):
+        # A replicated session's followers and in-sync set (docs/scaling.md, Replication).
+        columns = (columns[0], "followers", "in_sync", *columns[1:])
     if any(isinstance(row, dict) and "node" in row for row in rows):
         return (columns[0], "node", *columns[1:])
     return columns

@@ -29,6 +29,7 @@ from supervisor.cluster.keys import (
     placement_key,
 )
 from supervisor.cluster.ownership import OwnerRecord, owner_of, placement_of
+from supervisor.cluster.replica_set import replicas_of
 from supervisor.cluster.session_files import (
     copy_session,
     file_hashes,
@@ -194,6 +195,9 @@ def start_intent(client: EtcdClient, session: str, target: str) -> MoveIntent | 
     placed = placement_of(client, session)
     if placed == target:
         return None
+    if replicas_of(client, session) is not None:  # not built: docs/scaling.md, Replication
+        raise MoveFailed(session, "intent", "a replicated session is not moved yet (its "
+                         "followers hold copies): nothing was changed")  # fmt: skip
     owner = owner_of(client, session)
     if placed is None or owner is None or owner.node != placed:
         raise MoveFailed(

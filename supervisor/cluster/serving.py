@@ -11,6 +11,7 @@ daemon (``supervisor/daemon/cluster_jobs.py``), never in its loop.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Final
@@ -20,8 +21,16 @@ from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.lease import LeaseTiming, NodeNameTaken
 from supervisor.cluster.move_node import discard_here, pull_here, release_here, seal_here
 from supervisor.cluster.node import LEASE_FILE, Claims, ClusterNode
-from supervisor.cluster.ownership import place_or_resume
+from supervisor.cluster.ownership import place_or_resume, unplace
 from supervisor.cluster.receive_copy import install_here, receive_here
+from supervisor.cluster.replica_placement import (
+    ReplicasUnavailable,
+    WorkerReplication,
+    choose_followers,
+    replication_of,
+)
+from supervisor.cluster.replica_set import change_in_sync, place_replicas, replicas_of
+from supervisor.cluster.routing import live_nodes
 from supervisor.cluster.transport import TlsFiles, TransportError
 from supervisor.errors import ServeError
 
@@ -38,11 +47,13 @@ class WorkerCluster:
     token: int
     lease: int
     lease_file: str
+    replication: WorkerReplication | None = None  # a replicated session's followers
 
     def argv(self) -> list[str]:
+        more = self.replication.argv() if self.replication is not None else []
         return [
             "--cluster-node", self.node, "--cluster-token", str(self.token),
-            "--cluster-lease", str(self.lease), "--lease-file", self.lease_file,
+            "--cluster-lease", str(self.lease), "--lease-file", self.lease_file, *more,
         ]  # fmt: skip
 
 
@@ -69,6 +80,8 @@ class ServingNode:
         timing = LeaseTiming(ttl=ttl) if ttl is not None else None
         self.node = ClusterNode(self.client, name, home, timing=timing, address=address)
         self.lease_file = os.path.join(home, LEASE_FILE)
+        self.replication: dict[str, WorkerReplication] = {}  # read in threads, never the loop
+        self._in_sync_lock = threading.Lock()
 
     def start(self) -> list[str]:
         """Register and claim; return the sessions this node serves now.
@@ -85,6 +98,8 @@ class ServingNode:
                     raise
                 time.sleep(NAME_RETRY)
             else:
+                for session in claims.served:
+                    self._read_replication(session)
                 return sorted(claims.served)
 
     def worker_args(self, session: str) -> WorkerCluster | None:
@@ -94,10 +109,33 @@ class ServingNode:
             return None
         token, lease = held
         return WorkerCluster(
-            node=self.node.name, token=token, lease=lease, lease_file=self.lease_file
-        )
+            node=self.node.name, token=token, lease=lease, lease_file=self.lease_file,
+            replication=self.replication.get(session),
+        )  # fmt: skip
 
-    def place(self, session: str) -> WorkerCluster:
+    def _read_replication(self, session: str) -> None:
+        found = replication_of(self.client, session, self.tls, self.home)
+        if found is None:
+            self.replication.pop(session, None)
+        else:
+            self.replication[session] = found
+
+    def change_in_sync(self, session: str, node: str, in_sync: bool) -> None:
+        """A follower out of (or back in) the session's in-sync set, as its worker saw it:
+        etcd's changed under the token this node owns it with (docs/scaling.md)."""
+        held = self.node.held(session)
+        if held is None:
+            raise NotOwner(session, "not owned here")
+        with self._in_sync_lock:
+            if in_sync:
+                change_in_sync(self.client, session, held[0], add=node)
+            else:
+                change_in_sync(self.client, session, held[0], remove=node)
+            current = self.replication.get(session)
+            if current is not None:
+                self.replication[session] = current.with_in_sync(node, in_sync)
+
+    def place(self, session: str, replicas: int = 1) -> WorkerCluster:
         """Place and own a new session on this node, which holds no files of it.
 
         AlreadyPlaced if it exists on any node; NotOwner if the node's lease changed
@@ -106,7 +144,22 @@ class ServingNode:
         which a retry on this node takes up (``place_or_resume``).
         """
         lease = self.node.lease.lease_id
+        followers = []
+        if replicas > 1:
+            if self.tls is None:
+                raise ReplicasUnavailable(session, "--replicas needs nodes serving TLS (--listen)")
+            followers = choose_followers(self.client, session, self.node.name, replicas)
         token = place_or_resume(self.client, session, self.node.name, lease)
+        if replicas > 1 and replicas_of(self.client, session) is None:
+            try:
+                addresses = {n: a for n, a in live_nodes(self.client).items() if n in followers}
+                if self.node.address.startswith("tls://"):
+                    addresses[self.node.name] = self.node.address
+                place_replicas(self.client, session, token, replicas, followers, addresses)
+            except BaseException:
+                unplace(self.client, session, self.node.name, token)
+                raise
+        self._read_replication(session)
         args = self.worker_args(session) if self.node.adopt(session, token, lease) else None
         if args is None:
             raise NotOwner(session, "placed, but the node's lease changed meanwhile")
@@ -116,7 +169,10 @@ class ServingNode:
         """Claim a session moved to this node; its worker arguments, or None if not ours."""
         claims = Claims()
         self.node.claim(session, claims)
-        return self.worker_args(session) if session in claims.served else None
+        if session not in claims.served:
+            return None
+        self._read_replication(session)
+        return self.worker_args(session)
 
     def move_step(
         self, op: str, session: str, fields: dict[str, object] | None = None

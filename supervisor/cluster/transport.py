@@ -39,7 +39,10 @@ class Role(enum.Enum):
 
 
 CLIENT_OPS: Final = frozenset({"ping", "status", "create", "send"})
-NODE_OPS: Final = frozenset({"ping", "files", "file"})
+NODE_OPS: Final = frozenset(
+    {"ping", "files", "file", "replicate", "replica_position", "replica_line_ends",
+     "replica_rewind"}
+)  # fmt: skip
 OPERATOR_OPS: Final = frozenset(
     {"ping", "status", "create", "send", "compact", "start", "stop", "restart", "adopt",
      "forget", "metrics", "seal", "pull", "release", "discard", "receive", "install"}

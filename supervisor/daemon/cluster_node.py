@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Final, TypeVar
 
 from supervisor.cluster.errors import AlreadyPlaced, ClusterError, Cordoned, NotOwner
+from supervisor.cluster.failover_watch import FailoverWatch
 from supervisor.cluster.ownership import unplace
 from supervisor.cluster.serving import ServingNode, WorkerCluster
 from supervisor.daemon.endpoints import Waiter
@@ -55,6 +56,9 @@ class DaemonNode:
         self.stopping = stopping
         self.on_idle = on_idle  # a job ended while the daemon stops: it may be done now
         self.pending: set[str] = set()  # sessions with an etcd job waiting or running
+        self.watch: FailoverWatch | None = None  # takes over followed sessions (failover)
+        # How the daemon hosts a session under its worker arguments (set by the loop).
+        self.host: Callable[[str, WorkerCluster], HostedSession] | None = None
         self._executor = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="etcd")
         # Both are called in the keepalive thread; what they do happens in the loop.
         serving.node.on_reclaimed = lambda _claims: self._in_loop(self._reclaimed)
@@ -63,16 +67,34 @@ class DaemonNode:
     def start(self) -> list[str]:
         """Register and claim (before the loop serves anyone); the sessions served here."""
         try:
-            return self.serving.start()
+            served = self.serving.start()
         except ClusterError as exc:
             raise ServeError(
                 f"cannot join the cluster at {self.serving.client.url}: {exc}"
             ) from exc
+        interval = self.serving.node.lease.timing.ttl / 3
+        self.watch = FailoverWatch(
+            self.serving.client, self.serving.node, interval,
+            lambda session, _token: self._in_loop(self._host_promoted, session),
+            lambda line: self._in_loop(self.report, line),
+        )  # fmt: skip
+        self.watch.start()
+        return served
 
     def close(self) -> None:
         """Wait for the etcd jobs (each ends by its deadline), then revoke the lease."""
+        if self.watch is not None:
+            self.watch.close()
         self._executor.shutdown(wait=True, cancel_futures=True)
         self.serving.close()
+
+    def _host_promoted(self, session: str) -> None:
+        """A follower's copy promoted here by the failover watch: claim it, serve it."""
+        if self.host is None or self.stopping():
+            return
+        host = self.host
+        waiter = Waiter(_Reported(self.report, session), None)
+        self.adopt(waiter, session, lambda claimed: host(session, claimed))
 
     def worker_args(self, session: str) -> WorkerCluster | None:
         return self.serving.worker_args(session)
@@ -92,7 +114,9 @@ class DaemonNode:
         waiter.client.reply(error(waiter.request_id, "busy", why))
         return True
 
-    def place(self, waiter: Waiter, session: str, then: Callable[[WorkerCluster], None]) -> None:
+    def place(
+        self, waiter: Waiter, session: str, then: Callable[[WorkerCluster], None], replicas: int = 1
+    ) -> None:
         """Place and own a new session in etcd off the loop; ``then`` hosts it, in the loop."""
 
         def placed(args: WorkerCluster | None, exc: Exception | None) -> None:
@@ -108,7 +132,29 @@ class DaemonNode:
             else:
                 then(args)
 
-        self._run(session, lambda: self.serving.place(session), placed)
+        self._run(session, lambda: self.serving.place(session, replicas), placed)
+
+    def in_sync_change(self, waiter: Waiter, session: str, node: str, in_sync: bool) -> None:
+        """A replicated session's worker saw a follower fail or catch up: etcd's in-sync set
+        is changed in a thread (under the session's token); the worker waits for the reply
+        before it acknowledges anything without the follower (docs/scaling.md)."""
+
+        def job() -> None:
+            try:
+                self.serving.change_in_sync(session, node, in_sync)
+            except ClusterError as exc:
+                why = f"{session}: in-sync set not changed for {node}: {exc}"
+                self._in_loop(self._answer, waiter, error(waiter.request_id, "unavailable", why))
+            else:
+                what = "back in" if in_sync else "out of"
+                self._in_loop(self.report, f"{session}: follower {node} {what} the in-sync set")
+                self._in_loop(self._answer, waiter, ok(waiter.request_id, {"in_sync": in_sync}))
+
+        self.loop.run_in_executor(self._executor, job)
+
+    @staticmethod
+    def _answer(waiter: Waiter, reply: Message) -> None:
+        waiter.client.reply(reply)
 
     def adopt(
         self, waiter: Waiter, session: str, host: Callable[[WorkerCluster], HostedSession]
@@ -240,3 +286,34 @@ def _code(exc: Exception | None) -> str:
     if isinstance(exc, NotOwner):
         return "not_owner"
     return "unavailable"  # etcd did not answer, or badly; a file error of a claim
+
+
+def in_sync_change(node: DaemonNode | None, waiter: Waiter, session: str, message: Message) -> None:
+    """The ``in_sync`` request of a replicated session's worker (``worker/replica_fence.py``)."""
+    follower, in_sync = message.get("node"), message.get("in_sync")
+    if node is None:
+        waiter.client.reply(error(waiter.request_id, "bad_request", "not a cluster node"))
+    elif not isinstance(follower, str) or not isinstance(in_sync, bool):
+        why = "fields 'node' (a string) and 'in_sync' (a boolean) are needed"
+        waiter.client.reply(error(waiter.request_id, "bad_request", why))
+    else:
+        node.in_sync_change(waiter, session, follower, in_sync)
+
+
+class _Reported:
+    """The client of a request the daemon makes itself: a failed reply goes to its log."""
+
+    def __init__(self, report: Callable[[str], None], session: str) -> None:
+        self.report = report
+        self.session = session
+
+    def reply(self, message: Message) -> None:
+        if message.get("ok") is not True:
+            self.report(f"{self.session}: failover: not served here: {message.get('error')}")
+
+    def reply_relayed(self, message: Message) -> None:
+        self.reply(message)
+
+    def reply_with_fd(self, message: Message, fd: int) -> bool:
+        self.reply(message)
+        return False

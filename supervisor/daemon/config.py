@@ -35,6 +35,7 @@ class ServeConfig:
     cluster: str | None = None  # etcd URL: serve as a node of a cluster (docs/scaling.md)
     node: str | None = None
     lease_ttl: int | None = None
+    replicas: int | None = None  # copies of a session created here when its create says none
     listen: str | None = None  # tls://HOST:PORT: the node's TLS port, registered in etcd
     tls: TlsFiles | None = None
     hosting: HostingSettings = field(default_factory=HostingSettings)

@@ -211,6 +211,7 @@ class Supervisor:
             self.loop, serving, self.sessions, self.report, lambda: self._shutting_down,
             self._check_done,
         )  # fmt: skip
+        self.cluster.host = lambda sid, args: self._host(self._spec(sid, cluster=args))
         return self.cluster.start()
 
     def report_from_thread(self, line: str) -> None:
@@ -296,8 +297,9 @@ class Supervisor:
     # -- used by operations -------------------------------------------------------------
 
     def create_session(
-        self, waiter: Waiter, session_id: str, slot: int, app: str | None = None
-    ) -> None:
+        self, waiter: Waiter, session_id: str, slot: int, app: str | None = None,
+        replicas: int | None = None,
+    ) -> None:  # fmt: skip
         directory = os.path.join(self.home, SESSIONS_DIR, session_id)
         if session_id in self.sessions or os.path.exists(directory):
             waiter.client.reply(
@@ -314,6 +316,7 @@ class Supervisor:
                 waiter,
                 session_id,
                 lambda args: self._create_hosted(waiter, session_id, slot, args, app),
+                replicas or self.config.replicas or 1,  # the create's, else this node's
             )
 
     def _create_hosted(

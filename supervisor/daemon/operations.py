@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Final, Protocol
 
+from supervisor.daemon.cluster_node import DaemonNode, in_sync_change
 from supervisor.daemon.endpoints import Client, Waiter
 from supervisor.daemon.hosted import HostedSession
 from supervisor.states import State
@@ -28,6 +29,7 @@ STATUS_PAGE_BYTES: Final = MAX_FRAME // 2
 a page always fits the frame with room for the reply around it."""
 
 MAX_APP_NAME: Final = 64
+MAX_REPLICAS: Final = 9  # copies of a replicated session (docs/scaling.md, "Replication")
 MOVE_STEPS: Final = frozenset({"seal", "pull", "release", "discard", "receive", "install"})
 """A cluster node's own part of a move or takeover between hosts (docs/scaling.md 6, 7)."""
 
@@ -35,11 +37,14 @@ MOVE_STEPS: Final = frozenset({"seal", "pull", "release", "discard", "receive", 
 class Daemon(Protocol):
     """What the operations need of the daemon (passed in, so neither imports the other)."""
 
+    cluster: DaemonNode | None
+
     @property
     def sessions(self) -> dict[str, HostedSession]: ...
     def create_session(
-        self, waiter: Waiter, session_id: str, slot: int, app: str | None = None
-    ) -> None: ...
+        self, waiter: Waiter, session_id: str, slot: int, app: str | None = None,
+        replicas: int | None = None,
+    ) -> None: ...  # fmt: skip
     def forget_pending_start(self, hosted: HostedSession) -> None: ...
     def statuses(self) -> list[Message]: ...
     def daemon_status(self) -> Message: ...
@@ -82,7 +87,12 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
             slot = optional_field(message, "slot", int) or 0
             if slot < 0:
                 raise WireError("field 'slot' must be >= 0")
-            daemon.create_session(waiter, session_id, slot, _app(message))
+            replicas = optional_field(message, "replicas", int)
+            if replicas is not None and not 1 <= replicas <= MAX_REPLICAS:
+                raise WireError(f"field 'replicas' must be 1 to {MAX_REPLICAS}")
+            daemon.create_session(waiter, session_id, slot, _app(message), replicas)
+        elif op == "in_sync":  # a replicated session's worker (docs/scaling.md, Replication)
+            in_sync_change(daemon.cluster, waiter, _session_id(message), message)
         elif op == "connect":
             _hosted(daemon, message).submit(waiter, {"op": "connect"})
         elif op in ("send", "compact"):

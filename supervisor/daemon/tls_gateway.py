@@ -20,6 +20,8 @@ from typing import Final
 
 from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.move_node import read_chunk, sealed_manifest
+from supervisor.cluster.replica_receiver import OPS as REPLICA_OPS
+from supervisor.cluster.replica_receiver import receiver_for
 from supervisor.cluster.transport import (
     ALLOWED,
     HANDSHAKE_TIMEOUT,
@@ -68,6 +70,7 @@ class TlsGateway:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopped: asyncio.Event | None = None
+        self.replicas = receiver_for(os.path.dirname(control_path))  # follower copies
 
     def open(self) -> None:
         """Bind and listen (ServeError in one line if the port cannot be had), then serve."""
@@ -102,6 +105,7 @@ class TlsGateway:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self.replicas.close()
 
     def _run(self, ready: threading.Event) -> None:
         loop = asyncio.new_event_loop()
@@ -198,6 +202,9 @@ class TlsGateway:
                                      "certificate")  # fmt: skip
                         writer.write(encode(error(message.get("id"), "forbidden",
                             f"a {role.value} certificate may not ask {op!r}")))  # fmt: skip
+                        continue
+                    if op in REPLICA_OPS:  # a follower's copy, written here (replica_receiver)
+                        writer.write(encode(await asyncio.to_thread(self.replicas.handle, message)))
                         continue
                     if op in ("files", "file"):  # a moved session's files, read here
                         reply = await asyncio.to_thread(self._files, message, names)

@@ -1,0 +1,95 @@
+"""Automatic failover: a follower node watches the owners of the sessions it follows.
+
+Every ``interval`` seconds (a third of the lease TTL) a thread of the node looks at
+each copy in ``<home>/replicas/sessions/``: when etcd names no owner of the session
+(the owner's lease expired with its node) and this node is in the session's in-sync
+set, it takes the session over (``failover.take_over``: one transaction, a higher
+token), closes the copy the TLS gateway holds open, promotes it
+(``worker.store.replica_roles.promote``) and hands it to the daemon, which claims it
+(``Owner{me, T'}`` into its log) and starts its worker, shipping to the followers left.
+Of two in-sync followers the first to try wins; the other finds an owner.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+from supervisor.cluster.errors import ClusterError
+from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.failover import take_over
+from supervisor.cluster.node import ClusterNode
+from supervisor.cluster.ownership import owner_of
+from supervisor.cluster.replica_receiver import receiver_for
+from supervisor.cluster.replica_set import replicas_of
+from worker.store.errors import SessionError
+from worker.store.layout import SESSIONS_DIR
+from worker.store.replica_roles import promote, replicas_root
+
+
+class FailoverWatch:
+    """The thread that takes over the sessions whose owner is gone, when this node may."""
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        node: ClusterNode,
+        interval: float,
+        on_promoted: Callable[[str, int], None],
+        report: Callable[[str], None],
+    ) -> None:
+        self.client = client
+        self.node = node
+        self.interval = interval
+        self.on_promoted = on_promoted  # (session, token): called in this thread
+        self.report = report
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="loopd-failover", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.scan()
+
+    def scan(self) -> list[str]:
+        """Take over every followed session that has no owner and names this node in
+        sync; the sessions promoted here."""
+        copies = os.path.join(replicas_root(self.node.home), SESSIONS_DIR)
+        names = sorted(os.listdir(copies)) if os.path.isdir(copies) else []
+        promoted = []
+        for session in names:
+            if self._stop.is_set() or self.node.lease.stopping:
+                break
+            try:
+                if owner_of(self.client, session) is not None:
+                    continue
+                current = replicas_of(self.client, session)
+                if current is None or self.node.name not in current.in_sync:
+                    continue
+                failover = take_over(self.client, session, self.node.name, self.node.lease.lease_id)
+            except ClusterError:
+                continue  # etcd unreachable, or another follower won: look again later
+            receiver_for(self.node.home).release(session)
+            try:
+                promote(self.node.home, session)
+            except SessionError as exc:
+                self.report(f"cluster: {session}: taken over (token {failover.token}) but its "
+                            f"copy cannot be promoted: {exc}")  # fmt: skip
+                continue
+            self.report(
+                f"cluster: {session}: taken over from {failover.previous} with token "
+                f"{failover.token}: its copy is served here"
+            )
+            self.on_promoted(session, failover.token)
+            promoted.append(session)
+        return promoted

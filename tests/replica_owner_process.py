@@ -1,0 +1,102 @@
+"""``python -m tests.replica_owner_process CONFIG_JSON``: the owner of a replicated session.
+
+A cluster node (registration, keepalive) that creates the session ``SESSION`` with
+``replicas`` copies, places its followers and in-sync set in etcd (guarded by its
+token), and ships every write to its followers' TLS ports (``worker.replication``,
+``supervisor.cluster.follower_link``) before acknowledging it. It prints one JSON line
+when ready, then answers one JSON line per line on stdin:
+
+- ``send KEY``: the default app's write; ``{"ok": true}`` only after the owner's
+  fdatasync, every in-sync follower's acknowledgement and a proven lease;
+  ``before_write`` when it was refused before a byte was written;
+- ``compact``: an epoch commit, shipped the same way;
+- ``rejoin``: catch the followers out of sync up and add them back.
+
+End of stdin stops it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.follower_link import FollowerLink
+from supervisor.cluster.lease import LeaseTiming
+from supervisor.cluster.node import ClusterNode
+from supervisor.cluster.replica_set import change_in_sync, place_replicas
+from supervisor.cluster.transport import TlsFiles
+from worker import Session, SessionError
+from worker.app import DefaultApp
+from worker.replication import Shipper
+
+SESSION = "r"
+
+
+def main(config: dict[str, object]) -> int:
+    url, name, home = str(config["url"]), str(config["node"]), str(config["home"])
+    followers = config["followers"]
+    assert isinstance(followers, dict)
+    tls = TlsFiles(**config["tls"])  # type: ignore[arg-type]
+    replicas = int(str(config["replicas"]))
+    app = DefaultApp(budget=1000)
+    with EtcdClient(url) as client:
+        node = ClusterNode(client, name, home, timing=LeaseTiming(ttl=int(str(config["ttl"]))))
+        node.start()
+        token = node.create(SESSION, app.initial_baseline(SESSION), slot=7)
+        place_replicas(client, SESSION, token, replicas, sorted(followers))
+
+        def change(follower: str, in_sync: bool) -> None:
+            if in_sync:
+                change_in_sync(client, SESSION, token, add=follower)
+            else:
+                change_in_sync(client, SESSION, token, remove=follower)
+
+        links = [FollowerLink(f, str(followers[f]), tls) for f in sorted(followers)]
+        with Session.open(home, SESSION) as session:
+            shipper = Shipper(session, token, replicas, links, sorted(followers), change)
+            shipper.start()
+            print(json.dumps({"ready": True, "token": token, "lost": shipper.lost}), flush=True)
+            for line in sys.stdin:
+                command, _, key = line.strip().partition(" ")
+                reply = _command(node, session, shipper, app, token, command, key)
+                print(json.dumps(reply), flush=True)
+            shipper.close()
+        for link in links:
+            link.close()
+        node.close()
+    return 0
+
+
+def _command(
+    node: ClusterNode, session: Session, shipper: Shipper, app: DefaultApp, token: int,
+    command: str, key: str,
+) -> dict[str, object]:  # fmt: skip
+    if command == "rejoin":
+        return {"joined": shipper.rejoin(), "in_sync": sorted(shipper.in_sync)}
+    try:
+        if not node.can_acknowledge(SESSION, token):
+            return {"ok": False, "before_write": True, "error": "not_owner: lease not proven"}
+        shipper.check_writable()
+    except SessionError as exc:
+        return {"ok": False, "before_write": True, "error": str(exc)}
+    try:
+        if command == "compact":
+            session.commit_epoch(f"summary of epoch {session.epoch}", app.initial_baseline(SESSION))
+        else:
+            app.handle(session, {"text": key, "key": key})
+    except SessionError as exc:
+        return {"ok": False, "error": str(exc)}
+    try:
+        lost = shipper.ship()
+    except Exception as exc:  # noqa: BLE001 - the etcd change failed: nothing acknowledged
+        return {"ok": False, "error": f"in-sync change failed: {exc}"}
+    if lost is not None:
+        return {"ok": False, "error": str(lost)}
+    if not node.can_acknowledge(SESSION, token):
+        return {"ok": False, "error": "not_owner: lease lost"}
+    return {"ok": True, "key": key, "token": token, "epoch": session.epoch}
+
+
+if __name__ == "__main__":
+    sys.exit(main(json.loads(sys.argv[1])))

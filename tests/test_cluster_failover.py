@@ -1,0 +1,66 @@
+"""Failover in etcd: an in-sync follower takes the session over in one transaction.
+
+Only once the owner's key is gone (its lease expired), only a follower in the in-sync
+set as etcd holds it, only once; the new token is higher than the old, and the old
+owner, a follower now, is out of sync and can change nothing with its old token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor.cluster.errors import MoveFailed, NotOwner
+from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.failover import take_over
+from supervisor.cluster.keys import move_key
+from supervisor.cluster.move import start_intent
+from supervisor.cluster.ownership import owner_of, place_new, placement_of
+from supervisor.cluster.replica_set import ReplicaSet, change_in_sync, place_replicas, replicas_of
+from tests.cluster_support import register
+from tests.etcd_server import EtcdServer
+
+
+def test_only_an_in_sync_follower_takes_over_and_only_once_the_owner_is_gone(
+    etcd: EtcdServer, tmp_path: Path
+) -> None:
+    with EtcdClient(etcd.url) as client:
+        a, b, c = (register(client, name, tmp_path / name) for name in "abc")
+        token = place_new(client, "r", "a", a.lease_id)
+        place_replicas(client, "r", token, 3, ["b", "c"])
+        with pytest.raises(NotOwner, match="not the owner's"):
+            place_replicas(client, "r", token, 3, ["b", "c"])  # placed once
+        change_in_sync(client, "r", token, remove="c")  # c fell behind
+        with pytest.raises(NotOwner, match="owned by a"):
+            take_over(client, "r", "b", b.lease_id)
+        client.lease_revoke(a.lease_id)  # what the owner's lease expiring does
+        with pytest.raises(NotOwner) as caught:
+            take_over(client, "r", "c", c.lease_id)
+        assert "c is not in its in-sync set ['b']" in str(caught.value)
+        assert "\n" not in str(caught.value)
+        failover = take_over(client, "r", "b", b.lease_id)
+        assert failover.token > token
+        assert failover.previous == "a"
+        owner = owner_of(client, "r")
+        assert owner is not None
+        assert (owner.node, owner.token) == ("b", failover.token)
+        assert placement_of(client, "r") == "b"
+        assert replicas_of(client, "r") == ReplicaSet(3, ("c", "a"), (), failover.token)
+        with pytest.raises(NotOwner, match="owned by b"):
+            take_over(client, "r", "b", b.lease_id)
+        with pytest.raises(NotOwner, match="no longer the owner's"):
+            change_in_sync(client, "r", token, add="a")  # the old owner's token is void
+        assert change_in_sync(client, "r", failover.token, add="c").in_sync == ("c",)
+
+
+def test_a_replicated_session_is_not_moved(etcd: EtcdServer, tmp_path: Path) -> None:
+    with EtcdClient(etcd.url) as client:
+        a = register(client, "a", tmp_path / "a")
+        register(client, "b", tmp_path / "b")
+        token = place_new(client, "r", "a", a.lease_id)
+        place_replicas(client, "r", token, 2, ["b"])
+        with pytest.raises(MoveFailed) as caught:
+            start_intent(client, "r", "b")
+        assert "a replicated session is not moved yet" in str(caught.value)
+        assert client.get(move_key("r")) is None  # nothing was changed

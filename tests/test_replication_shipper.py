@@ -1,0 +1,139 @@
+"""The owner's shipper against followers' receivers on real files, in one process.
+
+The case a failover leaves: the old owner died while shipping a group, so one
+follower's copy holds a group the new owner's log does not. The new owner's catch-up
+finds the prefix they share and has the follower cut its copy back to it (the suffix
+to quarantine, never deleted); then it ships on and the copy is its log byte for byte.
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+from supervisor.cluster.replica_receiver import ReplicaReceiver
+from tests.support import log_user_keys
+from worker import Assistant, Baseline, Owner, Session, User
+from worker.follower_tls import parse_line_ends
+from worker.replication import ShipFailed, Shipper
+from worker.store.fencing import write_owner
+from worker.store.loader import load_session
+from worker.store.replica_roles import promote, replicas_root
+from worker.store.replica_source import tail_step
+from worker.store.replica_types import Position, Step
+from worker.wire import Message
+
+BASELINE = Baseline(system="s", memory="m", tools=[])
+T = "2026-12-01T18:00:00.000000Z"
+
+
+class LocalFollower:
+    """A ``FollowerChannel`` that hands each request to a receiver directly."""
+
+    def __init__(self, node: str, home: Path) -> None:
+        self.node = node
+        self.receiver = ReplicaReceiver(str(home))
+
+    def _ask(self, request: Message) -> dict[str, object]:
+        reply = self.receiver.handle({"id": 1, **request})
+        if reply.get("ok") is not True:
+            raise ShipFailed(f"{self.node}: {reply.get('error')}")
+        result = reply.get("result")
+        assert isinstance(result, dict)
+        return result
+
+    def ship(self, step: Step) -> Position:
+        position = Position.from_message(
+            self._ask({"op": "replicate", "step": step.to_message()})["position"]
+        )
+        assert position is not None
+        return position
+
+    def position(self, session: str) -> Position | None:
+        return Position.from_message(
+            self._ask({"op": "replica_position", "session": session})["position"]
+        )
+
+    def line_ends(self, session: str, epoch: int) -> tuple[int, list[list[int]]]:
+        return parse_line_ends(
+            self.node, self._ask({"op": "replica_line_ends", "session": session, "epoch": epoch})
+        )
+
+    def rewind(self, session: str, keep: Position, token: int) -> Position:
+        request = {
+            "op": "replica_rewind",
+            "session": session,
+            "position": keep.to_message(),
+            "token": token,
+        }
+        position = Position.from_message(self._ask(request)["position"])
+        assert position is not None
+        return position
+
+
+def _write(session: Session, key: str) -> None:
+    session.append_many([User(time=T, text=key, key=key), Assistant(time=T, text=f"a {key}")])
+
+
+def test_a_follower_ahead_of_the_new_owner_is_cut_back_and_caught_up(tmp_path: Path) -> None:
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    changes: list[tuple[str, bool]] = []
+    to_b, to_c = LocalFollower("b", b), LocalFollower("c", c)
+    with Session.create(a, "s", BASELINE) as old:
+        old.append(Owner(node="a", token=5))
+        shipper = Shipper(
+            old, 5, 3, [to_b, to_c], ["b", "c"], lambda n, ok: changes.append((n, ok))
+        )
+        shipper.start()
+        _write(old, "k1")
+        assert shipper.ship() is None  # on both followers: acknowledged
+        held = Path(old.log_path).read_bytes()
+        _write(old, "k2")  # the owner dies while shipping it: only c got it
+        end = Position(old.epoch, Path(old.log_path).stat().st_size, 0)
+        shipper.close()
+    (step,) = tail_step(a, "s", Position(0, len(held), zlib.crc32(held)), end, 5)
+    to_c.ship(step)
+    assert log_user_keys(Path(replicas_root(c)), "s") == ["k1", "k2"]
+    # b takes over with token 9 (etcd's part: tests/test_cluster_failover.py).
+    to_b.receiver.release("s")
+    promote(b, "s")
+    with Session.open(b, "s") as new:
+        write_owner(new, "b", 9)
+        successor = Shipper(new, 9, 3, [to_c], ["c"], lambda n, ok: changes.append((n, ok)))
+        successor.start()
+        assert successor.in_sync == {"c"}
+        assert any("cut back" in why for _node, why in successor.lost)
+        _write(new, "k3")
+        assert successor.ship() is None
+        successor.close()
+    copy = Path(replicas_root(c), "sessions", "s")
+    load_session(str(copy), "s", history=True)
+    assert (copy / "0.jsonl").read_bytes() == (b / "sessions" / "s" / "0.jsonl").read_bytes()
+    assert log_user_keys(Path(replicas_root(c)), "s") == ["k1", "k3"]
+    quarantined = b"".join(
+        p.read_bytes() for p in Path(replicas_root(c), "quarantine", "s").iterdir()
+    )
+    assert b'"key":"k2"' in quarantined
+    assert changes == []  # nobody fell out of sync
+    to_c.receiver.close()
+
+
+def test_a_rewind_with_a_lower_token_is_refused(tmp_path: Path) -> None:
+    a, c = tmp_path / "a", tmp_path / "c"
+    to_c = LocalFollower("c", c)
+    with Session.create(a, "s", BASELINE) as owner:
+        owner.append(Owner(node="a", token=5))
+        shipper = Shipper(owner, 5, 2, [to_c], ["c"], lambda n, ok: None)
+        shipper.start()
+        _write(owner, "k1")
+        assert shipper.ship() is None
+        shipper.close()
+    at = to_c.position("s")
+    assert at is not None
+    reply = to_c.receiver.handle(
+        {"id": 1, "op": "replica_rewind", "session": "s", "position": [0, 10, 0], "token": 4}
+    )
+    assert reply["ok"] is False
+    assert reply["error"]["code"] == "stale_token"  # type: ignore[index]
+    assert to_c.position("s") == at
+    to_c.receiver.close()

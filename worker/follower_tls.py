@@ -1,0 +1,163 @@
+"""The worker's own TLS link to one follower node (``worker.replication.FollowerChannel``).
+
+A replicated session's worker ships its commits itself, with the node's certificate
+(the daemon hands it the files' paths and the followers' addresses): TLS 1.3 both ways,
+the follower's certificate checked against the cluster CA, against the follower's
+name (``server_hostname``: the name etcd gave) and for the ``loopd-node`` role, as the
+cluster transport does (docs/scaling.md, "The transport"). Requests are the control
+frames (``worker.wire``), one ``replicate`` or ``replica_position`` at a time; any
+failure is a ``ShipFailed`` in one line and closes the connection (the next call
+connects again).
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import ssl
+import time
+from typing import Final
+
+from worker.replication import ShipFailed
+from worker.store.replica_types import Position, Step
+from worker.wire import FrameReader, Message, WireError, encode
+
+NODE_ROLE: Final = "loopd-node"
+READ_SIZE: Final = 1 << 16
+
+
+def node_context(ca: str, cert: str, key: str) -> ssl.SSLContext:
+    """A client context presenting the node's certificate; OSError or SSLError if unreadable."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.check_hostname = True
+    context.load_verify_locations(cafile=ca)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+class TlsFollower:
+    """A persistent TLS connection to the follower ``node`` at ``tls://HOST:PORT``."""
+
+    def __init__(
+        self, node: str, address: str, context: ssl.SSLContext, *, timeout: float = 5.0
+    ) -> None:
+        self._node = node
+        self.address = address
+        self.context = context
+        self.timeout = timeout
+        self._sock: ssl.SSLSocket | None = None
+        self._reader = FrameReader()
+        self._ids = itertools.count(1)
+
+    @property
+    def node(self) -> str:
+        return self._node
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def ship(self, step: Step) -> Position:
+        position = self._position(self._call({"op": "replicate", "step": step.to_message()}))
+        if position is None:
+            raise ShipFailed(f"{self._node}: the reply holds no position")
+        return position
+
+    def position(self, session: str) -> Position | None:
+        return self._position(self._call({"op": "replica_position", "session": session}))
+
+    def line_ends(self, session: str, epoch: int) -> tuple[int, list[list[int]]]:
+        result = self._call({"op": "replica_line_ends", "session": session, "epoch": epoch})
+        return parse_line_ends(self._node, result)
+
+    def rewind(self, session: str, keep: Position, token: int) -> Position:
+        request = {"op": "replica_rewind", "session": session, "position": keep.to_message(),
+                   "token": token}  # fmt: skip
+        position = self._position(self._call(request))
+        if position is None:
+            raise ShipFailed(f"{self._node}: the reply holds no position")
+        return position
+
+    def _position(self, result: object) -> Position | None:
+        value = result.get("position") if isinstance(result, dict) else None
+        try:
+            return Position.from_message(value)
+        except ValueError as exc:
+            raise ShipFailed(f"{self._node}: a bad reply: {exc}") from exc
+
+    def _call(self, request: Message) -> object:
+        request_id = next(self._ids)
+        request["id"] = request_id
+        try:
+            frame = encode(request)
+            sock = self._connect()
+            deadline = time.monotonic() + self.timeout
+            sock.sendall(frame)
+            reply = self._read_reply(sock, deadline)
+        except (OSError, WireError, ShipFailed) as exc:
+            self.close()
+            if isinstance(exc, ShipFailed):
+                raise
+            raise ShipFailed(f"{self._node} at {self.address}: {exc}") from exc
+        if reply.get("ok") is True:
+            return reply.get("result")
+        failure = reply.get("error")
+        if isinstance(failure, dict):
+            raise ShipFailed(f"{self._node}: {failure.get('code')}: {failure.get('message')}")
+        raise ShipFailed(f"{self._node}: unexpected reply {reply!r:.200}")
+
+    def _read_reply(self, sock: ssl.SSLSocket, deadline: float) -> Message:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ShipFailed(f"{self._node}: no answer within {self.timeout:g} s")
+            sock.settimeout(left)
+            data = sock.recv(READ_SIZE)
+            if not data:
+                raise ShipFailed(f"{self._node} closed the connection without a reply")
+            replies = self._reader.feed(data)
+            if replies:
+                return replies[0]
+
+    def _connect(self) -> ssl.SSLSocket:
+        if self._sock is not None:
+            return self._sock
+        host, _, port = self.address.removeprefix("tls://").rpartition(":")
+        if not port.isdigit():
+            raise ShipFailed(f"{self._node}: not a tls://HOST:PORT address: {self.address!r}")
+        raw = socket.create_connection((host.strip("[]"), int(port)), timeout=self.timeout)
+        try:
+            sock = self.context.wrap_socket(raw, server_hostname=self._node)
+        except (ssl.SSLError, OSError):
+            raw.close()
+            raise
+        if _units(sock.getpeercert()) != [NODE_ROLE]:
+            sock.close()
+            raise ShipFailed(f"{self._node} at {self.address}: not a node certificate")
+        self._sock = sock
+        self._reader = FrameReader()
+        return sock
+
+
+def _units(cert: object) -> list[str]:
+    """The organizational units (the loopd role) of a verified peer certificate's subject."""
+    subject = cert.get("subject", ()) if isinstance(cert, dict) else ()
+    found = []
+    for rdn in subject if isinstance(subject, tuple) else ():
+        for pair in rdn:
+            if isinstance(pair, tuple) and len(pair) == 2 and pair[0] == "organizationalUnitName":
+                found.append(str(pair[1]))
+    return found
+
+
+def parse_line_ends(node: str, result: object) -> tuple[int, list[list[int]]]:
+    """A ``replica_line_ends`` reply's epoch and ``[size, crc]`` pairs; ShipFailed if bad."""
+    epoch = result.get("epoch") if isinstance(result, dict) else None
+    ends = result.get("ends") if isinstance(result, dict) else None
+    if type(epoch) is not int or not isinstance(ends, list):
+        raise ShipFailed(f"{node}: a bad line_ends reply")
+    pairs = [[int(e[0]), int(e[1])] for e in ends if isinstance(e, list) and len(e) == 2]
+    return epoch, pairs

@@ -1,0 +1,282 @@
+"""The owner's side of a replicated session: each commit shipped to the in-sync followers.
+
+The worker writes and fsyncs a group commit as always; then ``Shipper.ship`` sends the
+bytes it wrote (``worker.store.replica_source``) to every in-sync follower at once and
+waits for each one's acknowledgement (its copy written and fdatasynced,
+``worker.store.replica``). Only when every one acknowledged may the owner answer the
+client. A follower that fails, or answers a position other than the owner's, is
+removed from the in-sync set (``change_in_sync``: the node's etcd transaction guarded
+by the owner's token, done before ``ship`` returns) and the chunk is answered as not
+acknowledged; while fewer copies are in sync than the session asks for, every write is
+refused before a byte of it is written (``check_writable``).
+
+The worker imports nothing of the supervisor: the channels to the followers and the
+etcd change are handed to it (``FollowerChannel``, ``change_in_sync``) by whoever
+starts it.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Final, Protocol
+
+from worker.store.errors import NotOwnerNow, SessionError
+from worker.store.replica_roles import shared_prefix
+from worker.store.replica_source import split_step, steps_after, tail_step
+from worker.store.replica_types import NotContinuing, Position, Step
+from worker.store.session import Session
+
+MAX_STEP: Final = 256 * 1024  # bytes of lines per shipped step (a wire frame holds 1 MiB)
+
+
+class ShipFailed(Exception):
+    """A follower did not acknowledge a step (unreachable, refused it, timed out)."""
+
+
+class FollowerChannel(Protocol):
+    """A connection to one follower node, speaking the ``replicate`` protocol."""
+
+    @property
+    def node(self) -> str: ...
+
+    def ship(self, step: Step) -> Position:
+        """Send one step; the copy's position once it is durable, or ShipFailed."""
+        ...
+
+    def position(self, session: str) -> Position | None:
+        """Where the follower's copy ends (None: it has none), or ShipFailed."""
+        ...
+
+    def line_ends(self, session: str, epoch: int) -> tuple[int, list[list[int]]]:
+        """The copy's ``[size, crc]`` line ends in ``epoch`` (or its newest below), or
+        ShipFailed."""
+        ...
+
+    def rewind(self, session: str, keep: Position, token: int) -> Position:
+        """Cut the copy back to ``keep`` (its suffix to quarantine); its position."""
+        ...
+
+
+class ReplicasMissing(NotOwnerNow):
+    """Fewer copies are in sync than the session asks for: writes are refused (or a write
+    was not acknowledged by every in-sync follower). A ``NotOwnerNow``: the worker
+    answers it as it answers an unproven lease, before or after the write."""
+
+    def __init__(self, session: str, why: str) -> None:
+        super().__init__(session, why)
+        self.session = session
+
+    def __str__(self) -> str:
+        return f"session {self.session}: {self.why}"
+
+
+InSyncChange = Callable[[str, bool], None]
+"""``change(node, in_sync)``: remove (False) or add (True) a follower in etcd; raises if
+the change could not be made (then the owner acknowledges nothing without it)."""
+
+
+def majority(replicas: int) -> int:
+    """The copies that must be in sync for a write of a session of ``replicas`` copies."""
+    return replicas // 2 + 1
+
+
+class Shipper:
+    """Ships one owner session's commits to its followers and keeps its in-sync set.
+
+    ``required`` (a majority of ``replicas`` by default) is how many copies, the owner's
+    included, must be in sync for any write to be taken.
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        token: int,
+        replicas: int,
+        followers: Iterable[FollowerChannel],
+        in_sync: Iterable[str],
+        change_in_sync: InSyncChange,
+        required: int | None = None,
+    ) -> None:
+        self.session = session
+        self.token = token
+        self.replicas = replicas
+        self.required = majority(replicas) if required is None else required
+        self.followers = {channel.node: channel for channel in followers}
+        self.in_sync = set(in_sync) & set(self.followers)
+        # Out of the worker's set, but their removal from etcd's not confirmed yet: no
+        # write is acknowledged until it is (etcd's set may lag behind, never lead).
+        self.unconfirmed: set[str] = set()
+        self._change = change_in_sync
+        self._home = os.path.dirname(os.path.dirname(session.dir))
+        self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.followers)))
+        self._at = self._own_position()
+        self.lost: list[tuple[str, str]] = []  # (node, why) of each follower removed
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def _own_position(self) -> Position:
+        with open(self.session.log_path, "rb") as log:
+            data = log.read()
+        return Position(self.session.epoch, len(data), zlib.crc32(data))
+
+    # -- before and after a write ---------------------------------------------------------
+
+    def check_writable(self) -> None:
+        """Refuse a write (before a byte is written) while too few copies are in sync, or
+        while a follower's removal from etcd's in-sync set is not confirmed."""
+        for node in sorted(self.unconfirmed):
+            self._confirm_removal(node)
+        if self.unconfirmed:
+            raise ReplicasMissing(
+                self.session.id,
+                f"follower {', '.join(sorted(self.unconfirmed))} is not in sync and etcd "
+                "could not be told: writes are refused until it is",
+            )
+        copies = 1 + len(self.in_sync)
+        if copies < self.required:
+            out = sorted(set(self.followers) - self.in_sync)
+            raise ReplicasMissing(
+                self.session.id,
+                f"{copies} of its {self.replicas} copies are in sync, {self.required} are "
+                f"needed (not in sync: {', '.join(out)}): writes are refused until they "
+                "catch up",
+            )
+
+    def ship(self) -> ReplicasMissing | None:
+        """Ship what the owner wrote since the last call to every in-sync follower.
+
+        Returns None when every in-sync follower acknowledged, those that failed having
+        first been removed from etcd's in-sync set, and enough copies are left in sync;
+        otherwise the error to answer the written requests with (durable here, not
+        acknowledged).
+        """
+        newest = Position(self.session.epoch, os.stat(self.session.log_path).st_size, 0)
+        steps = tail_step(self._home, self.session.id, self._at, newest, self.token)
+        pieces = [piece for step in steps for piece in split_step(step, MAX_STEP)]
+        if not pieces:
+            return None
+        expected = _end_of(pieces)
+        targets = sorted(self.in_sync)
+        results = self._pool.map(lambda node: self._send(node, pieces, expected), targets)
+        failed = [(node, why) for node, why in zip(targets, results, strict=True) if why]
+        self._at = expected
+        for node, why in failed:
+            self._drop(node, why)
+        if not failed:
+            return None
+        if not self.unconfirmed and 1 + len(self.in_sync) >= self.required:
+            return None  # acknowledged by every follower still in sync, in etcd too
+        names = ", ".join(node for node, _why in failed)
+        return ReplicasMissing(
+            self.session.id,
+            f"follower {names} did not acknowledge ({failed[0][1]}); the write is durable "
+            f"on the owner but not acknowledged ({1 + len(self.in_sync)} of "
+            f"{self.required} copies needed are in sync)",
+        )
+
+    def _send(self, node: str, pieces: list[Step], expected: Position) -> str | None:
+        """Ship ``pieces`` to one follower; why it failed, or None."""
+        channel = self.followers[node]
+        try:
+            for piece in pieces:
+                at = channel.ship(piece)
+        except ShipFailed as exc:
+            return str(exc)
+        if at != expected:
+            return f"its copy is at {at}, the owner's at {expected}"
+        return None
+
+    def _drop(self, node: str, why: str) -> None:
+        self.in_sync.discard(node)  # first: whatever etcd says, nothing is acked without it
+        self.lost.append((node, why))
+        self.unconfirmed.add(node)
+        self._confirm_removal(node)
+
+    def _confirm_removal(self, node: str) -> None:
+        """Remove ``node`` from etcd's in-sync set; it stays unconfirmed if that fails."""
+        try:
+            self._change(node, False)
+        except Exception as exc:  # noqa: BLE001 - any failure: nothing acked without it
+            self.lost.append((node, f"not removed from etcd's in-sync set: {exc}"))
+        else:
+            self.unconfirmed.discard(node)
+
+    # -- catching up ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Before the first write: every in-sync follower must hold the owner's log."""
+        for node in sorted(self.in_sync):
+            why = self._catch_up(node)
+            if why is not None:
+                self._drop(node, why)
+
+    def rejoin(self) -> list[str]:
+        """Catch up every follower out of sync and add it back; the nodes that rejoined.
+
+        Called between batches (nothing is being written): a follower whose copy ends
+        at the owner's position is added to the in-sync set in etcd, and from the next
+        write on it is shipped to before any acknowledgement.
+        """
+        joined = []
+        for node in sorted(set(self.followers) - self.in_sync - self.unconfirmed):
+            if self._catch_up(node) is None:
+                try:
+                    self._change(node, True)
+                except Exception as exc:  # noqa: BLE001 - it stays out; the next call retries
+                    self.lost.append((node, f"could not be added back: {exc}"))
+                    continue
+                self.in_sync.add(node)
+                joined.append(node)
+        return joined
+
+    def _rewind(self, channel: FollowerChannel, position: Position) -> Position:
+        """The follower's copy diverged (it holds what this log does not: groups its old
+        owner wrote and never had acknowledged): cut it back to the prefix they share."""
+        keep = _shared(self._home, self.session.id, channel, position)
+        at = channel.rewind(self.session.id, keep, self.token)
+        self.lost.append((channel.node, f"its copy was cut back from {position} to {at}"))
+        return at
+
+    def _catch_up(self, node: str) -> str | None:
+        channel = self.followers[node]
+        try:
+            position = channel.position(self.session.id)
+            try:
+                steps = steps_after(self._home, self.session.id, position, self.token)
+            except NotContinuing:
+                assert position is not None  # a copy without a position continues nothing
+                position = self._rewind(channel, position)
+                steps = steps_after(self._home, self.session.id, position, self.token)
+            pieces = [piece for step in steps for piece in split_step(step, MAX_STEP)]
+            at = position
+            for piece in pieces:
+                at = channel.ship(piece)
+        except (ShipFailed, SessionError) as exc:
+            return str(exc)
+        self._at = self._own_position()
+        if at != self._at:
+            return f"its copy is at {at}, the owner's at {self._at}"
+        return None
+
+
+def _shared(home: str, session: str, channel: FollowerChannel, at: Position) -> Position:
+    """The longest prefix the follower's copy shares with this log (epochs from ``at``'s
+    down); NotContinuing if they share not even a first line."""
+    for epoch in range(at.epoch, -1, -1):
+        found, ends = channel.line_ends(session, epoch)
+        keep = shared_prefix(home, session, found, ends)
+        if keep is not None:
+            return keep
+    raise NotContinuing(session, f"{channel.node}'s copy shares no line with this log")
+
+
+def _end_of(pieces: list[Step]) -> Position:
+    """The owner's position after the last piece (an epoch step's log is its first line)."""
+    last = pieces[-1]
+    if last.is_epoch:
+        return Position(last.epoch, len(last.data), zlib.crc32(last.data))
+    return Position(last.epoch, last.offset + len(last.data), zlib.crc32(last.data, last.prior_crc))
