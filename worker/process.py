@@ -25,7 +25,8 @@ from typing import Final
 from worker.app import DEFAULT_APP, DEFAULT_BUDGET, App, load_app
 from worker.heartbeat import HeartbeatCell
 from worker.lease_deadline import LeaseFence
-from worker.server import Server, describe
+from worker.replies import describe
+from worker.server import Server
 from worker.store.errors import (
     LOG_REFUSED,
     SessionError,
@@ -118,6 +119,11 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cluster-token", type=int, default=None)
     parser.add_argument("--cluster-lease", type=int, default=0)
     parser.add_argument("--lease-file", default=None)
+    # The node's certificate (--listen tls://): the worker makes the TLS handshake of each
+    # TCP connection handed to it (the direct data path, worker/tls_peer.py).
+    parser.add_argument("--tls-ca", default=None)
+    parser.add_argument("--tls-cert", default=None)
+    parser.add_argument("--tls-key", default=None)
     parser.add_argument("--create", action="store_true", help="create the session if absent")
     parser.add_argument("--slot", type=int, default=0)
     parser.add_argument("--app", default=DEFAULT_APP, help="module:attribute of the app")
@@ -212,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             max_batch=args.max_batch,
             poisoned=_poisoned(args.poison),
             fence=fence,
+            tls=_tls_files(args),
         )
         signal.signal(signal.SIGTERM, server.on_sigterm)  # stops at the next turn
         server.run()
@@ -256,6 +263,11 @@ def _cluster_fence(args: argparse.Namespace, session: Session) -> LeaseFence | N
     except SessionError as exc:  # a newer token in the log, or sealed by a move
         raise CannotOpen(exc) from exc
     return LeaseFence(args.lease_file, args.cluster_lease, args.cluster_token)
+
+
+def _tls_files(args: argparse.Namespace) -> tuple[str, str, str] | None:
+    files = (args.tls_ca, args.tls_cert, args.tls_key)
+    return files if all(f is not None for f in files) else None
 
 
 def _heartbeat_cell(fd: int | None) -> HeartbeatCell | None:

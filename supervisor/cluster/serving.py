@@ -38,12 +38,20 @@ class WorkerCluster:
     token: int
     lease: int
     lease_file: str
+    tls: TlsFiles | None = None
+    """The node's certificate (``--listen``): the worker makes the handshake of each TCP
+    connection the node's TLS thread hands it (docs/scaling.md, "How the port is served")."""
 
     def argv(self) -> list[str]:
-        return [
+        argv = [
             "--cluster-node", self.node, "--cluster-token", str(self.token),
             "--cluster-lease", str(self.lease), "--lease-file", self.lease_file,
         ]  # fmt: skip
+        if self.tls is not None:  # absolute: an App's worker may run in another directory
+            for flag, path in (("--tls-ca", self.tls.ca), ("--tls-cert", self.tls.cert),
+                               ("--tls-key", self.tls.key)):  # fmt: skip
+                argv += [flag, os.path.abspath(path)]
+        return argv
 
 
 class ServingNode:
@@ -66,6 +74,7 @@ class ServingNode:
             raise ServeError(f"--cluster {url}: {exc}") from exc
         self.home = home
         self.tls = tls  # the node's certificate: it pulls moved sessions with it
+        self.address = address
         timing = LeaseTiming(ttl=ttl) if ttl is not None else None
         self.node = ClusterNode(self.client, name, home, timing=timing, address=address)
         self.lease_file = os.path.join(home, LEASE_FILE)
@@ -94,8 +103,9 @@ class ServingNode:
             return None
         token, lease = held
         return WorkerCluster(
-            node=self.node.name, token=token, lease=lease, lease_file=self.lease_file
-        )
+            node=self.node.name, token=token, lease=lease, lease_file=self.lease_file,
+            tls=self.tls if self.address is not None else None,
+        )  # fmt: skip
 
     def place(self, session: str) -> WorkerCluster:
         """Place and own a new session on this node, which holds no files of it.
