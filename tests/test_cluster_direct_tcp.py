@@ -29,7 +29,7 @@ from supervisor.cluster.transport import Role, TlsFiles, direct_preamble
 from supervisor.errors import ControlError
 from supervisor.hosting.session_log import log_path
 from tests.etcd_server import EtcdServer, free_port
-from tests.support import Daemon, log_user_keys, poll_until
+from tests.support import Daemon, log_user_keys, poll_until, status
 from tests.tls_certs import Certificates
 from worker.wire import FrameReader, Message, encode
 
@@ -85,6 +85,11 @@ def node(tmp_path: Path) -> Iterator[Node]:
 @pytest.fixture
 def blocking_node(tmp_path: Path) -> Iterator[Node]:
     yield from start_node(tmp_path, "--app", "tests.apps:BlockingApp")
+
+
+@pytest.fixture
+def hibernating_node(tmp_path: Path) -> Iterator[Node]:
+    yield from start_node(tmp_path, "--idle-stop", "3")
 
 
 def worker_peers(home: Path, session: str) -> dict[str, int]:
@@ -270,3 +275,22 @@ def test_a_client_that_starts_tls_at_once_is_still_relayed(node: Node) -> None:
         assert again["duplicate"] is True
         assert again["token"] == relayed["token"]
         assert worker_peers(node.home, "s")["tls"] == 1
+
+
+def test_a_hibernated_session_is_woken_by_a_tcp_connection_to_its_worker(
+    hibernating_node: Node,
+) -> None:
+    """The worker stopped idle (its TCP connection ended with it): the client's next send
+    makes a new connection, whose handoff starts the session, and the new worker holds it."""
+    node = hibernating_node
+    with node.cluster() as cluster:
+        cluster.create("s")
+        first = cluster.send("s", "one", key="k1")
+        poll_until(lambda: status(node.home, "s")["state"] == "IDLE", what="the session IDLE")
+        second = cluster.send("s", "two", key="k2")
+        assert worker_peers(node.home, "s")["tls"] == 1  # well inside the 3 s idle stop
+    assert second["duplicate"] is False
+    assert isinstance(first["state"], dict)
+    assert isinstance(second["state"], dict)
+    assert second["state"]["pid"] != first["state"]["pid"]
+    assert log_user_keys(node.home, "s") == ["k1", "k2"]
