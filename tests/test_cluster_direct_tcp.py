@@ -9,6 +9,7 @@ makes the TLS handshake (docs/scaling.md, "How the port is served"). The worker'
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -294,3 +295,33 @@ def test_a_hibernated_session_is_woken_by_a_tcp_connection_to_its_worker(
     assert isinstance(second["state"], dict)
     assert second["state"]["pid"] != first["state"]["pid"]
     assert log_user_keys(node.home, "s") == ["k1", "k2"]
+
+
+def test_handshakes_that_never_finish_cannot_keep_a_client_out(node: Node) -> None:
+    """At the worker's limit a new handshake closes the oldest: peers that only send the
+    preamble never lock a session's clients out."""
+    from worker.tls_peer import MAX_HANDSHAKES
+
+    host, port = node.address.removeprefix("tls://").split(":")
+    with node.cluster() as cluster:
+        cluster.create("s")
+        cluster.send("s", "one", key="k1")
+        stalled: list[socket.socket] = []
+        try:
+            for _ in range(MAX_HANDSHAKES):
+                raw = socket.create_connection((host, int(port)), timeout=10)
+                raw.sendall(direct_preamble("s"))
+                stalled.append(raw)
+                poll_until(lambda: worker_peers(node.home, "s")["handshakes"] == len(stalled),
+                           what="the stalled handshakes in the worker")  # fmt: skip
+            with node.cluster() as other:  # a new client's handshake closes the oldest
+                assert other.send("s", "two", key="k2")["duplicate"] is False
+            stalled[0].settimeout(10)
+            with contextlib.suppress(ConnectionResetError):  # closed by the worker
+                assert stalled[0].recv(1) == b""
+            assert worker_peers(node.home, "s")["handshakes"] == MAX_HANDSHAKES - 1
+        finally:
+            for raw in stalled:
+                raw.close()
+    lines = node.worker_refusals("s")
+    assert any("closed for a newer handshake" in line for line in lines), lines

@@ -237,7 +237,10 @@ class Server:
                 return
             if message.get("tls") is not True:
                 self._add(Peer(socket.socket(fileno=fd)))
-            elif (handshake := self.acceptor.start(socket.socket(fileno=fd))) is not None:
+                return
+            if (oldest := self.acceptor.make_room()) is not None:
+                self.selector.unregister(oldest.sock)
+            if (handshake := self.acceptor.start(socket.socket(fileno=fd))) is not None:
                 self.selector.register(handshake.sock, handshake.wants, handshake)
         elif op == "compact":
             self._compact(request_id, message)

@@ -5,7 +5,9 @@ raw socket over (``attach`` with ``tls``, the descriptor by SCM_RIGHTS). The wor
 makes the TLS handshake itself, with the node's certificate, without ever blocking its
 loop: the socket is non-blocking, each step of the handshake runs when the selector
 says the socket is ready, each handshake has HANDSHAKE_TIMEOUT seconds in all, and at
-most MAX_HANDSHAKES run at once (one more is closed at once). A peer that stalls, sends
+most MAX_HANDSHAKES run at once: a new one closes the oldest still running, so peers
+that open handshakes and never finish them cannot keep a client out (a client's own
+handshake takes a round trip or two, a stalled one its whole time). A peer that stalls, sends
 plaintext or a certificate of another CA costs one line on the worker's stderr (its
 session log) and nothing else. A verified peer of a role that may not send
 (``tls_roles.DIRECT_ROLES``) has each of its requests answered ``forbidden`` (one line),
@@ -31,7 +33,7 @@ from worker.tls_roles import (
 from worker.wire import Message
 
 MAX_HANDSHAKES: Final = 4
-"""TLS handshakes one worker makes at once; a connection beyond is closed at once."""
+"""TLS handshakes one worker makes at once; one more closes the oldest of them."""
 WRITE_CHUNK: Final = 1 << 16
 """Bytes given to one TLS write: a retry after WANT_WRITE always starts with the same."""
 
@@ -112,13 +114,18 @@ class TlsAcceptor:
         self.pending: dict[int, Handshake] = {}
         self.refused = 0
 
-    def start(self, sock: socket.socket) -> Handshake | None:
-        """Begin the handshake of a socket handed over; None if it was closed instead."""
-        who = _peer_name(sock)
-        if len(self.pending) >= MAX_HANDSHAKES:
-            sock.close()
-            self.report(who, f"{MAX_HANDSHAKES} handshakes in progress already (the limit)")
+    def make_room(self) -> Handshake | None:
+        """At the limit: the oldest handshake, dropped (its socket closed) for a new one."""
+        if len(self.pending) < MAX_HANDSHAKES:
             return None
+        oldest = min(self.pending.values(), key=lambda h: h.deadline)
+        self.drop(oldest, f"closed for a newer handshake ({MAX_HANDSHAKES} at once at most)")
+        return oldest
+
+    def start(self, sock: socket.socket) -> Handshake | None:
+        """Begin the handshake of a socket handed over (``make_room`` first); None if it
+        was closed instead."""
+        who = _peer_name(sock)
         try:
             context = self._context_or_fail()
             sock.setblocking(False)
