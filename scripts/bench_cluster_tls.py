@@ -11,7 +11,9 @@ the TCP connection handed to the worker, which makes the handshake and answers),
 the client host over TLS started at once (relayed by the node's TLS thread and its
 daemon to the worker), on the node's host through its unix socket with the same
 relayed ``send``, and on the node's host through the worker's own handed-over unix
-connection (``Client``). The figures are ratios of median round trips.
+connection (``Client``); the two TLS ways take turns request by request in one client
+process, the two unix ways too, so each pair meets the same load. The figures are
+ratios of median round trips, and of the fastest tenth.
 ``--write-docs`` replaces the TLS section of docs/benchmarks.md.
 """
 
@@ -35,18 +37,18 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 START, END = "<!-- cluster-tls-bench:start -->", "<!-- cluster-tls-bench:end -->"
 
 
-def probe(host: Host, mode: str, count: int, url: str, node: object) -> list[float]:
-    argv = host.python("-m", "scripts.bench_tls_probe", mode, str(count), "bench", url,
+def probe(host: Host, pair: str, count: int, url: str, node: object) -> dict[str, list[float]]:
+    argv = host.python("-m", "scripts.bench_tls_probe", pair, str(count), "bench", url,
                        str(host.private / "home"))  # fmt: skip
-    if mode.startswith("tls"):
+    if pair == "tls":
         env = [f"LOOPD_TLS_{k}={host.private / 'certs' / f}" for k, f in
                (("CA", "ca.pem"), ("CERT", "cert.pem"), ("KEY", "key.pem"))]  # fmt: skip
         done = host.run(["env", *env, *argv], copy=host.root / "certs", timeout=300)
     else:
         done = host.inside(node, argv, timeout=300)  # type: ignore[arg-type]
     if done.returncode != 0:
-        raise SystemExit(f"{mode} probe failed: {done.stderr[-2000:]}")
-    times: list[float] = json.loads(done.stdout)
+        raise SystemExit(f"{pair} probe failed: {done.stderr[-2000:]}")
+    times: dict[str, list[float]] = json.loads(done.stdout)
     return times
 
 
@@ -63,11 +65,10 @@ def bench(root: Path, requests: int, rounds: int) -> dict[str, float]:
         samples: dict[str, list[float]] = {mode: [] for mode in MODES}
         load = os.getloadavg()[0]
         for _ in range(rounds):
-            for mode in MODES:
-                host = client if mode.startswith("tls") else node_host
-                times = probe(host, mode, requests, url, node)
-                medians[mode].append(statistics.median(times))
-                samples[mode] += times
+            for pair, host in (("tls", client), ("unix", node_host)):
+                for mode, times in probe(host, pair, requests, url, node).items():
+                    medians[mode].append(statistics.median(times))
+                    samples[mode] += times
         load = max(load, os.getloadavg()[0])
     figures = {f"{mode}_us": statistics.median(values) * 1e6 for mode, values in medians.items()}
     for mode, values in samples.items():  # the fast tail: what the path costs unscheduled
@@ -96,7 +97,8 @@ def render(figures: dict[str, float], requests: int, rounds: int) -> str:
 (root) on {platform.machine()} Linux, Python {platform.python_version()},
 {os.cpu_count()} cores: etcd, a node and a client each in a network namespace of its own
 on one bridge (veth pairs); one session; the median of {rounds} alternating rounds'
-medians of {requests} keyed requests, one at a time. The node's home is its host's
+medians of {requests} keyed requests, one at a time; the two TLS paths take turns
+request by request in one client process, and so do the two unix ones. The node's home is its host's
 tmpfs, so the fdatasync of each request costs next to nothing: the figures are the
 transport's, not the disk's. The machine's load average (1 min) reached
 {figures["load"]:.1f} during the run: under load the medians are mostly waits for a CPU
