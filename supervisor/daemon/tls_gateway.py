@@ -150,13 +150,17 @@ class TlsGateway:
 
     async def _accept(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
+        failing = False
         while True:
             try:
                 conn, where = await loop.sock_accept(listener)
             except OSError as exc:  # EMFILE and the like: accept again in a moment
-                self.report(f"tls: cannot accept: {exc.strerror or exc}")
+                if not failing:  # one line until an accept succeeds again
+                    self.report(f"tls: cannot accept: {exc.strerror or exc}")
+                failing = True
                 await asyncio.sleep(0.1)
                 continue
+            failing = False
             conn.setblocking(False)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # the worker's too
             peer = f"{where[0]}:{where[1]}" if isinstance(where, tuple) else str(where)
