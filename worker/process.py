@@ -27,7 +27,8 @@ from worker.heartbeat import HeartbeatCell
 from worker.lease_deadline import LeaseFence
 from worker.replica_fence import ReplicatedFence, replicated_fence
 from worker.replica_fence import add_arguments as add_replication_arguments
-from worker.server import Server, describe
+from worker.replies import describe
+from worker.server import Server
 from worker.store.errors import (
     LOG_REFUSED,
     SessionError,
@@ -121,6 +122,11 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cluster-lease", type=int, default=0)
     parser.add_argument("--lease-file", default=None)
     add_replication_arguments(parser)  # a replicated session's followers (docs/scaling.md)
+    # The node's certificate (--listen tls://): the worker makes the TLS handshake of each
+    # TCP connection handed to it (the direct data path, worker/tls_peer.py).
+    parser.add_argument("--tls-ca", default=None)
+    parser.add_argument("--tls-cert", default=None)
+    parser.add_argument("--tls-key", default=None)
     parser.add_argument("--create", action="store_true", help="create the session if absent")
     parser.add_argument("--slot", type=int, default=0)
     parser.add_argument("--app", default=DEFAULT_APP, help="module:attribute of the app")
@@ -215,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             max_batch=args.max_batch,
             poisoned=_poisoned(args.poison),
             fence=fence,
+            tls=_tls_files(args),
         )
         if isinstance(fence, ReplicatedFence):  # its followers hold the log before any write
             fence.shipper.start()
@@ -262,6 +269,11 @@ def _cluster_fence(args: argparse.Namespace, session: Session) -> LeaseFence | N
         raise CannotOpen(exc) from exc
     fence = LeaseFence(args.lease_file, args.cluster_lease, args.cluster_token)
     return replicated_fence(args, session, fence)
+
+
+def _tls_files(args: argparse.Namespace) -> tuple[str, str, str] | None:
+    files = (args.tls_ca, args.tls_cert, args.tls_key)
+    return files if all(f is not None for f in files) else None
 
 
 def _heartbeat_cell(fd: int | None) -> HeartbeatCell | None:

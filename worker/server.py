@@ -2,11 +2,13 @@
 
 The supervisor hands the worker one end of a socketpair per client (``attach``, the
 descriptor travelling by SCM_RIGHTS), so requests go from client to worker without a
-relay. Requests that arrive together, from any connections, are applied as one batch:
-the app writes their records with one write and one fdatasync, and each reply is queued
-only after that fsync returned. At every turn the loop stamps the time into a heartbeat
-cell shared with the supervisor (a store to memory, no message), so a worker that stops
-(SIGSTOP) or spins is noticed and replaced without waking an idle supervisor.
+relay; a TCP client's connection is handed over raw (``attach`` with ``tls``) and makes
+its TLS handshake here (``tls_peer``). Requests that arrive together, from any
+connections, are applied as one batch: the app writes their records with one write and
+one fdatasync, and each reply is queued only after that fsync returned. At every turn
+the loop stamps the time into a heartbeat cell shared with the supervisor (a store to
+memory, no message), so a worker that stops (SIGSTOP) or spins is noticed and replaced
+without waking an idle supervisor.
 """
 
 from __future__ import annotations
@@ -23,52 +25,18 @@ from worker.heartbeat import HeartbeatCell
 from worker.lease_deadline import LeaseFence
 from worker.peer import Peer
 from worker.record_feed import records_page
+from worker.replies import describe, error_code, error_reply, streams
 from worker.signal_wake import SignalWake
-from worker.store.errors import KeyExpired, LogSealed, NotOwnerNow, SessionBroken, SessionError
+from worker.store.errors import NotOwnerNow, SessionBroken, SessionError
 from worker.store.session import Session
 from worker.store.stats import STATS
-from worker.turns import DEFAULT_MAX_BATCH, PoisonRequest, Target, TurnRunner
+from worker.tls_peer import Handshake, TlsAcceptor, TlsPeer
+from worker.turns import DEFAULT_MAX_BATCH, Target, TurnRunner
 from worker.wire import Message, WireError, error, field, ok, request_id_problem
 
 STATE_REPORT_DELAY: Final = 0.05
 """After requests change the session, its state (epoch, records) reaches the supervisor
 within this many seconds, at most once per interval."""
-
-
-def describe(session: Session) -> Message:
-    return {
-        "pid": os.getpid(),
-        "session": session.id,
-        "epoch": session.epoch,
-        "records": len(session.records),
-        "slot": session.slot,
-    }
-
-
-def error_code(exc: SessionError) -> str:
-    """The wire's error code for a store error: its class name, but ``key_expired``, and
-    ``not_owner`` when this worker may not write (cluster: lease unproven, log sealed)."""
-    if isinstance(exc, KeyExpired):
-        return "key_expired"
-    if isinstance(exc, PoisonRequest):
-        return "poison_request"
-    if isinstance(exc, NotOwnerNow | LogSealed):
-        return "not_owner"
-    return type(exc).__name__
-
-
-def error_reply(request_id: object, exc: SessionError) -> Message:
-    """The reply to a request refused before a byte of it was written: a ``not_owner`` says
-    so (``before_write``); one sent after the fsync (``_apply_chunk``) leaves it unknown."""
-    code = error_code(exc)
-    more = {"before_write": True} if code == "not_owner" else {}
-    return error(request_id, code, str(exc), **more)
-
-
-def _streams(peer: Peer, control: Peer, payload: Message) -> bool:
-    """Partials go to a client that asked for them on its own connection, never through
-    the supervisor's relay (it expects one reply frame per request)."""
-    return peer is not control and payload.get("stream") is True
 
 
 class Server:
@@ -87,6 +55,7 @@ class Server:
         max_batch: int = DEFAULT_MAX_BATCH,
         poisoned: dict[bytes, int] | None = None,
         fence: LeaseFence | None = None,
+        tls: tuple[str, str, str] | None = None,
     ) -> None:
         self.session = session
         self.fence = fence  # cluster mode: no write, no reply without a proven lease
@@ -102,6 +71,7 @@ class Server:
         self.peers: dict[int, Peer] = {}
         self._events: dict[int, int] = {}
         self._stop = False
+        self.acceptor = TlsAcceptor(tls)  # TCP connections handed over: CA, cert, key
         STATS.reset()  # count this worker's own work, not what opening it or a parent did
         self._report_due: float | None = None
 
@@ -123,9 +93,12 @@ class Server:
             while not self._stop:
                 batch: list[tuple[Peer, object, Message]] = []
                 for key, mask in self.selector.select(self._timeout()):
-                    peer: Peer | None = key.data
+                    peer: Peer | Handshake | None = key.data
                     if peer is None:
                         wake.drain()
+                        continue
+                    if isinstance(peer, Handshake):
+                        self._handshake(peer)
                         continue
                     if mask & selectors.EVENT_WRITE:
                         peer.flush()
@@ -140,11 +113,14 @@ class Server:
                 if self.heartbeat_cell is not None:
                     self.heartbeat_cell.beat()  # a store to shared memory: it wakes no one
                 self._report_state()
+                for late in self.acceptor.expire(time.monotonic()):
+                    self.selector.unregister(late.sock)
         finally:
             for peer in list(self.peers.values()):
                 peer.flush()  # what the sockets take now: the replies of the last batch
             for peer in list(self.peers.values()):
                 self._remove(peer)
+            self.acceptor.close()
             self.selector.close()
             wake.close()
 
@@ -154,6 +130,16 @@ class Server:
         self.peers[peer.fileno()] = peer
         self._events[peer.fileno()] = selectors.EVENT_READ
         self.selector.register(peer.sock, selectors.EVENT_READ, peer)
+
+    def _handshake(self, handshake: Handshake) -> None:
+        """Step a TCP connection's TLS handshake; once done, it is a peer like the others."""
+        peer = self.acceptor.step(handshake)
+        if handshake.fileno() in self.acceptor.pending:
+            self.selector.modify(handshake.sock, handshake.wants, handshake)
+            return
+        self.selector.unregister(handshake.sock)  # done, or failed and closed
+        if peer is not None:
+            self._add(peer)
 
     def _remove(self, peer: Peer) -> None:
         fd = peer.fileno()
@@ -214,6 +200,9 @@ class Server:
                 # the request's id (a 1 MiB id would make every reply too large).
                 peer.queue(error(None, "bad_request", problem))
                 continue
+            if isinstance(peer, TlsPeer) and peer.refusal is not None:
+                peer.queue(error(request_id, "forbidden", peer.refusal))  # its role's
+                continue
             if op == "request":
                 try:
                     batch.append((peer, request_id, field(message, "request", dict)))
@@ -231,7 +220,7 @@ class Server:
         request_id = message.get("id")
         op = message.get("op")
         if op == "status":
-            peer.queue(ok(request_id, {"state": describe(session)}))
+            peer.queue(ok(request_id, {"state": describe(session), "peers": self._counts()}))
         elif op == "records":
             try:
                 peer.queue(ok(request_id, records_page(session, message)))
@@ -244,8 +233,15 @@ class Server:
             peer.queue(error(request_id, "bad_request", f"unknown op {op!r}"))
         elif op == "attach":
             fd = self.control.take_fd()
-            if fd is not None:
+            if fd is None:
+                return
+            if message.get("tls") is not True:
                 self._add(Peer(socket.socket(fileno=fd)))
+                return
+            if (oldest := self.acceptor.make_room()) is not None:
+                self.selector.unregister(oldest.sock)
+            if (handshake := self.acceptor.start(socket.socket(fileno=fd))) is not None:
+                self.selector.register(handshake.sock, handshake.wants, handshake)
         elif op == "compact":
             self._compact(request_id, message)
         elif op == "durable_point":  # between batches: every group written is fsynced, so
@@ -292,7 +288,7 @@ class Server:
     def _apply_chunk(self, batch: list[tuple[Peer, object, Message]]) -> None:
         started = time.perf_counter()
         chunk = [
-            (Target(peer, request_id, streams=_streams(peer, self.control, payload)), payload)
+            (Target(peer, request_id, streams=streams(peer, self.control, payload)), payload)
             for peer, request_id, payload in batch
         ]
         if self.fence is not None:
@@ -377,11 +373,19 @@ class Server:
             self._report_due = time.monotonic() + STATE_REPORT_DELAY
 
     def _timeout(self) -> float | None:
-        """Turn at least every heartbeat interval (to beat), and when a report is due."""
+        """Turn at least every heartbeat interval (to beat), when a report is due, and
+        when a TLS handshake runs out of time."""
         due = [] if self.heartbeat is None else [self.heartbeat]
-        if self._report_due is not None:
-            due.append(max(0.0, self._report_due - time.monotonic()))
+        for when in (self._report_due, self.acceptor.next_deadline()):
+            if when is not None:
+                due.append(max(0.0, when - time.monotonic()))
         return min(due) if due else None
+
+    def _counts(self) -> Message:
+        """The worker's connections: local (unix) and TCP (TLS) peers, handshakes."""
+        tls = sum(isinstance(p, TlsPeer) for p in self.peers.values())
+        local = len(self.peers) - tls - 1  # the control channel is not a client
+        return {"local": local, "tls": tls, "handshakes": len(self.acceptor.pending)}
 
     def _report_state(self) -> None:
         """Tell the supervisor the new epoch and record count, at most once an interval."""

@@ -5,20 +5,28 @@ the highest it has seen per session and refuses a lower one (``StaleOwner``): a 
 reply from a former owner is never believed. A ``not_owner`` answer (the session moved,
 or the node lost its lease) makes it look the owner up again and send the same request,
 with the same key, so the retry applies once.
+
+``send`` to a node at a ``tls://`` address takes the direct data path
+(``tcp_direct.DirectLink``): one TLS connection per session, served by the session's
+worker itself. A connection that ends without a reply (the worker died, was replaced or
+the session moved) is made again and the request sent again with its key; there is no
+other path it falls back to.
 """
 
 from __future__ import annotations
 
 import os
+import time
 import uuid
 
 from supervisor.client.control import call
 from supervisor.client.direct import Client
+from supervisor.client.tcp_direct import DirectLink
 from supervisor.cluster.drain import least_loaded_node
 from supervisor.cluster.errors import ClusterError, NotOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.ownership import placement_of
-from supervisor.cluster.peer_link import NodeLink
+from supervisor.cluster.peer_link import NodeLink, result_of
 from supervisor.cluster.replica_set import replicas_of
 from supervisor.cluster.routing import (
     Route,
@@ -33,11 +41,16 @@ from supervisor.errors import ControlError
 from worker.wire import Message
 
 REROUTE: frozenset[str] = frozenset(
-    {"not_owner", "not_found", "no_daemon", "worker_died", "closed"}
+    {"not_owner", "not_found", "no_daemon", "worker_died", "closed", "busy"}
 )
 """Error codes after which the owner is looked up again and the request sent again (with
 the same key: what was applied is answered from the log); ``closed``: a TLS connection
-to a node that restarted or went away."""
+to a node or a worker that restarted or went away; ``busy``: the connection could not be
+handed to the worker now (one that just died, say), nothing was sent."""
+ATTEMPTS = 6
+"""Tries of one ``send``: each after a reroute or a connection that ended."""
+RESEND_PAUSE = 0.05
+"""Seconds before the second try, growing by as much each try (a worker restarting)."""
 
 
 def home_of(address: str) -> str:
@@ -55,6 +68,7 @@ class ClusterClient:
         self.guard = TokenGuard()
         self._clients: dict[str, Client] = {}
         self._links: dict[str, NodeLink] = {}
+        self._directs: dict[tuple[str, str], DirectLink] = {}  # (address, session)
         self._routes: dict[str, Route] = {}
 
     def __enter__(self) -> ClusterClient:
@@ -70,7 +84,10 @@ class ClusterClient:
         self._clients.clear()
         for link in self._links.values():
             link.close()
+        for direct in self._directs.values():
+            direct.close()
         self._links.clear()
+        self._directs.clear()
         self.etcd.close()
 
     def create(self, session: str, *, slot: int = 0, replicas: int | None = None) -> object:
@@ -92,22 +109,30 @@ class ClusterClient:
     ) -> Message:
         """Apply one request to ``session`` on its owner; the reply's token is checked."""
         key = key or uuid.uuid4().hex
-        for attempt in range(3):
+        payload: Message = {"text": text, "key": key}
+        if untrusted:
+            payload["untrusted"] = True
+        for attempt in range(ATTEMPTS):
             found = self._route(session, fresh=attempt > 0)
             try:
                 if found.address.startswith("unix:"):
                     client = self._client(home_of(found.address))
                     result = client.send(session, text, key=key, untrusted=untrusted)
                 else:
-                    answer = self._link(found.node, found.address).call(
-                        "send", session=session, text=text, key=key, untrusted=untrusted or None
-                    )
+                    answer = result_of(self._direct(found, session).request(payload))
                     result = answer if isinstance(answer, dict) else {"result": answer}
             except ControlError as exc:
-                if exc.code not in REROUTE or attempt == 2:
+                if exc.code not in REROUTE or attempt == ATTEMPTS - 1:
                     raise
                 self._routes.pop(session, None)
-                self._drop(found.address)  # it may lead to a worker that no longer owns it
+                if found.address.startswith("unix:"):
+                    self._drop(found.address)  # it may lead to a worker that no longer owns it
+                else:
+                    direct = self._directs.pop((found.address, session), None)
+                    if direct is not None:
+                        direct.close()
+                if attempt:
+                    time.sleep(RESEND_PAUSE * attempt)
                 continue
             token = result.get("token")
             if type(token) is not int:
@@ -156,6 +181,19 @@ class ClusterClient:
                 raise ControlError("tls_needed", f"node {node} is at {address}: give "
                                    "--tls-ca, --tls-cert and --tls-key")  # fmt: skip
             link = self._links[address] = NodeLink(address, node, self.tls, timeout=self.timeout)
+        return link
+
+    def _direct(self, found: Route, session: str) -> DirectLink:
+        """The direct connection to ``session``'s worker on its node (tcp_direct)."""
+        link = self._directs.get((found.address, session))
+        if link is None or link.node != found.node:
+            if link is not None:
+                link.close()  # another node registered at this address now
+            if self.tls is None:
+                raise ControlError("tls_needed", f"node {found.node} is at {found.address}: "
+                                   "give --tls-ca, --tls-cert and --tls-key")  # fmt: skip
+            link = DirectLink(found.address, found.node, session, self.tls, timeout=self.timeout)
+            self._directs[(found.address, session)] = link
         return link
 
     def _drop(self, address: str) -> None:

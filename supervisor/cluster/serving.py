@@ -48,13 +48,21 @@ class WorkerCluster:
     lease: int
     lease_file: str
     replication: WorkerReplication | None = None  # a replicated session's followers
+    tls: TlsFiles | None = None
+    """The node's certificate (``--listen``): the worker makes the handshake of each TCP
+    connection the node's TLS thread hands it (docs/scaling.md, "How the port is served")."""
 
     def argv(self) -> list[str]:
         more = self.replication.argv() if self.replication is not None else []
-        return [
+        argv = [
             "--cluster-node", self.node, "--cluster-token", str(self.token),
             "--cluster-lease", str(self.lease), "--lease-file", self.lease_file, *more,
         ]  # fmt: skip
+        if self.tls is not None:  # absolute: an App's worker may run in another directory
+            for flag, path in (("--tls-ca", self.tls.ca), ("--tls-cert", self.tls.cert),
+                               ("--tls-key", self.tls.key)):  # fmt: skip
+                argv += [flag, os.path.abspath(path)]
+        return argv
 
 
 class ServingNode:
@@ -77,6 +85,7 @@ class ServingNode:
             raise ServeError(f"--cluster {url}: {exc}") from exc
         self.home = home
         self.tls = tls  # the node's certificate: it pulls moved sessions with it
+        self.address = address
         timing = LeaseTiming(ttl=ttl) if ttl is not None else None
         self.node = ClusterNode(self.client, name, home, timing=timing, address=address)
         self.lease_file = os.path.join(home, LEASE_FILE)
@@ -111,6 +120,7 @@ class ServingNode:
         return WorkerCluster(
             node=self.node.name, token=token, lease=lease, lease_file=self.lease_file,
             replication=self.replication.get(session),
+            tls=self.tls if self.address is not None else None,
         )  # fmt: skip
 
     def _read_replication(self, session: str) -> None:

@@ -10,11 +10,12 @@ the organizational unit (OU) of its subject (docs/scaling.md, "The transport"):
 - ``loopd-operator``: everything a local operator may do on the unix socket.
 
 A certificate with none of these OUs is refused by every node, whatever CA signed it.
+The contexts, roles and refusals themselves are ``worker/tls_roles.py``: a worker makes
+the handshake of a TCP connection handed to it with the same rules (the direct path).
 """
 
 from __future__ import annotations
 
-import enum
 import os
 import ssl
 from collections.abc import Mapping
@@ -23,19 +24,34 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from supervisor.cluster.errors import ClusterError
+from worker.store.errors import InvalidSessionId
+from worker.store.session_id import MAX_LENGTH, validate_session_id
+from worker.tls_roles import (
+    HANDSHAKE_TIMEOUT,
+    Role,
+    TlsSetupError,
+    describe,
+    dns_names,
+    load_context,
+    refusal,
+    role_of,
+)
+
+__all__ = [
+    "ALLOWED", "DIRECT_PREAMBLE", "ENV", "HANDSHAKE_TIMEOUT", "MAX_PREAMBLE", "Role",
+    "TlsFiles", "TransportError", "check_node_certificate", "describe", "direct_preamble",
+    "dns_names", "own_certificate_problem", "parse_preamble",
+    "parse_tls_address", "refusal", "role_of", "tls_files_from_env",
+]  # fmt: skip
 
 TLS_SCHEME: Final = "tls"
-HANDSHAKE_TIMEOUT: Final = 10.0
-"""Seconds a node waits for a peer's TLS handshake before it drops the connection."""
+DIRECT_PREAMBLE: Final = b"loopd-direct "
+"""A connection of the direct data path opens with this, the session's id and a newline,
+in plaintext, then starts TLS (docs/scaling.md, "How the port is served"). Its first
+byte is never 0x16, the first of a TLS handshake record: a client that starts TLS at
+once is told apart by one byte, as PostgreSQL tells its SSLRequest from a startup."""
+MAX_PREAMBLE: Final = len(DIRECT_PREAMBLE) + MAX_LENGTH + 1
 ENV: Final = {"ca": "LOOPD_TLS_CA", "cert": "LOOPD_TLS_CERT", "key": "LOOPD_TLS_KEY"}
-
-
-class Role(enum.Enum):
-    """What a certificate may do, from the OU of its subject."""
-
-    NODE = "loopd-node"
-    CLIENT = "loopd-client"
-    OPERATOR = "loopd-operator"
 
 
 CLIENT_OPS: Final = frozenset({"ping", "status", "create", "send"})
@@ -84,22 +100,10 @@ class TlsFiles:
         return cls(ca=ca, cert=cert, key=key)
 
     def _load(self, context: ssl.SSLContext) -> ssl.SSLContext:
-        context.minimum_version = ssl.TLSVersion.TLSv1_3
-        context.verify_mode = ssl.CERT_REQUIRED
-        for what, path in (("CA", self.ca), ("certificate", self.cert), ("key", self.key)):
-            if not os.path.isfile(path):
-                raise TransportError(f"TLS {what} {path}: no such file")
         try:
-            context.load_verify_locations(cafile=self.ca)
-        except (OSError, ssl.SSLError) as exc:
-            raise TransportError(f"TLS CA {self.ca}: not a PEM certificate ({exc})") from exc
-        try:
-            context.load_cert_chain(self.cert, self.key)
-        except (OSError, ssl.SSLError) as exc:
-            raise TransportError(
-                f"TLS certificate {self.cert} with key {self.key}: cannot be loaded ({exc})"
-            ) from exc
-        return context
+            return load_context(context, self.ca, self.cert, self.key)
+        except TlsSetupError as exc:
+            raise TransportError(str(exc)) from exc
 
     def server_context(self) -> ssl.SSLContext:
         """A node's listening context: TLS 1.3, a client certificate of the CA required."""
@@ -140,41 +144,6 @@ def parse_tls_address(address: str) -> tuple[str, int]:
     return parts.hostname, port
 
 
-def _subject_field(cert: Mapping[str, object], name: str) -> list[str]:
-    found = []
-    subject = cert.get("subject", ())
-    for rdn in subject if isinstance(subject, tuple) else ():
-        for key, value in rdn:
-            if key == name:
-                found.append(str(value))
-    return found
-
-
-def role_of(cert: Mapping[str, object] | None) -> Role | None:
-    """The role a verified peer certificate carries (its subject's OU), or None."""
-    if not cert:
-        return None
-    roles = {role for role in Role for unit in _subject_field(cert, "organizationalUnitName")
-             if unit == role.value}  # fmt: skip
-    return roles.pop() if len(roles) == 1 else None
-
-
-def dns_names(cert: Mapping[str, object] | None) -> list[str]:
-    """The DNS names of a certificate's subjectAltName."""
-    names = cert.get("subjectAltName", ()) if cert else ()
-    pairs = names if isinstance(names, tuple) else ()
-    return [str(value) for kind, value in pairs if kind == "DNS"]
-
-
-def describe(cert: Mapping[str, object] | None) -> str:
-    """A certificate in a few words for a log line: its CN, OU and DNS names."""
-    if not cert:
-        return "no certificate"
-    common = ",".join(_subject_field(cert, "commonName")) or "-"
-    units = ",".join(_subject_field(cert, "organizationalUnitName")) or "-"
-    return f"CN={common} OU={units} DNS={','.join(dns_names(cert)) or '-'}"
-
-
 def check_node_certificate(cert: Mapping[str, object] | None, node: str) -> None:
     """A node's certificate must carry the node role and name ``node``; else TransportError.
 
@@ -207,15 +176,16 @@ def own_certificate_problem(files: TlsFiles, node: str) -> str | None:
     return None
 
 
-def refusal(exc: BaseException) -> str:
-    """A failed handshake in a few words (the SSL reason, not a traceback)."""
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return f"certificate refused: {exc.verify_message}"
-    if isinstance(exc, ssl.SSLError):
-        reason = (exc.reason or str(exc)).replace("_", " ").lower()
-        if exc.reason in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNSUPPORTED_PROTOCOL"):
-            return f"not a TLS 1.3 handshake ({reason})"
-        return reason
-    if isinstance(exc, TimeoutError):
-        return "no TLS handshake in time"
-    return str(exc) or type(exc).__name__
+def direct_preamble(session: str) -> bytes:
+    """The plaintext line that opens a direct connection to ``session``'s worker."""
+    return DIRECT_PREAMBLE + validate_session_id(session).encode() + b"\n"
+
+
+def parse_preamble(line: bytes) -> str:
+    """The session a preamble line (with its newline) names; TransportError if it is none."""
+    if not line.startswith(DIRECT_PREAMBLE) or not line.endswith(b"\n"):
+        raise TransportError(f"not a loopd-direct preamble: {line[:80]!r}")
+    try:
+        return validate_session_id(line[len(DIRECT_PREAMBLE) : -1].decode("ascii"))
+    except (UnicodeDecodeError, InvalidSessionId) as exc:
+        raise TransportError(f"a preamble naming no valid session: {exc}") from exc

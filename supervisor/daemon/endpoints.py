@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,7 +28,9 @@ class WorkerChannel(Protocol):
 
 @dataclass(slots=True)
 class Waiter:
-    """A client waiting for a reply: its connection and its request id."""
+    """A client waiting for a reply: its connection and its request id; for a ``connect``
+    from the TLS port, the TCP socket to hand to the worker (the daemon never closes it)."""
 
     client: Client
     request_id: object
+    sock: socket.socket | None = None

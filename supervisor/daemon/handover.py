@@ -2,7 +2,9 @@
 
 The daemon makes a socketpair and passes one end to the worker and the other to the
 client, both with SCM_RIGHTS, then closes its copies: requests then go from client to
-worker without passing through the daemon's loop.
+worker without passing through the daemon's loop. A TCP client of the node's TLS port
+gets the same: the TLS thread passes its socket here (``tcp_handover``), and the worker
+gets that socket itself.
 """
 
 from __future__ import annotations
@@ -19,8 +21,18 @@ def hand_over(
     """Connect the waiting client to the worker behind ``link``; one reply either way.
 
     The reply says the session's epoch as the daemon last heard it: the client sends it
-    with its keyed requests (the retry window, docs/format.md).
+    with its keyed requests (the retry window, docs/format.md). A waiter from the TLS port
+    brings its TCP socket: that is what the worker gets, to make the TLS handshake itself.
     """
+    if waiter.sock is not None:
+        if link.send_with_fd({"op": "attach", "tls": True}, waiter.sock.fileno()):
+            result = {"session": session, "worker_pid": worker_pid, "epoch": epoch}
+            waiter.client.reply({"id": waiter.request_id, "ok": True, "result": result})
+        else:
+            waiter.client.reply(
+                error(waiter.request_id, "busy", f"the worker of session {session} is busy; retry")
+            )
+        return
     try:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     except OSError as exc:  # EMFILE, ENFILE, ENOMEM: out of descriptors for now

@@ -33,6 +33,7 @@ from supervisor.daemon.listener import Listener
 from supervisor.daemon.local_sessions import adopt_local, forget_local
 from supervisor.daemon.lock_wait import HolderWait
 from supervisor.daemon.spawn import WorkerProcess, WorkerSpec, prepare_forks
+from supervisor.daemon.tcp_handover import TcpHandover
 from supervisor.daemon.tls_gateway import TlsGateway, open_gateway
 from supervisor.daemon.worker_specs import UnknownApp, worker_spec
 from supervisor.errors import ServeError
@@ -201,7 +202,7 @@ class Supervisor:
             raise ServeError("--cluster needs --node NAME")
         self.gateway = open_gateway(
             self.config.listen, self.config.tls, self.config.node, self._listener.path,
-            self.report_from_thread,
+            self.report_from_thread, TcpHandover(self.loop, self.sessions),
         )  # fmt: skip
         serving = ServingNode(
             url, self.config.node, self.home, ttl=self.config.lease_ttl,

@@ -7,6 +7,13 @@ role) costs one line in the daemon's log and nothing else. An accepted peer's co
 requests are checked against its role (``transport.ALLOWED``) and relayed, frame by
 frame, to the node's own control socket, whose replies go back unchanged: what a remote
 client may ask is exactly what a local one may, less what its certificate forbids.
+
+A connection that opens with the plaintext preamble of the direct data path
+(``transport.DIRECT_PREAMBLE`` and a session's id) is not served here: once the
+preamble is read, the raw socket goes to the session's worker (``tcp_handover``), which
+makes the TLS handshake and serves the connection itself, so a client's requests never
+pass this thread nor the daemon's loop. If it cannot go (no such session here, it
+failed to start), the thread makes the handshake and answers one error frame instead.
 """
 
 from __future__ import annotations
@@ -24,7 +31,6 @@ from supervisor.cluster.replica_receiver import OPS as REPLICA_OPS
 from supervisor.cluster.replica_receiver import receiver_for
 from supervisor.cluster.transport import (
     ALLOWED,
-    HANDSHAKE_TIMEOUT,
     Role,
     TlsFiles,
     TransportError,
@@ -34,6 +40,14 @@ from supervisor.cluster.transport import (
     parse_tls_address,
     refusal,
     role_of,
+)
+from supervisor.daemon.tls_direct import (
+    HandsOver,
+    Refused,
+    accept_tls,
+    answer_instead,
+    hand_off,
+    read_preamble,
 )
 from supervisor.errors import ServeError
 from worker import SessionError
@@ -53,7 +67,12 @@ class TlsGateway:
     """The TLS port of one node, relaying accepted peers to ``control_path``."""
 
     def __init__(
-        self, address: str, files: TlsFiles, control_path: str, report: Callable[[str], None]
+        self,
+        address: str,
+        files: TlsFiles,
+        control_path: str,
+        report: Callable[[str], None],
+        handover: HandsOver | None = None,
     ) -> None:
         try:
             self.host, self.port = parse_tls_address(address)
@@ -63,6 +82,8 @@ class TlsGateway:
         self.address = address
         self.control_path = control_path
         self.report = report
+        self.handover = handover
+        self.handed_over = 0
         self.refused = 0
         self.handshaking = 0
         self.connections = 0
@@ -71,6 +92,7 @@ class TlsGateway:
         self._thread: threading.Thread | None = None
         self._stopped: asyncio.Event | None = None
         self.replicas = receiver_for(os.path.dirname(control_path))  # follower copies
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def open(self) -> None:
         """Bind and listen (ServeError in one line if the port cannot be had), then serve."""
@@ -118,39 +140,87 @@ class TlsGateway:
     async def _serve(self, ready: threading.Event) -> None:
         self._stopped = asyncio.Event()
         assert self._sock is not None
-        server = await asyncio.start_server(self._connection, sock=self._sock)
+        accepting = asyncio.ensure_future(self._accept(self._sock))
         ready.set()
         try:
             await self._stopped.wait()
         finally:
-            server.close()
-            for task in asyncio.all_tasks() - {asyncio.current_task()}:
+            accepting.cancel()
+            tasks = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in tasks:
                 task.cancel()
-            await server.wait_closed()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._sock.close()
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = _peer_name(writer)
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        failing = False
+        while True:
+            try:
+                conn, where = await loop.sock_accept(listener)
+            except OSError as exc:  # EMFILE and the like: accept again in a moment
+                if not failing:  # one line until an accept succeeds again
+                    self.report(f"tls: cannot accept: {exc.strerror or exc}")
+                failing = True
+                await asyncio.sleep(0.1)
+                continue
+            failing = False
+            conn.setblocking(False)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # the worker's too
+            peer = f"{where[0]}:{where[1]}" if isinstance(where, tuple) else str(where)
+            task = asyncio.ensure_future(self._connection(conn, peer))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _connection(self, conn: socket.socket, peer: str) -> None:
         if self.handshaking >= MAX_HANDSHAKES or self.connections >= MAX_CONNECTIONS:
             busy = "handshakes" if self.handshaking >= MAX_HANDSHAKES else "connections"
             limit = MAX_HANDSHAKES if busy == "handshakes" else MAX_CONNECTIONS
             self._refuse(peer, f"{limit} {busy} in progress already (the limit)")
-            writer.transport.abort()
+            conn.close()
             return
         self.connections += 1
         try:
-            await self._serve_one(reader, writer, peer)
+            self.handshaking += 1
+            try:
+                session = await read_preamble(conn)
+            except (Refused, OSError) as exc:
+                self._refuse(peer, str(exc))
+                conn.close()
+                return
+            finally:
+                self.handshaking -= 1
+            if session is None:  # TLS at once: served here, as it always was
+                await self._serve_one(conn, peer)
+            else:
+                await self._direct(conn, peer, session)
         finally:
             self.connections -= 1
 
-    async def _serve_one(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
-    ) -> None:
+    async def _direct(self, conn: socket.socket, peer: str, session: str) -> None:
+        """Hand the connection to ``session``'s worker, or answer why not and close."""
+        if self.handover is None:
+            reply = error(None, "unavailable", "this node does not serve the direct path")
+        else:
+            reply = await hand_off(self.handover, session, conn)
+        if reply.get("ok") is True:
+            self.handed_over += 1
+            conn.close()  # the worker holds its own copy now
+            return
         self.handshaking += 1
         try:
-            await writer.start_tls(self.context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+            problem = await answer_instead(conn, self.context, reply, session)
+        finally:
+            self.handshaking -= 1
+        if problem is not None:
+            self._refuse(peer, problem)
+
+    async def _serve_one(self, conn: socket.socket, peer: str) -> None:
+        self.handshaking += 1
+        try:
+            reader, writer = await accept_tls(conn, self.context)
         except (OSError, TimeoutError) as exc:
             self._refuse(peer, refusal(exc))
-            writer.transport.abort()
             return
         finally:
             self.handshaking -= 1
@@ -247,19 +317,13 @@ async def _copy(source: asyncio.StreamReader, target: asyncio.StreamWriter) -> N
     target.transport.abort()  # the daemon closed its end: so does the peer's
 
 
-def _peer_name(writer: asyncio.StreamWriter) -> str:
-    peer = writer.get_extra_info("peername")
-    if isinstance(peer, tuple) and len(peer) >= 2:
-        return f"{peer[0]}:{peer[1]}"
-    return str(peer)
-
-
 def open_gateway(
     listen: str | None,
     tls: TlsFiles | None,
     node: str | None,
     control_path: str,
     report: Callable[[str], None],
+    handover: HandsOver | None = None,
 ) -> TlsGateway | None:
     """The node's TLS port, listening, or None without ``--listen``; ServeError (one line)
     if it is given without its certificate, or with one that is not this node's."""
@@ -274,6 +338,6 @@ def open_gateway(
     problem = own_certificate_problem(tls, node)
     if problem is not None:
         raise ServeError(problem)
-    gateway = TlsGateway(listen, tls, control_path, report)
+    gateway = TlsGateway(listen, tls, control_path, report, handover)
     gateway.open()
     return gateway

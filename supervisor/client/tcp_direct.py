@@ -1,0 +1,162 @@
+"""The direct data path over TCP: one TLS connection to a session's worker on a node.
+
+The connection opens with the plaintext preamble naming the session
+(``transport.direct_preamble``), then TLS at once, without waiting for an answer: the
+node's TLS thread reads the preamble and hands the raw socket to the session's worker,
+which makes the handshake with the node's certificate; the client checks that
+certificate as every client does (the node role, the name etcd gave as
+``server_hostname``). Requests and replies are then the frames of a local direct
+connection (``supervisor/client/direct.py``), and never pass the daemon's loop. If the
+handoff could not be made (no such session there, it failed to start), the node's TLS
+thread makes the handshake instead and answers one error frame.
+
+Every failure is a one-line ``ControlError``: ``no_daemon`` (nothing listens), ``tls_refused``
+(either side refused the other's certificate), ``closed`` (the connection ended without
+a reply: the worker died or was replaced; the caller sends again by key), ``timeout``,
+or the error the worker or the node answered.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import ssl
+import time
+
+from supervisor.cluster.peer_link import READ_SIZE
+from supervisor.cluster.transport import (
+    TlsFiles,
+    TransportError,
+    check_node_certificate,
+    direct_preamble,
+    parse_tls_address,
+    refusal,
+)
+from supervisor.errors import ControlError
+from worker.wire import FrameReader, Message, WireError, encode
+
+
+class DirectLink:
+    """A persistent direct connection to ``session``'s worker on ``node``, made on first use
+    and again after it ended."""
+
+    def __init__(
+        self,
+        address: str,
+        node: str,
+        session: str,
+        files: TlsFiles,
+        *,
+        timeout: float,
+        context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.address = address
+        self.node = node
+        self.session = session
+        self.files = files
+        self.timeout = timeout
+        self._context = context
+        self._sock: ssl.SSLSocket | None = None
+        self._reader = FrameReader()
+        self._ids = itertools.count(1)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def request(self, payload: Message) -> Message:
+        """Send one request (``text``, ``key``, ...) to the worker; its reply frame."""
+        request_id = next(self._ids)
+        try:
+            frame = encode({"id": request_id, "op": "request", "request": payload})
+        except WireError as exc:
+            raise ControlError("too_large", str(exc)) from exc
+        sock = self._connect()
+        where = f"node {self.node} at {self.address}"
+        try:
+            sock.settimeout(self.timeout)
+            sock.sendall(frame)
+            reply = self._read_reply(sock, time.monotonic() + self.timeout)
+        except ControlError:
+            self.close()
+            raise
+        except ssl.SSLError as exc:
+            self.close()
+            raise ControlError(
+                "tls_refused", f"{where} refused this client: {refusal(exc)}"
+            ) from exc
+        except TimeoutError as exc:
+            self.close()
+            raise ControlError(
+                "timeout", f"session {self.session} on {where} did not answer within "
+                f"{self.timeout:g} s",
+            ) from exc  # fmt: skip
+        except OSError as exc:
+            self.close()
+            raise ControlError(
+                "closed", f"{where} closed the connection of session {self.session}: "
+                f"{exc.strerror or exc}",
+            ) from exc  # fmt: skip
+        if reply.get("id") not in (request_id, None):
+            self.close()
+            raise ControlError("bad_reply", f"{where}: a reply to another request")
+        if reply.get("id") is None:
+            self.close()  # the node's one answer (the handoff failed): the connection ends
+        return reply
+
+    def _read_reply(self, sock: ssl.SSLSocket, deadline: float) -> Message:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            sock.settimeout(left)
+            data = sock.recv(READ_SIZE)
+            if not data:
+                raise ControlError(
+                    "closed", f"node {self.node} at {self.address} closed the connection of "
+                    f"session {self.session} without a reply",
+                )  # fmt: skip
+            try:
+                replies = self._reader.feed(data)
+            except WireError as exc:
+                raise ControlError("bad_reply", f"node {self.node}: {exc}") from exc
+            if replies:
+                return replies[0]
+
+    def _connect(self) -> ssl.SSLSocket:
+        if self._sock is not None:
+            return self._sock
+        where = f"node {self.node} at {self.address}"
+        try:
+            host, port = parse_tls_address(self.address)
+            if self._context is None:
+                self._context = self.files.client_context()
+            preamble = direct_preamble(self.session)
+        except (TransportError, ValueError) as exc:
+            raise ControlError("bad_address", str(exc)) from exc
+        try:
+            raw = socket.create_connection((host, port), timeout=self.timeout)
+        except OSError as exc:
+            raise ControlError("no_daemon", f"cannot reach {where}: {exc.strerror or exc}") from exc
+        try:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            raw.sendall(preamble)  # then TLS at once: the worker answers the ClientHello
+            sock = self._context.wrap_socket(raw, server_hostname=self.node)
+        except ssl.SSLError as exc:
+            raw.close()
+            raise ControlError("tls_refused", f"{where}: {refusal(exc)}") from exc
+        except OSError as exc:
+            raw.close()
+            raise ControlError(
+                "closed", f"{where} closed the connection of session {self.session} during "
+                f"its handshake: {exc.strerror or exc}",
+            ) from exc  # fmt: skip
+        try:
+            check_node_certificate(sock.getpeercert(), self.node)
+        except TransportError as exc:
+            sock.close()
+            raise ControlError("tls_refused", f"{where}: {exc}") from exc
+        self._sock = sock
+        self._reader = FrameReader()
+        return sock
