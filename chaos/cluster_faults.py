@@ -99,6 +99,31 @@ class Rig:
     move: Callable[[str, str], dict[str, Any]]
     sessions: list[str]
     lease_ttl: float
+    netem: bool = True
+    """The kernel has ``sch_netem``; without it a ``tbf`` rate limit stands in."""
+
+
+def qdisc(detail: dict[str, Any]) -> list[str]:
+    """The qdisc of a ``netem`` fault: netem's delay, jitter and loss, or, on a kernel
+    without netem, a token bucket of ``rate_kbit`` whose queue holds ``delay_ms`` of
+    traffic: what waits is delayed, what overflows is lost."""
+    d = detail
+    if d["qdisc"] == "netem":
+        return ["netem", "delay", f"{d['delay_ms']}ms", f"{d['jitter_ms']}ms",
+                "loss", f"{d['loss_pct']}%"]  # fmt: skip
+    return ["tbf", "rate", f"{d['rate_kbit']}kbit", "burst", "16kbit",
+            "latency", f"{d['delay_ms']}ms"]  # fmt: skip
+
+
+def netem_problem(host: Host) -> str | None:
+    """Why ``tc netem`` cannot run on ``host``'s link (the kernel's sch_netem), or None."""
+    base = [IP, "netns", "exec", host.netns, TC, "qdisc"]
+    probe = [*base, "add", "dev", host.interface, "root", "netem", "delay", "1ms"]
+    done = subprocess.run(probe, check=False, capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        return done.stderr.strip() or f"tc exited {done.returncode}"
+    run([*base, "del", "dev", host.interface, "root"])
+    return None
 
 
 def kinds_for(rig: Rig) -> list[str]:
@@ -121,8 +146,11 @@ def pick(rng: random.Random, rig: Rig) -> Fault:
     if kind == "partition-node-node":
         return Fault(kind, rng.sample(names, 2), hold)
     if kind == "netem":
-        detail = {"delay_ms": rng.choice([50, 200, 500]), "jitter_ms": rng.choice([0, 50]),
-                  "loss_pct": rng.choice([0, 10, 30])}  # fmt: skip
+        detail: dict[str, Any] = {
+            "delay_ms": rng.choice([50, 200, 500]), "jitter_ms": rng.choice([0, 50]),
+            "loss_pct": rng.choice([0, 10, 30]), "rate_kbit": rng.choice([64, 256, 1024]),
+        }  # fmt: skip
+        detail["qdisc"] = "netem" if rig.netem else "tbf"
         return Fault(kind, [node], hold, detail)
     if kind == "pause-node":
         return Fault(kind, [node], rig.lease_ttl + rng.uniform(1.0, 2.5))
@@ -154,10 +182,9 @@ def apply(fault: Fault, rig: Rig) -> None:
         host = rig.nodes[fault.targets[0]]
         run([IP, "-n", host.netns, "link", "set", host.interface, "down"])
     elif kind == "netem":
-        host, d = rig.nodes[fault.targets[0]], fault.detail
-        shape = ["delay", f"{d['delay_ms']}ms", f"{d['jitter_ms']}ms", "loss", f"{d['loss_pct']}%"]
+        host = rig.nodes[fault.targets[0]]
         run([IP, "netns", "exec", host.netns, TC, "qdisc", "add", "dev", host.interface,
-             "root", "netem", *shape])  # fmt: skip
+             "root", *qdisc(fault.detail)])  # fmt: skip
     elif kind == "kill-host":
         fault.detail["killed"] = signal_host(rig.nodes[fault.targets[0]], signal.SIGKILL)
         rig.nodes[fault.targets[0]].kill_all()

@@ -172,6 +172,16 @@ class ClusterRun:
     def restart_node(self, name: str) -> None:
         start_node(self.nodes[name], name, self.url, None)
 
+    def revive(self) -> None:
+        """Start again a node whose ``loopd serve`` exited on its own, as a service
+        manager would (``Restart=always``): e.g. one that could not reach etcd when it
+        started."""
+        for name, host in self.nodes.items():
+            code = host.processes[-1].poll()
+            if code is not None:
+                self.report.notes.append(f"{name}: loopd serve exited ({code}): started again")
+                self.restart_node(name)
+
     def restart_etcd(self, n: int) -> None:
         start_etcd_member(self.etcd, n, self.binary)
 
@@ -181,6 +191,11 @@ class ClusterRun:
             restart_node=self.restart_node, restart_etcd=self.restart_etcd, move=self.move,
             sessions=self.sessions, lease_ttl=float(LEASE_TTL),
         )  # fmt: skip
+        problem = cluster_faults.netem_problem(self.client)
+        if problem is not None:
+            rig.netem = False
+            self.report.notes.append(f"tc netem cannot run here ({problem}): a tbf rate "
+                                     "limit stands in for delay and loss")  # fmt: skip
         if not self.options.moves:
             rig.move = lambda _s, _t: {"skipped": "moves off"}
         step = 0
@@ -204,6 +219,7 @@ class ClusterRun:
             self.report.faults[fault.kind] += 1
             step += 1
             time.sleep(settle)
+            self.revive()
         self.report.steps = step
 
     def finish(self) -> None:
@@ -220,6 +236,7 @@ class ClusterRun:
                 self.report.notes.append("a load process did not stop within 40 s")
         for e in self.etcd:
             wait_for_etcd(e, f"https://{e.address}:2379", private_files(e))
+        self.revive()
         for session, target in list(self.failed_moves.items()):
             said = self.move(session, target)
             self.report.notes.append(f"move {session} to {target} run again: {said}")
@@ -283,6 +300,8 @@ def run_cluster(options: Options) -> Report:
         run.faults(deadline)
         run.finish()
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the teardown is not cut short
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
         if run is not None:
             if options.keep is not None:
                 for host in run.hosts.hosts.values():
@@ -290,6 +309,7 @@ def run_cluster(options: Options) -> Report:
                 _keep(run, options.keep)
             run.hosts.close()
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, interrupt)
         shutil.rmtree(root, ignore_errors=True)
         report.elapsed = time.monotonic() - started
     return report
