@@ -4,8 +4,8 @@ Each check reads a ``History`` (``chaos/cluster_history.py``) and returns its
 violations, each one line with the evidence; an empty list means the invariant held.
 
 - ``acknowledged-once``: every acknowledged key is exactly once in the log of the
-  session's final owner (etcd's placement at the end), and no key is twice in any
-  final log.
+  session's final owner (etcd's placement at the end), no key is twice in any final
+  log, and no key refused (never sent to a node) is in one.
 - ``one-owner-at-a-time``: no two nodes acknowledged writes for one session in
   overlapping ownership. A token is one etcd revision: it names one node in every
   ``Owner`` record and every reply. Every acknowledgement's (node, token) is an
@@ -61,6 +61,12 @@ def acknowledged_once(history: History) -> list[str]:
             found.append(f"{request.session}: key {request.key} acknowledged by "
                          f"{request.node} (token {request.token}) is {count} times on "
                          f"{node}, its final owner")  # fmt: skip
+    for request in history.requests:
+        if request.outcome == "refused" and request.session in counts:
+            node, keys = counts[request.session]
+            if keys[request.key]:
+                found.append(f"{request.session}: key {request.key}, never sent to a node "
+                             f"(refused), is on {node}")  # fmt: skip
     for session, (node, keys) in sorted(counts.items()):
         for key, count in sorted((k, n) for k, n in keys.items() if k is not None):
             if count > 1:

@@ -76,6 +76,16 @@ def test_a_key_twice_in_the_final_log_is_caught_acknowledged_or_not() -> None:
     assert check(unacked)["acknowledged-once"] == ["s: key k6 is 2 times on b"]
 
 
+def test_a_refused_key_found_in_the_final_log_is_caught() -> None:
+    history = good()
+    found = check(with_entries(history, [*history.logs[("b", "s")].entries, user("k7")]))
+    assert found["acknowledged-once"] == ["s: key k7, never sent to a node (refused), is on b"]
+    # An unknown one may be there, or not.
+    assert check(with_entries(history, [*history.logs[("b", "s")].entries, user("k6")])) == (
+        check(history)
+    )
+
+
 def test_an_acknowledged_key_on_another_node_than_the_final_owner_is_caught() -> None:
     history = good()
     history.placement = {"s": "a"}
