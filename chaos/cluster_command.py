@@ -38,6 +38,7 @@ def summary(report: Report) -> list[str]:
         lines.append(f"{'held    ' if not found else 'VIOLATED'} {name}"
                      + (f" ({len(found)})" if found else ""))  # fmt: skip
         lines += [f"  {line}" for line in found[:20]]
+    lines += [f"stalled: {line}" for line in report.stalled]
     lines += [f"note:    {note}" for note in report.notes[:20]]
     return lines
 

@@ -46,6 +46,8 @@ from supervisor.cluster.transport import Role
 SETTLE: Final = (0.5, 2.0)
 """Seconds of calm after each heal (drawn from the seed)."""
 STOP_LOAD_TIMEOUT: Final = 40.0
+STALLED_AFTER: Final = 30.0
+"""A session with no acknowledgement for this long at the end of the load is reported."""
 
 
 @dataclass
@@ -70,6 +72,8 @@ class Report:
     outcomes: Counter[str] = field(default_factory=Counter)
     violations: dict[str, list[str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    stalled: list[str] = field(default_factory=list)
+    """Sessions that answered nothing for the end of the load (availability, not safety)."""
     history: History = field(default_factory=History)
 
     def to_json(self) -> dict[str, Any]:
@@ -77,7 +81,8 @@ class Report:
                 "faults": dict(self.faults), "outcomes": dict(self.outcomes),
                 "invariants": {name: {"held": not found, "violations": found}
                                for name, found in self.violations.items()},
-                "notes": self.notes, "history": self.history.to_json()}  # fmt: skip
+                "notes": self.notes, "stalled": self.stalled,
+                "history": self.history.to_json()}  # fmt: skip
 
 
 class Stopped(Exception):
@@ -257,6 +262,26 @@ class ClusterRun:
                 history.logs[(name, log.session)] = log
         self.report.outcomes = Counter(r.outcome for r in history.requests)
         self.report.violations = check(history)
+        self.report.stalled = stalled(history)
+
+
+def stalled(history: History, *, longer_than: float = STALLED_AFTER) -> list[str]:
+    """Each session no request of which was acknowledged for the last ``longer_than``
+    seconds of the load (or at all), with the last error its clients got."""
+    if not history.requests:
+        return []
+    end = max(r.end for r in history.requests)
+    found = []
+    for session in sorted({r.session for r in history.requests}):
+        mine = [r for r in history.requests if r.session == session]
+        acks = [r.end for r in mine if r.outcome == "ack"]
+        last = max(acks) if acks else min(r.start for r in mine)
+        if end - last > longer_than:
+            errors = [e for r in sorted(mine, key=lambda r: r.end) for e in r.errors]
+            said = errors[-1][:200] if errors else "no error recorded"
+            found.append(f"{session}: nothing acknowledged for the last {end - last:.0f} s "
+                         f"of the load; last error: {said}")  # fmt: skip
+    return found
 
 
 def stop_host(host: Host) -> None:

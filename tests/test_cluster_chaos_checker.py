@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from chaos.cluster_checker import check
 from chaos.cluster_history import History, LogEntry, Request, SessionLog
+from chaos.cluster_run import stalled
 
 
 def user(key: str) -> LogEntry:
@@ -170,3 +171,11 @@ def test_a_history_survives_its_json_form() -> None:
     again = History.from_json(json.loads(json.dumps(history.to_json())))
     assert again == history
     assert check(again) == check(history)
+
+
+def test_a_session_answering_nothing_at_the_end_of_the_load_is_reported_stalled() -> None:
+    history = good()  # the load ends at 9.5; s's last acknowledgement at 6.7
+    assert stalled(history, longer_than=5.0) == []
+    found = stalled(history, longer_than=2.0)
+    assert found == ["s: nothing acknowledged for the last 3 s of the load; "
+                     "last error: no error recorded"]  # fmt: skip
