@@ -201,8 +201,6 @@ class ClusterRun:
             rig.netem = False
             self.report.notes.append(f"tc netem cannot run here ({problem}): a tbf rate "
                                      "limit stands in for delay and loss")  # fmt: skip
-        if not self.options.moves:
-            rig.move = lambda _s, _t: {"skipped": "moves off"}
         step = 0
         while True:
             if self.options.steps is not None and step >= self.options.steps:
@@ -212,7 +210,7 @@ class ClusterRun:
             fault = cluster_faults.pick(self.rng, rig)
             settle = self.rng.uniform(*SETTLE)
             if fault.kind == "move" and not self.options.moves:
-                continue
+                continue  # --no-moves: the draw is made all the same (the seed's faults)
             try:
                 cluster_faults.apply(fault, rig)
                 time.sleep(fault.hold)  # the fault lasts this long: nothing is awaited
