@@ -124,7 +124,8 @@ class ClusterRun:
         self.binary = etcd_binary() or "etcd"
         self.sessions = [f"s{n}" for n in range(options.sessions)]
         self.nodes: dict[str, Host] = {}
-        self.failed_moves: dict[str, str] = {}
+        self.failed_moves: dict[str, list[str]] = {}
+        """session -> the targets of its moves that failed, oldest first."""
         self.url = ""
 
     def client_argv(self, *argv: str) -> list[str]:
@@ -165,22 +166,37 @@ class ClusterRun:
             done = self.client.run(self.client_argv(*argv), timeout=90,
                                    copy=self.client.root / "certs")  # fmt: skip
         except subprocess.TimeoutExpired:
-            self.failed_moves[session] = target
+            self._failed(session, target)
             return {"code": None, "error": "timed out after 90 s"}
         if done.returncode != 0:
-            self.failed_moves[session] = target
+            self._failed(session, target)
         else:
             self.failed_moves.pop(session, None)
         lines = (done.stderr.strip() or done.stdout.strip()).splitlines()
         return {"code": done.returncode, "said": lines[-1][:300] if lines else ""}
+
+    def _failed(self, session: str, target: str) -> None:
+        targets = self.failed_moves.setdefault(session, [])
+        if target not in targets:
+            targets.append(target)
+
+    def finish_moves(self) -> None:
+        """Run each failed move again, as an operator would (a rerun reads the intent in
+        etcd and continues): to each target that failed, until one succeeds."""
+        for session, targets in list(self.failed_moves.items()):
+            for target in list(targets):
+                said = self.move(session, target)
+                self.report.notes.append(f"move {session} to {target} run again: {said}")
+                if said.get("code") == 0:
+                    break
 
     def restart_node(self, name: str) -> None:
         start_node(self.nodes[name], name, self.url, None)
 
     def revive(self) -> None:
         """Start again a node whose ``loopd serve`` exited on its own, as a service
-        manager would (``Restart=always``): e.g. one that could not reach etcd when it
-        started."""
+        manager would (``Restart=on-failure``): e.g. one that could not reach etcd when
+        it started."""
         for name, host in self.nodes.items():
             code = host.processes[-1].poll()
             if code is not None:
@@ -240,9 +256,7 @@ class ClusterRun:
         for e in self.etcd:
             wait_for_etcd(e, f"https://{e.address}:2379", private_files(e))
         self.revive()
-        for session, target in list(self.failed_moves.items()):
-            said = self.move(session, target)
-            self.report.notes.append(f"move {session} to {target} run again: {said}")
+        self.finish_moves()
         done = self.on_client("final", timeout=150)
         if done.returncode != 0:
             raise HarnessError(f"reading the final placement failed: {done.stderr[-500:]}")

@@ -232,8 +232,8 @@ class Hosts:
         self.hosts: dict[str, Host] = {}
         self._namespaces: list[str] = []
         try:
-            _ip("netns", "add", self.bridge)
-            self._namespaces.append(self.bridge)
+            self._namespaces.append(self.bridge)  # first: a stop right after the add
+            _ip("netns", "add", self.bridge)  # still finds it to delete
             _ip("link", "add", "br0", "type", "bridge", netns=self.bridge)
             _ip("link", "set", "br0", "up", netns=self.bridge)
         except BaseException:
@@ -247,8 +247,8 @@ class Hosts:
         netns = f"{self.tag}{name}"
         inside, outside = f"{self.tag}i{number}"[-15:], f"{self.tag}o{number}"[-15:]
         try:
-            _ip("netns", "add", netns)
             self._namespaces.append(netns)
+            _ip("netns", "add", netns)
             _ip(
                 "link",
                 "add",
