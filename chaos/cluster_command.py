@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -114,6 +115,8 @@ def cluster(
     (partitions, netem, host kills, pauses past the lease, etcd member loss, moves);
     the whole history checked. Needs root, iproute2, openssl and etcd. Exit 1 on a
     violation, 2 if it cannot run."""
+    if json_report is not None and not os.path.isdir(os.path.dirname(json_report) or "."):
+        raise click.BadParameter(f"{json_report}: no such directory", param_hint="--json-report")
     problem = prerequisites()
     if problem is not None:
         click.echo(f"loopd chaos cluster: cannot run: {problem}", err=True)
@@ -138,8 +141,13 @@ def cluster(
     for line in summary(report):
         click.echo(line)
     if json_report is not None:
-        with open(json_report, "w", encoding="utf-8") as out:
-            json.dump({**report.to_json(), "replay": again}, out, indent=1)
+        try:
+            with open(json_report, "w", encoding="utf-8") as out:
+                json.dump({**report.to_json(), "replay": again}, out, indent=1)
+        except OSError as exc:
+            click.echo(f"loopd chaos cluster: --json-report {json_report}: {exc.strerror}",
+                       err=True)  # fmt: skip
+            sys.exit(EXIT_CANNOT_RUN)
     if any(report.violations.values()):
         click.echo(f"replay: {again}")
         sys.exit(EXIT_VIOLATION)

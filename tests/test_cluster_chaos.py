@@ -180,3 +180,16 @@ def test_the_long_cluster_chaos_run_with_three_etcd_members_holds(tmp_path: Path
     report = json.loads(out.read_text())
     assert all(held(report).values()), report["invariants"]
     assert "kill-etcd-member" in report["faults"]
+
+
+def test_a_report_in_a_missing_directory_is_refused_before_the_run(tmp_path: Path) -> None:
+    report = tmp_path / "no-such-dir" / "report.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "supervisor", "chaos", "cluster", "--json-report", str(report)],
+        cwd=REPO, check=False, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"python -m supervisor chaos cluster: Invalid value for --json-report: {report}: "
+        "no such directory"
+    ]
