@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -299,11 +300,35 @@ class Hosts:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        for netns in reversed(self._namespaces):
+        # Every host's processes die before any namespace is deleted: a process of one
+        # host, in a mount namespace of its own, holds a copy of every /run/netns mount
+        # that existed when it started, and while it lives the file of a deleted
+        # namespace cannot be removed (EBUSY): the namespace would be left behind.
+        for netns in self._namespaces:
             _kill_left_in(netns)
-            subprocess.run([IP, "netns", "del", netns], check=False, capture_output=True)
+        deadline = time.monotonic() + SETUP_TIMEOUT
+        left = list(reversed(self._namespaces))
+        while left:
+            left = [netns for netns in left if not _deleted(netns)]
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)  # a SIGKILLed process is still exiting
         self._namespaces.clear()
         shutil.rmtree(self._short, ignore_errors=True)
+        if left:
+            raise HarnessError(f"namespaces not deleted: {', '.join(left)}")
+
+
+def _deleted(netns: str) -> bool:
+    """Delete ``netns`` if nothing runs in it any more; whether it is gone."""
+    found = subprocess.run([IP, "netns", "pids", netns], check=False, capture_output=True,
+                           text=True, timeout=SETUP_TIMEOUT)  # fmt: skip
+    if found.returncode == 0 and found.stdout.split():
+        _kill_left_in(netns)
+        return False
+    subprocess.run([IP, "netns", "del", netns], check=False, capture_output=True,
+                   timeout=SETUP_TIMEOUT)  # fmt: skip
+    return not os.path.exists(f"/run/netns/{netns}")
 
 
 def _kill_left_in(netns: str) -> None:
