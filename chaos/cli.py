@@ -18,6 +18,7 @@ from chaos.cli_options import (
     jobs_option,
     scenarios_option,
 )
+from chaos.cluster_command import cluster
 from chaos.mutants import MUTANTS
 from chaos.parallel import case_workdir
 from chaos.run_command import run
@@ -33,6 +34,7 @@ def chaos() -> None:
 
 
 chaos.add_command(run)
+chaos.add_command(cluster)
 
 
 @chaos.command()

@@ -1,0 +1,162 @@
+"""The history of a ``loopd chaos cluster`` run: what the clients were told, what the disks hold.
+
+``Request`` is one keyed request's end as its client saw it (``chaos/cluster_load.py``);
+``LogEntry`` one record of a session's log that the checker reads (``User`` by its key,
+``Owner`` and ``Handoff`` by their node and token), read raw from the files of every
+epoch, oldest first; ``History`` all of it, with each session's final placement and the
+verdict of ``loopd verify`` on every home. ``chaos/cluster_checker.py`` judges it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from worker.store.layout import SESSIONS_DIR
+
+OUTCOMES: Final = ("ack", "refused", "unknown")
+_LOG: Final = re.compile(r"(0|[1-9][0-9]*)\.jsonl")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One keyed request: its outcome and, if acknowledged, the reply's token and node."""
+
+    process: int
+    session: str
+    key: str
+    outcome: str
+    start: float
+    end: float
+    token: int | None = None
+    node: str | None = None
+    duplicate: bool = False
+    attempts: int = 1
+    errors: tuple[str, ...] = ()
+
+    @classmethod
+    def from_event(cls, event: dict[str, Any]) -> Request:
+        return cls(process=int(event["p"]), session=str(event["s"]), key=str(event["k"]),
+                   outcome=str(event["outcome"]), start=float(event["t0"]),
+                   end=float(event["t1"]), token=event.get("token"), node=event.get("node"),
+                   duplicate=bool(event.get("duplicate")), attempts=int(event["attempts"]),
+                   errors=tuple(event.get("errors", ())))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """``kind`` "user" (``key``), "owner" (``node``, ``token``) or "handoff" (``node``: to)."""
+
+    kind: str
+    key: str | None = None
+    node: str | None = None
+    token: int | None = None
+
+
+@dataclass
+class SessionLog:
+    """One copy of a session on one node's disk, and what ``loopd verify`` said of it."""
+
+    node: str
+    session: str
+    entries: list[LogEntry]
+    verified: bool
+    verdict: str
+
+
+@dataclass
+class History:
+    requests: list[Request] = field(default_factory=list)
+    placement: dict[str, str | None] = field(default_factory=dict)
+    """Each session's final node (etcd's placement at the end)."""
+    logs: dict[tuple[str, str], SessionLog] = field(default_factory=dict)
+    """(node, session) -> its copy on that node's disk."""
+    faults: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "requests": [asdict(r) for r in self.requests],
+            "placement": self.placement,
+            "logs": [asdict(log) for log in self.logs.values()],
+            "faults": self.faults,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> History:
+        logs = {}
+        for raw in data["logs"]:
+            entries = [LogEntry(**entry) for entry in raw["entries"]]
+            log = SessionLog(**{**raw, "entries": entries})
+            logs[(log.node, log.session)] = log
+        requests = [Request(**{**r, "errors": tuple(r["errors"])}) for r in data["requests"]]
+        return cls(requests=requests, placement=data["placement"], logs=logs,
+                   faults=data["faults"])  # fmt: skip
+
+
+def read_requests(path: Path) -> tuple[list[Request], list[str]]:
+    """The requests of one load process's output; lines that are not events, as notes."""
+    requests, notes = [], []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            notes.append(line[:300])
+            continue
+        if isinstance(event, dict) and event.get("ev") == "request":
+            requests.append(Request.from_event(event))
+    return requests, notes
+
+
+def read_entries(session_dir: Path) -> list[LogEntry]:
+    """The User, Owner and Handoff records of every epoch's log, oldest first (raw JSON
+    lines: a line that does not decode is skipped, ``loopd verify`` judges the files)."""
+    numbers = sorted(int(n[:-6]) for n in os.listdir(session_dir) if _LOG.fullmatch(n))
+    entries = []
+    for number in numbers:
+        for line in (session_dir / f"{number}.jsonl").read_bytes().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            kind = record.get("type") if isinstance(record, dict) else None
+            if kind == "User":
+                entries.append(LogEntry("user", key=record.get("key")))
+            elif kind == "Owner":
+                entries.append(LogEntry("owner", node=record["node"], token=record["token"]))
+            elif kind == "Handoff":
+                entries.append(LogEntry("handoff", node=record["to"], token=record["token"]))
+    return entries
+
+
+def verify_home(home: Path) -> dict[str, str]:
+    """``loopd verify --home`` on a stopped node's home: each session's line."""
+    done = subprocess.run(
+        [sys.executable, "-m", "supervisor", "verify", "--home", str(home)],
+        check=False, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    verdicts = {}
+    for line in done.stdout.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] in ("ok", "REFUSED"):
+            verdicts[os.path.basename(words[1].rstrip(":"))] = line.strip()
+    return verdicts
+
+
+def read_node(node: str, home: Path) -> list[SessionLog]:
+    """Every session copy on ``node``'s home (``home``: as the machine sees it)."""
+    sessions = home / SESSIONS_DIR
+    if not sessions.is_dir():
+        return []
+    verdicts = verify_home(home)
+    logs = []
+    for name in sorted(os.listdir(sessions)):
+        verdict = verdicts.get(name, "not judged by loopd verify")
+        logs.append(SessionLog(node=node, session=name, entries=read_entries(sessions / name),
+                               verified=verdict.startswith("ok"), verdict=verdict))  # fmt: skip
+    return logs
