@@ -26,6 +26,7 @@ from supervisor.cluster.serving import ServingNode, WorkerCluster
 from supervisor.daemon.endpoints import Waiter
 from supervisor.daemon.hosted import HostedSession
 from supervisor.errors import ServeError
+from supervisor.hosting.intent import IntentError, IntentFile
 from supervisor.states import State
 from worker.wire import Message, error, ok
 
@@ -185,11 +186,19 @@ class DaemonNode:
         fresh.ready_waiters.append(waiter)
         fresh.start()
 
-    def forget(self, waiter: Waiter, session: str) -> None:
-        """``forget``: stop listing a stopped session whose files left this node."""
+    def forget(self, waiter: Waiter, session: str, intent: IntentFile) -> None:
+        """``forget``: stop listing a stopped session whose files left this node, and clear
+        its intent entry here: the ``stop`` of the move that took it away is no operator's
+        word, and a session moved back later is served after this node's restart."""
         hosted = self.sessions.get(session)
         if hosted is not None and hosted.worker is None:
             del self.sessions[session]
+        if session not in self.sessions:
+            try:
+                intent.forget(session)
+            except IntentError as exc:
+                waiter.client.reply(error(waiter.request_id, "intent", str(exc)))
+                return
         waiter.client.reply(ok(waiter.request_id, None))
 
     def claim(self, waiter: Waiter, session: str, then: Callable[[WorkerCluster], None]) -> None:

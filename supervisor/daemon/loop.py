@@ -359,7 +359,7 @@ class Supervisor:
         if self.cluster is None:
             forget_local(self, waiter, session_id)  # its intent entry too
         else:
-            self.cluster.forget(waiter, session_id)
+            self.cluster.forget(waiter, session_id, self.hosting.intent)  # its entry too
 
     def forget_pending_start(self, hosted: HostedSession) -> None:
         """An operator acted on a session not yet started at launch: their word wins."""
