@@ -23,6 +23,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 from supervisor.client.cluster import ClusterClient
@@ -128,24 +129,30 @@ def one_request(cluster: ClusterClient, process: int, session: str, key: str) ->
         time.sleep(0.2)
 
 
+def _noting(step: Callable[..., Any]) -> Callable[..., Any]:
+    """``step`` that first notes that what follows may send the request (then a failed
+    request's outcome is unknown, never refused)."""
+
+    def noted(*args: Any) -> Any:
+        SENT["now"] = True
+        return step(*args)
+
+    return noted
+
+
 def load(plan: dict[str, Any]) -> None:
     signal.signal(signal.SIGTERM, _stop)
     process = int(plan["process"])
     rng = random.Random(plan["seed"] * 1000 + process)
     with ClusterClient(plan["etcd"], timeout=CALL_TIMEOUT) as cluster:
-        # The client's own connection step (private: kept in step with
-        # supervisor/client/cluster.py); without it every failed request is unknown.
-        connect = getattr(cluster, "_link", None)
-        if connect is None:
+        # The client's own steps that lead to sending (private: kept in step with
+        # supervisor/client/cluster.py: `_link` for a control call or a unix node,
+        # `_direct` for a send over TCP); without them every failed request is unknown.
+        steps = [name for name in ("_link", "_direct") if callable(getattr(cluster, name, None))]
+        if set(steps) != {"_link", "_direct"}:
             SENT["always"] = True
-
-        def noting(node: str, address: str) -> NodeLink:
-            SENT["now"] = True  # what follows is a request sent to the node
-            link: NodeLink = connect(node, address)  # type: ignore[misc]
-            return link
-
-        if connect is not None:
-            setattr(cluster, "_link", noting)  # noqa: B010
+        for name in steps:
+            setattr(cluster, name, _noting(getattr(cluster, name)))
         n = 0
         while not STOPPING["now"]:
             session = rng.choice(plan["sessions"])
