@@ -133,3 +133,44 @@ def test_worker_counters_survive_the_worker_and_add_across_workers() -> None:
     assert families["loopd_live_workers"].value() == 2
     assert families["loopd_workers_rss_bytes"].value() == 3000
     assert families["loopd_supervisor_rss_bytes"].value() > 0
+
+
+def _replicated(changes: int, refused: int, lag: int | None) -> dict[str, object]:
+    stats = WorkerStats(requests=1).snapshot()
+    follower = {"node": "b", "in_sync": lag == 0, "lag_bytes": lag, "lag_groups": lag,
+                "ack_age_s": None if lag is None else 0.5}  # fmt: skip
+    stats["replication"] = {
+        "followers": [follower, {"node": "c", "in_sync": True, "lag_bytes": 0,
+                                 "lag_groups": 0, "ack_age_s": 0.25}],
+        "in_sync_changes": changes,
+        "writes_refused": refused,
+    }  # fmt: skip
+    return stats
+
+
+def test_replication_families_show_each_follower_and_keep_counts_across_workers() -> None:
+    metrics = DaemonMetrics(lambda: ["RUNNING"], lambda: [1000], ["RUNNING"])
+    bare = parse(metrics.render())  # no replicated session: the families, without samples
+    for name in (
+        "loopd_replica_lag_bytes",
+        "loopd_replica_in_sync",
+        "loopd_replica_in_sync_changes_total",
+        "loopd_replicated_writes_refused_total",
+    ):
+        assert bare[name].help
+        assert bare[name].samples == []
+    metrics.on_report("r", _replicated(changes=2, refused=3, lag=40))
+    metrics.on_worker_gone("r")  # restarted: its counts are kept, its gauges are gone
+    metrics.on_report("r", _replicated(changes=1, refused=0, lag=None))
+    families = parse(metrics.render())
+    assert families["loopd_replica_in_sync_changes_total"].value(session="r") == 3
+    assert families["loopd_replicated_writes_refused_total"].value(session="r") == 3
+    assert families["loopd_replica_in_sync"].value(session="r", follower="b") == 0
+    assert families["loopd_replica_in_sync"].value(session="r", follower="c") == 1
+    assert families["loopd_replica_lag_bytes"].value(session="r", follower="c") == 0
+    assert families["loopd_replica_lag_groups"].value(session="r", follower="c") == 0
+    assert families["loopd_replica_ack_age_seconds"].value(session="r", follower="c") >= 0.25
+    with pytest.raises(KeyError):  # no acknowledgement from b since the worker started
+        families["loopd_replica_lag_bytes"].value(session="r", follower="b")
+    assert families["loopd_replica_lag_bytes"].kind == "gauge"
+    assert families["loopd_replicated_writes_refused_total"].kind == "counter"

@@ -27,6 +27,7 @@ from worker.follower_tls import TlsFollower, node_context
 from worker.lease_deadline import LeaseFence
 from worker.replication import Shipper
 from worker.store.session import Session
+from worker.store.stats import STATS
 from worker.wire import FrameReader, Message, encode
 
 REJOIN_INTERVAL: Final = 1.0
@@ -107,6 +108,7 @@ def replicated_fence(args: argparse.Namespace, session: Session, fence: LeaseFen
     fence.close()
     replicated = ReplicatedFence(fence.path, fence.lease, fence.token, shipper, args.daemon_socket)
     holder.append(replicated)
+    STATS.replication = shipper.report  # each state report carries the followers' lag
     return replicated
 
 

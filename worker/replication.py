@@ -13,11 +13,16 @@ refused before a byte of it is written (``check_writable``).
 The worker imports nothing of the supervisor: the channels to the followers and the
 etcd change are handed to it (``FollowerChannel``, ``change_in_sync``) by whoever
 starts it.
+
+What the owner knows of each follower is reported too (``Shipper.report``, carried to
+the daemon with the worker's state reports): how far its last acknowledgement is behind
+the owner's durable log end, in bytes and in group commits, and how long ago it was.
 """
 
 from __future__ import annotations
 
 import os
+import time
 import zlib
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -114,6 +119,13 @@ class Shipper:
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.followers)))
         self._at = self._own_position()
         self.lost: list[tuple[str, str]] = []  # (node, why) of each follower removed
+        # For the report: bytes and group commits shipped (or, to nobody, written) since
+        # this worker started, and each follower's count at its last acknowledgement.
+        self._bytes = 0
+        self._groups = 0
+        self._acked: dict[str, tuple[int, int, float]] = {}  # node -> (bytes, groups, when)
+        self.in_sync_changes = 0  # followers taken out of or back into etcd's in-sync set
+        self.writes_refused = 0  # batches refused before a byte, too few copies in sync
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -131,6 +143,7 @@ class Shipper:
         for node in sorted(self.unconfirmed):
             self._confirm_removal(node)
         if self.unconfirmed:
+            self.writes_refused += 1
             raise ReplicasMissing(
                 self.session.id,
                 f"follower {', '.join(sorted(self.unconfirmed))} is not in sync and etcd "
@@ -138,6 +151,7 @@ class Shipper:
             )
         copies = 1 + len(self.in_sync)
         if copies < self.required:
+            self.writes_refused += 1
             out = sorted(set(self.followers) - self.in_sync)
             raise ReplicasMissing(
                 self.session.id,
@@ -161,9 +175,14 @@ class Shipper:
             return None
         expected = _end_of(pieces)
         targets = sorted(self.in_sync)
-        results = self._pool.map(lambda node: self._send(node, pieces, expected), targets)
+        results = list(self._pool.map(lambda n: self._send(n, pieces, expected), targets))
         failed = [(node, why) for node, why in zip(targets, results, strict=True) if why]
         self._at = expected
+        self._bytes += sum(len(piece.data) for piece in pieces)
+        self._groups += 1
+        for node, why in zip(targets, results, strict=True):
+            if why is None:
+                self._acked_now(node)
         for node, why in failed:
             self._drop(node, why)
         if not failed:
@@ -204,6 +223,7 @@ class Shipper:
             self.lost.append((node, f"not removed from etcd's in-sync set: {exc}"))
         else:
             self.unconfirmed.discard(node)
+            self.in_sync_changes += 1
 
     # -- catching up ----------------------------------------------------------------------
 
@@ -230,6 +250,7 @@ class Shipper:
                     self.lost.append((node, f"could not be added back: {exc}"))
                     continue
                 self.in_sync.add(node)
+                self.in_sync_changes += 1
                 joined.append(node)
         return joined
 
@@ -260,7 +281,39 @@ class Shipper:
         self._at = self._own_position()
         if at != self._at:
             return f"its copy is at {at}, the owner's at {self._at}"
+        self._acked_now(node)
         return None
+
+    # -- the report -----------------------------------------------------------------------
+
+    def _acked_now(self, node: str) -> None:
+        """``node``'s copy ends where the owner's durable log ends, as of now."""
+        self._acked[node] = (self._bytes, self._groups, time.monotonic())
+
+    def report(self) -> dict[str, object]:
+        """Each follower's lag as the owner sees it, and the counters (wire-ready).
+
+        ``lag_bytes`` and ``lag_groups``: what the owner made durable since the
+        follower's last acknowledgement (0 for one in sync after each write);
+        ``ack_age_s``: seconds since that acknowledgement. None for a follower that
+        has not acknowledged anything since this worker started.
+        """
+        now = time.monotonic()
+        followers: list[dict[str, object]] = []
+        for node in sorted(self.followers):
+            acked = self._acked.get(node)
+            followers.append({
+                "node": node,
+                "in_sync": node in self.in_sync,
+                "lag_bytes": None if acked is None else self._bytes - acked[0],
+                "lag_groups": None if acked is None else self._groups - acked[1],
+                "ack_age_s": None if acked is None else round(now - acked[2], 3),
+            })  # fmt: skip
+        return {
+            "followers": followers,
+            "in_sync_changes": self.in_sync_changes,
+            "writes_refused": self.writes_refused,
+        }
 
 
 def _shared(home: str, session: str, channel: FollowerChannel, at: Position) -> Position:

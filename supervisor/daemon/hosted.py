@@ -15,7 +15,7 @@ from supervisor.daemon.endpoints import Waiter, WorkerChannel
 from supervisor.daemon.exit_advice import fatal_reason
 from supervisor.daemon.handover import hand_over
 from supervisor.daemon.hang import HangWatch
-from supervisor.daemon.hosted_status import int_or_none, session_status
+from supervisor.daemon.hosted_status import followers_seen, int_or_none, session_status
 from supervisor.daemon.lock_wait import outgoing_worker
 from supervisor.daemon.poison import DEFAULT_POISON_AFTER, PoisonLedger
 from supervisor.daemon.relay import Relay
@@ -172,6 +172,8 @@ class HostedSession:
         op = message.get("op")
         if op == "state":
             self._take_state(message.get("state"))
+            if self.worker is not None:  # a replicated session's followers, as it sees them
+                self.worker.replication = followers_seen(message.get("stats"))
             self.loop.on_report(self, message)
         elif op == "ready":
             self.epoch = int_or_none(message.get("epoch"))
@@ -318,13 +320,8 @@ class HostedSession:
                 self.loop.wake(self)  # on demand: the request waits for the start
         else:
             detail = f": {self.last_error}" if self.last_error else ""
-            waiter.client.reply(
-                error(
-                    waiter.request_id,
-                    "unavailable",
-                    f"session {self.id} is {self.state.value}{detail}",
-                )
-            )
+            why = f"session {self.id} is {self.state.value}{detail}"
+            waiter.client.reply(error(waiter.request_id, "unavailable", why))
 
     def _act(self, waiter: Waiter, request: Message) -> None:
         if request.get("op") == "connect":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 from supervisor.states import State
@@ -16,6 +17,8 @@ class RunningWorker(Protocol):
     def pid(self) -> int: ...
     def rss_bytes(self) -> int | None: ...
     def cpu_seconds(self) -> float | None: ...
+    @property
+    def replication(self) -> FollowersSeen | None: ...
 
 
 class StatusSource(Protocol):
@@ -45,7 +48,9 @@ def session_status(hosted: StatusSource) -> Message:
     running = hosted.state in (State.RUNNING, State.STARTING, State.STOPPING)
     started = hosted.started_at
     uptime = time.monotonic() - started if running and started else None
+    lag = worker.replication if worker is not None else None
     return {
+        **({} if lag is None else {"lag": lag.now(time.monotonic())}),
         "session": hosted.id,
         "state": hosted.state.value,
         "pid": worker.pid if worker is not None else None,
@@ -57,6 +62,35 @@ def session_status(hosted: StatusSource) -> Message:
         "cpu_s": worker.cpu_seconds() if worker is not None else None,
         "last_error": hosted.last_error,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class FollowersSeen:
+    """A replicated session's followers as its worker last reported them
+    (``worker.replication.Shipper.report``): each one's node, whether it is in the
+    worker's in-sync set, its lag in bytes and group commits, its last ack's age."""
+
+    at: float  # time.monotonic() at the report
+    followers: tuple[Message, ...]
+
+    def now(self, now: float) -> list[Message]:
+        """The followers, each last acknowledgement's age brought up to ``now``."""
+        rows = []
+        for follower in self.followers:
+            age = follower.get("ack_age_s")
+            if isinstance(age, int | float):
+                age = round(age + max(0.0, now - self.at), 3)
+            rows.append({**follower, "ack_age_s": age if isinstance(age, float) else None})
+        return rows
+
+
+def followers_seen(stats: object) -> FollowersSeen | None:
+    """The followers of a worker's state report's counters, if it reports any."""
+    replication = stats.get("replication") if isinstance(stats, dict) else None
+    followers = replication.get("followers") if isinstance(replication, dict) else None
+    if not isinstance(followers, list):
+        return None
+    return FollowersSeen(time.monotonic(), tuple(f for f in followers if isinstance(f, dict)))
 
 
 def int_or_none(value: object) -> int | None:

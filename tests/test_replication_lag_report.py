@@ -1,0 +1,75 @@
+"""The owner's report of its followers (``Shipper.report``), on real files in one process.
+
+The followers are real receivers writing real copies (``test_replication_shipper``'s
+``LocalFollower``); one is made to fail its ships. The report's lag is the bytes and
+group commits the owner made durable since that follower's last acknowledgement: 0
+while it acknowledges, growing once it is out, 0 again once it is caught up; the
+in-sync changes and the writes refused below the majority are counted.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.test_replication_shipper import BASELINE, LocalFollower, _write
+from worker import Owner, Session
+from worker.replication import ReplicasMissing, ShipFailed, Shipper
+from worker.store.replica_types import Position, Step
+
+
+class Flaky(LocalFollower):
+    """A local follower whose ships fail while ``down``."""
+
+    down = False
+
+    def ship(self, step: Step) -> Position:
+        if self.down:
+            raise ShipFailed(f"{self.node}: no answer")
+        return super().ship(step)
+
+
+def _by_node(shipper: Shipper) -> dict[str, dict[str, object]]:
+    report = shipper.report()
+    followers = report["followers"]
+    assert isinstance(followers, list)
+    return {str(f["node"]): f for f in followers}
+
+
+def test_a_followers_lag_grows_while_it_is_out_and_clears_when_it_rejoins(
+    tmp_path: Path,
+) -> None:
+    b = Flaky("b", tmp_path / "b")
+    changes: list[tuple[str, bool]] = []
+    with Session.create(tmp_path / "a", "s", BASELINE) as owner:
+        owner.append(Owner(node="a", token=3))
+        shipper = Shipper(owner, 3, 2, [b], ["b"], lambda n, ok: changes.append((n, ok)))
+        shipper.start()
+        _write(owner, "k1")
+        assert shipper.ship() is None
+        seen = _by_node(shipper)["b"]
+        assert (seen["in_sync"], seen["lag_bytes"], seen["lag_groups"]) == (True, 0, 0)
+        assert isinstance(seen["ack_age_s"], float)
+        acked_size = os.stat(owner.log_path).st_size
+        b.down = True
+        _write(owner, "k2")
+        assert isinstance(shipper.ship(), ReplicasMissing)  # 1 of 2 copies: not acknowledged
+        with pytest.raises(ReplicasMissing):
+            shipper.check_writable()  # the next write is refused before a byte
+        seen = _by_node(shipper)["b"]
+        assert seen["in_sync"] is False
+        assert seen["lag_groups"] == 1
+        assert seen["lag_bytes"] == os.stat(owner.log_path).st_size - acked_size
+        report = shipper.report()
+        assert (report["in_sync_changes"], report["writes_refused"]) == (1, 1)
+        b.down = False
+        assert shipper.rejoin() == ["b"]
+        seen = _by_node(shipper)["b"]
+        assert (seen["in_sync"], seen["lag_bytes"], seen["lag_groups"]) == (True, 0, 0)
+        report = shipper.report()
+        assert (report["in_sync_changes"], report["writes_refused"]) == (2, 1)
+        assert changes == [("b", False), ("b", True)]
+        shipper.close()
+    b.receiver.close()
