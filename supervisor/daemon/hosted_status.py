@@ -43,14 +43,14 @@ class StatusSource(Protocol):
 
 
 def session_status(hosted: StatusSource) -> Message:
-    """State, pid, epoch, records, restarts, uptime, rss, cpu and last error of a session."""
+    """State, pid, epoch, records, restarts, uptime, rss, cpu and last error of a session;
+    and ``lag``, its followers' (a replicated session's owner, once its worker reported)."""
     worker = hosted.worker
     running = hosted.state in (State.RUNNING, State.STARTING, State.STOPPING)
     started = hosted.started_at
     uptime = time.monotonic() - started if running and started else None
     lag = worker.replication if worker is not None else None
     return {
-        **({} if lag is None else {"lag": lag.now(time.monotonic())}),
         "session": hosted.id,
         "state": hosted.state.value,
         "pid": worker.pid if worker is not None else None,
@@ -61,6 +61,7 @@ def session_status(hosted: StatusSource) -> Message:
         "rss_bytes": worker.rss_bytes() if worker is not None else None,
         "cpu_s": worker.cpu_seconds() if worker is not None else None,
         "last_error": hosted.last_error,
+        **({} if lag is None else {"lag": lag.now(time.monotonic())}),
     }
 
 
