@@ -4,7 +4,8 @@ The followers are real receivers writing real copies (``test_replication_shipper
 ``LocalFollower``); one is made to fail its ships. The report's lag is the bytes and
 group commits the owner made durable since that follower's last acknowledgement: 0
 while it acknowledges, growing once it is out, 0 again once it is caught up; the
-in-sync changes and the writes refused below the majority are counted.
+in-sync changes and the writes refused below the majority are counted. And the
+``lag`` cell ``loopd status --cluster`` shows of such a report.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.client.status_table import lag_cell
 from tests.test_replication_shipper import BASELINE, LocalFollower, _write
 from worker import Owner, Session
 from worker.replication import ReplicasMissing, ShipFailed, Shipper
@@ -73,3 +75,13 @@ def test_a_followers_lag_grows_while_it_is_out_and_clears_when_it_rejoins(
         assert changes == [("b", False), ("b", True)]
         shipper.close()
     b.receiver.close()
+
+
+def test_the_lag_cell_names_each_follower_and_marks_the_unknown() -> None:
+    followers: list[object] = [
+        {"node": "b", "in_sync": True, "lag_bytes": 0, "lag_groups": 0, "ack_age_s": 0.42},
+        {"node": "c", "in_sync": False, "lag_bytes": 4096, "lag_groups": 12, "ack_age_s": 8},
+        {"node": "d", "in_sync": False, "lag_bytes": None, "lag_groups": None, "ack_age_s": None},
+        "not a follower",
+    ]
+    assert lag_cell(followers) == "b:0B/0g/0.4s,c:4096B/12g/8.0s,d:?"
