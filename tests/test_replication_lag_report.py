@@ -11,11 +11,13 @@ in-sync changes and the writes refused below the majority are counted. And the
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
 from supervisor.client.status_table import lag_cell
+from tests.support import poll_until
 from tests.test_replication_shipper import BASELINE, LocalFollower, _write
 from worker import Owner, Session
 from worker.replication import ReplicasMissing, ShipFailed, Shipper
@@ -85,3 +87,55 @@ def test_the_lag_cell_names_each_follower_and_marks_the_unknown() -> None:
         "not a follower",
     ]
     assert lag_cell(followers) == "b:0B/0g/0.4s,c:4096B/12g/8.0s,d:?"
+
+
+class Silent(Flaky):
+    """A follower that, while ``silent`` is clear, takes requests and does not answer
+    (SIGSTOPped, or cut off without a refusal) until it is set."""
+
+    def __init__(self, node: str, home: Path) -> None:
+        super().__init__(node, home)
+        self.answering = threading.Event()
+
+    def position(self, session: str) -> Position | None:
+        if not self.answering.wait(60):
+            raise ShipFailed(f"{self.node}: no answer within 60 s")
+        return super().position(session)
+
+
+def test_a_follower_that_does_not_answer_never_holds_up_the_owner_between_batches(
+    tmp_path: Path,
+) -> None:
+    b, c = Flaky("b", tmp_path / "b"), Silent("c", tmp_path / "c")
+    c.answering.set()
+    with Session.create(tmp_path / "a", "s", BASELINE) as owner:
+        owner.append(Owner(node="a", token=3))
+        shipper = Shipper(owner, 3, 3, [b, c], ["b", "c"], lambda n, ok: None)
+        shipper.start()
+        c.down, c.answering = True, threading.Event()  # c stops answering anything
+        _write(owner, "k1")
+        assert shipper.ship() is None  # b and the owner: 2 of 3 copies, acknowledged
+        assert shipper.in_sync == {"b"}
+        c.down = False
+        for n in range(3):  # each call returns while c still has not answered
+            returned = threading.Event()
+
+            def between_batches(done: threading.Event = returned) -> None:
+                shipper.rejoin_answering()
+                done.set()
+
+            threading.Thread(target=between_batches).start()
+            assert returned.wait(30), "the owner waited on a follower that does not answer"
+            _write(owner, f"k{n + 2}")
+            assert shipper.ship() is None
+        assert shipper.in_sync == {"b"}
+        c.answering.set()  # c answers again: a probe finds it, and it catches up
+        poll_until(lambda: shipper.rejoin_answering() == ["c"], timeout=30,
+                   what="c back in sync")  # fmt: skip
+        assert shipper.in_sync == {"b", "c"}
+        _write(owner, "k5")
+        assert shipper.ship() is None
+        assert _by_node(shipper)["c"]["lag_bytes"] == 0
+        shipper.close()
+    b.receiver.close()
+    c.receiver.close()

@@ -63,7 +63,7 @@ class ReplicatedFence(LeaseFence):
             raise lost
         if shipper.in_sync != set(shipper.followers) and time.monotonic() >= self._rejoin_after:
             self._rejoin_after = time.monotonic() + REJOIN_INTERVAL
-            shipper.rejoin()
+            shipper.rejoin_answering()
         shipper.check_writable()
 
     def change_in_sync(self, node: str, in_sync: bool) -> None:

@@ -25,7 +25,7 @@ import os
 import time
 import zlib
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Final, Protocol
 
 from worker.store.errors import NotOwnerNow, SessionError
@@ -35,6 +35,8 @@ from worker.store.replica_types import NotContinuing, Position, Step
 from worker.store.session import Session
 
 MAX_STEP: Final = 256 * 1024  # bytes of lines per shipped step (a wire frame holds 1 MiB)
+FRESH: Final = 2.0
+"""Seconds an out-of-sync follower's answer to a probe counts for its rejoin."""
 
 
 class ShipFailed(Exception):
@@ -117,6 +119,10 @@ class Shipper:
         self._change = change_in_sync
         self._home = os.path.dirname(os.path.dirname(session.dir))
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.followers)))
+        # A follower out of sync is first asked its position off the worker's thread: one
+        # that does not answer (stopped, cut off) never holds up the writes.
+        self._probes: dict[str, Future[tuple[Position | None, float]]] = {}
+        self._probe_pool = ThreadPoolExecutor(max_workers=max(1, len(self.followers)))
         self._at = self._own_position()
         self.lost: list[tuple[str, str]] = []  # (node, why) of each follower removed
         # For the report: bytes and group commits shipped (or, to nobody, written) since
@@ -129,6 +135,7 @@ class Shipper:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self._probe_pool.shutdown(wait=False, cancel_futures=True)
 
     def _own_position(self) -> Position:
         with open(self.session.log_path, "rb") as log:
@@ -234,15 +241,39 @@ class Shipper:
             if why is not None:
                 self._drop(node, why)
 
-    def rejoin(self) -> list[str]:
-        """Catch up every follower out of sync and add it back; the nodes that rejoined.
+    def rejoin_answering(self) -> list[str]:
+        """``rejoin`` only the followers out of sync that answered a probe of their
+        position, made off this thread: the worker's call between batches never waits on
+        a follower that does not answer (SIGSTOPped, cut off: each probe waits out its
+        timeout in the background) while the session takes writes."""
+        answered = []
+        for node in sorted(set(self.followers) - self.in_sync - self.unconfirmed):
+            probe = self._probes.get(node)
+            if probe is not None and probe.done():
+                del self._probes[node]
+                if probe.exception() is None and time.monotonic() - probe.result()[1] < FRESH:
+                    answered.append(node)
+                    continue
+                probe = None  # it failed, or answered too long ago to count on it now
+            if probe is None:
+                self._probes[node] = self._probe_pool.submit(self._probe, node)
+        return self.rejoin(answered) if answered else []
+
+    def _probe(self, node: str) -> tuple[Position | None, float]:
+        """``node``'s position and when it answered (on the probes' thread)."""
+        return self.followers[node].position(self.session.id), time.monotonic()
+
+    def rejoin(self, nodes: Iterable[str] | None = None) -> list[str]:
+        """Catch up every follower out of sync (of ``nodes``, if given) and add it back;
+        the nodes that rejoined.
 
         Called between batches (nothing is being written): a follower whose copy ends
         at the owner's position is added to the in-sync set in etcd, and from the next
         write on it is shipped to before any acknowledgement.
         """
         joined = []
-        for node in sorted(set(self.followers) - self.in_sync - self.unconfirmed):
+        out = set(self.followers) - self.in_sync - self.unconfirmed
+        for node in sorted(out if nodes is None else out & set(nodes)):
             if self._catch_up(node) is None:
                 try:
                     self._change(node, True)
