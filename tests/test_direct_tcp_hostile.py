@@ -17,15 +17,21 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from supervisor.client.tcp_direct import DirectLink
+from supervisor.cluster.peer_link import NodeLink
 from supervisor.cluster.transport import Role, direct_preamble
 from supervisor.errors import ControlError
 from tests.support import log_user_keys, poll_until
 from tests.test_cluster_direct_tcp import Node, start_node
+from tests.test_store_replica import BASELINE, _request
 from tests.tls_certs import Certificates
+from worker import Owner, Session
+from worker.store.replica_source import steps_after
 from worker.tls_roles import load_context
+from worker.wire import FrameReader, Message, encode
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -115,3 +121,59 @@ def test_idle_connections_at_the_cap_do_not_keep_a_client_out(node: Node) -> Non
             raw.close()
     assert log_user_keys(node.home, "s") == ["k1"]
     assert "closed for a newer handshake" in node.daemon.log_path.read_text()
+
+
+def test_a_peer_that_never_reads_its_replies_does_not_grow_the_node(
+    node: Node, tmp_path: Path
+) -> None:
+    """The TLS thread answers a node's replica ops itself; ``replica_line_ends`` answers a
+    few bytes with a line end of every line of the copy. A node certificate asking it
+    1,500 times (27 MB of replies) without reading must stop being read, not buffer every reply."""
+    owner_home = tmp_path / "owner"
+    with Session.create(owner_home, "s", BASELINE) as owner:
+        owner.append(Owner(node="b", token=3))
+        for n in range(100):
+            _request(owner, n, size=20)
+    files = node.certs.issue("b", Role.NODE)
+    link = NodeLink(node.address, "a", files, timeout=20)
+    try:
+        for step in steps_after(owner_home, "s", None, 3):
+            link.call("replicate", step=step.to_message())
+    finally:
+        link.close()
+    ask = encode({"id": 1, "op": "replica_line_ends", "session": "s", "epoch": 0})
+    daemon = psutil.Process(node.daemon.proc.pid)
+    before = daemon.memory_info().rss
+    host, port = node.address.removeprefix("tls://").split(":")
+    raw = socket.create_connection((host, int(port)), timeout=20)
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)  # little held by the kernel
+    with files.client_context().wrap_socket(raw, server_hostname="a") as peer:
+        peer.sendall(ask * 1500)  # a few hundred KB: the kernel takes it all
+
+        def grown() -> bool:
+            return daemon.memory_info().rss - before > 12 << 20
+
+        with pytest.raises(AssertionError, match="timed out"):
+            poll_until(grown, timeout=6, what="the node growing by 12 MB")
+        reader, replies = FrameReader(), list[Message]()
+        while len(replies) < 10:  # and the replies come, once the peer reads
+            replies += reader.feed(peer.recv(1 << 16))
+    results = [reply["result"] for reply in replies]
+    assert all(isinstance(r, dict) and len(r["ends"]) > 2000 for r in results), replies[0]
+
+
+def test_a_forbidden_op_of_any_length_is_one_short_line(node: Node) -> None:
+    link = NodeLink(node.address, "a", node.client, timeout=10)
+    try:
+        with pytest.raises(ControlError) as caught:
+            link.call("x" * 100_000)
+    finally:
+        link.close()
+    assert caught.value.code == "forbidden"
+    assert len(str(caught.value)) < 300, len(str(caught.value))
+    lines = poll_until(
+        lambda: [x for x in node.daemon.log_path.read_text().splitlines() if "op 'xxx" in x],
+        what="the node's line for the forbidden op",
+    )
+    assert len(lines) == 1
+    assert len(lines[0]) < 400, len(lines[0])

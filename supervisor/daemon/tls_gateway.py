@@ -287,19 +287,21 @@ class TlsGateway:
                 for message in messages:
                     op = message.get("op")
                     if op not in allowed:
-                        self._refuse(peer, f"op {op!r} is not allowed to a {role.value} "
+                        self._refuse(peer, f"op {op!r:.80} is not allowed to a {role.value} "
                                      "certificate")  # fmt: skip
-                        writer.write(encode(error(message.get("id"), "forbidden",
-                            f"a {role.value} certificate may not ask {op!r}")))  # fmt: skip
+                        answer = error(message.get("id"), "forbidden",
+                            f"a {role.value} certificate may not ask {op!r:.80}")  # fmt: skip
+                    elif op in REPLICA_OPS:  # a follower's copy, written here (replica_receiver)
+                        answer = await asyncio.to_thread(self.replicas.handle, message)
+                    elif op in ("files", "file"):  # a moved session's files, read here
+                        answer = await asyncio.to_thread(self._files, message, names)
+                    else:
+                        daemon_writer.write(encode(message))
                         continue
-                    if op in REPLICA_OPS:  # a follower's copy, written here (replica_receiver)
-                        writer.write(encode(await asyncio.to_thread(self.replicas.handle, message)))
-                        continue
-                    if op in ("files", "file"):  # a moved session's files, read here
-                        reply = await asyncio.to_thread(self._files, message, names)
-                        writer.write(encode(reply))
-                        continue
-                    daemon_writer.write(encode(message))
+                    # Answered here: written at the pace the peer reads, so a peer that
+                    # never reads its replies stops being read, never grows the node.
+                    writer.write(encode(answer))
+                    await writer.drain()
                 await daemon_writer.drain()
         finally:
             back.cancel()
