@@ -29,8 +29,10 @@ from tests.test_cluster_direct_tcp import Node, start_node
 from tests.test_store_replica import BASELINE, _request
 from tests.tls_certs import Certificates
 from worker import Owner, Session
+from worker.follower_tls import TlsFollower, node_context
+from worker.replication import ShipFailed
 from worker.store.replica_source import steps_after
-from worker.tls_roles import load_context
+from worker.tls_roles import load_context, server_context
 from worker.wire import FrameReader, Message, encode
 
 pytestmark = pytest.mark.timeout(90)
@@ -177,3 +179,44 @@ def test_a_forbidden_op_of_any_length_is_one_short_line(node: Node) -> None:
     )
     assert len(lines) == 1
     assert len(lines[0]) < 400, len(lines[0])
+
+
+def _answering_follower(certs: Certificates, reply: Message) -> tuple[socket.socket, int]:
+    """A TLS server with follower b's certificate that answers one request with ``reply``."""
+    files = certs.issue("b", Role.NODE)
+    context = server_context(files.ca, files.cert, files.key)
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with context.wrap_socket(conn, server_side=True) as tls:
+            reader = FrameReader()
+            while not reader.feed(tls.recv(1 << 16)):
+                pass
+            tls.sendall(encode(reply))
+            tls.recv(1)  # until the owner closes
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("ends", [[["x", 1]], [[None, 1]], [[1.5, 2]], [[1, 2], 7]])
+def test_an_owner_refuses_a_followers_bad_line_ends_in_one_line(
+    tmp_path: Path, ends: list[object]
+) -> None:
+    certs = Certificates(tmp_path / "certs")
+    listener, port = _answering_follower(
+        certs, {"id": 1, "ok": True, "result": {"epoch": 0, "ends": ends}}
+    )
+    owner = certs.issue("a", Role.NODE)
+    follower = TlsFollower(
+        "b", f"tls://127.0.0.1:{port}", node_context(owner.ca, owner.cert, owner.key)
+    )
+    try:
+        with pytest.raises(ShipFailed) as caught:
+            follower.line_ends("s", 0)
+    finally:
+        follower.close()
+        listener.close()
+    assert "b: a bad line_ends reply" in str(caught.value)
+    assert "\n" not in str(caught.value)

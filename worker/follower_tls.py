@@ -159,5 +159,7 @@ def parse_line_ends(node: str, result: object) -> tuple[int, list[list[int]]]:
     ends = result.get("ends") if isinstance(result, dict) else None
     if type(epoch) is not int or not isinstance(ends, list):
         raise ShipFailed(f"{node}: a bad line_ends reply")
-    pairs = [[int(e[0]), int(e[1])] for e in ends if isinstance(e, list) and len(e) == 2]
+    pairs = [e for e in ends if isinstance(e, list) and len(e) == 2]
+    if len(pairs) != len(ends) or not all(type(v) is int and v >= 0 for e in pairs for v in e):
+        raise ShipFailed(f"{node}: a bad line_ends reply: each line end must be [size, crc]")
     return epoch, pairs
