@@ -220,3 +220,21 @@ def test_an_owner_refuses_a_followers_bad_line_ends_in_one_line(
         listener.close()
     assert "b: a bad line_ends reply" in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def test_a_bad_frame_on_the_relayed_path_is_answered_before_the_end(node: Node) -> None:
+    host, port = node.address.removeprefix("tls://").split(":")
+    raw = socket.create_connection((host, int(port)), timeout=10)
+    with node.client.client_context().wrap_socket(raw, server_hostname="a") as peer:
+        peer.sendall(b"\xc1")  # a byte msgpack never uses
+        received = b""
+        with contextlib.suppress(ConnectionResetError, ssl.SSLError):
+            while chunk := peer.recv(1 << 16):
+                received += chunk
+    replies = FrameReader().feed(received)
+    assert len(replies) == 1, received
+    failure = replies[0]["error"]
+    assert isinstance(failure, dict)
+    assert failure["code"] == "bad_frame"
+    assert "undecodable frame" in str(failure["message"])
+    assert "\n" not in str(failure["message"])

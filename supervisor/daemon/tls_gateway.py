@@ -281,8 +281,10 @@ class TlsGateway:
                     break
                 try:
                     messages = frames.feed(data)
-                except WireError as exc:
+                except WireError as exc:  # the peer is told why, then the connection ends
                     self._refuse(peer, f"a bad frame: {exc}")
+                    writer.write(encode(error(None, "bad_frame", f"{exc}: the connection ends")))
+                    await writer.drain()
                     return
                 for message in messages:
                     op = message.get("op")
