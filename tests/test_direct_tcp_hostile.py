@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import socket
 import ssl
 import struct
@@ -22,7 +23,7 @@ import pytest
 
 from supervisor.client.tcp_direct import DirectLink
 from supervisor.cluster.peer_link import NodeLink
-from supervisor.cluster.transport import Role, direct_preamble
+from supervisor.cluster.transport import Role, TlsFiles, direct_preamble
 from supervisor.errors import ControlError
 from tests.support import log_user_keys, poll_until
 from tests.test_cluster_direct_tcp import Node, start_node
@@ -54,24 +55,33 @@ class _AfterTheReset(ssl.SSLContext):
         return super().wrap_socket(sock, *args, **kwargs)  # type: ignore[arg-type]
 
 
-def test_a_node_that_resets_after_the_preamble_is_one_line_and_no_leak(tmp_path: Path) -> None:
-    certs = Certificates(tmp_path / "certs")
-    files = certs.issue("app", Role.CLIENT)
+def _resetting_node(preamble: bytes = b"") -> tuple[socket.socket, int]:
+    """A listener that ends its side at once, reads ``preamble``, then resets."""
     listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
 
-    def node() -> None:  # ends its side at once, reads the preamble, then resets
+    def serve() -> None:
         conn, _ = listener.accept()
         with conn:
             conn.shutdown(socket.SHUT_WR)
-            conn.recv(len(direct_preamble("s")))
+            if preamble:
+                conn.recv(len(preamble))
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
-    serving = threading.Thread(target=node, daemon=True)
-    serving.start()
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, listener.getsockname()[1]
+
+
+def _late_context(files: TlsFiles) -> ssl.SSLContext:
     context = load_context(_AfterTheReset(ssl.PROTOCOL_TLS_CLIENT), files.ca, files.cert, files.key)
     context.check_hostname = True
-    link = DirectLink(f"tls://127.0.0.1:{port}", "a", "s", files, timeout=10, context=context)
+    return context
+
+
+def test_a_node_that_resets_after_the_preamble_is_one_line_and_no_leak(tmp_path: Path) -> None:
+    files = Certificates(tmp_path / "certs").issue("app", Role.CLIENT)
+    listener, port = _resetting_node(direct_preamble("s"))
+    link = DirectLink(f"tls://127.0.0.1:{port}", "a", "s", files, timeout=10,
+                      context=_late_context(files))  # fmt: skip
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ResourceWarning)
@@ -80,13 +90,29 @@ def test_a_node_that_resets_after_the_preamble_is_one_line_and_no_leak(tmp_path:
             gc.collect()
     finally:
         link.close()
-        serving.join(10)
         listener.close()
     assert refused.value.code == "closed", refused.value
     assert "node a at tls://127.0.0.1" in str(refused.value)
     assert "\n" not in str(refused.value)
     leaked = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
     assert leaked == []
+
+
+def test_an_owner_whose_follower_resets_at_once_leaks_no_socket(tmp_path: Path) -> None:
+    files = Certificates(tmp_path / "certs").issue("a", Role.NODE)
+    listener, port = _resetting_node()
+    follower = TlsFollower("b", f"tls://127.0.0.1:{port}", _late_context(files))
+    opened = len(os.listdir("/proc/self/fd"))
+    try:
+        with pytest.raises(ShipFailed) as failed:
+            follower.position("s")
+        # The failure is still held (its traceback too): the socket is closed already.
+        assert len(os.listdir("/proc/self/fd")) == opened
+    finally:
+        follower.close()
+        listener.close()
+    assert "b at tls://127.0.0.1" in str(failed.value)
+    assert "\n" not in str(failed.value)
 
 
 @pytest.fixture

@@ -134,7 +134,13 @@ class TlsFollower:
         except (ssl.SSLError, OSError):
             raw.close()
             raise
-        if _units(sock.getpeercert()) != [NODE_ROLE]:
+        try:
+            units = _units(sock.getpeercert())
+        except OSError as exc:  # ended before the handshake began: ssl saw no connection
+            sock.close()
+            raise ShipFailed(f"{self._node} at {self.address} closed the connection: "
+                             f"{exc.strerror or exc}") from exc  # fmt: skip
+        if units != [NODE_ROLE]:
             sock.close()
             raise ShipFailed(f"{self._node} at {self.address}: not a node certificate")
         self._sock = sock
