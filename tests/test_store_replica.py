@@ -26,7 +26,8 @@ from tests.support import poll_until
 from worker import Assistant, Baseline, Owner, Session, ToolResult, User
 from worker.store.layout import session_dir
 from worker.store.loader import load_session
-from worker.store.replica import Replica, fence_path
+from worker.store.replica import Replica
+from worker.store.replica_fences import fence_path
 from worker.store.replica_source import split_step, steps_after, whole_groups_end
 from worker.store.replica_types import NotContinuing, Position, ReplicaRefused, StaleToken, Step
 

@@ -134,7 +134,13 @@ class TlsFollower:
         except (ssl.SSLError, OSError):
             raw.close()
             raise
-        if _units(sock.getpeercert()) != [NODE_ROLE]:
+        try:
+            units = _units(sock.getpeercert())
+        except OSError as exc:  # ended before the handshake began: ssl saw no connection
+            sock.close()
+            raise ShipFailed(f"{self._node} at {self.address} closed the connection: "
+                             f"{exc.strerror or exc}") from exc  # fmt: skip
+        if units != [NODE_ROLE]:
             sock.close()
             raise ShipFailed(f"{self._node} at {self.address}: not a node certificate")
         self._sock = sock
@@ -159,5 +165,7 @@ def parse_line_ends(node: str, result: object) -> tuple[int, list[list[int]]]:
     ends = result.get("ends") if isinstance(result, dict) else None
     if type(epoch) is not int or not isinstance(ends, list):
         raise ShipFailed(f"{node}: a bad line_ends reply")
-    pairs = [[int(e[0]), int(e[1])] for e in ends if isinstance(e, list) and len(e) == 2]
+    pairs = [e for e in ends if isinstance(e, list) and len(e) == 2]
+    if len(pairs) != len(ends) or not all(type(v) is int and v >= 0 for e in pairs for v in e):
+        raise ShipFailed(f"{node}: a bad line_ends reply: each line end must be [size, crc]")
     return epoch, pairs

@@ -157,6 +157,12 @@ class DirectLink:
         except TransportError as exc:
             sock.close()
             raise ControlError("tls_refused", f"{where}: {exc}") from exc
+        except OSError as exc:  # ended before the handshake began: ssl saw no connection
+            sock.close()
+            raise ControlError(
+                "closed", f"{where} closed the connection of session {self.session} before "
+                f"its handshake: {exc.strerror or exc}",
+            ) from exc  # fmt: skip
         self._sock = sock
         self._reader = FrameReader()
         return sock

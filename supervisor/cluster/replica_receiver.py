@@ -10,10 +10,12 @@ lock), so two senders (an owner and a deposed one) never interleave on a copy.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Final
 
 from worker.store.errors import SessionError, SessionNotFound
+from worker.store.layout import session_dir
 from worker.store.replica import Replica
 from worker.store.replica_roles import line_ends, replicas_root, rewind
 from worker.store.replica_types import NotContinuing, Position, ReplicaRefused, StaleToken, Step
@@ -92,6 +94,10 @@ class ReplicaReceiver:
         except SessionError as exc:
             self._forget(message)
             return error(request_id, "replica_failed", str(exc))
+        except OSError as exc:  # a path of the replicas home that is not what it must be
+            self._forget(message)
+            where = exc.filename if exc.filename is not None else self.root
+            return error(request_id, "replica_failed", f"{where}: {exc.strerror or exc}")
         return ok(request_id, {"position": None if at is None else at.to_message()})
 
     def _diverged(self, message: Message) -> dict[str, object]:
@@ -129,7 +135,10 @@ class ReplicaReceiver:
             raise NotContinuing(self.root, f"{session} was promoted here: it is served, not copied")
         try:
             replica = Replica.open(self.root, session)
-        except SessionNotFound:
+        except SessionNotFound as exc:
+            directory = session_dir(self.root, session)
+            if os.path.lexists(directory) and not os.path.isdir(directory):
+                raise ReplicaRefused(directory, "is not a directory: not a copy") from exc
             if step is None or step.epoch != 0 or not step.is_epoch:
                 if step is not None:
                     raise NotContinuing(self.root, f"no copy of {session} here") from None

@@ -19,10 +19,11 @@ failed to start), the thread makes the handshake and answers one error frame ins
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from supervisor.cluster.errors import ClusterError
@@ -55,9 +56,10 @@ from worker.wire import FrameReader, Message, WireError, encode, error, ok
 
 BACKLOG: Final = 128
 MAX_HANDSHAKES: Final = 32
-"""TLS handshakes in progress at once; a connection beyond is closed at once. A
-handshake holds a few hundred KB until it ends or times out, and needs no certificate
-to start: without a cap, peers that open and never finish would grow the node."""
+"""Preambles and TLS handshakes in progress at once; one more closes the oldest of them.
+A handshake holds a few hundred KB until it ends or times out, and needs no certificate
+to start: without a cap, peers that open and never finish would grow the node; closing
+the newest instead would let a few idle connections keep every client out."""
 MAX_CONNECTIONS: Final = 1024
 """Connections (handshaking or relaying) at once; beyond, a new one is closed at once."""
 READ_SIZE: Final = 1 << 16
@@ -85,14 +87,37 @@ class TlsGateway:
         self.handover = handover
         self.handed_over = 0
         self.refused = 0
-        self.handshaking = 0
         self.connections = 0
+        self._handshakes: dict[asyncio.Task[None], str] = {}  # in progress, oldest first
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopped: asyncio.Event | None = None
         self.replicas = receiver_for(os.path.dirname(control_path))  # follower copies
         self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def handshaking(self) -> int:
+        """Preambles and handshakes in progress now."""
+        return len(self._handshakes)
+
+    @contextlib.contextmanager
+    def _handshake(self, peer: str) -> Iterator[None]:
+        """Count the current task's preamble or handshake; at the cap, the oldest is
+        cancelled (its connection closed) to make room: peers that open connections and
+        finish none cannot keep a client's few round trips out."""
+        task = asyncio.current_task()
+        assert task is not None
+        if len(self._handshakes) >= MAX_HANDSHAKES:
+            oldest = next(iter(self._handshakes))
+            why = f"closed for a newer handshake ({MAX_HANDSHAKES} at once at most)"
+            self._refuse(self._handshakes.pop(oldest), why)
+            oldest.cancel()
+        self._handshakes[task] = peer
+        try:
+            yield
+        finally:
+            self._handshakes.pop(task, None)
 
     def open(self) -> None:
         """Bind and listen (ServeError in one line if the port cannot be had), then serve."""
@@ -173,23 +198,22 @@ class TlsGateway:
             task.add_done_callback(self._tasks.discard)
 
     async def _connection(self, conn: socket.socket, peer: str) -> None:
-        if self.handshaking >= MAX_HANDSHAKES or self.connections >= MAX_CONNECTIONS:
-            busy = "handshakes" if self.handshaking >= MAX_HANDSHAKES else "connections"
-            limit = MAX_HANDSHAKES if busy == "handshakes" else MAX_CONNECTIONS
-            self._refuse(peer, f"{limit} {busy} in progress already (the limit)")
+        if self.connections >= MAX_CONNECTIONS:
+            self._refuse(peer, f"{MAX_CONNECTIONS} connections in progress already (the limit)")
             conn.close()
             return
         self.connections += 1
         try:
-            self.handshaking += 1
             try:
-                session = await read_preamble(conn)
+                with self._handshake(peer):
+                    session = await read_preamble(conn)
             except (Refused, OSError) as exc:
                 self._refuse(peer, str(exc))
                 conn.close()
                 return
-            finally:
-                self.handshaking -= 1
+            except asyncio.CancelledError:  # closed for a newer one, or the node is ending
+                conn.close()
+                raise
             if session is None:  # TLS at once: served here, as it always was
                 await self._serve_one(conn, peer)
             else:
@@ -207,23 +231,18 @@ class TlsGateway:
             self.handed_over += 1
             conn.close()  # the worker holds its own copy now
             return
-        self.handshaking += 1
-        try:
+        with self._handshake(peer):
             problem = await answer_instead(conn, self.context, reply, session)
-        finally:
-            self.handshaking -= 1
         if problem is not None:
             self._refuse(peer, problem)
 
     async def _serve_one(self, conn: socket.socket, peer: str) -> None:
-        self.handshaking += 1
         try:
-            reader, writer = await accept_tls(conn, self.context)
+            with self._handshake(peer):
+                reader, writer = await accept_tls(conn, self.context)
         except (OSError, TimeoutError) as exc:
             self._refuse(peer, refusal(exc))
             return
-        finally:
-            self.handshaking -= 1
         cert = writer.get_extra_info("peercert")
         role = role_of(cert)
         if role is None:
@@ -262,25 +281,29 @@ class TlsGateway:
                     break
                 try:
                     messages = frames.feed(data)
-                except WireError as exc:
+                except WireError as exc:  # the peer is told why, then the connection ends
                     self._refuse(peer, f"a bad frame: {exc}")
+                    writer.write(encode(error(None, "bad_frame", f"{exc}: the connection ends")))
+                    await writer.drain()
                     return
                 for message in messages:
                     op = message.get("op")
                     if op not in allowed:
-                        self._refuse(peer, f"op {op!r} is not allowed to a {role.value} "
+                        self._refuse(peer, f"op {op!r:.80} is not allowed to a {role.value} "
                                      "certificate")  # fmt: skip
-                        writer.write(encode(error(message.get("id"), "forbidden",
-                            f"a {role.value} certificate may not ask {op!r}")))  # fmt: skip
+                        answer = error(message.get("id"), "forbidden",
+                            f"a {role.value} certificate may not ask {op!r:.80}")  # fmt: skip
+                    elif op in REPLICA_OPS:  # a follower's copy, written here (replica_receiver)
+                        answer = await asyncio.to_thread(self.replicas.handle, message)
+                    elif op in ("files", "file"):  # a moved session's files, read here
+                        answer = await asyncio.to_thread(self._files, message, names)
+                    else:
+                        daemon_writer.write(encode(message))
                         continue
-                    if op in REPLICA_OPS:  # a follower's copy, written here (replica_receiver)
-                        writer.write(encode(await asyncio.to_thread(self.replicas.handle, message)))
-                        continue
-                    if op in ("files", "file"):  # a moved session's files, read here
-                        reply = await asyncio.to_thread(self._files, message, names)
-                        writer.write(encode(reply))
-                        continue
-                    daemon_writer.write(encode(message))
+                    # Answered here: written at the pace the peer reads, so a peer that
+                    # never reads its replies stops being read, never grows the node.
+                    writer.write(encode(answer))
+                    await writer.drain()
                 await daemon_writer.drain()
         finally:
             back.cancel()

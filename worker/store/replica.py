@@ -38,11 +38,11 @@ from worker.store.lock import unlock_directory
 from worker.store.records import EpochEnd
 from worker.store.repair import RepairResult, repair_torn_tail
 from worker.store.replica_chunk import check_chunk
+from worker.store.replica_fences import raise_fence, read_fence
 from worker.store.replica_start import check_first_line, describe_difference
 from worker.store.replica_types import NotContinuing, Position, ReplicaRefused, StaleToken, Step
 from worker.store.session_state import baseline_path, log_path
 
-FENCES_DIR: Final = "fences"
 _EXISTS: Final = frozenset({errno.EEXIST})
 
 
@@ -55,7 +55,12 @@ class Replica:
         self._state = state
         self._lock_fd: int | None = lock_fd
         self._log_fd: int | None = log_fd
-        self._seen = max(state.fence.token, _read_fence(root, state.session_id))
+        try:
+            self._seen = max(state.fence.token, read_fence(root, state.session_id))
+        except BaseException:  # a fence file that cannot be read: the copy stays closed
+            durable.close(log_fd)
+            unlock_directory(lock_fd)
+            raise
         self._broken: str | None = None
         self.repaired: RepairResult | None = None  # a torn tail open moved to quarantine
 
@@ -120,7 +125,7 @@ class Replica:
         try:
             if any(name.endswith(".jsonl") for name in os.listdir(lock_fd)):
                 raise SessionExists(directory)
-            _raise_fence(root, step.session, step.token)
+            raise_fence(root, step.session, step.token)
             durable.write_file_atomic(baseline_path(directory, 0), step.baseline)
             durable.write_file_atomic(log_path(directory, 0), step.data)
             log_fd = durable.open_append(log_path(directory, 0))
@@ -202,11 +207,17 @@ class Replica:
         if step.is_epoch:
             return step.epoch <= state.epoch and self._holds_epoch(step)
         end = step.offset + len(step.data)
-        if step.epoch != state.epoch or step.offset >= state.log_size or end > state.log_size:
+        if step.epoch > state.epoch or (step.epoch == state.epoch and end > state.log_size):
             return False
         assert self._lock_fd is not None
-        name = os.path.basename(log_path(state.directory, state.epoch))
-        data = read_file(self._lock_fd, name, state.directory)
+        # A resend of a sealed epoch's lines (its ack lost before the epoch step) is held
+        # in that epoch's log, which never changes again.
+        path = log_path(state.directory, step.epoch)
+        if not os.path.lexists(path):
+            return False
+        data = read_file(self._lock_fd, os.path.basename(path), path)
+        if step.offset >= len(data) or end > len(data):
+            return False
         held = data[step.offset : end]
         return _crc_after(data[: step.offset]) == step.prior_crc and held == step.data
 
@@ -307,7 +318,7 @@ class Replica:
 
     def _raise_seen(self, token: int) -> None:
         if token > self._seen:
-            _raise_fence(self._root, self._state.session_id, token)
+            raise_fence(self._root, self._state.session_id, token)
             self._seen = token
 
     # -- closing ------------------------------------------------------------------------
@@ -345,37 +356,3 @@ def _parse_baseline(directory: str, data: bytes) -> Baseline:
         return Baseline.from_json(data)
     except ValueError as exc:
         raise ReplicaRefused(directory, f"the step's baseline is unparsable: {exc}") from exc
-
-
-def fence_path(root: str, session_id: str) -> str:
-    """``<root>/fences/<id>``: the highest token a step carried to the copy, if above its log's."""
-    return os.path.join(root, FENCES_DIR, session_id)
-
-
-def _read_fence(root: str, session_id: str) -> int:
-    path = fence_path(root, session_id)
-    try:
-        with open(path, "rb") as file:
-            text = file.read(64)
-    except FileNotFoundError:
-        return 0
-    except OSError as exc:
-        raise SessionIOError(path, exc.errno or 0, "read") from exc
-    if not text.rstrip(b"\n").isdigit():
-        raise ReplicaRefused(path, f"not a token: {text[:40]!r}")
-    return int(text)
-
-
-def _raise_fence(root: str, session_id: str, token: int) -> None:
-    """Record ``token`` as the highest seen, durably, before anything it carries is written."""
-    if token <= _read_fence(root, session_id):
-        return
-    fences = os.path.join(root, FENCES_DIR)
-    if not os.path.isdir(fences):
-        try:
-            durable.mkdir(fences)
-        except SessionIOError as exc:
-            if exc.errno not in _EXISTS:
-                raise
-        durable.fsync_dir(root)
-    durable.write_file_atomic(fence_path(root, session_id), f"{token}\n".encode())

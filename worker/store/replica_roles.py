@@ -28,7 +28,8 @@ from worker.store.layout import ensure_sessions_dir, lock_existing, session_dir
 from worker.store.loader import load_session
 from worker.store.lock import unlock_directory
 from worker.store.repair import QUARANTINE_DIR, make_dirs
-from worker.store.replica import Replica, fence_path
+from worker.store.replica import Replica
+from worker.store.replica_fences import fence_path
 from worker.store.replica_types import Position, ReplicaRefused
 from worker.store.session_state import baseline_path, log_path
 

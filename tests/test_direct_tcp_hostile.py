@@ -1,0 +1,266 @@
+"""The direct data path over TCP against hostile peers and a flooded port.
+
+A node that resets the connection right after the preamble must cost the client one
+``ControlError`` line and no leaked socket; connections that open and say nothing must
+not keep a client out of the node's TLS port (docs/scaling.md, "How the port is served").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import socket
+import ssl
+import struct
+import threading
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from supervisor.client.tcp_direct import DirectLink
+from supervisor.cluster.peer_link import NodeLink
+from supervisor.cluster.transport import Role, TlsFiles, direct_preamble
+from supervisor.errors import ControlError
+from tests.support import log_user_keys, poll_until
+from tests.test_cluster_direct_tcp import Node, start_node
+from tests.test_store_replica import BASELINE, _request
+from tests.tls_certs import Certificates
+from worker import Owner, Session
+from worker.follower_tls import TlsFollower, node_context
+from worker.replication import ShipFailed
+from worker.store.replica_source import steps_after
+from worker.tls_roles import load_context, server_context
+from worker.wire import FrameReader, Message, encode
+
+pytestmark = pytest.mark.timeout(90)
+
+
+class _AfterTheReset(ssl.SSLContext):
+    """A client context whose handshake starts only once the node's reset has arrived:
+    the order a loaded machine gives when the node refuses right after the preamble."""
+
+    def wrap_socket(self, sock: socket.socket, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        def reset() -> bool:
+            try:
+                sock.getpeername()
+            except OSError:
+                return True
+            return False
+
+        poll_until(reset, timeout=10, what="the node's reset")
+        return super().wrap_socket(sock, *args, **kwargs)  # type: ignore[arg-type]
+
+
+def _resetting_node(preamble: bytes = b"") -> tuple[socket.socket, int]:
+    """A listener that ends its side at once, reads ``preamble``, then resets."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.shutdown(socket.SHUT_WR)
+            if preamble:
+                conn.recv(len(preamble))
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, listener.getsockname()[1]
+
+
+def _late_context(files: TlsFiles) -> ssl.SSLContext:
+    context = load_context(_AfterTheReset(ssl.PROTOCOL_TLS_CLIENT), files.ca, files.cert, files.key)
+    context.check_hostname = True
+    return context
+
+
+def test_a_node_that_resets_after_the_preamble_is_one_line_and_no_leak(tmp_path: Path) -> None:
+    files = Certificates(tmp_path / "certs").issue("app", Role.CLIENT)
+    listener, port = _resetting_node(direct_preamble("s"))
+    link = DirectLink(f"tls://127.0.0.1:{port}", "a", "s", files, timeout=10,
+                      context=_late_context(files))  # fmt: skip
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            with pytest.raises(ControlError) as refused:
+                link.request({"text": "x", "key": "k"})
+            gc.collect()
+    finally:
+        link.close()
+        listener.close()
+    assert refused.value.code == "closed", refused.value
+    assert "node a at tls://127.0.0.1" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    leaked = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert leaked == []
+
+
+def test_an_owner_whose_follower_resets_at_once_leaks_no_socket(tmp_path: Path) -> None:
+    files = Certificates(tmp_path / "certs").issue("a", Role.NODE)
+    listener, port = _resetting_node()
+    follower = TlsFollower("b", f"tls://127.0.0.1:{port}", _late_context(files))
+    opened = len(os.listdir("/proc/self/fd"))
+    try:
+        with pytest.raises(ShipFailed) as failed:
+            follower.position("s")
+        # The failure is still held (its traceback too): the socket is closed already.
+        assert len(os.listdir("/proc/self/fd")) == opened
+    finally:
+        follower.close()
+        listener.close()
+    assert "b at tls://127.0.0.1" in str(failed.value)
+    assert "\n" not in str(failed.value)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    yield from start_node(tmp_path)
+
+
+def test_idle_connections_at_the_cap_do_not_keep_a_client_out(node: Node) -> None:
+    """No certificate is needed to open a connection: as many as the TLS thread takes at
+    once, saying nothing, must not refuse a client (one try, no retry) while they stay."""
+    from supervisor.daemon.tls_gateway import MAX_HANDSHAKES
+
+    host, port = node.address.removeprefix("tls://").split(":")
+    with node.cluster() as cluster:
+        cluster.create("s")
+    idle: list[socket.socket] = []
+    try:
+        for n in range(MAX_HANDSHAKES):
+            idle.append(socket.create_connection((host, int(port)), timeout=10))
+            if n % 2:
+                idle[-1].sendall(direct_preamble("nosuch")[:-1])  # a preamble never ended
+        # Accepted in the order they came: the client's connection finds the cap reached.
+        link = DirectLink(node.address, "a", "s", node.client, timeout=10)
+        try:
+            reply = link.request({"text": "in", "key": "k1"})
+        finally:
+            link.close()
+        assert reply.get("ok") is True, reply
+        idle[0].settimeout(10)
+        with contextlib.suppress(ConnectionResetError):
+            assert idle[0].recv(1) == b""  # the oldest, closed to make room
+    finally:
+        for raw in idle:
+            raw.close()
+    assert log_user_keys(node.home, "s") == ["k1"]
+    assert "closed for a newer handshake" in node.daemon.log_path.read_text()
+
+
+def test_a_peer_that_never_reads_its_replies_does_not_grow_the_node(
+    node: Node, tmp_path: Path
+) -> None:
+    """The TLS thread answers a node's replica ops itself; ``replica_line_ends`` answers a
+    few bytes with a line end of every line of the copy. A node certificate asking it
+    1,500 times (27 MB of replies) without reading must stop being read, not buffer every reply."""
+    owner_home = tmp_path / "owner"
+    with Session.create(owner_home, "s", BASELINE) as owner:
+        owner.append(Owner(node="b", token=3))
+        for n in range(100):
+            _request(owner, n, size=20)
+    files = node.certs.issue("b", Role.NODE)
+    link = NodeLink(node.address, "a", files, timeout=20)
+    try:
+        for step in steps_after(owner_home, "s", None, 3):
+            link.call("replicate", step=step.to_message())
+    finally:
+        link.close()
+    ask = encode({"id": 1, "op": "replica_line_ends", "session": "s", "epoch": 0})
+    daemon = psutil.Process(node.daemon.proc.pid)
+    before = daemon.memory_info().rss
+    host, port = node.address.removeprefix("tls://").split(":")
+    raw = socket.create_connection((host, int(port)), timeout=20)
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)  # little held by the kernel
+    with files.client_context().wrap_socket(raw, server_hostname="a") as peer:
+        peer.sendall(ask * 1500)  # a few hundred KB: the kernel takes it all
+
+        def grown() -> bool:
+            return daemon.memory_info().rss - before > 12 << 20
+
+        with pytest.raises(AssertionError, match="timed out"):
+            poll_until(grown, timeout=6, what="the node growing by 12 MB")
+        reader, replies = FrameReader(), list[Message]()
+        while len(replies) < 10:  # and the replies come, once the peer reads
+            replies += reader.feed(peer.recv(1 << 16))
+    results = [reply["result"] for reply in replies]
+    assert all(isinstance(r, dict) and len(r["ends"]) > 2000 for r in results), replies[0]
+
+
+def test_a_forbidden_op_of_any_length_is_one_short_line(node: Node) -> None:
+    link = NodeLink(node.address, "a", node.client, timeout=10)
+    try:
+        with pytest.raises(ControlError) as caught:
+            link.call("x" * 100_000)
+    finally:
+        link.close()
+    assert caught.value.code == "forbidden"
+    assert len(str(caught.value)) < 300, len(str(caught.value))
+    lines = poll_until(
+        lambda: [x for x in node.daemon.log_path.read_text().splitlines() if "op 'xxx" in x],
+        what="the node's line for the forbidden op",
+    )
+    assert len(lines) == 1
+    assert len(lines[0]) < 400, len(lines[0])
+
+
+def _answering_follower(certs: Certificates, reply: Message) -> tuple[socket.socket, int]:
+    """A TLS server with follower b's certificate that answers one request with ``reply``."""
+    files = certs.issue("b", Role.NODE)
+    context = server_context(files.ca, files.cert, files.key)
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with context.wrap_socket(conn, server_side=True) as tls:
+            reader = FrameReader()
+            while not reader.feed(tls.recv(1 << 16)):
+                pass
+            tls.sendall(encode(reply))
+            tls.recv(1)  # until the owner closes
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("ends", [[["x", 1]], [[None, 1]], [[1.5, 2]], [[1, 2], 7]])
+def test_an_owner_refuses_a_followers_bad_line_ends_in_one_line(
+    tmp_path: Path, ends: list[object]
+) -> None:
+    certs = Certificates(tmp_path / "certs")
+    listener, port = _answering_follower(
+        certs, {"id": 1, "ok": True, "result": {"epoch": 0, "ends": ends}}
+    )
+    owner = certs.issue("a", Role.NODE)
+    follower = TlsFollower(
+        "b", f"tls://127.0.0.1:{port}", node_context(owner.ca, owner.cert, owner.key)
+    )
+    try:
+        with pytest.raises(ShipFailed) as caught:
+            follower.line_ends("s", 0)
+    finally:
+        follower.close()
+        listener.close()
+    assert "b: a bad line_ends reply" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_bad_frame_on_the_relayed_path_is_answered_before_the_end(node: Node) -> None:
+    host, port = node.address.removeprefix("tls://").split(":")
+    raw = socket.create_connection((host, int(port)), timeout=10)
+    with node.client.client_context().wrap_socket(raw, server_hostname="a") as peer:
+        peer.sendall(b"\xc1")  # a byte msgpack never uses
+        received = b""
+        with contextlib.suppress(ConnectionResetError, ssl.SSLError):
+            while chunk := peer.recv(1 << 16):
+                received += chunk
+    replies = FrameReader().feed(received)
+    assert len(replies) == 1, received
+    failure = replies[0]["error"]
+    assert isinstance(failure, dict)
+    assert failure["code"] == "bad_frame"
+    assert "undecodable frame" in str(failure["message"])
+    assert "\n" not in str(failure["message"])
