@@ -201,15 +201,34 @@ def test_a_follower_refuses_a_lower_token_where_it_writes(cluster: Replicated) -
         stale = Step(SESSION, 0, len(held), 0, b"{}\n", token - 1)
         with pytest.raises(ControlError) as caught:
             link.call("replicate", step=stale.to_message())
-        assert caught.value.code == "stale_token"
-        assert f"token {token - 1} is lower than {token}" in caught.value.message
+        assert caught.value.code == "not_owner"
+        assert f"z with token {token - 1} is not its owner (etcd names owner a with token " in (
+            caught.value.message
+        )
         assert "\n" not in str(caught.value)
-        behind = Step(SESSION, 0, 10, 0, b"{}\n", token)
+        # A higher token from a node that does not own the session would raise the copy's
+        # fence for good (the owner's steps then refused), or a rewind cut its tail away:
+        # only etcd's owner, with its token, writes a copy.
+        for higher in (Step(SESSION, 0, len(held), 0, b"{}\n", token + 100),
+                       Step(SESSION, 1, 0, 0, b"{}\n", token + 100, baseline=b"{}")):  # fmt: skip
+            with pytest.raises(ControlError) as caught:
+                link.call("replicate", step=higher.to_message())
+            assert caught.value.code == "not_owner", caught.value
+            assert f"with token {token + 100} is not its owner" in caught.value.message
         with pytest.raises(ControlError) as caught:
-            link.call("replicate", step=behind.to_message())
-        assert caught.value.code == "not_continuing"
+            link.call("replica_rewind", session=SESSION, position=[0, 0, 0], token=token + 100)
+        assert caught.value.code == "not_owner"
     finally:
         link.close()
+    owner_files = cluster.certs.issue("a", Role.NODE)  # the owner's own certificate
+    own = NodeLink(cluster.addresses["b"], "b", owner_files, timeout=10)
+    try:
+        behind = Step(SESSION, 0, 10, 0, b"{}\n", token)
+        with pytest.raises(ControlError) as caught:
+            own.call("replicate", step=behind.to_message())
+        assert caught.value.code == "not_continuing"  # the copy's own checks, as before
+    finally:
+        own.close()
     client_files: TlsFiles = cluster.certs.issue("app", Role.CLIENT)
     client = NodeLink(cluster.addresses["b"], "b", client_files, timeout=10)
     try:

@@ -32,6 +32,8 @@ from tests.tls_certs import Certificates
 from worker import Owner, Session
 from worker.follower_tls import TlsFollower, node_context
 from worker.replication import ShipFailed
+from worker.store.replica import Replica
+from worker.store.replica_roles import replicas_root
 from worker.store.replica_source import steps_after
 from worker.tls_roles import load_context, server_context
 from worker.wire import FrameReader, Message, encode
@@ -163,12 +165,10 @@ def test_a_peer_that_never_reads_its_replies_does_not_grow_the_node(
         for n in range(100):
             _request(owner, n, size=20)
     files = node.certs.issue("b", Role.NODE)
-    link = NodeLink(node.address, "a", files, timeout=20)
-    try:
-        for step in steps_after(owner_home, "s", None, 3):
-            link.call("replicate", step=step.to_message())
-    finally:
-        link.close()
+    steps = steps_after(owner_home, "s", None, 3)  # the copy, written where the node keeps it
+    with Replica.create(replicas_root(str(node.home)), steps[0]) as copy:
+        for step in steps[1:]:
+            copy.apply(step)
     ask = encode({"id": 1, "op": "replica_line_ends", "session": "s", "epoch": 0})
     daemon = psutil.Process(node.daemon.proc.pid)
     before = daemon.memory_info().rss

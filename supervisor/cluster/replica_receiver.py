@@ -22,6 +22,8 @@ from worker.store.replica_types import NotContinuing, Position, ReplicaRefused, 
 from worker.wire import Message, WireError, error, field, ok
 
 OPS: Final = frozenset({"replicate", "replica_position", "replica_line_ends", "replica_rewind"})
+WRITES: Final = frozenset({"replicate", "replica_rewind"})
+"""The ops that change a copy: only from the session's owner (``replica_sender``)."""
 _RECEIVERS: dict[str, ReplicaReceiver] = {}
 _RECEIVERS_LOCK = threading.Lock()
 

@@ -29,7 +29,9 @@ from typing import Final
 from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.move_node import read_chunk, sealed_manifest
 from supervisor.cluster.replica_receiver import OPS as REPLICA_OPS
+from supervisor.cluster.replica_receiver import WRITES as REPLICA_WRITES
 from supervisor.cluster.replica_receiver import receiver_for
+from supervisor.cluster.replica_sender import NotTheOwner, SenderCheck
 from supervisor.cluster.transport import (
     ALLOWED,
     Role,
@@ -94,6 +96,7 @@ class TlsGateway:
         self._thread: threading.Thread | None = None
         self._stopped: asyncio.Event | None = None
         self.replicas = receiver_for(os.path.dirname(control_path))  # follower copies
+        self.senders: SenderCheck | None = None  # who may write them: etcd's owner
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -294,7 +297,7 @@ class TlsGateway:
                         answer = error(message.get("id"), "forbidden",
                             f"a {role.value} certificate may not ask {op!r:.80}")  # fmt: skip
                     elif op in REPLICA_OPS:  # a follower's copy, written here (replica_receiver)
-                        answer = await asyncio.to_thread(self.replicas.handle, message)
+                        answer = await asyncio.to_thread(self._replica, message, names)
                     elif op in ("files", "file"):  # a moved session's files, read here
                         answer = await asyncio.to_thread(self._files, message, names)
                     else:
@@ -308,6 +311,15 @@ class TlsGateway:
         finally:
             back.cancel()
             daemon_writer.transport.abort()
+
+    def _replica(self, message: Message, names: list[str]) -> Message:
+        """A replica op; a write only from the session's owner in etcd (replica_sender)."""
+        if self.senders is not None and message.get("op") in REPLICA_WRITES:
+            try:
+                self.senders.check(message, names)
+            except NotTheOwner as exc:
+                return error(message.get("id"), "not_owner", str(exc))
+        return self.replicas.handle(message)
 
     def _files(self, message: Message, names: list[str]) -> Message:
         """Answer ``files`` (the manifest) or ``file`` (a chunk) from this node's home, for
@@ -347,6 +359,7 @@ def open_gateway(
     control_path: str,
     report: Callable[[str], None],
     handover: HandsOver | None = None,
+    url: str | None = None,
 ) -> TlsGateway | None:
     """The node's TLS port, listening, or None without ``--listen``; ServeError (one line)
     if it is given without its certificate, or with one that is not this node's."""
@@ -362,5 +375,7 @@ def open_gateway(
     if problem is not None:
         raise ServeError(problem)
     gateway = TlsGateway(listen, tls, control_path, report, handover)
+    if url is not None:
+        gateway.senders = SenderCheck.for_cluster(url, tls)
     gateway.open()
     return gateway
