@@ -90,16 +90,20 @@ def copies_are_prefixes(history: History) -> list[str]:
 
 def failover_times(history: History) -> tuple[list[float], list[str]]:
     """Seconds from each owner-host SIGKILL to the first acknowledgement of its session
-    by another node; and each kill after which there was none."""
+    by another node; and each kill after which there was none (one line each: no other
+    node answered, or no client sent to the session after it, which measures nothing)."""
     times, unserved = [], []
     for fault in history.faults:
         if fault.get("kind") != "kill-owner-host" or (node := _lost_node(fault)) is None:
             continue
         session, applied = str(fault["targets"][0]), float(fault["applied"])
-        ends = [r.end for r in history.requests if r.outcome == "ack" and r.session == session
-                and r.node not in (None, node) and r.end > applied]  # fmt: skip
+        mine = [r for r in history.requests if r.session == session and r.end > applied]
+        ends = [r.end for r in mine if r.outcome == "ack" and r.node not in (None, node)]
         if ends:
             times.append(min(ends) - applied)
+        elif not mine:
+            unserved.append(f"{session}: its owner {node} killed at {applied:.3f}: not "
+                            "measured, no client sent to it afterwards")  # fmt: skip
         else:
             unserved.append(f"{session}: its owner {node} killed at {applied:.3f}: no other "
                             "node acknowledged a write of it afterwards")  # fmt: skip

@@ -270,7 +270,14 @@ def test_a_follower_copy_that_does_not_verify_or_is_no_prefix_is_caught() -> Non
 
 def test_an_owner_host_kill_never_served_again_is_reported() -> None:
     history = failed_over()
-    history.requests = [r for r in history.requests if r.node == "a"]
+    unanswered = Request(process=2, session="s", key="k8", outcome="unknown", start=4.0,
+                         end=24.0)  # fmt: skip
+    history.requests = [*(r for r in history.requests if r.node == "a"), unanswered]
     assert failover_times(history) == (
         [], ["s: its owner a killed at 3.000: no other node acknowledged a write of it "
              "afterwards"])  # fmt: skip
+    # No request to s after the kill: nothing measured, and said so.
+    history.requests = history.requests[:-1]
+    assert failover_times(history)[1] == [
+        "s: its owner a killed at 3.000: not measured, no client sent to it afterwards"
+    ]
