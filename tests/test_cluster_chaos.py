@@ -262,13 +262,16 @@ def test_a_hundred_owner_host_kills_lose_no_acknowledged_key(tmp_path: Path) -> 
     require_rig()
     out = tmp_path / "report.json"
     done = chaos_cluster("--seed", "2026", "--steps", "100", "--replicas", "3", "--lease-ttl",
-                         "2", "--faults", "kill-owner-host", "--json-report", str(out),
-                         timeout=2600)  # fmt: skip
+                         "2", "--faults", "kill-owner-host", "--sessions", "2",
+                         "--json-report", str(out), timeout=2600)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(out.read_text())
     assert all(held(report).values()), report["invariants"]
     assert report["faults"] == {"kill-owner-host": 100}
-    assert len(report["failover"]["seconds"]) == 100, report["failover"]["unserved"]
+    assert [f["error"] for f in report["history"]["faults"]] == [None] * 100, report["notes"]
+    unserved = [line for line in report["failover"]["unserved"] if "not measured" not in line]
+    assert unserved == []
+    assert report["stalled"] == []
 
 
 def test_a_report_in_a_missing_directory_is_refused_before_the_run(tmp_path: Path) -> None:
