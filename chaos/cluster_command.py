@@ -12,6 +12,8 @@ import click
 
 from chaos.cli_options import EXIT_VIOLATION
 from chaos.cluster_checker import INVARIANTS
+from chaos.cluster_faults import KINDS, OWNER_KINDS
+from chaos.cluster_replicas import percentiles
 from chaos.cluster_run import Options, Report, Stopped, prerequisites, run_cluster
 from chaos.netns_hosts import HarnessError
 
@@ -25,7 +27,10 @@ def replay_line(options: Options) -> str:
     both = f" --steps {options.steps}" if options.duration is not None and options.steps else ""
     return (f"loopd chaos cluster --seed {options.seed} {bound}{both} --hosts {options.hosts} "
             f"--etcd-members {options.etcd_members} --sessions {options.sessions} "
-            f"--clients {options.clients}" + ("" if options.moves else " --no-moves"))  # fmt: skip
+            f"--clients {options.clients}" + ("" if options.moves else " --no-moves")
+            + (f" --replicas {options.replicas}" if options.replicas > 1 else "")
+            + f" --lease-ttl {options.lease_ttl:g}"
+            + (f" --faults {','.join(options.only)}" if options.only else ""))  # fmt: skip
 
 
 def summary(report: Report) -> list[str]:
@@ -34,6 +39,12 @@ def summary(report: Report) -> list[str]:
     lines.append(f"faults:   {faults or 'none'}")
     outcomes = ", ".join(f"{o} {report.outcomes.get(o, 0)}" for o in ("ack", "refused", "unknown"))
     lines.append(f"requests: {outcomes}")
+    if report.failover or report.unserved:
+        shares = percentiles(report.failover)
+        lines.append(f"failover: {len(report.failover)} owner-host kills served again by "
+                     f"another node, SIGKILL to its first acknowledgement p50 {shares['p50']} s "
+                     f"p99 {shares['p99']} s; {len(report.unserved)} not served again")  # fmt: skip
+        lines += [f"  {line}" for line in report.unserved[:20]]
     for name in INVARIANTS:
         found = report.violations.get(name, [])
         lines.append(f"{'held    ' if not found else 'VIOLATED'} {name}"
@@ -92,6 +103,26 @@ def summary(report: Report) -> list[str]:
     help="move sessions between nodes among the faults.",
 )
 @click.option(
+    "--replicas",
+    type=click.IntRange(min=1, max=9),
+    default=1,
+    show_default=True,
+    help="copies of each session (above 1: the owner's host is killed and cut off).",
+)
+@click.option(
+    "--lease-ttl",
+    type=click.FloatRange(min=1),
+    default=3.0,
+    show_default=True,
+    help="the nodes' lease TTL in seconds.",
+)
+@click.option(
+    "--faults",
+    "only",
+    default="",
+    help=f"comma-separated fault kinds to draw from (default: all; of {', '.join(KINDS)}).",
+)
+@click.option(
     "--json-report",
     type=click.Path(dir_okay=False, writable=True),
     default=None,
@@ -108,6 +139,9 @@ def cluster(
     sessions: int,
     clients: int,
     moves: bool,
+    replicas: int,
+    lease_ttl: float,
+    only: str,
     json_report: str | None,
     keep: str | None,
 ) -> None:
@@ -117,6 +151,19 @@ def cluster(
     violation, 2 if it cannot run."""
     if json_report is not None and not os.path.isdir(os.path.dirname(json_report) or "."):
         raise click.BadParameter(f"{json_report}: no such directory", param_hint="--json-report")
+    kinds = tuple(k for k in (w.strip() for w in only.split(",")) if k)
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise click.BadParameter(f"no fault kind {unknown[0]!r} (known: {', '.join(KINDS)})",
+                                 param_hint="--faults")  # fmt: skip
+    wrong = [k for k in kinds if (k in OWNER_KINDS) == (replicas == 1) and k in
+             (*OWNER_KINDS, "move")]  # fmt: skip
+    if wrong:
+        need = "--replicas above 1" if wrong[0] in OWNER_KINDS else "--replicas 1"
+        raise click.BadParameter(f"fault {wrong[0]!r} needs {need}", param_hint="--faults")
+    if replicas > hosts:
+        raise click.BadParameter(f"{replicas} replicas need as many hosts (--hosts {hosts})",
+                                 param_hint="--replicas")  # fmt: skip
     problem = prerequisites()
     if problem is not None:
         click.echo(f"loopd chaos cluster: cannot run: {problem}", err=True)
@@ -127,7 +174,8 @@ def cluster(
         steps = DEFAULT_STEPS
     options = Options(seed=seed, hosts=hosts, etcd_members=int(etcd_members), steps=steps,
                       duration=duration, sessions=sessions, clients=clients, moves=moves,
-                      keep=Path(keep) if keep else None)  # fmt: skip
+                      keep=Path(keep) if keep else None, replicas=replicas,
+                      lease_ttl=lease_ttl, only=kinds)  # fmt: skip
     again = replay_line(options)
     click.echo(f"seed: {seed}  (replay: {again})")
     try:

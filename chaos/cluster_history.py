@@ -19,8 +19,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from worker.store.layout import SESSIONS_DIR
+from worker.store.replica_roles import REPLICAS_DIR
 
 OUTCOMES: Final = ("ack", "refused", "unknown")
+STALLED_AFTER: Final = 30.0
+"""A session with no acknowledgement for this long at the end of the load is reported."""
 _LOG: Final = re.compile(r"(0|[1-9][0-9]*)\.jsonl")
 
 
@@ -78,6 +81,8 @@ class History:
     logs: dict[tuple[str, str], SessionLog] = field(default_factory=dict)
     """(node, session) -> its copy on that node's disk."""
     faults: list[dict[str, Any]] = field(default_factory=list)
+    copies: dict[tuple[str, str], SessionLog] = field(default_factory=dict)
+    """(node, session) -> the follower's copy on that node (``<home>/replicas``)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -85,18 +90,23 @@ class History:
             "placement": self.placement,
             "logs": [asdict(log) for log in self.logs.values()],
             "faults": self.faults,
+            "copies": [asdict(log) for log in self.copies.values()],
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> History:
-        logs = {}
-        for raw in data["logs"]:
-            entries = [LogEntry(**entry) for entry in raw["entries"]]
-            log = SessionLog(**{**raw, "entries": entries})
-            logs[(log.node, log.session)] = log
         requests = [Request(**{**r, "errors": tuple(r["errors"])}) for r in data["requests"]]
-        return cls(requests=requests, placement=data["placement"], logs=logs,
-                   faults=data["faults"])  # fmt: skip
+        return cls(requests=requests, placement=data["placement"], logs=_logs(data["logs"]),
+                   faults=data["faults"], copies=_logs(data.get("copies", [])))  # fmt: skip
+
+
+def _logs(raws: list[dict[str, Any]]) -> dict[tuple[str, str], SessionLog]:
+    logs = {}
+    for raw in raws:
+        entries = [LogEntry(**entry) for entry in raw["entries"]]
+        log = SessionLog(**{**raw, "entries": entries})
+        logs[(log.node, log.session)] = log
+    return logs
 
 
 def read_requests(path: Path) -> tuple[list[Request], list[str]]:
@@ -148,6 +158,11 @@ def verify_home(home: Path) -> dict[str, str]:
     return verdicts
 
 
+def read_copies(node: str, home: Path) -> list[SessionLog]:
+    """Every follower's copy on ``node`` (``<home>/replicas``, itself laid out as a home)."""
+    return read_node(node, home / REPLICAS_DIR)
+
+
 def read_node(node: str, home: Path) -> list[SessionLog]:
     """Every session copy on ``node``'s home (``home``: as the machine sees it)."""
     sessions = home / SESSIONS_DIR
@@ -160,3 +175,22 @@ def read_node(node: str, home: Path) -> list[SessionLog]:
         logs.append(SessionLog(node=node, session=name, entries=read_entries(sessions / name),
                                verified=verdict.startswith("ok"), verdict=verdict))  # fmt: skip
     return logs
+
+
+def stalled(history: History, *, longer_than: float = STALLED_AFTER) -> list[str]:
+    """Each session no request of which was acknowledged for the last ``longer_than``
+    seconds of the load (or at all), with the last error its clients got."""
+    if not history.requests:
+        return []
+    end = max(r.end for r in history.requests)
+    found = []
+    for session in sorted({r.session for r in history.requests}):
+        mine = [r for r in history.requests if r.session == session]
+        acks = [r.end for r in mine if r.outcome == "ack"]
+        last = max(acks) if acks else min(r.start for r in mine)
+        if end - last > longer_than:
+            errors = [e for r in sorted(mine, key=lambda r: r.end) for e in r.errors]
+            said = errors[-1][:200] if errors else "no error recorded"
+            found.append(f"{session}: nothing acknowledged for the last {end - last:.0f} s "
+                         f"of the load; last error: {said}")  # fmt: skip
+    return found

@@ -29,7 +29,8 @@ from typing import Any, Final
 from chaos import cluster_faults
 from chaos.cluster_certs import OpensslCertificates
 from chaos.cluster_checker import check
-from chaos.cluster_history import History, read_node, read_requests
+from chaos.cluster_history import History, read_copies, read_node, read_requests, stalled
+from chaos.cluster_replicas import failover_times, percentiles
 from chaos.netns_cluster import (
     LEASE_TTL,
     host_certificates,
@@ -46,8 +47,6 @@ from supervisor.cluster.transport import Role
 SETTLE: Final = (0.5, 2.0)
 """Seconds of calm after each heal (drawn from the seed)."""
 STOP_LOAD_TIMEOUT: Final = 40.0
-STALLED_AFTER: Final = 30.0
-"""A session with no acknowledgement for this long at the end of the load is reported."""
 
 
 @dataclass
@@ -61,6 +60,10 @@ class Options:
     clients: int = 3
     moves: bool = True
     keep: Path | None = None
+    replicas: int = 1
+    lease_ttl: float = float(LEASE_TTL)
+    only: tuple[str, ...] = ()
+    """The fault kinds to draw from (empty: all)."""
 
 
 @dataclass
@@ -75,10 +78,16 @@ class Report:
     stalled: list[str] = field(default_factory=list)
     """Sessions that answered nothing for the end of the load (availability, not safety)."""
     history: History = field(default_factory=History)
+    failover: list[float] = field(default_factory=list)
+    """Seconds from each owner-host kill to the first acknowledgement by another node."""
+    unserved: list[str] = field(default_factory=list)
+    """Owner-host kills after which no other node acknowledged a write of the session."""
 
     def to_json(self) -> dict[str, Any]:
         return {"seed": self.seed, "steps": self.steps, "elapsed": round(self.elapsed, 1),
                 "faults": dict(self.faults), "outcomes": dict(self.outcomes),
+                "failover": {"seconds": [round(t, 3) for t in self.failover],
+                             **percentiles(self.failover), "unserved": self.unserved},
                 "invariants": {name: {"held": not found, "violations": found}
                                for name, found in self.violations.items()},
                 "notes": self.notes, "stalled": self.stalled,
@@ -138,7 +147,7 @@ class ClusterRun:
         self.client = self.hosts.add("client")
         self.url = start_etcd_members(self.etcd, self.certs, self.binary)
         for name, host in self.nodes.items():
-            start_node(host, name, self.url, self.certs)
+            start_node(host, name, self.url, self.certs, lease_ttl=self.options.lease_ttl)
         host_certificates(self.certs, self.client, "chaos-client", Role.OPERATOR)
         done = self.on_client("setup", timeout=150)
         if done.returncode != 0:
@@ -152,10 +161,14 @@ class ClusterRun:
 
     def plan(self, process: int = 0) -> str:
         return json.dumps({"etcd": self.url, "nodes": sorted(self.nodes), "process": process,
-                           "sessions": self.sessions, "seed": self.options.seed})  # fmt: skip
+                           "sessions": self.sessions, "seed": self.options.seed,
+                           "replicas": self.options.replicas})  # fmt: skip
 
-    def on_client(self, mode: str, *, timeout: float) -> subprocess.CompletedProcess[str]:
-        argv = self.client.python("-m", "chaos.cluster_load", mode, self.plan())
+    def on_client(self, mode: str, *, timeout: float, session: str | None = None,
+                  stopped: bool = False) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        more = {"session": session, "stopped": stopped}
+        plan = json.dumps({**json.loads(self.plan()), **more})
+        argv = self.client.python("-m", "chaos.cluster_load", mode, plan)
         return self.client.run(self.client_argv(*argv), timeout=timeout,
                                copy=self.client.root / "certs")  # fmt: skip
 
@@ -191,7 +204,20 @@ class ClusterRun:
                     break
 
     def restart_node(self, name: str) -> None:
-        start_node(self.nodes[name], name, self.url, None)
+        start_node(self.nodes[name], name, self.url, None, lease_ttl=self.options.lease_ttl)
+
+    def owner_of(self, session: str) -> str | None:
+        """The node etcd names the owner of ``session`` now (asked from the client host:
+        the machine's own namespace cannot reach etcd)."""
+        try:
+            done = self.on_client("owner", timeout=30, session=session)
+        except subprocess.TimeoutExpired:
+            raise HarnessError(f"{session}: etcd's owner lookup timed out") from None
+        if done.returncode != 0:
+            raise HarnessError(f"{session}: etcd's owner lookup failed: "
+                               f"{done.stderr.strip()[-300:]}")  # fmt: skip
+        node = json.loads(done.stdout.splitlines()[-1])["node"]
+        return None if node is None else str(node)
 
     def revive(self) -> None:
         """Start again a node whose ``loopd serve`` exited on its own, as a service
@@ -210,7 +236,8 @@ class ClusterRun:
         rig = cluster_faults.Rig(
             nodes=self.nodes, etcd=self.etcd, client=self.client,
             restart_node=self.restart_node, restart_etcd=self.restart_etcd, move=self.move,
-            sessions=self.sessions, lease_ttl=float(LEASE_TTL),
+            sessions=self.sessions, lease_ttl=self.options.lease_ttl, owner_of=self.owner_of,
+            replicas=self.options.replicas, only=self.options.only,
         )  # fmt: skip
         problem = cluster_faults.netem_problem(self.client)
         if problem is not None:
@@ -267,47 +294,48 @@ class ClusterRun:
             requests, notes = read_requests(self.root / f"load-{n}.jsonl")
             history.requests += requests
             self.report.notes += [f"client {n}: {note}" for note in notes[:5]]
+        # Every node stopped at once, then the placement read again: a follower may take
+        # over a session from a node stopped before it (what is on the disks follows it).
+        stop_hosts(list(self.nodes.values()))
+        done = self.on_client("final", timeout=60, stopped=True)
+        if done.returncode != 0:
+            raise HarnessError(f"reading the final placement failed: {done.stderr[-500:]}")
+        last = json.loads(done.stdout.splitlines()[-1])["placement"]
+        if last != history.placement:
+            self.report.notes.append(f"placement changed as the nodes stopped: "
+                                     f"{history.placement} then {last}")  # fmt: skip
+            history.placement = last
         for name, host in self.nodes.items():
-            stop_host(host)
             assert host.disk is not None
             for log in read_node(name, host.disk / "home"):
                 history.logs[(name, log.session)] = log
+            for log in read_copies(name, host.disk / "home"):
+                history.copies[(name, log.session)] = log
         self.report.outcomes = Counter(r.outcome for r in history.requests)
         self.report.violations = check(history)
+        self.report.failover, self.report.unserved = failover_times(history)
         self.report.stalled = stalled(history)
 
 
-def stalled(history: History, *, longer_than: float = STALLED_AFTER) -> list[str]:
-    """Each session no request of which was acknowledged for the last ``longer_than``
-    seconds of the load (or at all), with the last error its clients got."""
-    if not history.requests:
-        return []
-    end = max(r.end for r in history.requests)
-    found = []
-    for session in sorted({r.session for r in history.requests}):
-        mine = [r for r in history.requests if r.session == session]
-        acks = [r.end for r in mine if r.outcome == "ack"]
-        last = max(acks) if acks else min(r.start for r in mine)
-        if end - last > longer_than:
-            errors = [e for r in sorted(mine, key=lambda r: r.end) for e in r.errors]
-            said = errors[-1][:200] if errors else "no error recorded"
-            found.append(f"{session}: nothing acknowledged for the last {end - last:.0f} s "
-                         f"of the load; last error: {said}")  # fmt: skip
-    return found
-
-
 def stop_host(host: Host) -> None:
-    """SIGTERM every process started on ``host``; SIGKILL what is left after 30 s."""
-    for process in host.processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    for process in host.processes:
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    host.kill_all()  # a worker left behind by its daemon
+    stop_hosts([host])
+
+
+def stop_hosts(hosts: list[Host]) -> None:
+    """SIGTERM every process started on ``hosts``, all at once; SIGKILL what is left of
+    a host after 30 s."""
+    for host in hosts:
+        for process in host.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+    for host in hosts:
+        for process in host.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        host.kill_all()  # a worker left behind by its daemon
 
 
 def _keep(run: ClusterRun, keep: Path) -> None:

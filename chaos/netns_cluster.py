@@ -156,7 +156,7 @@ def node_address(host: Host) -> str:
 
 
 def start_node(
-    host: Host, name: str, etcd_url: str, certs: Issuer | None
+    host: Host, name: str, etcd_url: str, certs: Issuer | None, *, lease_ttl: float = LEASE_TTL
 ) -> subprocess.Popen[bytes]:
     """``loopd serve`` as node ``name`` on ``host``: home and certificates in its tmpfs
     (or the home on its disk); ``certs`` None: the certificates issued before, again."""
@@ -174,7 +174,7 @@ def start_node(
             "--node",
             name,
             "--lease-ttl",
-            str(LEASE_TTL),
+            f"{lease_ttl:g}",
             "--listen",
             node_address(host),
             *tls_args(private_files(host)),

@@ -7,19 +7,26 @@ owner, a follower now, is out of sync and can change nothing with its old token.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from supervisor.cluster.errors import MoveFailed, NotOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.failover import take_over
+from supervisor.cluster.failover_watch import FailoverWatch
 from supervisor.cluster.keys import move_key
 from supervisor.cluster.move import start_intent
+from supervisor.cluster.node import ClusterNode
 from supervisor.cluster.ownership import owner_of, place_new, placement_of
 from supervisor.cluster.replica_set import ReplicaSet, change_in_sync, place_replicas, replicas_of
-from tests.cluster_support import register
+from tests.cluster_support import create_session, register
 from tests.etcd_server import EtcdServer
+from worker.store.layout import SESSIONS_DIR
+from worker.store.replica import Replica
+from worker.store.replica_roles import replicas_root
 
 
 def test_only_an_in_sync_follower_takes_over_and_only_once_the_owner_is_gone(
@@ -64,3 +71,39 @@ def test_a_replicated_session_is_not_moved(etcd: EtcdServer, tmp_path: Path) -> 
             start_intent(client, "r", "b")
         assert "a replicated session is not moved yet" in str(caught.value)
         assert client.get(move_key("r")) is None  # nothing was changed
+
+
+def test_a_takeover_whose_promotion_failed_is_promoted_at_a_later_scan(
+    etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """b takes r over while its copy is still held open (the receiver's step in flight):
+    the promotion fails. b owns r in etcd, so no other node takes it over; b's next scan
+    promotes it and serves it under the same token (found by ``loopd chaos cluster --seed
+    2026 --replicas 3 --lease-ttl 2 --faults kill-owner-host``: r stayed unowned)."""
+    with EtcdClient(etcd.url) as client:
+        a, b = (register(client, name, tmp_path / name) for name in "ab")
+        token = create_session(client, a, "r")
+        place_replicas(client, "r", token, 2, ["b"])
+        root = Path(replicas_root(b.home))
+        shutil.copytree(a.home / SESSIONS_DIR / "r", root / SESSIONS_DIR / "r")
+        held = Replica.open(str(root), "r")  # locked, as by the receiver
+        client.lease_revoke(a.lease_id)  # what the owner's lease expiring does
+        promoted: list[tuple[str, int]] = []
+        reports: list[str] = []
+        node = cast(ClusterNode, b)
+        watch = FailoverWatch(client, node, 1.0, lambda s, t: promoted.append((s, t)),
+                              reports.append)  # fmt: skip
+        try:
+            assert watch.scan() == []
+            owner = owner_of(client, "r")
+            assert owner is not None
+            assert owner.node == "b"
+            assert "taken over" in reports[0]
+            assert "cannot be promoted" in reports[0]
+        finally:
+            held.close()
+        assert watch.scan() == ["r"]
+        assert promoted == [("r", owner.token)]
+        assert (b.home / SESSIONS_DIR / "r").is_dir()
+        assert not (root / SESSIONS_DIR / "r").exists()
+        assert watch.scan() == []  # served now: nothing more to do

@@ -63,7 +63,9 @@ class FailoverWatch:
 
     def scan(self) -> list[str]:
         """Take over every followed session that has no owner and names this node in
-        sync; the sessions promoted here."""
+        sync; the sessions promoted here. A copy etcd already names this node the owner
+        of (its promotion failed, e.g. the copy was still locked by the receiver) is
+        promoted again: no other node may take it over while this one holds it."""
         copies = os.path.join(replicas_root(self.node.home), SESSIONS_DIR)
         names = sorted(os.listdir(copies)) if os.path.isdir(copies) else []
         promoted = []
@@ -71,25 +73,35 @@ class FailoverWatch:
             if self._stop.is_set() or self.node.lease.stopping:
                 break
             try:
-                if owner_of(self.client, session) is not None:
+                owner = owner_of(self.client, session)
+                if owner is not None and owner.node != self.node.name:
                     continue
-                current = replicas_of(self.client, session)
-                if current is None or self.node.name not in current.in_sync:
-                    continue
-                failover = take_over(self.client, session, self.node.name, self.node.lease.lease_id)
+                if owner is not None and os.path.lexists(
+                    os.path.join(self.node.home, SESSIONS_DIR, session)
+                ):
+                    continue  # served here already: a stale copy left in replicas/
+                if owner is not None:  # taken over here, its promotion failed: again
+                    token, previous = owner.token, "this node's earlier takeover"
+                else:
+                    current = replicas_of(self.client, session)
+                    if current is None or self.node.name not in current.in_sync:
+                        continue
+                    failover = take_over(self.client, session, self.node.name,
+                                         self.node.lease.lease_id)  # fmt: skip
+                    token, previous = failover.token, failover.previous
             except ClusterError:
                 continue  # etcd unreachable, or another follower won: look again later
             receiver_for(self.node.home).release(session)
             try:
                 promote(self.node.home, session)
             except SessionError as exc:
-                self.report(f"cluster: {session}: taken over (token {failover.token}) but its "
-                            f"copy cannot be promoted: {exc}")  # fmt: skip
+                self.report(f"cluster: {session}: taken over (token {token}) but its copy "
+                            f"cannot be promoted: {exc}; tried again at the next scan")  # fmt: skip
                 continue
             self.report(
-                f"cluster: {session}: taken over from {failover.previous} with token "
-                f"{failover.token}: its copy is served here"
+                f"cluster: {session}: taken over from {previous} with token {token}: its "
+                "copy is served here"
             )
-            self.on_promoted(session, failover.token)
+            self.on_promoted(session, token)
             promoted.append(session)
         return promoted
