@@ -41,12 +41,14 @@ from supervisor.errors import ControlError
 from worker.wire import Message
 
 REROUTE: frozenset[str] = frozenset(
-    {"not_owner", "not_found", "no_daemon", "worker_died", "closed", "busy"}
+    {"not_owner", "not_found", "no_daemon", "worker_died", "closed", "busy", "unavailable"}
 )
 """Error codes after which the owner is looked up again and the request sent again (with
 the same key: what was applied is answered from the log); ``closed``: a TLS connection
 to a node or a worker that restarted or went away; ``busy``: the connection could not be
-handed to the worker now (one that just died, say), nothing was sent."""
+handed to the worker now (one that just died, say), nothing was sent; ``unavailable``:
+the node does not serve the session now (a node cut off and back finds it STOPPED, its
+ownership passed to a follower meanwhile), nothing was applied."""
 ATTEMPTS = 6
 """Tries of one ``send``: each after a reroute or a connection that ended."""
 RESEND_PAUSE = 0.05
