@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
 import sys
 from pathlib import Path
 
@@ -182,6 +183,13 @@ def cluster(
         report = run_cluster(options)
     except HarnessError as exc:
         click.echo(f"loopd chaos cluster: the rig failed: {exc}", err=True)
+        sys.exit(EXIT_CANNOT_RUN)
+    except subprocess.TimeoutExpired as exc:  # a host step (openssl, a client) never ended
+        click.echo(f"loopd chaos cluster: the rig failed: {exc}; every host torn down", err=True)
+        sys.exit(EXIT_CANNOT_RUN)
+    except (IndexError, ValueError) as exc:  # a client host's report that is not one line
+        click.echo(f"loopd chaos cluster: the rig failed: a host's report could not be read "
+                   f"({type(exc).__name__}: {exc}); every host torn down", err=True)  # fmt: skip
         sys.exit(EXIT_CANNOT_RUN)
     except (Stopped, KeyboardInterrupt):
         click.echo("loopd chaos cluster: stopped; every host torn down", err=True)

@@ -149,10 +149,12 @@ def load(plan: dict[str, Any]) -> None:
     rng = random.Random(plan["seed"] * 1000 + process)
     with ClusterClient(plan["etcd"], timeout=CALL_TIMEOUT) as cluster:
         # The client's own steps that lead to sending (private: kept in step with
-        # supervisor/client/cluster.py: `_link` for a control call or a unix node,
-        # `_direct` for a send over TCP); without them every failed request is unknown.
-        steps = [name for name in ("_link", "_direct") if callable(getattr(cluster, name, None))]
-        if set(steps) != {"_link", "_direct"}:
+        # supervisor/client/cluster.py: `_link` for a control call, `_direct` for a send
+        # over TCP, `_client` for a send to a unix: node); without them every failed
+        # request is unknown (never refused: the safe side).
+        wanted = ("_link", "_direct", "_client")
+        steps = [name for name in wanted if callable(getattr(cluster, name, None))]
+        if len(steps) != len(wanted):
             SENT["always"] = True
         for name in steps:
             setattr(cluster, name, _noting(getattr(cluster, name)))

@@ -84,7 +84,9 @@ def reference_copy(
     try:
         assert receiver.stdout is not None
         if receiver.stdout.readline().strip() != b"ready":
-            raise SystemExit(f"the reference receiver did not start: {receiver.stderr}")
+            receiver.kill()
+            _out, said = receiver.communicate()
+            raise SystemExit(f"the reference receiver did not start: {said!r:.300}")
         sent = side(src, src_node, "send", dst.address, str(REFERENCE_PORT),
                     str(src.private / "home" / "sessions" / session))  # fmt: skip
         _out, err = receiver.communicate(timeout=60)

@@ -121,14 +121,12 @@ round trips of every round pooled.
 | three nodes | {f["three_rate"]:.0f} | {f["three_p50_ms"]:.2f} ms | {f["three_p99_ms"]:.2f} ms |
 | three / one | {f["ratio"]:.2f}x | | |
 
-The path measured is what `ClusterClient.send` did when these figures were written:
-mutual TLS to the owning node's `tls://` port, where the daemon relays each request to
-the session's worker (docs/scaling.md, "The transport"); once `send` reaches the worker
-directly over TCP, a rerun measures that path instead. The three "hosts" share this machine's
-{os.cpu_count()} cores (and the client's processes run on them too), so this is what
-the cluster's routing and the relay allow on one box, not a scale-out across machines:
-with one node its daemon relays every request; with three, three daemons share the
-relaying on the same cores. Each node's home is a tmpfs, so a request's fdatasync costs
+The path measured is `ClusterClient.send`: a preamble naming the session, then mutual
+TLS with the owning node's worker itself, the node's TLS thread having handed it the
+connection (docs/scaling.md, "How the port is served"). The three "hosts" share this
+machine's {os.cpu_count()} cores (and the client's processes run on them too), so this
+is what the cluster's routing and data path allow on one box, not a scale-out across
+machines. Each node's home is a tmpfs, so a request's fdatasync costs
 next to nothing.
 {END}"""
 

@@ -8,6 +8,7 @@ shown by a TLS 1.3 handshake on loopback as a node and its peers make it.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import socket
@@ -62,8 +63,11 @@ def handshake(server: TlsFiles, client: TlsFiles, name: str) -> dict[str, object
     return seen
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl on PATH")
 def test_the_openssl_certificates_are_what_the_transport_wants(tmp_path: Path) -> None:
+    if shutil.which("openssl") is None:  # .ci/run installs it: under CI it must be there
+        if os.environ.get("CI") == "true":
+            pytest.fail("no openssl on PATH")
+        pytest.skip("no openssl on PATH")
     certs = OpensslCertificates(tmp_path)
     node = certs.issue("a", Role.NODE)
     client = certs.issue("app1", Role.CLIENT)

@@ -185,6 +185,9 @@ class ClusterClient:
             link = self._links[address] = NodeLink(address, node, self.tls, timeout=self.timeout)
         return link
 
+    # `_link`, `_direct` and `_client` are the steps that lead to sending: the chaos
+    # rig's load (chaos/cluster_load.py) wraps them to know whether a failed request
+    # may have been sent. Renaming one makes the rig count every failure as unknown.
     def _direct(self, found: Route, session: str) -> DirectLink:
         """The direct connection to ``session``'s worker on its node (tcp_direct)."""
         link = self._directs.get((found.address, session))
