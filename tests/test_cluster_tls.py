@@ -263,9 +263,10 @@ def test_handshakes_that_never_finish_are_capped_and_the_node_serves_on(
             raw = socket.create_connection((host, int(port)), timeout=10)
             raw.sendall(b"\x16\x03\x01")  # the start of a ClientHello, never the rest
             half_open.append(raw)
-        # The one past the cap closes the oldest (an empty read), well inside the 10 s
-        # handshake timeout; the others stay open.
-        half_open[0].settimeout(5.0)
+        # The one past the cap closes the oldest (an empty read); the node's line says it
+        # was closed for a newer handshake, not by the 10 s handshake timeout (a loaded
+        # machine may take a while to get there: the line, not the time, is the check).
+        half_open[0].settimeout(60.0)
         with contextlib.suppress(ConnectionResetError):
             assert half_open[0].recv(1) == b""
         poll_until(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import socket
 import threading
@@ -90,7 +91,9 @@ class TlsGateway:
         self.handed_over = 0
         self.refused = 0
         self.connections = 0
-        self._handshakes: dict[asyncio.Task[None], str] = {}  # in progress, oldest first
+        self._handshakes: dict[asyncio.Task[None], str] = {}  # in progress
+        self._arrived: dict[asyncio.Task[None], int] = {}  # each connection's arrival
+        self._arrivals = itertools.count()
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -111,8 +114,12 @@ class TlsGateway:
         finish none cannot keep a client's few round trips out."""
         task = asyncio.current_task()
         assert task is not None
+        # The oldest by arrival: a connection whose preamble ended and whose handshake
+        # begins re-enters here, and keeps its place.
+        if task not in self._arrived:
+            self._arrived[task] = next(self._arrivals)
         if len(self._handshakes) >= MAX_HANDSHAKES:
-            oldest = next(iter(self._handshakes))
+            oldest = min(self._handshakes, key=lambda t: self._arrived.get(t, 0))
             why = f"closed for a newer handshake ({MAX_HANDSHAKES} at once at most)"
             self._refuse(self._handshakes.pop(oldest), why)
             oldest.cancel()
@@ -223,6 +230,7 @@ class TlsGateway:
                 await self._direct(conn, peer, session)
         finally:
             self.connections -= 1
+            self._arrived.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
 
     async def _direct(self, conn: socket.socket, peer: str, session: str) -> None:
         """Hand the connection to ``session``'s worker, or answer why not and close."""
