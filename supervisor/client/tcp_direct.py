@@ -23,7 +23,7 @@ import socket
 import ssl
 import time
 
-from supervisor.cluster.peer_link import READ_SIZE
+from supervisor.cluster.peer_link import read_reply
 from supervisor.cluster.transport import (
     TlsFiles,
     TransportError,
@@ -106,23 +106,9 @@ class DirectLink:
         return reply
 
     def _read_reply(self, sock: ssl.SSLSocket, deadline: float) -> Message:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            sock.settimeout(left)
-            data = sock.recv(READ_SIZE)
-            if not data:
-                raise ControlError(
-                    "closed", f"node {self.node} at {self.address} closed the connection of "
-                    f"session {self.session} without a reply",
-                )  # fmt: skip
-            try:
-                replies = self._reader.feed(data)
-            except WireError as exc:
-                raise ControlError("bad_reply", f"node {self.node}: {exc}") from exc
-            if replies:
-                return replies[0]
+        return read_reply(sock, self._reader, deadline, self.node,
+                          f"node {self.node} at {self.address} closed the connection of "
+                          f"session {self.session}")  # fmt: skip
 
     def _connect(self) -> ssl.SSLSocket:
         if self._sock is not None:

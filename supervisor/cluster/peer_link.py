@@ -97,21 +97,8 @@ class NodeLink:
         return result_of(reply)
 
     def _read_reply(self, sock: ssl.SSLSocket, deadline: float) -> Message:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            sock.settimeout(left)
-            data = sock.recv(READ_SIZE)
-            if not data:
-                raise ControlError("closed", f"node {self.node} at {self.address} closed "
-                                   "the connection without a reply")  # fmt: skip
-            try:
-                replies = self._reader.feed(data)
-            except WireError as exc:
-                raise ControlError("bad_reply", f"node {self.node}: {exc}") from exc
-            if replies:
-                return replies[0]
+        return read_reply(sock, self._reader, deadline, self.node,
+                          f"node {self.node} at {self.address} closed the connection")  # fmt: skip
 
     def _connect(self) -> ssl.SSLSocket:
         if self._sock is not None:
@@ -142,3 +129,25 @@ class NodeLink:
         self._sock = sock
         self._reader = FrameReader()
         return sock
+
+
+def read_reply(
+    sock: ssl.SSLSocket, reader: FrameReader, deadline: float, node: str, closed: str
+) -> Message:
+    """The next reply frame on ``sock`` by ``deadline`` (TimeoutError after it); a
+    ControlError ``closed`` (``closed`` + " without a reply") at an end of stream, or
+    ``bad_reply`` for bytes that are not frames."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        sock.settimeout(left)
+        data = sock.recv(READ_SIZE)
+        if not data:
+            raise ControlError("closed", f"{closed} without a reply")
+        try:
+            replies = reader.feed(data)
+        except WireError as exc:
+            raise ControlError("bad_reply", f"node {node}: {exc}") from exc
+        if replies:
+            return replies[0]
