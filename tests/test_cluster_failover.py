@@ -69,7 +69,7 @@ def test_a_replicated_session_is_not_moved(etcd: EtcdServer, tmp_path: Path) -> 
         place_replicas(client, "r", token, 2, ["b"])
         with pytest.raises(MoveFailed) as caught:
             start_intent(client, "r", "b")
-        assert "a replicated session is not moved yet" in str(caught.value)
+        assert "a replicated session is not moved by copying its files" in str(caught.value)
         assert client.get(move_key("r")) is None  # nothing was changed
 
 

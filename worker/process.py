@@ -225,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         if isinstance(fence, ReplicatedFence):  # its followers hold the log before any write
             fence.shipper.start()
+            if args.catch_up:  # a follower just added by a move: in sync before any write
+                fence.shipper.rejoin(args.catch_up)
         signal.signal(signal.SIGTERM, server.on_sigterm)  # stops at the next turn
         server.run()
     except (StopRequested, BrokenPipeError, ConnectionResetError):

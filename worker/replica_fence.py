@@ -40,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--follower", action="append", default=[], help="NAME=tls://HOST:PORT")
     parser.add_argument("--in-sync", default="", help="the followers in sync, comma-separated")
     parser.add_argument("--min-in-sync", type=int, default=None)
+    parser.add_argument("--catch-up", action="append", default=[], help="a follower out of "
+                        "sync to catch up and add back at start (a move adding it)")  # fmt: skip
     parser.add_argument("--node-tls", nargs=3, default=None, metavar=("CA", "CERT", "KEY"))
     parser.add_argument("--daemon-socket", default=None, help="the daemon's control socket")
 

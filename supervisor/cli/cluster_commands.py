@@ -18,7 +18,9 @@ from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import move_key
 from supervisor.cluster.move import MoveDone, MoveIntent, abort_move, move_session, node_home
 from supervisor.cluster.peer_link import NodeLink
-from supervisor.cluster.remote_move import abort_remote, move_remote
+from supervisor.cluster.remote_move import NodeBusy, abort_remote, move_remote
+from supervisor.cluster.replica_move import move_replicated
+from supervisor.cluster.replica_set import replicas_of
 from supervisor.cluster.routing import node_address
 from supervisor.cluster.takeover import take_over
 from supervisor.cluster.takeover_remote import take_over_remote
@@ -85,7 +87,8 @@ class RemoteNodes:
         except ControlError as exc:
             if op in ("stop", "forget") and exc.code == "not_found":
                 return None  # nothing hosted there: nothing to stop or forget
-            raise ClusterError(f"node {node}: {op} {fields.get('session')}: {exc}") from exc
+            kind = NodeBusy if exc.code == "busy" else ClusterError
+            raise kind(f"node {node}: {op} {fields.get('session')}: {exc}") from exc
 
     def close(self) -> None:
         for link in self.links.values():
@@ -144,7 +147,10 @@ def move(url: str, session_id: str, target: str | None, abort: bool) -> None:
                 done = abort_move(client, session_id)
             elif remote is not None:
                 try:
-                    done = move_remote(client, session_id, target, remote)
+                    if replicas_of(client, session_id) is not None:
+                        done = move_replicated(client, session_id, target, remote)
+                    else:
+                        done = move_remote(client, session_id, target, remote)
                 finally:
                     remote.close()
             else:

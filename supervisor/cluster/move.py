@@ -92,17 +92,21 @@ class MoveIntent:
     token: int
     source_home: str
     target_home: str
+    replicated: bool = False  # a replicated session's owner handed over (replica_move)
+    drop_source: bool = False  # ... and the old owner's copy leaves (a copy was added)
 
     def encode(self) -> bytes:
-        return encode_value(
-            {
-                "from": self.source,
-                "to": self.target,
-                "token": self.token,
-                "from_home": self.source_home,
-                "to_home": self.target_home,
-            }
-        )
+        value: dict[str, object] = {
+            "from": self.source,
+            "to": self.target,
+            "token": self.token,
+            "from_home": self.source_home,
+            "to_home": self.target_home,
+        }
+        if self.replicated:
+            value["replicated"] = True
+            value["drop_source"] = self.drop_source
+        return encode_value(value)
 
     @classmethod
     def decode(cls, session: str, data: bytes) -> MoveIntent:
@@ -114,6 +118,8 @@ class MoveIntent:
             token=int(str(value["token"])),
             source_home=str(value["from_home"]),
             target_home=str(value["to_home"]),
+            replicated=value.get("replicated") is True,
+            drop_source=value.get("drop_source") is True,
         )
 
 
@@ -195,9 +201,10 @@ def start_intent(client: EtcdClient, session: str, target: str) -> MoveIntent | 
     placed = placement_of(client, session)
     if placed == target:
         return None
-    if replicas_of(client, session) is not None:  # not built: docs/scaling.md, Replication
-        raise MoveFailed(session, "intent", "a replicated session is not moved yet (its "
-                         "followers hold copies): nothing was changed")  # fmt: skip
+    if replicas_of(client, session) is not None:  # replica_move.move_replicated moves it
+        raise MoveFailed(session, "intent", "a replicated session is not moved by copying its "
+                         "files (its followers hold copies): it is moved one replica at a time "
+                         "between tls:// nodes; nothing was changed")  # fmt: skip
     owner = owner_of(client, session)
     if placed is None or owner is None or owner.node != placed:
         raise MoveFailed(

@@ -118,6 +118,11 @@ class ClusterNode:
             self.tokens[session] = (token, lease)
         return True
 
+    def drop(self, session: str) -> None:
+        """Serve ``session`` no more (its copy left ``sessions/``: a follower's now)."""
+        with self._lock:
+            self.tokens.pop(session, None)
+
     def claim_local_sessions(self) -> Claims:
         """Claim or quarantine every session directory in this node's home."""
         claims = Claims()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.etcd_types import Delete, value_is
 from supervisor.cluster.keys import move_key
@@ -25,6 +26,10 @@ from supervisor.cluster.move import (
     take_ownership,
 )
 from supervisor.cluster.ownership import owner_of
+
+
+class NodeBusy(ClusterError):
+    """A node answered ``busy``: a job of the session is in progress there; retry."""
 
 
 class NodeCalls(Protocol):

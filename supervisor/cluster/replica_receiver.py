@@ -62,6 +62,12 @@ class ReplicaReceiver:
             if replica is not None:
                 replica.close()
 
+    def resume(self, session: str) -> None:
+        """The copy of ``session`` is a follower's again (its owner moved away): steps are
+        applied to it from now on."""
+        with self._lock:
+            self._released.discard(session)
+
     def handle(self, message: Message) -> Message:
         """Answer one ``replicate`` or ``replica_position`` request (one-line errors)."""
         request_id = message.get("id")

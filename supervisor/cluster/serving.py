@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from supervisor.cluster.errors import NotOwner
@@ -23,6 +23,7 @@ from supervisor.cluster.move_node import discard_here, pull_here, release_here, 
 from supervisor.cluster.node import LEASE_FILE, Claims, ClusterNode
 from supervisor.cluster.ownership import place_or_resume, unplace
 from supervisor.cluster.receive_copy import install_here, receive_here
+from supervisor.cluster.replica_move_node import demote_here, promote_here, unfollow_here
 from supervisor.cluster.replica_placement import (
     ReplicasUnavailable,
     WorkerReplication,
@@ -35,6 +36,7 @@ from supervisor.cluster.transport import TlsFiles, TransportError
 from supervisor.errors import ServeError
 
 CALL_TIMEOUT: Final = 2.0
+REPLICA_STEPS: Final = frozenset({"demote", "promote", "refollow", "unfollow"})
 NAME_RETRY: Final = 0.2
 """Seconds between attempts to register a name still held by a former lease."""
 
@@ -201,7 +203,32 @@ class ServingNode:
             return receive_here(self.client, self.home, session, fields or {})
         if op == "install":
             return install_here(self.client, self.home, session, fields or {})
+        if op in REPLICA_STEPS:
+            return self.replica_step(op, session)
         return release_here(self.client, name, self.home, session)
+
+    def replica_step(self, op: str, session: str) -> dict[str, object]:
+        """A replicated move's step here (docs/scaling.md 9.5), checked against etcd."""
+        name = self.node.name
+        if op == "demote":
+            done = demote_here(self.client, name, self.home, session)
+            self.node.drop(session)
+            self.replication.pop(session, None)
+            return done
+        if op == "promote":
+            return promote_here(self.client, name, self.home, session)
+        if op == "unfollow":
+            return unfollow_here(self.client, name, self.home, session)
+        # refollow: the replica set read again; the worker restarts (the daemon's part)
+        # and catches up every follower out of sync before its first write.
+        if self.node.held(session) is None:
+            raise NotOwner(session, "not owned here: its followers are not this node's to change")
+        self._read_replication(session)
+        current = self.replication.get(session)
+        if current is not None:
+            out = tuple(n for n, _a in current.followers if n not in current.in_sync)
+            self.replication[session] = replace(current, catch_up=out)
+        return {"session": session, "refollowed": current is not None}
 
     def close(self) -> None:
         """Revoke the lease (this node owns nothing any more) and close the etcd client."""

@@ -61,7 +61,8 @@ NODE_OPS: Final = frozenset(
 )  # fmt: skip
 OPERATOR_OPS: Final = frozenset(
     {"ping", "status", "create", "send", "compact", "start", "stop", "restart", "adopt",
-     "forget", "metrics", "seal", "pull", "release", "discard", "receive", "install"}
+     "forget", "metrics", "seal", "pull", "release", "discard", "receive", "install",
+     "demote", "promote", "refollow", "unfollow"}
 )  # fmt: skip
 ALLOWED: Final[Mapping[Role, frozenset[str]]] = {
     Role.CLIENT: CLIENT_OPS,

@@ -229,9 +229,24 @@ class DaemonNode:
                 code = "move_failed" if isinstance(exc, ClusterError) else "io_error"
                 waiter.client.reply(error(waiter.request_id, code, str(exc)))
             else:
+                if op == "refollow":
+                    self._refollow(session)
                 waiter.client.reply(ok(waiter.request_id, result))
 
         self._run(session, lambda: self.serving.move_step(op, session, dict(fields)), stepped)
+
+    def _refollow(self, session: str) -> None:
+        """The session's followers changed (a replicated move): its worker restarts with
+        them, and catches up the new one before its first write."""
+        hosted = self.sessions.get(session)
+        args = self.worker_args(session)
+        if hosted is None or args is None:
+            return
+        hosted.spec = dataclasses.replace(hosted.spec, cluster=args)
+        if hosted.worker is not None:
+            hosted.stop(restart=True)
+        else:
+            hosted.start()
 
     def _unplace(self, session: str, args: WorkerCluster) -> None:
         """Undo a placement made for a create the daemon will not host (it is stopping)."""

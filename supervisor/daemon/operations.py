@@ -30,7 +30,10 @@ a page always fits the frame with room for the reply around it."""
 
 MAX_APP_NAME: Final = 64
 MAX_REPLICAS: Final = 9  # copies of a replicated session (docs/scaling.md, "Replication")
-MOVE_STEPS: Final = frozenset({"seal", "pull", "release", "discard", "receive", "install"})
+MOVE_STEPS: Final = frozenset(
+    {"seal", "pull", "release", "discard", "receive", "install", "demote", "promote", "refollow",
+     "unfollow"}
+)  # fmt: skip
 """A cluster node's own part of a move or takeover between hosts (docs/scaling.md 6, 7)."""
 
 

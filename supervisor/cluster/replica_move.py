@@ -1,0 +1,224 @@
+"""``loopd move`` of a replicated session: one replica at a time (docs/scaling.md 9.5).
+
+The owner goes to ``target``. If ``target`` is not a follower yet it is first added as
+one (``replica_grow``: placed in etcd under the owner's token, caught up by the owner's
+worker, back in the in-sync set), so the session has one copy more than it asks for.
+Then the planned handover to that in-sync follower:
+
+1. ``intent``: ``/loopd/moves/<id>`` written (the owner's token compared, the target in
+   the in-sync set): no failover and no other move while it is there;
+2. ``stop``: the owner's worker ends; everything it acknowledged is on the target (in
+   the in-sync set etcd holds, read again now);
+3. ``own``: one transaction: the owner's token (or its absence), the move key, the
+   replica set's revision with the target in sync; the target owns the session (its
+   lease, a higher token), the placement follows, the old owner becomes an in-sync
+   follower (its copy holds every acknowledged write);
+4. ``demote``: the old owner moves its copy to ``replicas/`` (a follower's copy, kept
+   whole; a suffix it wrote and never had acknowledged is cut back by the new owner's
+   catch-up, to quarantine); if it cannot be reached it is taken out of the in-sync set;
+5. ``promote``: the target promotes its copy and serves it (``Owner{target, T'}``);
+6. ``done``: the move key deleted; the copy added in ``replica_grow`` (the old owner's)
+   is dropped, so the session has the copies it asks for again.
+
+Each step is rerunnable: a rerun reads the move key and etcd's owner and goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+from collections.abc import Callable
+
+from supervisor.cluster.errors import ClusterError, MoveFailed
+from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.etcd_types import Compare, Delete, Put, absent, modified_at, value_is
+from supervisor.cluster.keys import move_key, node_value, owner_key, placement_key
+from supervisor.cluster.move import MoveDone, MoveIntent, node_home
+from supervisor.cluster.ownership import OwnerRecord, owner_of, placement_of
+from supervisor.cluster.remote_move import NodeBusy, NodeCalls
+from supervisor.cluster.replica_grow import grow
+from supervisor.cluster.replica_set import ReplicaSet, change_in_sync, replicas_key, replicas_of
+
+
+class ReplicaStep(enum.Enum):
+    """The steps of a replicated move, in order; a kill hook runs before each."""
+
+    GROW = "grow"
+    INTENT = "intent"
+    STOP = "stop"
+    OWN = "own"
+    DEMOTE = "demote"
+    PROMOTE = "promote"
+    DONE = "done"
+
+
+ReplicaHook = Callable[[ReplicaStep], None]
+
+
+def move_replicated(
+    client: EtcdClient,
+    session: str,
+    target: str,
+    call: NodeCalls,
+    *,
+    before_step: ReplicaHook | None = None,
+    sync_timeout: float = 30.0,
+    add_first: str | None = None,
+) -> MoveDone:
+    """Make ``target`` the owner of the replicated ``session``; rerunnable after a kill.
+
+    ``target`` not an in-sync follower: it is added first and the old owner's copy
+    leaves at the end. ``add_first`` (a drain): that node is added as a follower first
+    and the old owner's copy leaves, ``target`` being an in-sync follower already."""
+    hook = before_step or (lambda _step: None)
+    intent = _intent_of(client, session)
+    if intent is not None and intent.target != target:
+        raise MoveFailed(session, "intent", f"a move to {intent.target} is in progress: rerun "
+                         f"with --to {intent.target}")  # fmt: skip
+    owner = owner_of(client, session)
+    if intent is None:
+        if owner is not None and owner.node == target and placement_of(client, session) == target:
+            return MoveDone(session=session, node=target, token=owner.token)
+        current = _replica_set(client, session)
+        drop = False
+        if target not in current.in_sync:
+            hook(ReplicaStep.GROW)
+            drop = grow(client, session, target, call, timeout=sync_timeout)
+        elif add_first is not None:
+            hook(ReplicaStep.GROW)
+            drop = grow(client, session, add_first, call, timeout=sync_timeout)
+        hook(ReplicaStep.INTENT)
+        intent = _start(client, session, target, drop)
+        owner = owner_of(client, session)
+    if owner is None or owner.node != target:
+        hook(ReplicaStep.STOP)
+        if owner is not None:
+            call(intent.source, "stop", session)
+        hook(ReplicaStep.OWN)
+        owner = hand_over(client, intent, owner)
+    hook(ReplicaStep.DEMOTE)
+    try:
+        if intent.drop_source:  # one copy more was made: the old owner's leaves
+            call(intent.source, "release", session)
+        else:
+            call(intent.source, "demote", session)
+        call(intent.source, "forget", session)
+    except ClusterError:
+        if not intent.drop_source:
+            # Unreachable: its copy is quarantined when it returns (placed elsewhere) and
+            # it is caught up from nothing, so it must not count as in sync meanwhile.
+            change_in_sync(client, session, owner.token, remove=intent.source)
+    hook(ReplicaStep.PROMOTE)
+    _patiently(call, intent.target, "promote", session, sync_timeout)
+    _patiently(call, intent.target, "adopt", session, sync_timeout)
+    hook(ReplicaStep.DONE)
+    client.txn([value_is(move_key(session), intent.encode())], [Delete(key=move_key(session))])
+    return MoveDone(session=session, node=target, token=owner.token)
+
+
+def _patiently(call: NodeCalls, node: str, op: str, session: str, timeout: float) -> None:
+    """``call``, again while the node answers ``busy`` (its failover watch may be
+    promoting and claiming the same session), for at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            call(node, op, session)
+        except NodeBusy:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+        else:
+            return
+
+
+def _replica_set(client: EtcdClient, session: str) -> ReplicaSet:
+    current = replicas_of(client, session)
+    if current is None:
+        raise MoveFailed(session, "intent", "it has no replica set: not a replicated session")
+    return current
+
+
+def _intent_of(client: EtcdClient, session: str) -> MoveIntent | None:
+    kv = client.get(move_key(session))
+    if kv is None:
+        return None
+    intent = MoveIntent.decode(session, kv.value)
+    if not intent.replicated:
+        raise MoveFailed(session, "intent", f"a move of its files to {intent.target} is in "
+                         "progress: finish or abort it first")  # fmt: skip
+    return intent
+
+
+def _start(client: EtcdClient, session: str, target: str, drop: bool) -> MoveIntent:
+    """Step 1: the move key, written while ``target`` is an in-sync follower of the owner."""
+    owner = owner_of(client, session)
+    placed = placement_of(client, session)
+    if owner is None or placed != owner.node:
+        holder = owner.node if owner else "nobody"
+        raise MoveFailed(session, "intent", f"placed on {placed}, owned by {holder}: a move "
+                         "needs a live owner")  # fmt: skip
+    current = _replica_set(client, session)
+    if target not in current.in_sync:
+        raise MoveFailed(session, "intent", f"{target} is not in its in-sync set "
+                         f"{list(current.in_sync)}: nothing was changed")  # fmt: skip
+    source_home, _lease = node_home(client, owner.node)
+    target_home, _lease = node_home(client, target)
+    intent = MoveIntent(session=session, source=owner.node, target=target, token=owner.token,
+                        source_home=source_home, target_home=target_home, replicated=True,
+                        drop_source=drop)  # fmt: skip
+    written = client.txn(
+        [
+            modified_at(owner_key(session), owner.token),
+            value_is(placement_key(session), node_value(owner.node)),
+            modified_at(replicas_key(session), current.revision),
+            absent(move_key(session)),
+        ],
+        [Put(key=move_key(session), value=intent.encode())],
+    )
+    if not written.succeeded:
+        raise MoveFailed(session, "intent", "its owner or replica set changed meanwhile: rerun")
+    return intent
+
+
+def hand_over(client: EtcdClient, intent: MoveIntent, owner: OwnerRecord | None) -> OwnerRecord:
+    """Step 3: the target, an in-sync follower, owns the session; the old owner follows it,
+    in sync (its copy holds every acknowledged write: its worker has ended)."""
+    session, source, target = intent.session, intent.source, intent.target
+    _home, lease = node_home(client, target)
+    current = _replica_set(client, session)
+    if target not in current.in_sync:
+        raise MoveFailed(session, "own", f"{target} left the in-sync set {list(current.in_sync)}"
+                         ": abort the move (loopd move --abort) or rerun it")  # fmt: skip
+    kept = () if intent.drop_source else (source,)
+    followers = tuple(f for f in current.followers if f != target) + kept
+    in_sync = tuple(f for f in current.in_sync if f != target) + kept
+    if len(in_sync) < min(len(current.in_sync), current.replicas - 1):
+        raise MoveFailed(session, "own", f"{1 + len(in_sync)} of its {current.replicas} copies "
+                         "would be in sync after it, fewer than now: rerun later")  # fmt: skip
+    addresses = current.addresses if kept else tuple(a for a in current.addresses
+                                                     if a[0] != source)  # fmt: skip
+    wanted = dataclasses.replace(
+        current, followers=followers, in_sync=in_sync, addresses=addresses, revision=0
+    )
+    # The old owner holds the token the move started from, or its lease expired after
+    # its worker stopped: either way nobody else owned the session since.
+    fence: Compare = (
+        modified_at(owner_key(session), intent.token) if owner else absent(owner_key(session))
+    )
+    result = client.txn(
+        [
+            fence,
+            value_is(move_key(session), intent.encode()),
+            modified_at(replicas_key(session), current.revision),
+        ],
+        [
+            Put(key=owner_key(session), value=node_value(target), lease=lease),
+            Put(key=placement_key(session), value=node_value(target)),
+            Put(key=replicas_key(session), value=wanted.value()),
+        ],
+    )
+    if not result.succeeded:
+        raise MoveFailed(session, "own", "the owner or the replica set changed during the "
+                         "move: rerun it")  # fmt: skip
+    return OwnerRecord(node=target, token=result.revision, lease=lease)

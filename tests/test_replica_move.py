@@ -1,0 +1,181 @@
+"""``loopd move`` of a replicated session, one replica at a time, on real daemons.
+
+Four daemons with TLS ports and a real etcd; a session of 3 copies. While the move
+runs a thread reads etcd as fast as it can: the copies in sync (the owner's and the
+in-sync followers') never drop below 3, and at every read some node owns it or the
+handover's transaction is the one in flight.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from supervisor.client.cluster import ClusterClient
+from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.ownership import owner_of
+from supervisor.cluster.replica_set import ReplicaSet, replicas_of
+from supervisor.cluster.transport import Role
+from tests.etcd_server import EtcdServer, free_port
+from tests.support import Daemon, log_user_keys, loopd, poll_until
+from tests.tls_certs import Certificates
+from worker.store.loader import load_session
+
+pytestmark = pytest.mark.timeout(100)
+NAMES = ("a", "b", "c", "d")
+
+
+@dataclass
+class Nodes:
+    root: Path
+    etcd: EtcdServer
+    certs: Certificates
+    addresses: dict[str, str]
+    daemons: dict[str, Daemon] = field(default_factory=dict)
+
+    def start(self, name: str, *more: str) -> Daemon:
+        files = self.certs.issue(name, Role.NODE)
+        args = ["--cluster", self.etcd.url, "--node", name, "--lease-ttl", "3"]
+        args += ["--listen", self.addresses[name], *self.certs.args(files), *more]
+        home = self.root / name
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "loopd.toml").write_text("replicas = 3\n")
+        self.daemons[name] = Daemon(home, *args)
+        return self.daemons[name]
+
+    def client(self) -> ClusterClient:
+        return ClusterClient(self.etcd.url, timeout=20, tls=self.certs.issue("app", Role.CLIENT))
+
+    def operator_env(self) -> dict[str, str]:
+        files = self.certs.issue("ops", Role.OPERATOR)
+        return {"LOOPD_TLS_CA": files.ca, "LOOPD_TLS_CERT": files.cert, "LOOPD_TLS_KEY": files.key}
+
+    def replica_set(self) -> ReplicaSet:
+        with EtcdClient(self.etcd.url) as etcd:
+            current = replicas_of(etcd, "r")
+        assert current is not None
+        return current
+
+    def owner(self) -> tuple[str, int]:
+        with EtcdClient(self.etcd.url) as etcd:
+            owner = owner_of(etcd, "r")
+        assert owner is not None
+        return owner.node, owner.token
+
+    def copy_keys(self, name: str) -> list[str | None]:
+        copies = self.root / name / "replicas"
+        load_session(str(copies / "sessions" / "r"), "r", history=True)
+        return log_user_keys(copies, "r")
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[Nodes]:
+    root = tmp_path / "rm"
+    root.mkdir()
+    etcd = EtcdServer(root / "etcd")
+    etcd.start()
+    addresses = {name: f"tls://127.0.0.1:{free_port()}" for name in NAMES}
+    cluster = Nodes(root, etcd, Certificates(root / "certs"), addresses)
+    try:
+        for name in NAMES:
+            cluster.start(name)
+        yield cluster
+    finally:
+        for daemon in cluster.daemons.values():
+            daemon.stop()
+        etcd.stop()
+
+
+class InSyncWatch:
+    """Reads etcd in a thread until stopped: the fewest copies in sync it saw."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.fewest: int | None = None
+        self.reads = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> InSyncWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        with EtcdClient(self.url) as etcd:
+            while not self._stop.is_set():
+                current = replicas_of(etcd, "r")
+                assert current is not None
+                copies = 1 + len(current.in_sync)  # the owner's copy and the followers'
+                self.fewest = copies if self.fewest is None else min(self.fewest, copies)
+                self.reads += 1
+
+
+def _write_keys(client: ClusterClient, keys: range) -> None:
+    for n in keys:
+        assert client.send("r", f"t{n}", key=f"k{n}")["duplicate"] is False
+
+
+def _every_key_once(client: ClusterClient, keys: range, token: int) -> None:
+    for n in keys:
+        reply = client.send("r", f"t{n}", key=f"k{n}")
+        assert reply["duplicate"] is True
+        answered_with = reply["token"]
+        assert isinstance(answered_with, int)
+        assert answered_with > token
+
+
+def test_a_move_to_an_in_sync_follower_hands_the_session_over(nodes: Nodes) -> None:
+    with nodes.client() as client:
+        client.create("r")
+        owner, token = nodes.owner()
+        target = nodes.replica_set().in_sync[0]
+        _write_keys(client, range(5))
+        with InSyncWatch(nodes.etcd.url) as watch:
+            moved = loopd("move", "--cluster", nodes.etcd.url, "r", "--to", target,
+                          env=nodes.operator_env())  # fmt: skip
+        assert moved.returncode == 0, moved.stderr
+        assert '"node": "' + target + '"' in moved.stdout
+        assert watch.reads > 0
+        assert watch.fewest == 3
+        assert nodes.owner()[0] == target
+        assert nodes.owner()[1] > token
+        current = nodes.replica_set()
+        assert owner in current.followers  # the old owner follows, its copy kept
+        _every_key_once(client, range(5), token)
+        _write_keys(client, range(5, 7))
+        assert owner in nodes.replica_set().in_sync
+    # The old owner's copy is a follower's now, caught up by the new owner.
+    poll_until(lambda: nodes.copy_keys(owner) == [f"k{n}" for n in range(7)],
+               what=f"{owner}'s copy holding every key")  # fmt: skip
+
+
+def test_a_move_to_a_new_node_adds_it_in_sync_before_the_owner_leaves(nodes: Nodes) -> None:
+    with nodes.client() as client:
+        client.create("r")
+        owner, token = nodes.owner()
+        followers = nodes.replica_set().followers
+        (target,) = (n for n in NAMES if n != owner and n not in followers)
+        _write_keys(client, range(4))
+        with InSyncWatch(nodes.etcd.url) as watch:
+            moved = loopd("move", "--cluster", nodes.etcd.url, "r", "--to", target,
+                          env=nodes.operator_env())  # fmt: skip
+        assert moved.returncode == 0, moved.stderr
+        assert watch.reads > 0
+        assert watch.fewest == 3
+        assert nodes.owner()[0] == target
+        current = nodes.replica_set()
+        assert sorted(current.followers) == sorted(followers)  # the old owner left
+        assert sorted(current.in_sync) == sorted(followers)
+        assert not (nodes.root / owner / "sessions" / "r").exists()
+        _every_key_once(client, range(4), token)
+        _write_keys(client, range(4, 6))
+    for name in followers:
+        assert nodes.copy_keys(name) == [f"k{n}" for n in range(6)]
