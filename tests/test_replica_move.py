@@ -8,6 +8,10 @@ handover's transaction is the one in flight.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,10 +20,13 @@ from pathlib import Path
 import pytest
 
 from supervisor.client.cluster import ClusterClient
+from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.ownership import owner_of
+from supervisor.cluster.replica_move import ReplicaStep
 from supervisor.cluster.replica_set import ReplicaSet, replicas_of
 from supervisor.cluster.transport import Role
+from supervisor.errors import ControlError
 from tests.etcd_server import EtcdServer, free_port
 from tests.support import Daemon, log_user_keys, loopd, poll_until
 from tests.tls_certs import Certificates
@@ -179,3 +186,47 @@ def test_a_move_to_a_new_node_adds_it_in_sync_before_the_owner_leaves(nodes: Nod
         _write_keys(client, range(4, 6))
     for name in followers:
         assert nodes.copy_keys(name) == [f"k{n}" for n in range(6)]
+
+
+def _served(client: ClusterClient, key: str) -> dict[str, object] | None:
+    try:
+        return client.send("r", "probe", key=key)
+    except (ControlError, ClusterError):  # not served yet (its worker stopped, or moving)
+        return None
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        pytest.param(ReplicaStep.OWN, id="own"),
+        *(pytest.param(step, id=step.value, marks=pytest.mark.cluster_sweep)
+          for step in (ReplicaStep.INTENT, ReplicaStep.STOP, ReplicaStep.DEMOTE,
+                       ReplicaStep.PROMOTE, ReplicaStep.DONE)),
+    ],
+)  # fmt: skip
+def test_a_mover_killed_at_a_step_leaves_the_session_whole_and_a_rerun_finishes(
+    nodes: Nodes, step: ReplicaStep
+) -> None:
+    env = nodes.operator_env()
+    with nodes.client() as client:
+        client.create("r")
+        owner, token = nodes.owner()
+        target = nodes.replica_set().in_sync[0]
+        _write_keys(client, range(4))
+        killed = subprocess.run(
+            [sys.executable, "-m", "tests.replica_mover", nodes.etcd.url, "r", target, step.value],
+            capture_output=True, text=True, timeout=60, env={**os.environ, **env}, check=False,
+        )  # fmt: skip
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        assert 1 + len(nodes.replica_set().in_sync) == 3  # no copy left the in-sync set
+        moved = loopd("move", "--cluster", nodes.etcd.url, "r", "--to", target, env=env)
+        assert moved.returncode == 0, moved.stderr
+        assert nodes.owner()[0] == target
+        reply = poll_until(lambda: _served(client, "k-after"), what="the session served")
+        assert reply["duplicate"] is False
+        _every_key_once(client, range(4), token)
+        current = nodes.replica_set()
+        assert owner in current.followers
+        assert 1 + len(current.in_sync) == 3
+    keys = ["k0", "k1", "k2", "k3", "k-after"]
+    poll_until(lambda: nodes.copy_keys(owner) == keys, what=f"{owner}'s copy caught up")
