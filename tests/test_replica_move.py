@@ -8,6 +8,7 @@ handover's transaction is the one in flight.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -230,3 +231,43 @@ def test_a_mover_killed_at_a_step_leaves_the_session_whole_and_a_rerun_finishes(
         assert 1 + len(current.in_sync) == 3
     keys = ["k0", "k1", "k2", "k3", "k-after"]
     poll_until(lambda: nodes.copy_keys(owner) == keys, what=f"{owner}'s copy caught up")
+
+
+def test_a_drain_moves_each_copy_only_once_another_is_in_sync(nodes: Nodes) -> None:
+    env = nodes.operator_env()
+    url = nodes.etcd.url
+    with nodes.client() as client:
+        client.create("r")
+        owner, token = nodes.owner()
+        before = nodes.replica_set()
+        (spare,) = (n for n in NAMES if n != owner and n not in before.followers)
+        _write_keys(client, range(3))
+        with InSyncWatch(url) as watch:  # the owner's node: handed over, a copy added first
+            drained = loopd("drain", "--cluster", url, owner, env=env)
+        assert drained.returncode == 0, drained.stderr
+        assert watch.fewest == 3
+        successor = nodes.owner()[0]
+        assert successor in before.followers
+        current = nodes.replica_set()
+        assert sorted([successor, *current.followers]) == sorted([*before.followers, spare])
+        assert 1 + len(current.in_sync) == 3
+        _every_key_once(client, range(3), token)
+        # A follower's node, with no node left to take its copy: refused in one line.
+        follower = current.followers[0]
+        refused = loopd("drain", "--cluster", url, follower, env=env)
+        assert refused.returncode == 1
+        (line,) = refused.stderr.splitlines()
+        assert line.startswith("loopd drain: session r: ")
+        assert nodes.replica_set().followers == current.followers  # nothing changed
+        assert loopd("uncordon", "--cluster", url, owner, env=env).returncode == 0
+        with InSyncWatch(url) as watch:  # now the old owner's node takes the copy
+            drained = loopd("drain", "--cluster", url, follower, env=env)
+        assert drained.returncode == 0, drained.stderr
+        assert json.loads(drained.stdout) == {"session": "r", "follower": owner, "from": follower}
+        assert watch.fewest == 3
+        after = nodes.replica_set()
+        assert sorted(after.followers) == sorted([*current.followers[1:], owner])
+        assert sorted(after.in_sync) == sorted(after.followers)
+        _write_keys(client, range(3, 4))
+    poll_until(lambda: nodes.copy_keys(owner) == ["k0", "k1", "k2", "k3"],
+               what=f"{owner}'s new copy holding every key")  # fmt: skip

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Final
 
 import click
@@ -178,17 +179,24 @@ def drain(url: str, node: str) -> None:
                     return move_remote(client, session, target, calls)
 
             try:
-                moves = drain_node(client, node, control=DaemonControl(), mover=mover)
+                drained = drain_node(client, node, control=DaemonControl(), mover=mover,
+                                     calls=remote)  # fmt: skip
             finally:
                 if remote is not None:
                     remote.close()
     except ClusterError as exc:
         _fail(exc)
     else:
-        for done in moves:
+        for done in drained.moved:
             click.echo(
                 json.dumps({"session": done.session, "node": done.node, "token": done.token})
             )
+        for session, follower in drained.followed:
+            click.echo(json.dumps({"session": session, "follower": follower, "from": node}))
+        for line in drained.refused:  # the others were moved: each refusal is one line
+            click.echo(f"loopd drain: {line}", err=True)
+        if drained.refused:
+            sys.exit(1)
 
 
 @click.command("cordon")

@@ -1,4 +1,5 @@
-"""``loopd drain NODE``: move every session placed on a node to the other live nodes."""
+"""``loopd drain NODE``: move every session placed on a node to the other live nodes, and
+every copy it holds of a replicated session (``replica_drain``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from supervisor.cluster.errors import MoveFailed
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import node_of, placements_prefix
 from supervisor.cluster.move import MoveDone, SessionControl, move_session
+from supervisor.cluster.remote_move import NodeCalls
+from supervisor.cluster.replica_drain import Drained, drain_replicas, replica_sets
 from supervisor.cluster.routing import live_nodes
 
 
@@ -38,23 +41,38 @@ def drain_node(
     *,
     control: SessionControl | None = None,
     mover: Callable[[str, str], MoveDone] | None = None,
-) -> list[MoveDone]:
+    calls: NodeCalls | None = None,
+) -> Drained:
     """Cordon ``node``, then move each of its sessions to the live, uncordoned node holding
-    the fewest; return the moves. The cordon stays (``loopd uncordon`` lifts it)."""
+    the fewest, and (with ``calls``, between hosts) every copy it holds of a replicated
+    session one copy at a time (``replica_drain``). The cordon stays (``loopd uncordon``
+    lifts it)."""
     targets = sorted(set(live_nodes(client)) - {node} - cordoned_nodes(client))
     if not targets:
         raise MoveFailed("-", "drain", f"no other live node, not cordoned, to move the "
                          f"sessions of {node} to")  # fmt: skip
     cordon(client, node)  # first: a session created from here on lands elsewhere
+    done = Drained()
     placed = placements(client)
     load = Counter({target: 0 for target in targets})
     load.update(n for n in placed.values() if n in load)
-    done = []
-    for session in sorted(s for s, n in placed.items() if n == node):
+    replicated = set(replica_sets(client))
+    mine = sorted(s for s, n in placed.items() if n == node)
+    for session in mine:
+        if session in replicated:
+            continue  # below, one copy at a time
         target = min(targets, key=lambda t: (load[t], t))
         if mover is not None:  # between hosts: remote_move.move_remote
-            done.append(mover(session, target))
+            done.moved.append(mover(session, target))
         else:
-            done.append(move_session(client, session, target, control=control))
+            done.moved.append(move_session(client, session, target, control=control))
         load[target] += 1
+    if calls is not None:
+        drained = drain_replicas(client, node, [s for s in mine if s in replicated], calls)
+        done.moved += drained.moved
+        done.followed += drained.followed
+        done.refused += drained.refused
+    elif replicated:
+        done.refused += [f"session {s}: a replicated session is drained between tls:// nodes "
+                         "only" for s in mine if s in replicated]  # fmt: skip
     return done
