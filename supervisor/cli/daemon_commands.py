@@ -172,6 +172,12 @@ def _fail(op: str, exc: ControlError) -> NoReturn:
     "not say (default 1; docs/scaling.md, Replication).",
 )
 @click.option(
+    "--zone",
+    default=None,
+    help="with --cluster: this node's zone (a rack, a data centre), registered with it: a "
+    "replicated session's copies go to nodes in different zones while there are enough.",
+)
+@click.option(
     "--print-config",
     is_flag=True,
     help=f"print the settings (<home>/{CONFIG_NAME} under these flags) as TOML, and exit.",
@@ -211,7 +217,7 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
         max_batch=cast(int, get("max_batch")), poison_after=cast(int, get("poison_after")),
         cluster=cast("str | None", get("cluster")), node=cast("str | None", get("node")),
         lease_ttl=cast("int | None", get("lease_ttl")), apps=apps,
-        replicas=cast("int | None", get("replicas")),
+        replicas=cast("int | None", get("replicas")), zone=cast("str | None", get("zone")),
         listen=cast("str | None", get("listen")), tls=tls.tls_files(*map(get, tls.TLS_PARAMS)),
     )  # fmt: skip
     try:

@@ -27,6 +27,7 @@ from supervisor.cluster.errors import ClusterError, NotOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.ownership import placement_of
 from supervisor.cluster.peer_link import NodeLink, result_of
+from supervisor.cluster.replica_placement import node_zones, zones_cell
 from supervisor.cluster.replica_set import replicas_of
 from supervisor.cluster.routing import (
     Route,
@@ -146,20 +147,25 @@ class ClusterClient:
     def status(self) -> list[object]:
         """The status rows of every live node's sessions, each with its node's name."""
         rows: list[object] = []
+        zones = node_zones(self.etcd)
         for node, address in sorted(live_nodes(self.etcd).items()):
             result = self._call(node, address, "status")
             for row in result if isinstance(result, list) else []:
                 if isinstance(row, dict):
-                    rows.append({**row, "node": node, **self._replicas(row.get("session"))})
+                    shown = self._replicas(row.get("session"), node, zones)
+                    rows.append({**row, "node": node, **shown})
         return rows
 
-    def _replicas(self, session: object) -> dict[str, object]:
-        """A replicated session's followers and in-sync set, from etcd (else nothing)."""
+    def _replicas(self, session: object, node: str, zones: dict[str, str]) -> dict[str, object]:
+        """A replicated session's followers and in-sync set, from etcd (else nothing), and
+        its copies' zones where nodes name zones."""
         found = replicas_of(self.etcd, session) if isinstance(session, str) else None
         if found is None:
             return {}
         followers, in_sync = ",".join(found.followers), ",".join(found.in_sync)
-        return {"followers": followers or None, "in_sync": in_sync or None}
+        shown: dict[str, object] = {"followers": followers or None, "in_sync": in_sync or None}
+        spread = zones_cell(zones, node, found)
+        return shown if spread is None else {**shown, "zones": spread}
 
     def _route(self, session: str, *, fresh: bool) -> Route:
         found = None if fresh else self._routes.get(session)

@@ -82,7 +82,8 @@ def with_node_column(columns: Sequence[str], rows: Sequence[object]) -> Sequence
     if any(isinstance(row, dict) and "followers" in row for row in rows):
         # A replicated session's followers and in-sync set (docs/scaling.md, Replication).
         lag = ("lag",) if any(isinstance(row, dict) and "lag" in row for row in rows) else ()
-        columns = (columns[0], "followers", "in_sync", *lag, *columns[1:])
+        zones = ("zones",) if any(isinstance(row, dict) and "zones" in row for row in rows) else ()
+        columns = (columns[0], "followers", "in_sync", *zones, *lag, *columns[1:])
     if any(isinstance(row, dict) and "node" in row for row in rows):
         return (columns[0], "node", *columns[1:])
     return columns

@@ -19,7 +19,7 @@ from typing import Final
 
 from supervisor.cluster.errors import NotOwner
 from supervisor.cluster.etcd import EtcdClient
-from supervisor.cluster.keys import move_key
+from supervisor.cluster.keys import check_zone_name, move_key
 from supervisor.cluster.lease import LeaseTiming, NodeLease
 from supervisor.cluster.ownership import acquire, owner_of, place_new, placement_of
 from supervisor.cluster.session_files import QUARANTINE_DIR, set_aside
@@ -51,16 +51,21 @@ class ClusterNode:
         *,
         timing: LeaseTiming | None = None,
         address: str | None = None,
+        zone: str | None = None,
     ) -> None:
         self.client = client
         self.name = name
         self.home = os.fspath(home)
         # Where clients reach the node: its tls:// port, or its unix socket (one machine).
         self.address = address or f"unix:{os.path.join(self.home, 'loopd.sock')}"
+        self.zone = zone  # where placement spreads a session's copies (docs/scaling.md 9.2)
+        registration: dict[str, object] = {"address": self.address, "home": self.home}
+        if zone is not None:
+            registration["zone"] = check_zone_name(zone)
         self.lease = NodeLease(
             client,
             name,
-            {"address": self.address, "home": self.home},
+            registration,
             timing=timing,
             deadline_path=os.path.join(self.home, LEASE_FILE),
             on_new_lease=self._lease_renewed,

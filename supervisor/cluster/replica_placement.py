@@ -144,3 +144,14 @@ def replication_of(
     followers = tuple((name, addresses.get(name, "")) for name in current.followers)
     in_sync = tuple(sorted(current.in_sync))
     return WorkerReplication(current.replicas, followers, in_sync, tls, socket_path(home))
+
+
+def zones_cell(zones: dict[str, str], owner: str, current: ReplicaSet) -> str | None:
+    """The zones of a session's copies (``zones``: ``node_zones``), the owner's first
+    (``-``: a node naming none, or gone), ``(shared)`` after them when two copies share
+    one; None if no node names any."""
+    if not zones:
+        return None
+    found = [zones.get(node, "-") for node in (owner, *current.followers)]
+    shared = len(set(found)) < len(found) or "-" in found
+    return ",".join(found) + ("(shared)" if shared else "")

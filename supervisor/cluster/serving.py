@@ -18,6 +18,7 @@ from typing import Final
 
 from supervisor.cluster.errors import NotOwner
 from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.keys import check_zone_name
 from supervisor.cluster.lease import LeaseTiming, NodeNameTaken
 from supervisor.cluster.move_node import discard_here, pull_here, release_here, seal_here
 from supervisor.cluster.node import LEASE_FILE, Claims, ClusterNode
@@ -79,7 +80,13 @@ class ServingNode:
         ttl: int | None = None,
         address: str | None = None,
         tls: TlsFiles | None = None,
+        zone: str | None = None,
     ) -> None:
+        if zone is not None:
+            try:
+                check_zone_name(zone)
+            except ValueError as exc:
+                raise ServeError(f"--zone: {exc}") from exc
         try:
             context = tls.etcd_context() if tls is not None else None
             self.client = EtcdClient(url, timeout=CALL_TIMEOUT, tls=context)
@@ -89,7 +96,7 @@ class ServingNode:
         self.tls = tls  # the node's certificate: it pulls moved sessions with it
         self.address = address
         timing = LeaseTiming(ttl=ttl) if ttl is not None else None
-        self.node = ClusterNode(self.client, name, home, timing=timing, address=address)
+        self.node = ClusterNode(self.client, name, home, timing=timing, address=address, zone=zone)
         self.lease_file = os.path.join(home, LEASE_FILE)
         self.replication: dict[str, WorkerReplication] = {}  # read in threads, never the loop
         self._in_sync_lock = threading.Lock()

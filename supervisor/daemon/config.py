@@ -37,6 +37,7 @@ class ServeConfig:
     lease_ttl: int | None = None
     replicas: int | None = None  # copies of a session created here when its create says none
     listen: str | None = None  # tls://HOST:PORT: the node's TLS port, registered in etcd
+    zone: str | None = None  # the node's zone, registered: followers go to other zones
     tls: TlsFiles | None = None
     hosting: HostingSettings = field(default_factory=HostingSettings)
     apps: dict[str, AppConfig] = field(default_factory=dict)

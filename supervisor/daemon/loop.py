@@ -206,7 +206,7 @@ class Supervisor:
         )  # fmt: skip
         serving = ServingNode(
             url, self.config.node, self.home, ttl=self.config.lease_ttl,
-            address=self.config.listen, tls=self.config.tls,
+            address=self.config.listen, tls=self.config.tls, zone=self.config.zone,
         )  # fmt: skip
         self.cluster = DaemonNode(
             self.loop, serving, self.sessions, self.report, lambda: self._shutting_down,
