@@ -179,3 +179,31 @@ def test_a_drain_moves_each_copy_only_once_another_is_in_sync(nodes: Nodes) -> N
         _write_keys(client, range(3, 4))
     poll_until(lambda: nodes.copy_keys(owner) == ["k0", "k1", "k2", "k3"],
                what=f"{owner}'s new copy holding every key")  # fmt: skip
+
+
+@pytest.mark.cluster_sweep
+def test_a_follower_move_adds_the_new_copy_in_sync_before_the_old_one_leaves(
+    nodes: Nodes,
+) -> None:
+    env = nodes.operator_env()
+    with nodes.client() as client:
+        client.create("r")
+        owner, _token = nodes.owner()
+        before = nodes.replica_set()
+        source = before.followers[0]
+        (spare,) = (n for n in NAMES if n != owner and n not in before.followers)
+        _write_keys(client, range(3))
+        with InSyncWatch(nodes.etcd.url) as watch:
+            moved = loopd("move", "--cluster", nodes.etcd.url, "r", "--follower", source,
+                          "--to", spare, env=env)  # fmt: skip
+        assert moved.returncode == 0, moved.stderr
+        assert json.loads(moved.stdout) == {"session": "r", "follower": spare, "from": source}
+        assert watch.fewest == 3
+        after = nodes.replica_set()
+        assert sorted(after.followers) == sorted([*before.followers[1:], spare])
+        assert sorted(after.in_sync) == sorted(after.followers)
+        assert nodes.owner()[0] == owner
+        _write_keys(client, range(3, 5))
+    assert nodes.copy_keys(spare) == [f"k{n}" for n in range(5)]
+    assert not (nodes.root / source / "replicas" / "sessions" / "r").exists()
+    assert list((nodes.root / source / "replicas" / "quarantine").iterdir())  # kept, set aside

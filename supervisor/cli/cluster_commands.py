@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Final
+from typing import Final, cast
 
 import click
 
@@ -20,6 +20,7 @@ from supervisor.cluster.keys import move_key
 from supervisor.cluster.move import MoveDone, MoveIntent, abort_move, move_session, node_home
 from supervisor.cluster.peer_link import NodeLink
 from supervisor.cluster.remote_move import NodeBusy, abort_remote, move_remote
+from supervisor.cluster.replica_grow import move_follower
 from supervisor.cluster.replica_move import move_replicated
 from supervisor.cluster.replica_set import replicas_of
 from supervisor.cluster.routing import node_address
@@ -132,10 +133,17 @@ def _fail(exc: ClusterError) -> None:
 @click.argument("session_id", metavar="ID")
 @click.option("--to", "target", default=None, help="the node to move the session to.")
 @click.option("--abort", is_flag=True, help="undo an interrupted move (before the target owns it).")
-def move(url: str, session_id: str, target: str | None, abort: bool) -> None:
+@click.option("--follower", "source", default=None, metavar="FROM",
+              help="a replicated session: move the copy FROM follows to --to NODE.")  # fmt: skip
+def move(url: str, session_id: str, target: str | None, abort: bool, source: str | None) -> None:
     """Move a session to another node (a rerun finishes an interrupted move)."""
     if (target is None) == (not abort):
         raise click.UsageError("give exactly one of --to NODE and --abort")
+    if source is not None and target is None:
+        raise click.UsageError("--follower FROM needs --to NODE")
+    if source is not None:
+        _move_follower(url, session_id, source, cast(str, target))
+        return
     try:
         with etcd_client(url) as client:
             remote = _remote(client, target or _move_source(client, session_id))
@@ -160,6 +168,24 @@ def move(url: str, session_id: str, target: str | None, abort: bool) -> None:
         _fail(exc)
     else:
         click.echo(json.dumps({"session": done.session, "node": done.node, "token": done.token}))
+
+
+def _move_follower(url: str, session: str, source: str, target: str) -> None:
+    """A follower's copy moved: ``target`` added and in sync, then ``source`` out."""
+    try:
+        with etcd_client(url) as client:
+            remote = _remote(client, target)
+            if remote is None:
+                raise ClusterError(f"node {target} is not at a tls:// address: replicated "
+                                   "sessions are followed over TLS")  # fmt: skip
+            try:
+                move_follower(client, session, source, target, remote)
+            finally:
+                remote.close()
+    except ClusterError as exc:
+        _fail(exc)
+    else:
+        click.echo(json.dumps({"session": session, "follower": target, "from": source}))
 
 
 @click.command()

@@ -92,6 +92,24 @@ def shrink(client: EtcdClient, session: str, node: str, call: NodeCalls) -> Repl
     return written
 
 
+def move_follower(
+    client: EtcdClient, session: str, source: str, target: str, call: NodeCalls, *,
+    timeout: float = 30.0,
+) -> ReplicaSet:  # fmt: skip
+    """``loopd move ID --follower FROM --to NODE``: NODE added and in sync, then FROM out;
+    rerunnable (a rerun after FROM left finds NODE in sync and changes nothing)."""
+    current = replicas_of(client, session)
+    if current is None:
+        raise MoveFailed(session, "grow", "it has no replica set: not a replicated session")
+    if source not in current.followers:
+        if target in current.in_sync:
+            return current  # done already
+        raise MoveFailed(session, "grow", f"{source} is not one of its followers "
+                         f"({', '.join(current.followers)})")  # fmt: skip
+    grow(client, session, target, call, timeout=timeout)
+    return shrink(client, session, source, call)
+
+
 def _write(
     client: EtcdClient, session: str, token: int, current: ReplicaSet, wanted: ReplicaSet,
     step: str,
