@@ -110,7 +110,7 @@ def _served(client: ClusterClient, key: str) -> dict[str, object] | None:
         pytest.param(ReplicaStep.OWN, id="own"),
         *(pytest.param(step, id=step.value, marks=pytest.mark.cluster_sweep)
           for step in (ReplicaStep.INTENT, ReplicaStep.STOP, ReplicaStep.DEMOTE,
-                       ReplicaStep.PROMOTE, ReplicaStep.DONE)),
+                       ReplicaStep.RELEASE, ReplicaStep.PROMOTE, ReplicaStep.DONE)),
     ],
 )  # fmt: skip
 def test_a_mover_killed_at_a_step_leaves_the_session_whole_and_a_rerun_finishes(
@@ -128,6 +128,10 @@ def test_a_mover_killed_at_a_step_leaves_the_session_whole_and_a_rerun_finishes(
         )  # fmt: skip
         assert killed.returncode == -signal.SIGKILL, killed.stderr
         assert 1 + len(nodes.replica_set().in_sync) == 3  # no copy left the in-sync set
+        if step in (ReplicaStep.RELEASE, ReplicaStep.PROMOTE, ReplicaStep.DONE):
+            # Handed over in etcd: the target's failover watch serves it, no rerun needed.
+            poll_until(lambda: _served(client, "k-before"), what="served before a rerun")
+            assert nodes.owner()[0] == target
         moved = loopd("move", "--cluster", nodes.etcd.url, "r", "--to", target, env=env)
         assert moved.returncode == 0, moved.stderr
         assert nodes.owner()[0] == target
@@ -138,6 +142,8 @@ def test_a_mover_killed_at_a_step_leaves_the_session_whole_and_a_rerun_finishes(
         assert owner in current.followers
         assert 1 + len(current.in_sync) == 3
     keys = ["k0", "k1", "k2", "k3", "k-after"]
+    if step in (ReplicaStep.RELEASE, ReplicaStep.PROMOTE, ReplicaStep.DONE):
+        keys.insert(4, "k-before")
     poll_until(lambda: nodes.copy_keys(owner) == keys, what=f"{owner}'s copy caught up")
 
 

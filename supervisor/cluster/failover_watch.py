@@ -19,6 +19,7 @@ from collections.abc import Callable
 from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.failover import take_over
+from supervisor.cluster.keys import move_key
 from supervisor.cluster.node import ClusterNode
 from supervisor.cluster.ownership import owner_of
 from supervisor.cluster.replica_receiver import receiver_for
@@ -80,6 +81,8 @@ class FailoverWatch:
                     os.path.join(self.node.home, SESSIONS_DIR, session)
                 ):
                     continue  # served here already: a stale copy left in replicas/
+                if owner is not None and self.client.get(move_key(session)) is not None:
+                    continue  # a replicated move is demoting this owner's copy (replica_move)
                 if owner is not None:  # taken over here, its promotion failed: again
                     token, previous = owner.token, "this node's earlier takeover"
                 else:

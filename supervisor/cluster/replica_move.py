@@ -1,30 +1,33 @@
 """``loopd move`` of a replicated session: one replica at a time (docs/scaling.md 9.5).
 
-The owner goes to ``target``. If ``target`` is not a follower yet it is first added as
-one (``replica_grow``: placed in etcd under the owner's token, caught up by the owner's
-worker, back in the in-sync set), so the session has one copy more than it asks for.
-Then the planned handover to that in-sync follower:
+The owner goes to ``target``. If ``target`` is not an in-sync follower it is first
+added as one (``replica_grow``: placed in etcd under the owner's token, caught up by
+the owner's worker, in the in-sync set), so the session has one copy more than it asks
+for, and the old owner's copy leaves at the end. Then the planned handover:
 
 1. ``intent``: ``/loopd/moves/<id>`` written (the owner's token compared, the target in
-   the in-sync set): no failover and no other move while it is there;
-2. ``stop``: the owner's worker ends; everything it acknowledged is on the target (in
-   the in-sync set etcd holds, read again now);
-3. ``own``: one transaction: the owner's token (or its absence), the move key, the
+   the in-sync set): no failover, no other move, and no re-promotion on the old owner
+   while it is there;
+2. ``stop``: the owner's worker ends; everything it acknowledged is on the target;
+3. ``demote``: the old owner's whole copy becomes a follower's copy (``replicas/``);
+4. ``own``: one transaction: the owner's token (or its absence), the move key, the
    replica set's revision with the target in sync; the target owns the session (its
    lease, a higher token), the placement follows, the old owner becomes an in-sync
-   follower (its copy holds every acknowledged write);
-4. ``demote``: the old owner moves its copy to ``replicas/`` (a follower's copy, kept
-   whole; a suffix it wrote and never had acknowledged is cut back by the new owner's
-   catch-up, to quarantine); if it cannot be reached it is taken out of the in-sync set;
-5. ``promote``: the target promotes its copy and serves it (``Owner{target, T'}``);
-6. ``done``: the move key deleted; the copy added in ``replica_grow`` (the old owner's)
-   is dropped, so the session has the copies it asks for again.
+   follower (its copy holds every acknowledged write; out of sync if it could not be
+   demoted, or out of the set if a copy was added); the move key is replaced by
+   ``/loopd/moved/<id>``, which blocks nothing: from here on a failover may happen;
+5. ``release``: the old owner stops listing the session (and, if a copy was added,
+   sets its copy aside);
+6. ``promote``: the target promotes its copy and serves it (``Owner{target, T'}``; its
+   failover watch does the same within a third of the TTL if the mover is gone);
+7. ``done``: ``/loopd/moved/<id>`` deleted.
 
-Each step is rerunnable: a rerun reads the move key and etcd's owner and goes on.
+A rerun reads both keys and goes on from what etcd shows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import time
@@ -33,12 +36,13 @@ from collections.abc import Callable
 from supervisor.cluster.errors import ClusterError, MoveFailed
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.etcd_types import Compare, Delete, Put, absent, modified_at, value_is
-from supervisor.cluster.keys import move_key, node_value, owner_key, placement_key
+from supervisor.cluster.keys import PREFIX, move_key, node_value, owner_key, placement_key
 from supervisor.cluster.move import MoveDone, MoveIntent, node_home
 from supervisor.cluster.ownership import OwnerRecord, owner_of, placement_of
 from supervisor.cluster.remote_move import NodeBusy, NodeCalls
 from supervisor.cluster.replica_grow import grow
-from supervisor.cluster.replica_set import ReplicaSet, change_in_sync, replicas_key, replicas_of
+from supervisor.cluster.replica_set import ReplicaSet, replicas_key, replicas_of
+from worker.store.session_id import validate_session_id
 
 
 class ReplicaStep(enum.Enum):
@@ -47,13 +51,19 @@ class ReplicaStep(enum.Enum):
     GROW = "grow"
     INTENT = "intent"
     STOP = "stop"
-    OWN = "own"
     DEMOTE = "demote"
+    OWN = "own"
+    RELEASE = "release"
     PROMOTE = "promote"
     DONE = "done"
 
 
 ReplicaHook = Callable[[ReplicaStep], None]
+
+
+def moved_key(session: str) -> str:
+    """``/loopd/moved/<id>``: a handover made in etcd whose nodes' steps may be left."""
+    return f"{PREFIX}moved/{validate_session_id(session)}"
 
 
 def move_replicated(
@@ -72,6 +82,7 @@ def move_replicated(
     leaves at the end. ``add_first`` (a drain): that node is added as a follower first
     and the old owner's copy leaves, ``target`` being an in-sync follower already."""
     hook = before_step or (lambda _step: None)
+    _finish(client, session, call, hook, sync_timeout)  # an earlier run's steps left
     intent = _intent_of(client, session)
     if intent is not None and intent.target != target:
         raise MoveFailed(session, "intent", f"a move to {intent.target} is in progress: rerun "
@@ -91,30 +102,52 @@ def move_replicated(
         hook(ReplicaStep.INTENT)
         intent = _start(client, session, target, drop)
         owner = owner_of(client, session)
-    if owner is None or owner.node != target:
-        hook(ReplicaStep.STOP)
+    hook(ReplicaStep.STOP)
+    reachable = True
+    try:
         if owner is not None:
             call(intent.source, "stop", session)
-        hook(ReplicaStep.OWN)
-        owner = hand_over(client, intent, owner)
-    hook(ReplicaStep.DEMOTE)
-    try:
-        if intent.drop_source:  # one copy more was made: the old owner's leaves
-            call(intent.source, "release", session)
-        else:
-            call(intent.source, "demote", session)
-        call(intent.source, "forget", session)
-    except ClusterError:
+        hook(ReplicaStep.DEMOTE)
         if not intent.drop_source:
-            # Unreachable: its copy is quarantined when it returns (placed elsewhere) and
-            # it is caught up from nothing, so it must not count as in sync meanwhile.
-            change_in_sync(client, session, owner.token, remove=intent.source)
+            call(intent.source, "demote", session)
+    except ClusterError:
+        if owner is not None and owner.node == intent.source and _answers(call, intent.source):
+            raise  # it answers but refused: nothing is handed over (a rerun tries again)
+        reachable = False  # its node is gone: its copy cannot be kept in sync
+    hook(ReplicaStep.OWN)
+    token = hand_over(client, intent, owner, kept_in_sync=reachable)
+    _finish(client, session, call, hook, sync_timeout)
+    return MoveDone(session=session, node=target, token=token)
+
+
+def _answers(call: NodeCalls, node: str) -> bool:
+    try:
+        call(node, "ping", "-")
+    except ClusterError:
+        return False
+    return True
+
+
+def _finish(
+    client: EtcdClient, session: str, call: NodeCalls, hook: ReplicaHook, timeout: float
+) -> None:
+    """The nodes' steps after the handover's transaction (``/loopd/moved/<id>``)."""
+    kv = client.get(moved_key(session))
+    if kv is None:
+        return
+    done = MoveIntent.decode(session, kv.value)
+    hook(ReplicaStep.RELEASE)
+    # The old owner: its copy a follower's (demoted again if that failed before the
+    # transaction), or set aside if a copy was added; then it stops listing the session.
+    # Unreachable, it does the same when it returns (placed elsewhere: quarantined).
+    with contextlib.suppress(ClusterError):
+        call(done.source, "unfollow" if done.drop_source else "demote", session)
+        call(done.source, "forget", session)
     hook(ReplicaStep.PROMOTE)
-    _patiently(call, intent.target, "promote", session, sync_timeout)
-    _patiently(call, intent.target, "adopt", session, sync_timeout)
+    _patiently(call, done.target, "promote", session, timeout)
+    _patiently(call, done.target, "adopt", session, timeout)
     hook(ReplicaStep.DONE)
-    client.txn([value_is(move_key(session), intent.encode())], [Delete(key=move_key(session))])
-    return MoveDone(session=session, node=target, token=owner.token)
+    client.txn([value_is(moved_key(session), kv.value)], [Delete(key=moved_key(session))])
 
 
 def _patiently(call: NodeCalls, node: str, op: str, session: str, timeout: float) -> None:
@@ -181,9 +214,12 @@ def _start(client: EtcdClient, session: str, target: str, drop: bool) -> MoveInt
     return intent
 
 
-def hand_over(client: EtcdClient, intent: MoveIntent, owner: OwnerRecord | None) -> OwnerRecord:
-    """Step 3: the target, an in-sync follower, owns the session; the old owner follows it,
-    in sync (its copy holds every acknowledged write: its worker has ended)."""
+def hand_over(
+    client: EtcdClient, intent: MoveIntent, owner: OwnerRecord | None, *, kept_in_sync: bool
+) -> int:
+    """Step 4: the target, an in-sync follower, owns the session; the old owner follows it
+    in sync (its demoted copy holds every acknowledged write), or out of sync if it could
+    not be demoted, or not at all if a copy was added for it. The new token."""
     session, source, target = intent.session, intent.source, intent.target
     _home, lease = node_home(client, target)
     current = _replica_set(client, session)
@@ -192,8 +228,9 @@ def hand_over(client: EtcdClient, intent: MoveIntent, owner: OwnerRecord | None)
                          ": abort the move (loopd move --abort) or rerun it")  # fmt: skip
     kept = () if intent.drop_source else (source,)
     followers = tuple(f for f in current.followers if f != target) + kept
-    in_sync = tuple(f for f in current.in_sync if f != target) + kept
-    if len(in_sync) < min(len(current.in_sync), current.replicas - 1):
+    in_sync = tuple(f for f in current.in_sync if f != target) + (kept if kept_in_sync else ())
+    lost = 0 if kept_in_sync or intent.drop_source else 1  # the old owner's node is gone
+    if len(in_sync) + lost < min(len(current.in_sync), current.replicas - 1):
         raise MoveFailed(session, "own", f"{1 + len(in_sync)} of its {current.replicas} copies "
                          "would be in sync after it, fewer than now: rerun later")  # fmt: skip
     addresses = current.addresses if kept else tuple(a for a in current.addresses
@@ -216,9 +253,11 @@ def hand_over(client: EtcdClient, intent: MoveIntent, owner: OwnerRecord | None)
             Put(key=owner_key(session), value=node_value(target), lease=lease),
             Put(key=placement_key(session), value=node_value(target)),
             Put(key=replicas_key(session), value=wanted.value()),
+            Delete(key=move_key(session)),
+            Put(key=moved_key(session), value=intent.encode()),
         ],
     )
     if not result.succeeded:
         raise MoveFailed(session, "own", "the owner or the replica set changed during the "
                          "move: rerun it")  # fmt: skip
-    return OwnerRecord(node=target, token=result.revision, lease=lease)
+    return result.revision
