@@ -213,3 +213,31 @@ def test_a_follower_move_adds_the_new_copy_in_sync_before_the_old_one_leaves(
     assert nodes.copy_keys(spare) == [f"k{n}" for n in range(5)]
     assert not (nodes.root / source / "replicas" / "sessions" / "r").exists()
     assert list((nodes.root / source / "replicas" / "quarantine").iterdir())  # kept, set aside
+
+
+@pytest.mark.cluster_sweep
+def test_an_interrupted_handover_aborted_is_served_by_the_old_owner_again(nodes: Nodes) -> None:
+    env = nodes.operator_env()
+    with nodes.client() as client:
+        client.create("r")
+        owner, token = nodes.owner()
+        before = nodes.replica_set()
+        _write_keys(client, range(3))
+        killed = subprocess.run(  # killed with the old owner's copy demoted, before `own`
+            [sys.executable, "-m", "tests.replica_mover", nodes.etcd.url, "r",
+             before.in_sync[0], ReplicaStep.OWN.value],
+            capture_output=True, text=True, timeout=60, env={**os.environ, **env}, check=False,
+        )  # fmt: skip
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        assert (nodes.root / owner / "replicas" / "sessions" / "r").is_dir()
+        aborted = loopd("move", "--cluster", nodes.etcd.url, "r", "--abort", env=env)
+        assert aborted.returncode == 0, aborted.stderr
+        assert json.loads(aborted.stdout)["node"] == owner
+        assert nodes.owner()[0] == owner
+        assert nodes.owner()[1] > token
+        assert nodes.replica_set().followers == before.followers
+        for n in range(3):
+            assert client.send("r", f"t{n}", key=f"k{n}")["duplicate"] is True
+        _write_keys(client, range(3, 4))
+    for name in before.followers:
+        assert nodes.copy_keys(name) == ["k0", "k1", "k2", "k3"]

@@ -21,7 +21,7 @@ from supervisor.cluster.move import MoveDone, MoveIntent, abort_move, move_sessi
 from supervisor.cluster.peer_link import NodeLink
 from supervisor.cluster.remote_move import NodeBusy, abort_remote, move_remote
 from supervisor.cluster.replica_grow import move_follower
-from supervisor.cluster.replica_move import move_replicated
+from supervisor.cluster.replica_move import abort_replicated, move_replicated
 from supervisor.cluster.replica_set import replicas_of
 from supervisor.cluster.routing import node_address
 from supervisor.cluster.takeover import take_over
@@ -123,6 +123,12 @@ def _move_source(client: EtcdClient, session: str) -> str:
     return MoveIntent.decode(session, kv.value).source
 
 
+def _replicated_move(client: EtcdClient, session: str) -> bool:
+    """True if the move of ``session`` in progress is a replicated handover."""
+    kv = client.get(move_key(session))
+    return kv is not None and MoveIntent.decode(session, kv.value).replicated
+
+
 def _fail(exc: ClusterError) -> None:
     raise click.ClickException(str(exc)) from exc
 
@@ -149,7 +155,10 @@ def move(url: str, session_id: str, target: str | None, abort: bool, source: str
             remote = _remote(client, target or _move_source(client, session_id))
             if target is None and remote is not None:
                 try:
-                    done = abort_remote(client, session_id, remote)
+                    if _replicated_move(client, session_id):
+                        done = abort_replicated(client, session_id, remote)
+                    else:
+                        done = abort_remote(client, session_id, remote)
                 finally:
                     remote.close()
             elif target is None:

@@ -37,7 +37,7 @@ from supervisor.cluster.errors import ClusterError, MoveFailed
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.etcd_types import Compare, Delete, Put, absent, modified_at, value_is
 from supervisor.cluster.keys import PREFIX, move_key, node_value, owner_key, placement_key
-from supervisor.cluster.move import MoveDone, MoveIntent, node_home
+from supervisor.cluster.move import MoveDone, MoveIntent, abort_in_etcd, node_home
 from supervisor.cluster.ownership import OwnerRecord, owner_of, placement_of
 from supervisor.cluster.remote_move import NodeBusy, NodeCalls
 from supervisor.cluster.replica_grow import grow
@@ -118,6 +118,18 @@ def move_replicated(
     token = hand_over(client, intent, owner, kept_in_sync=reachable)
     _finish(client, session, call, hook, sync_timeout)
     return MoveDone(session=session, node=target, token=token)
+
+
+def abort_replicated(
+    client: EtcdClient, session: str, call: NodeCalls, *, timeout: float = 30.0
+) -> MoveDone:
+    """``loopd move ID --abort`` of a replicated handover not owned by its target yet: the
+    old owner owns it again under a new token (the move key gone), promotes its copy back
+    if it was demoted, and serves it; the target stays an in-sync follower."""
+    intent, token = abort_in_etcd(client, session)
+    _patiently(call, intent.source, "promote", session, timeout)
+    _patiently(call, intent.source, "adopt", session, timeout)
+    return MoveDone(session=session, node=intent.source, token=token)
 
 
 def _answers(call: NodeCalls, node: str) -> bool:
