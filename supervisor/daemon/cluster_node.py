@@ -245,8 +245,10 @@ class DaemonNode:
         hosted.spec = dataclasses.replace(hosted.spec, cluster=args)
         if hosted.worker is not None:
             hosted.stop(restart=True)
-        else:
+        elif hosted.state is State.IDLE:  # hibernated: woken to catch the follower up
             hosted.start()
+        # STOPPED (an operator's stop), FATAL: left so; the new follower is caught up
+        # when it is started again, and the mover says it was not caught up in time.
 
     def _unplace(self, session: str, args: WorkerCluster) -> None:
         """Undo a placement made for a create the daemon will not host (it is stopping)."""
