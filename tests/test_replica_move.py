@@ -2,8 +2,7 @@
 
 Four daemons with TLS ports and a real etcd; a session of 3 copies. While the move
 runs a thread reads etcd as fast as it can: the copies in sync (the owner's and the
-in-sync followers') never drop below 3, and at every read some node owns it or the
-handover's transaction is the one in flight.
+in-sync followers') never drop below 3.
 """
 
 from __future__ import annotations

@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from supervisor.cluster.etcd import EtcdClient
-from supervisor.cluster.keys import decode_value, node_key
+from supervisor.cluster.keys import decode_value, encode_value, node_key
+from supervisor.cluster.replica_placement import (
+    ReplicasUnavailable,
+    choose_followers,
+    new_copy_node,
+)
+from supervisor.cluster.replica_set import ReplicaSet
+from tests.etcd_server import EtcdServer
 from tests.replica_nodes import Nodes, running_nodes
 from tests.support import loopd
 
@@ -61,3 +68,25 @@ def test_a_bad_zone_name_is_one_line(tmp_path: Path) -> None:
     (line,) = served.stderr.splitlines()
     assert "--zone" in line
     assert "no good" in line
+
+
+def test_placement_prefers_unused_zones_then_takes_any(etcd: EtcdServer) -> None:
+    with EtcdClient(etcd.url) as client:
+        registered = {"a": "z1", "b": "z1", "c": "z2", "d": None, "e": "z3", "f": "z3"}
+        for name, zone in registered.items():
+            value: dict[str, object] = {"address": f"tls://127.0.0.1:{7000 + ord(name)}",
+                                        "home": f"/h/{name}"}  # fmt: skip
+            if zone is not None:
+                value["zone"] = zone
+            client.put(node_key(name), encode_value(value))
+        assert choose_followers(client, "r", "a", 3) == ["c", "e"]  # by name: b, c
+        assert choose_followers(client, "r", "c", 3) == ["a", "e"]
+        # 5 copies, 3 zones: one per zone first, then the rest by name (d names none).
+        assert choose_followers(client, "r", "a", 5) == ["c", "e", "b", "d"]
+        # A new copy in place of a leaving one goes to a zone no staying copy is in.
+        current = ReplicaSet(3, ("b", "c"), ("b", "c"))
+        assert new_copy_node(client, "r", "a", current, {"b"}) == "e"
+        assert new_copy_node(client, "r", "a", current, {"c"}) == "e"
+        full = ReplicaSet(6, ("b", "c", "d", "e", "f"), ())
+        with pytest.raises(ReplicasUnavailable, match="session r: its 6 copies need another"):
+            new_copy_node(client, "r", "a", full, {"f"})
