@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -43,6 +44,14 @@ class Nodes:
         (home / "loopd.toml").write_text("replicas = 3\n" + in_file)
         self.daemons[name] = Daemon(home, *args)
         return self.daemons[name]
+
+    def kill(self, name: str) -> None:
+        """SIGKILL every process of the node: its workers and its daemon."""
+        daemon = self.daemons[name]
+        for proc in daemon.workers():
+            proc.send_signal(signal.SIGKILL)
+        daemon.proc.send_signal(signal.SIGKILL)
+        daemon.stop()
 
     def client(self) -> ClusterClient:
         return ClusterClient(self.etcd.url, timeout=20, tls=self.certs.issue("app", Role.CLIENT))

@@ -240,3 +240,30 @@ def test_an_interrupted_handover_aborted_is_served_by_the_old_owner_again(nodes:
         _write_keys(client, range(3, 4))
     for name in before.followers:
         assert nodes.copy_keys(name) == ["k0", "k1", "k2", "k3"]
+
+
+@pytest.mark.cluster_sweep
+def test_the_old_owner_node_killed_mid_handover_leaves_it_to_the_target(nodes: Nodes) -> None:
+    env = nodes.operator_env()
+    with nodes.client() as client:
+        client.create("r")
+        owner, token = nodes.owner()
+        target = nodes.replica_set().in_sync[0]
+        _write_keys(client, range(3))
+        killed = subprocess.run(  # the owner's worker stopped, its copy not demoted yet
+            [sys.executable, "-m", "tests.replica_mover", nodes.etcd.url, "r", target,
+             ReplicaStep.DEMOTE.value],
+            capture_output=True, text=True, timeout=60, env={**os.environ, **env}, check=False,
+        )  # fmt: skip
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        nodes.kill(owner)  # every process of the old owner's node
+        moved = loopd("move", "--cluster", nodes.etcd.url, "r", "--to", target, env=env)
+        assert moved.returncode == 0, moved.stderr
+        assert nodes.owner()[0] == target
+        current = nodes.replica_set()
+        assert owner in current.followers
+        assert owner not in current.in_sync  # its copy went with its node: out of sync
+        _every_key_once(client, range(3), token)
+        _write_keys(client, range(3, 4))
+    for name in current.in_sync:
+        assert nodes.copy_keys(name) == ["k0", "k1", "k2", "k3"]
