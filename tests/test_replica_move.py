@@ -72,6 +72,7 @@ def test_a_move_to_an_in_sync_follower_hands_the_session_over(nodes: Nodes) -> N
                what=f"{owner}'s copy holding every key")  # fmt: skip
 
 
+@pytest.mark.cluster_sweep  # the drain below takes this path by default (a copy added first)
 def test_a_move_to_a_new_node_adds_it_in_sync_before_the_owner_leaves(nodes: Nodes) -> None:
     with nodes.client() as client:
         client.create("r")
