@@ -73,7 +73,8 @@ def replay(case_id: str, app: str | None, base: str | None) -> None:
 @click.option(
     "--quick",
     is_flag=True,
-    help="only each mutant's own selection of cases (the test suite's), not every case.",
+    help="only each mutant's pinned cases (the test suite's; with --scenarios, its faults "
+    "at every boundary of those scenarios), not every case.",
 )
 @dir_option
 def mutants(scenarios: tuple[str, ...], jobs: int, quick: bool, base: str | None) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from chaos.cases import Case, CaseResult, ThenPower
 from chaos.mutants import MUTANTS
+from chaos.mutants.pinned import PINNED
 from chaos.parallel import run_cases
 from chaos.runner import clean_steps
 from chaos.scenarios import SCENARIOS
@@ -47,13 +48,19 @@ class MutantScore:
 def score_mutant(
     name: str, workdir: str, *, jobs: int, quick: bool, scenarios: tuple[str, ...] = ()
 ) -> MutantScore:
-    """Run the mutant's cases (its own quick selection, or every case) and score them."""
+    """Run the mutant's cases and score them.
+
+    ``quick``: its pinned cases (``Mutant.quick`` or ``chaos/mutants/pinned.py``), or its
+    quick selection (its scenarios and faults, every boundary) when it has none or when
+    ``scenarios`` are given; otherwise every case of every scenario and fault.
+    """
     mutant = MUTANTS[name]
     chosen = scenarios or (mutant.scenarios if quick else tuple(sorted(SCENARIOS)))
-    if quick and mutant.quick and not scenarios:
-        for scenario in {c.partition(":")[0] for c in mutant.quick}:
+    pins = mutant.quick or PINNED.get(name, ())
+    if quick and pins and not scenarios:
+        for scenario in {c.partition(":")[0] for c in pins}:
             clean_steps(scenario, workdir)
-        cases = [dataclasses.replace(Case.parse(c), mutant=name) for c in mutant.quick]
+        cases = [dataclasses.replace(Case.parse(c), mutant=name) for c in pins]
     else:
         cases = build_cases(
             chosen,

@@ -1,4 +1,9 @@
-"""Test the tester: the rig catches every deliberately broken store, for the right reason."""
+"""Test the tester: the rig catches every deliberately broken store, for the right reason.
+
+By default each mutant is run on its pinned cases (``chaos/mutants/pinned.py``, picked
+from its whole quick selection by ``python -m scripts.pin_mutant_cases``); the whole
+quick selection of every mutant runs with ``-m mutants_full``.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from chaos.cases import Case
 from chaos.mutants import MUTANTS
+from chaos.mutants.pinned import PINNED
 from chaos.scoring import score_mutant
+
+REPIN = "python -m scripts.pin_mutant_cases --only {name}"
 
 
 def test_every_mutant_names_the_invariant_that_must_catch_it() -> None:
@@ -17,8 +26,31 @@ def test_every_mutant_names_the_invariant_that_must_catch_it() -> None:
         assert mutant.bug
 
 
+def test_every_mutant_has_pinned_cases_that_parse() -> None:
+    assert set(PINNED) <= set(MUTANTS), (
+        f"pinned cases of unknown mutants: {set(PINNED) - set(MUTANTS)}"
+    )
+    for name, mutant in MUTANTS.items():
+        pins = mutant.quick or PINNED.get(name, ())
+        assert pins, f"mutant {name} has no pinned cases: run {REPIN.format(name=name)}"
+        for case_id in pins:
+            assert Case.parse(case_id).id == case_id
+            assert case_id.partition(":")[0] in mutant.scenarios, (name, case_id)
+
+
 @pytest.mark.parametrize("name", sorted(MUTANTS))
-def test_the_rig_catches_the_mutant_by_the_invariant_it_breaks(name: str, tmp_path: Path) -> None:
+def test_the_rig_catches_the_mutant_on_its_pinned_cases(name: str, tmp_path: Path) -> None:
     score = score_mutant(name, str(tmp_path), jobs=1, quick=True)
+    again = REPIN.format(name=name)
+    assert score.caught, f"mutant {name} survived its {score.cases} pinned cases (re-pin: {again})"
+    assert score.caught_as_expected, f"{name} caught only by {dict(score.invariants)} ({again})"
+
+
+@pytest.mark.mutants_full
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_the_rig_catches_the_mutant_in_its_whole_quick_selection(name: str, tmp_path: Path) -> None:
+    mutant = MUTANTS[name]
+    score = score_mutant(name, str(tmp_path), jobs=1, quick=True, scenarios=mutant.scenarios)
     assert score.caught, f"mutant {name} survived {score.cases} cases"
     assert score.caught_as_expected, f"{name} caught only by {dict(score.invariants)}"
