@@ -155,9 +155,13 @@ def _finish(
     with contextlib.suppress(ClusterError):
         call(done.source, "unfollow" if done.drop_source else "demote", session)
         call(done.source, "forget", session)
-    hook(ReplicaStep.PROMOTE)
-    _patiently(call, done.target, "promote", session, timeout)
-    _patiently(call, done.target, "adopt", session, timeout)
+    owner = owner_of(client, session)
+    if owner is not None and owner.node == done.target:
+        hook(ReplicaStep.PROMOTE)
+        _patiently(call, done.target, "promote", session, timeout)
+        _patiently(call, done.target, "adopt", session, timeout)
+    # else the token moved on (a failover, or the target's lease expired): the target
+    # owns the session no more and is not promoted; its owner, if any, serves its own copy.
     hook(ReplicaStep.DONE)
     client.txn([value_is(moved_key(session), kv.value)], [Delete(key=moved_key(session))])
 
