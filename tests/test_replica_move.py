@@ -236,6 +236,9 @@ def test_an_interrupted_handover_aborted_is_served_by_the_old_owner_again(nodes:
         assert nodes.owner()[0] == owner
         assert nodes.owner()[1] > token
         assert nodes.replica_set().followers == before.followers
+        # The move's stop is no operator's: a restart of the old owner serves it again.
+        intent = json.loads((nodes.root / owner / "intent.json").read_text())
+        assert "r" not in intent["stopped"]
         for n in range(3):
             assert client.send("r", f"t{n}", key=f"k{n}")["duplicate"] is True
         _write_keys(client, range(3, 4))

@@ -60,6 +60,7 @@ class DaemonNode:
         self.watch: FailoverWatch | None = None  # takes over followed sessions (failover)
         # How the daemon hosts a session under its worker arguments (set by the loop).
         self.host: Callable[[str, WorkerCluster], HostedSession] | None = None
+        self.intent: IntentFile | None = None  # the node's intent file (set by the loop)
         self._executor = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="etcd")
         # Both are called in the keepalive thread; what they do happens in the loop.
         serving.node.on_reclaimed = lambda _claims: self._in_loop(self._reclaimed)
@@ -182,6 +183,13 @@ class DaemonNode:
             waiter.client.reply(ok(waiter.request_id, current.status()))
             return
         self.sessions.pop(session, None)  # a stale entry holds an older token
+        # Served here from now on: a ``stopped`` left by a move's ``stop`` (this node the
+        # source of a move aborted, or back here later) is no operator's; a restart serves it.
+        try:
+            if self.intent is not None:
+                self.intent.mark(session, stopped=False)
+        except IntentError as exc:
+            self.report(f"{session}: its stop is still in the intent file: {exc}")
         fresh = host(claimed)
         fresh.ready_waiters.append(waiter)
         fresh.start()

@@ -213,6 +213,7 @@ class Supervisor:
             self._check_done,
         )  # fmt: skip
         self.cluster.host = lambda sid, args: self._host(self._spec(sid, cluster=args))
+        self.cluster.intent = self.hosting.intent
         return self.cluster.start()
 
     def report_from_thread(self, line: str) -> None:
@@ -343,9 +344,7 @@ class Supervisor:
             adopt_local(self, waiter, session_id, app)  # restored: listed STOPPED
         else:
             self.cluster.adopt(
-                waiter,
-                session_id,
-                lambda claimed: self._host(self._spec(session_id, cluster=claimed)),
+                waiter, session_id, lambda c: self._host(self._spec(session_id, cluster=c))
             )
 
     def move_step(self, waiter: Waiter, op: str, session_id: str, fields: Message) -> None:
