@@ -8,13 +8,22 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.cluster.errors import ClusterError, MoveFailed
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.etcd_types import Put
-from supervisor.cluster.keys import encode_value, node_key, node_value, owner_key, placement_key
+from supervisor.cluster.keys import (
+    encode_value,
+    move_key,
+    node_key,
+    node_value,
+    owner_key,
+    placement_key,
+)
 from supervisor.cluster.move import MoveIntent
+from supervisor.cluster.ownership import owner_of
 from supervisor.cluster.replica_move import move_replicated, moved_key
 from supervisor.cluster.replica_move_node import promote_here
-from supervisor.cluster.replica_set import ReplicaSet, replicas_key
+from supervisor.cluster.replica_set import ReplicaSet, replicas_key, replicas_of
 from tests.etcd_server import EtcdServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -35,8 +44,9 @@ class NodeSteps:
     """A mover's calls to nodes a, b, c, d, each made by that node's own step function on
     its home (``promote``), or recorded (every other step)."""
 
-    def __init__(self, client: EtcdClient, root: Path) -> None:
+    def __init__(self, client: EtcdClient, root: Path, unreachable: str = "") -> None:
         self.client = client
+        self.unreachable = unreachable  # a node no call reaches (a partition)
         self.homes = {name: root / name for name in "abcd"}
         self.made: list[tuple[str, str]] = []
         for name, home in self.homes.items():
@@ -46,6 +56,8 @@ class NodeSteps:
             client.put(node_key(name), value)
 
     def __call__(self, node: str, op: str, session: str) -> object:
+        if node == self.unreachable:
+            raise ClusterError(f"node {node}: connection timed out")
         self.made.append((node, op))
         if op == "promote":
             return promote_here(self.client, node, str(self.homes[node]), session)
@@ -89,3 +101,31 @@ def test_a_leftover_whose_target_still_owns_it_is_promoted_there(
     assert ("b", "promote") in steps.made
     assert ("b", "adopt") in steps.made
     assert etcd.get(moved_key("r")) is None
+
+
+def test_an_old_owner_the_mover_cannot_reach_keeps_the_session_while_its_lease_lives(
+    etcd: EtcdClient, tmp_path: Path
+) -> None:
+    """A partition of the mover from the old owner only: its stop and ping fail, but its
+    lease is alive (it may be serving): nothing is handed over, in one line."""
+    steps = NodeSteps(etcd, tmp_path, unreachable="a")
+    lease = etcd.lease_grant(60)
+    token = etcd.put(owner_key("r"), node_value("a"), lease=lease.id)
+    etcd.put(placement_key("r"), node_value("a"))
+    etcd.put(replicas_key("r"), ReplicaSet(3, ("b", "c"), ("b", "c")).value())
+    with pytest.raises(MoveFailed, match="a did not answer and still owns it in etcd"):
+        move_replicated(etcd, "r", "b", steps, sync_timeout=1.0)
+    owner = owner_of(etcd, "r")
+    assert owner is not None
+    assert (owner.node, owner.token) == ("a", token)
+    assert etcd.get(moved_key("r")) is None
+    assert etcd.get(move_key("r")) is not None  # a rerun goes on, or --abort undoes it
+    assert ("b", "promote") not in steps.made
+    etcd.lease_revoke(lease.id)  # its node is gone now: the rerun hands it over
+    (steps.homes["b"] / "sessions" / "r").mkdir(parents=True)
+    done = move_replicated(etcd, "r", "b", steps, sync_timeout=1.0)
+    assert done.node == "b"
+    current = replicas_of(etcd, "r")
+    assert current is not None
+    assert "a" in current.followers
+    assert "a" not in current.in_sync  # its copy was never stopped nor demoted

@@ -114,6 +114,9 @@ def move_replicated(
         if owner is not None and owner.node == intent.source and _answers(call, intent.source):
             raise  # it answers but refused: nothing is handed over (a rerun tries again)
         reachable = False  # its node is gone: its copy cannot be kept in sync
+        if owner is not None:  # ... provably: its lease expires (its worker may still run)
+            _lease_expired(client, intent, sync_timeout)
+            owner = None
     hook(ReplicaStep.OWN)
     token = hand_over(client, intent, owner, kept_in_sync=reachable)
     _finish(client, session, call, hook, sync_timeout)
@@ -138,6 +141,21 @@ def _answers(call: NodeCalls, node: str) -> bool:
     except ClusterError:
         return False
     return True
+
+
+def _lease_expired(client: EtcdClient, intent: MoveIntent, timeout: float) -> None:
+    """None once the old owner's lease has expired (its node is gone: nobody owns the
+    session, the move key keeps a failover away); MoveFailed if it still holds it after
+    ``timeout`` seconds: a node the mover cannot reach may be serving it still."""
+    deadline = time.monotonic() + timeout
+    while (owner := owner_of(client, intent.session)) is not None:
+        if owner.node != intent.source or owner.token != intent.token:
+            raise MoveFailed(intent.session, "stop", f"{owner.node} owns it now: rerun")
+        if time.monotonic() > deadline:
+            why = "still owns it in etcd (its lease has not expired): nothing was handed over"
+            raise MoveFailed(intent.session, "stop", f"{intent.source} did not answer and {why}"
+                             "; rerun once it answers, or loopd move --abort")  # fmt: skip
+        time.sleep(0.1)
 
 
 def _finish(
