@@ -36,6 +36,10 @@ class Node:
     def lease_id(self) -> int:
         return self.lease.lease_id
 
+    def held(self, session: str) -> tuple[int, int] | None:
+        """What a ClusterNode serves ``session`` with: nothing (no daemon hosts it)."""
+        return None
+
 
 def register(client: EtcdClient, name: str, home: Path, ttl: int = 10) -> Node:
     """Register a node under a lease of ``ttl`` seconds (no keepalive thread)."""

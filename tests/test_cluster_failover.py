@@ -22,8 +22,9 @@ from supervisor.cluster.move import start_intent
 from supervisor.cluster.node import ClusterNode
 from supervisor.cluster.ownership import owner_of, place_new, placement_of
 from supervisor.cluster.replica_set import ReplicaSet, change_in_sync, place_replicas, replicas_of
-from tests.cluster_support import create_session, register
+from tests.cluster_support import create_session, register, send
 from tests.etcd_server import EtcdServer
+from tests.support import log_user_keys
 from worker.store.layout import SESSIONS_DIR
 from worker.store.replica import Replica
 from worker.store.replica_roles import replicas_root
@@ -107,3 +108,63 @@ def test_a_takeover_whose_promotion_failed_is_promoted_at_a_later_scan(
         assert (b.home / SESSIONS_DIR / "r").is_dir()
         assert not (root / SESSIONS_DIR / "r").exists()
         assert watch.scan() == []  # served now: nothing more to do
+
+
+def test_a_stale_session_beside_the_copy_taken_over_is_quarantined_not_served(
+    etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """b holds an old ``sessions/r`` (an earlier ownership's, never stopped) and an in-sync
+    follower's copy with every write since: taking r over, b serves the follower's copy
+    and sets the old one aside (it was skipped as served, and the old one claimed)."""
+    with EtcdClient(etcd.url) as client:
+        a, b = (register(client, name, tmp_path / name) for name in "ab")
+        token = create_session(client, a, "r")
+        place_replicas(client, "r", token, 2, ["b"])
+        send(a.home, "r", "k0")
+        shutil.copytree(a.home / SESSIONS_DIR / "r", b.home / SESSIONS_DIR / "r")  # stale
+        send(a.home, "r", "k1")
+        root = Path(replicas_root(b.home))
+        shutil.copytree(a.home / SESSIONS_DIR / "r", root / SESSIONS_DIR / "r")
+        client.lease_revoke(a.lease_id)
+        promoted: list[tuple[str, int]] = []
+        reports: list[str] = []
+        watch = FailoverWatch(client, cast(ClusterNode, b), 1.0,
+                              lambda s, t: promoted.append((s, t)), reports.append)  # fmt: skip
+        assert watch.scan() + watch.scan() == ["r"]
+        owner = owner_of(client, "r")
+        assert owner is not None
+        assert promoted == [("r", owner.token)]
+        assert log_user_keys(b.home, "r") == ["k0", "k1"]
+        (aside,) = (b.home / "quarantine").iterdir()
+        assert aside.name.startswith("r.")
+        assert aside.name.endswith(".not-owned")
+        assert any("quarantined" in line for line in reports)
+
+
+def test_a_node_restarted_between_takeover_and_promotion_serves_the_copy_taken_over(
+    etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """b took r over from its follower's copy and was killed before promoting it, an old
+    ``sessions/r`` beside it: its claim leaves r to the watch, which serves the copy."""
+    with EtcdClient(etcd.url) as client, EtcdClient(etcd.url) as own:
+        a = register(client, "a", tmp_path / "a")
+        b = ClusterNode(own, "b", tmp_path / "b")
+        b.start()
+        try:
+            token = create_session(client, a, "r")
+            place_replicas(client, "r", token, 2, ["b"])
+            send(a.home, "r", "k0")
+            shutil.copytree(a.home / SESSIONS_DIR / "r", tmp_path / "b" / SESSIONS_DIR / "r")
+            send(a.home, "r", "k1")
+            root = Path(replicas_root(b.home))
+            shutil.copytree(a.home / SESSIONS_DIR / "r", root / SESSIONS_DIR / "r")
+            client.lease_revoke(a.lease_id)
+            take_over(client, "r", "b", b.lease.lease_id)
+            claims = b.claim_local_sessions()  # as at its restart
+            assert "r" not in claims.served
+            assert "follower's copy taken over" in claims.waiting["r"]
+            watch = FailoverWatch(client, b, 1.0, lambda s, t: None, lambda line: None)
+            assert watch.scan() == ["r"]
+            assert log_user_keys(tmp_path / "b", "r") == ["k0", "k1"]
+        finally:
+            b.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 
 from supervisor.cluster.errors import ClusterError
@@ -24,6 +25,7 @@ from supervisor.cluster.node import ClusterNode
 from supervisor.cluster.ownership import owner_of
 from supervisor.cluster.replica_receiver import receiver_for
 from supervisor.cluster.replica_set import replicas_of
+from supervisor.cluster.session_files import QUARANTINE_DIR, set_aside
 from worker.store.errors import SessionError
 from worker.store.layout import SESSIONS_DIR
 from worker.store.replica_roles import promote, replicas_root
@@ -77,12 +79,11 @@ class FailoverWatch:
                 owner = owner_of(self.client, session)
                 if owner is not None and owner.node != self.node.name:
                     continue
-                if owner is not None and os.path.lexists(
-                    os.path.join(self.node.home, SESSIONS_DIR, session)
-                ):
-                    continue  # served here already: a stale copy left in replicas/
                 if owner is not None and self.client.get(move_key(session)) is not None:
                     continue  # a replicated move is demoting this owner's copy (replica_move)
+                held = self.node.held(session)
+                if owner is not None and held is not None and held[0] == owner.token:
+                    continue  # served here already: a stale copy left in replicas/
                 if owner is not None:  # taken over here, its promotion failed: again
                     token, previous = owner.token, "this node's earlier takeover"
                 else:
@@ -96,6 +97,7 @@ class FailoverWatch:
                 continue  # etcd unreachable, or another follower won: look again later
             receiver_for(self.node.home).release(session)
             try:
+                self._set_aside_unowned(session, token)
                 promote(self.node.home, session)
             except SessionError as exc:
                 self.report(f"cluster: {session}: taken over (token {token}) but its copy "
@@ -108,3 +110,14 @@ class FailoverWatch:
             self.on_promoted(session, token)
             promoted.append(session)
         return promoted
+
+    def _set_aside_unowned(self, session: str, token: int) -> None:
+        """A ``sessions/<id>`` this node does not serve under etcd's token, beside the
+        follower's copy it is taking over with: left from an earlier ownership (an old
+        owner whose worker was never stopped, back), it lacks writes acknowledged since:
+        quarantined, never served, never deleted (as a returning owner's is)."""
+        if os.path.lexists(os.path.join(self.node.home, SESSIONS_DIR, session)):
+            label = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            set_aside(self.node.home, session, QUARANTINE_DIR, f"{label}.not-owned")
+            self.report(f"cluster: {session}: this node's copy in sessions/ is not the one "
+                        f"etcd's token {token} was given for: quarantined")  # fmt: skip

@@ -25,7 +25,8 @@ from supervisor.cluster.ownership import acquire, owner_of, place_new, placement
 from supervisor.cluster.session_files import QUARANTINE_DIR, set_aside
 from worker import Baseline, NotOwnerNow, Owner, Session, SessionError, SessionLocked
 from worker.store.fencing import write_owner
-from worker.store.layout import SESSIONS_DIR
+from worker.store.layout import SESSIONS_DIR, session_dir
+from worker.store.replica_roles import replicas_root
 
 LEASE_FILE: Final = "cluster.lease"
 """``<home>/cluster.lease``: the lease deadline the node publishes to its workers."""
@@ -156,6 +157,16 @@ class ClusterNode:
         if placed != self.name or (owner is not None and owner.node != self.name):
             holder = owner.node if owner is not None else placed
             self._quarantine(session, claims, f"placed on {placed}, owned by {holder}")
+            return
+        if (
+            owner is not None
+            and self.held(session) is None
+            and os.path.isdir(session_dir(replicas_root(self.home), session))
+        ):
+            # Taken over here from a follower's copy not promoted yet (this node killed in
+            # between): that copy holds every acknowledged write, this one an earlier
+            # ownership's. The failover watch quarantines this one and serves that one.
+            claims.waiting[session] = "a follower's copy taken over is beside it"
             return
         if owner is not None:
             token = owner.token
