@@ -25,6 +25,7 @@ from supervisor.cluster.replica_move import move_replicated, moved_key
 from supervisor.cluster.replica_move_node import promote_here
 from supervisor.cluster.replica_set import ReplicaSet, replicas_key, replicas_of
 from tests.etcd_server import EtcdServer
+from tests.support import loopd
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -129,3 +130,18 @@ def test_an_old_owner_the_mover_cannot_reach_keeps_the_session_while_its_lease_l
     assert current is not None
     assert "a" in current.followers
     assert "a" not in current.in_sync  # its copy was never stopped nor demoted
+
+
+@pytest.mark.parametrize(
+    ("args", "wrong"),
+    [
+        (["move", "bad/id", "--to", "b"], "invalid session id 'bad/id'"),
+        (["move", "r", "--follower", "c", "--to", "bad name"], "invalid node name 'bad name'"),
+        (["drain", "bad name"], "invalid node name 'bad name'"),
+    ],
+)
+def test_a_bad_session_id_or_node_name_is_one_line(args: list[str], wrong: str) -> None:
+    done = loopd(*args, "--cluster", "http://127.0.0.1:9")  # refused before etcd is asked
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [f"Error: {wrong}: may only hold the characters "
+                                        "A-Z a-z 0-9 . _ -"]  # fmt: skip

@@ -16,7 +16,7 @@ from supervisor.cluster.cordon import cordon, uncordon
 from supervisor.cluster.drain import drain_node
 from supervisor.cluster.errors import ClusterError, MoveFailed
 from supervisor.cluster.etcd import EtcdClient
-from supervisor.cluster.keys import move_key
+from supervisor.cluster.keys import check_node_name, move_key
 from supervisor.cluster.move import MoveDone, MoveIntent, abort_move, move_session, node_home
 from supervisor.cluster.peer_link import NodeLink
 from supervisor.cluster.remote_move import NodeBusy, abort_remote, move_remote
@@ -28,6 +28,8 @@ from supervisor.cluster.takeover import take_over
 from supervisor.cluster.takeover_remote import take_over_remote
 from supervisor.cluster.transport import TlsFiles
 from supervisor.errors import ControlError
+from worker.store.errors import InvalidSessionId
+from worker.store.session_id import validate_session_id
 
 MOVE_TIMEOUT: Final = 120.0
 """Seconds a node has to answer one step of a move (a pull streams the whole session)."""
@@ -133,6 +135,18 @@ def _fail(exc: ClusterError) -> None:
     raise click.ClickException(str(exc)) from exc
 
 
+def _check_names(session: str | None, *nodes: str | None) -> None:
+    """A bad session id or node name given: one line saying which, before etcd is asked."""
+    try:
+        if session is not None:
+            validate_session_id(session)
+        for node in nodes:
+            if node is not None:
+                check_node_name(node)
+    except (InvalidSessionId, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 @click.command()
 @_cluster_option
 @client_tls_options
@@ -147,6 +161,7 @@ def move(url: str, session_id: str, target: str | None, abort: bool, source: str
         raise click.UsageError("give exactly one of --to NODE and --abort")
     if source is not None and target is None:
         raise click.UsageError("--follower FROM needs --to NODE")
+    _check_names(session_id, target, source)
     if source is not None:
         _move_follower(url, session_id, source, cast(str, target))
         return
@@ -203,6 +218,7 @@ def _move_follower(url: str, session: str, source: str, target: str) -> None:
 @click.argument("node")
 def drain(url: str, node: str) -> None:
     """Cordon NODE, then move every session of it to the other live nodes."""
+    _check_names(None, node)
     try:
         with etcd_client(url) as client:
             remote = _remote(client, node)
