@@ -3,8 +3,12 @@ a real etcd with the nodes' own step functions on real homes (docs/scaling.md 9.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
@@ -23,7 +27,10 @@ from supervisor.cluster.move import MoveIntent
 from supervisor.cluster.ownership import owner_of
 from supervisor.cluster.replica_move import move_replicated, moved_key
 from supervisor.cluster.replica_move_node import promote_here
-from supervisor.cluster.replica_set import ReplicaSet, replicas_key, replicas_of
+from supervisor.cluster.replica_set import ReplicaSet, change_in_sync, replicas_key, replicas_of
+from supervisor.cluster.serving import ServingNode
+from supervisor.daemon.cluster_node import DaemonNode
+from supervisor.daemon.endpoints import Waiter
 from tests.etcd_server import EtcdServer
 from tests.support import loopd
 
@@ -145,3 +152,61 @@ def test_a_bad_session_id_or_node_name_is_one_line(args: list[str], wrong: str) 
     assert done.returncode == 1
     assert done.stderr.splitlines() == [f"Error: {wrong}: may only hold the characters "
                                         "A-Z a-z 0-9 . _ -"]  # fmt: skip
+
+
+class _Replies:
+    """A worker's end of its daemon connection: the replies it got."""
+
+    def __init__(self) -> None:
+        self.got: list[dict[str, object]] = []
+
+    def reply(self, message: dict[str, object]) -> None:
+        self.got.append(message)
+
+    def reply_relayed(self, message: dict[str, object]) -> None:
+        self.got.append(message)
+
+    def reply_with_fd(self, message: dict[str, object], fd: int) -> bool:
+        raise AssertionError("no descriptor is handed over here")
+
+
+class _Serving:
+    """The daemon's cluster side as far as an ``in_sync`` request goes: etcd's in-sync set
+    changed under the session's token (``replica_set.change_in_sync``, on a real etcd)."""
+
+    def __init__(self, client: EtcdClient, token: int) -> None:
+        self.client = client
+        self.token = token
+        self.node = SimpleNamespace(on_reclaimed=None, lease=SimpleNamespace(on_problem=None))
+
+    def change_in_sync(self, session: str, node: str, in_sync: bool) -> None:
+        change_in_sync(self.client, session, self.token, add=node if in_sync else None)
+
+
+def test_an_in_sync_request_for_a_node_no_longer_a_follower_is_answered_an_error(
+    etcd: EtcdClient,
+) -> None:
+    """The worker's rejoin of a follower a move took out meanwhile: answered at once."""
+    token = etcd.put(owner_key("r"), node_value("a"))
+    etcd.put(replicas_key("r"), ReplicaSet(3, ("b", "c"), ("b",)).value())
+    loop = asyncio.new_event_loop()
+    serving = cast(ServingNode, _Serving(etcd, token))
+    daemon = DaemonNode(loop, serving, {}, lambda line: None, lambda: False, lambda: None)
+    replies = _Replies()
+    try:
+        daemon.in_sync_change(Waiter(replies, 7), "r", "d", True)  # d left the set
+        deadline = time.monotonic() + 5
+
+        async def answered() -> None:
+            while not replies.got and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+
+        loop.run_until_complete(answered())
+    finally:
+        daemon._executor.shutdown(wait=True)
+        loop.close()
+    (reply,) = replies.got
+    assert reply["ok"] is False
+    assert reply["error"] == {"code": "not_follower",
+                              "message": "r: in-sync set not changed for d: d is not a "
+                              "follower of r"}  # fmt: skip

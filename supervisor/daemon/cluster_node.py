@@ -144,9 +144,10 @@ class DaemonNode:
         def job() -> None:
             try:
                 self.serving.change_in_sync(session, node, in_sync)
-            except ClusterError as exc:
+            except (ClusterError, ValueError) as exc:  # ValueError: no longer a follower
                 why = f"{session}: in-sync set not changed for {node}: {exc}"
-                self._in_loop(self._answer, waiter, error(waiter.request_id, "unavailable", why))
+                code = "unavailable" if isinstance(exc, ClusterError) else "not_follower"
+                self._in_loop(self._answer, waiter, error(waiter.request_id, code, why))
             else:
                 what = "back in" if in_sync else "out of"
                 self._in_loop(self.report, f"{session}: follower {node} {what} the in-sync set")
