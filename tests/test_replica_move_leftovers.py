@@ -26,7 +26,8 @@ from supervisor.cluster.keys import (
 from supervisor.cluster.move import MoveIntent
 from supervisor.cluster.ownership import owner_of
 from supervisor.cluster.replica_move import move_replicated, moved_key
-from supervisor.cluster.replica_move_node import promote_here
+from supervisor.cluster.replica_move_node import promote_here, unfollow_here
+from supervisor.cluster.replica_receiver import receiver_for
 from supervisor.cluster.replica_set import ReplicaSet, change_in_sync, replicas_key, replicas_of
 from supervisor.cluster.serving import ServingNode
 from supervisor.daemon.cluster_node import DaemonNode
@@ -210,3 +211,20 @@ def test_an_in_sync_request_for_a_node_no_longer_a_follower_is_answered_an_error
     assert reply["error"] == {"code": "not_follower",
                               "message": "r: in-sync set not changed for d: d is not a "
                               "follower of r"}  # fmt: skip
+
+
+def test_a_node_that_promoted_a_session_and_handed_it_on_may_follow_it_again(
+    etcd: EtcdClient, tmp_path: Path
+) -> None:
+    """b promoted r (its receiver released it), then r moved on to d with b's copy
+    dropped (``unfollow``): b's receiver takes r's copy again when r comes back."""
+    home = tmp_path / "b"
+    (home / "sessions").mkdir(parents=True)
+    receiver = receiver_for(str(home))
+    receiver.release("r")  # as promote_here and the failover watch do
+    etcd.put(owner_key("r"), node_value("d"))
+    etcd.put(placement_key("r"), node_value("d"))
+    etcd.put(replicas_key("r"), ReplicaSet(3, ("a", "c"), ("a", "c")).value())
+    assert unfollow_here(etcd, "b", str(home), "r") == {"session": "r", "unfollowed": False}
+    reply = receiver.handle({"id": 1, "op": "replica_position", "session": "r"})
+    assert reply["ok"] is True, reply

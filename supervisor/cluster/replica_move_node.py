@@ -109,9 +109,10 @@ def unfollow_here(client: EtcdClient, node: str, home: str, session: str) -> dic
     if os.path.isdir(session_dir(home, session)):
         remove_released(home, session, f"handed-over-{owner.token if owner else 0}")
     root = replicas_root(home)
-    if not os.path.isdir(session_dir(root, session)):
-        return {"session": session, "unfollowed": False}
     receiver = receiver_for(home)
+    if not os.path.isdir(session_dir(root, session)):
+        receiver.resume(session)  # promoted here once (released): it may follow it again
+        return {"session": session, "unfollowed": False}
     receiver.release(session)  # closed: no step is applied to it while it is set aside
     try:
         label = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
