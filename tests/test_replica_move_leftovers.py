@@ -25,6 +25,7 @@ from supervisor.cluster.keys import (
 )
 from supervisor.cluster.move import MoveIntent
 from supervisor.cluster.ownership import owner_of
+from supervisor.cluster.replica_grow import move_follower
 from supervisor.cluster.replica_move import move_replicated, moved_key
 from supervisor.cluster.replica_move_node import promote_here, unfollow_here
 from supervisor.cluster.replica_receiver import receiver_for
@@ -228,3 +229,17 @@ def test_a_node_that_promoted_a_session_and_handed_it_on_may_follow_it_again(
     assert unfollow_here(etcd, "b", str(home), "r") == {"session": "r", "unfollowed": False}
     reply = receiver.handle({"id": 1, "op": "replica_position", "session": "r"})
     assert reply["ok"] is True, reply
+
+
+def test_a_follower_move_rerun_after_shrink_restarts_the_owner_worker_without_it(
+    etcd: EtcdClient, tmp_path: Path
+) -> None:
+    """Killed after shrink's transaction (c out of the set, d in sync): the rerun has the
+    owner's worker restarted with etcd's followers, and c's copy set aside."""
+    steps = NodeSteps(etcd, tmp_path)
+    etcd.put(owner_key("r"), node_value("a"))
+    etcd.put(placement_key("r"), node_value("a"))
+    etcd.put(replicas_key("r"), ReplicaSet(3, ("b", "d"), ("b", "d")).value())
+    done = move_follower(etcd, "r", "c", "d", steps)
+    assert done.followers == ("b", "d")
+    assert steps.made == [("a", "refollow"), ("c", "unfollow")]

@@ -85,11 +85,20 @@ def shrink(client: EtcdClient, session: str, node: str, call: NodeCalls) -> Repl
         current, followers=followers, in_sync=in_sync, addresses=addresses, revision=0
     )
     written = _write(client, session, owner.token, current, wanted, "shrink")
-    call(owner.node, "refollow", session)  # its worker ships to the others only
+    finish_shrink(client, session, node, call)
+    return written
+
+
+def finish_shrink(client: EtcdClient, session: str, node: str, call: NodeCalls) -> None:
+    """The steps after shrink's transaction (again on a rerun: a mover killed after it
+    left the owner's worker counting ``node``): the owner's worker restarted with the
+    followers etcd lists, then ``node``'s copy set aside."""
+    owner = owner_of(client, session)
+    if owner is not None:
+        call(owner.node, "refollow", session)  # its worker ships to the others only
     # Unreachable: its copy stays in its replicas/, never promoted (it follows no more).
     with contextlib.suppress(ClusterError):
         call(node, "unfollow", session)
-    return written
 
 
 def move_follower(
@@ -102,8 +111,9 @@ def move_follower(
     if current is None:
         raise MoveFailed(session, "grow", "it has no replica set: not a replicated session")
     if source not in current.followers:
-        if target in current.in_sync:
-            return current  # done already
+        if target in current.in_sync:  # done in etcd: maybe killed after shrink's txn
+            finish_shrink(client, session, source, call)
+            return current
         raise MoveFailed(session, "grow", f"{source} is not one of its followers "
                          f"({', '.join(current.followers)})")  # fmt: skip
     grow(client, session, target, call, timeout=timeout)
