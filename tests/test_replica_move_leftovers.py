@@ -25,6 +25,7 @@ from supervisor.cluster.keys import (
 )
 from supervisor.cluster.move import MoveIntent
 from supervisor.cluster.ownership import owner_of
+from supervisor.cluster.replica_drain import drain_replicas
 from supervisor.cluster.replica_grow import move_follower
 from supervisor.cluster.replica_move import move_replicated, moved_key
 from supervisor.cluster.replica_move_node import promote_here, unfollow_here
@@ -243,3 +244,41 @@ def test_a_follower_move_rerun_after_shrink_restarts_the_owner_worker_without_it
     done = move_follower(etcd, "r", "c", "d", steps)
     assert done.followers == ("b", "d")
     assert steps.made == [("a", "refollow"), ("c", "unfollow")]
+
+
+def _one_copy_more(etcd: EtcdClient) -> None:
+    """r on a with followers b, c and d in sync: a killed run's grow added one."""
+    etcd.put(owner_key("r"), node_value("a"))
+    etcd.put(placement_key("r"), node_value("a"))
+    etcd.put(replicas_key("r"), ReplicaSet(3, ("b", "c", "d"), ("b", "c", "d")).value())
+
+
+def test_a_move_rerun_after_its_grow_leaves_the_copies_the_session_asks_for(
+    etcd: EtcdClient, tmp_path: Path
+) -> None:
+    steps = NodeSteps(etcd, tmp_path)
+    _one_copy_more(etcd)
+    (steps.homes["d"] / "sessions" / "r").mkdir(parents=True)  # d's promotion, made
+    assert move_replicated(etcd, "r", "d", steps).node == "d"
+    current = replicas_of(etcd, "r")
+    assert current is not None
+    assert (current.followers, current.in_sync) == (("b", "c"), ("b", "c"))
+    assert ("a", "demote") not in steps.made
+    assert ("a", "unfollow") in steps.made
+
+
+def test_a_drain_rerun_after_its_grow_uses_the_copy_it_added(
+    etcd: EtcdClient, tmp_path: Path
+) -> None:
+    steps = NodeSteps(etcd, tmp_path)
+    _one_copy_more(etcd)
+    for name in "bcd":
+        (steps.homes[name] / "sessions" / "r").mkdir(parents=True)
+    drained = drain_replicas(etcd, "a", ["r"], steps)
+    assert drained.refused == []
+    owner = owner_of(etcd, "r")
+    assert owner is not None
+    current = replicas_of(etcd, "r")
+    assert current is not None
+    assert len(current.followers) == 2
+    assert "a" not in (owner.node, *current.followers)

@@ -65,14 +65,16 @@ def drain_replicas(
                                    f"and cordoned nodes to hand it over to (in sync: "
                                    f"{', '.join(current.in_sync) or 'none'})")  # fmt: skip
             target = min(targets, key=lambda t: (load[t], t))
-            extra = new_copy_node(client, session, node, current, cordoned)
+            extra = _added_copy(current) if len(current.followers) >= current.replicas else (
+                new_copy_node(client, session, node, current, cordoned))  # fmt: skip
             moved = move_replicated(client, session, target, call, add_first=extra,
                                     sync_timeout=sync_timeout)  # fmt: skip
         except ClusterError as exc:
             done.refused.append(str(exc))
         else:
             done.moved.append(moved)
-            load[extra] += 1
+            if extra is not None:
+                load[extra] += 1
     for session, current in sorted(sets.items()):
         if node not in current.followers:
             continue
@@ -88,3 +90,10 @@ def drain_replicas(
             done.followed.append((session, extra))
             load[extra] += 1
     return done
+
+
+def _added_copy(current: ReplicaSet) -> str | None:
+    """A session with a copy more than it asks for (a killed drain's grow): none is added;
+    the follower not in sync yet, if one is, is caught up first (then the owner's leaves)."""
+    behind = [f for f in current.followers if f not in current.in_sync]
+    return behind[0] if behind else None

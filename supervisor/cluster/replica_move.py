@@ -99,6 +99,10 @@ def move_replicated(
         elif add_first is not None:
             hook(ReplicaStep.GROW)
             drop = grow(client, session, add_first, call, timeout=sync_timeout)
+        if len(_replica_set(client, session).followers) >= current.replicas:
+            drop = (
+                True  # a copy more than it asks for (an earlier run's grow): the old owner's leaves
+            )
         hook(ReplicaStep.INTENT)
         intent = _start(client, session, target, drop)
         owner = owner_of(client, session)
