@@ -168,3 +168,30 @@ def test_a_node_restarted_between_takeover_and_promotion_serves_the_copy_taken_o
             assert log_user_keys(tmp_path / "b", "r") == ["k0", "k1"]
         finally:
             b.close()
+
+
+def test_a_session_promoted_here_and_never_adopted_is_served_by_the_watch(
+    etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """A replicated move's mover killed between ``promote`` and ``adopt``: b owns r in
+    etcd and holds it in ``sessions/``, and serves it nowhere; its watch hands it over."""
+    with EtcdClient(etcd.url) as client, EtcdClient(etcd.url) as own:
+        a = register(client, "a", tmp_path / "a")
+        b = ClusterNode(own, "b", tmp_path / "b")
+        b.start()
+        try:
+            token = create_session(client, a, "r")
+            place_replicas(client, "r", token, 2, ["b"])
+            shutil.copytree(a.home / SESSIONS_DIR / "r", tmp_path / "b" / SESSIONS_DIR / "r")
+            client.lease_revoke(a.lease_id)
+            failover = take_over(client, "r", "b", b.lease.lease_id)  # as the move's `own`
+            handed: list[tuple[str, int]] = []
+            watch = FailoverWatch(client, b, 1.0, lambda s, t: handed.append((s, t)),
+                                  lambda line: None)  # fmt: skip
+            assert watch.scan() == []  # no follower's copy left to promote
+            assert watch.adopt_unserved() == ["r"]
+            assert handed == [("r", failover.token)]
+            b.adopt("r", failover.token, b.lease.lease_id)  # what the daemon's claim does
+            assert watch.adopt_unserved() == []  # served now
+        finally:
+            b.close()

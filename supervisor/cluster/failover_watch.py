@@ -62,7 +62,8 @@ class FailoverWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            self.scan()
+            promoted = self.scan()
+            self.adopt_unserved(skip=frozenset(promoted))
 
     def scan(self) -> list[str]:
         """Take over every followed session that has no owner and names this node in
@@ -110,6 +111,34 @@ class FailoverWatch:
             self.on_promoted(session, token)
             promoted.append(session)
         return promoted
+
+    def adopt_unserved(self, skip: frozenset[str] = frozenset()) -> list[str]:
+        """Serve each replicated session in ``sessions/`` that etcd names this node the
+        owner of and that no claim here holds (a mover killed between ``promote`` and
+        ``adopt``; a failover's claim that failed); the sessions handed to the daemon."""
+        home = os.path.join(self.node.home, SESSIONS_DIR)
+        names = sorted(os.listdir(home)) if os.path.isdir(home) else []
+        adopted = []
+        for session in names:
+            if self._stop.is_set() or self.node.lease.stopping:
+                break
+            if session in skip or self.node.held(session) is not None:
+                continue  # served here (an operator's stop included)
+            try:
+                owner = owner_of(self.client, session)
+                if owner is None or owner.node != self.node.name:
+                    continue  # its claim quarantines it, or a move is taking it here
+                if self.client.get(move_key(session)) is not None:
+                    continue
+                if replicas_of(self.client, session) is None:
+                    continue
+            except (ClusterError, SessionError):
+                continue  # etcd unreachable, or no session's name: look again later
+            self.report(f"cluster: {session}: owned here (token {owner.token}) and served "
+                        "by nobody: served here")  # fmt: skip
+            self.on_promoted(session, owner.token)
+            adopted.append(session)
+        return adopted
 
     def _set_aside_unowned(self, session: str, token: int) -> None:
         """A ``sessions/<id>`` this node does not serve under etcd's token, beside the
