@@ -12,6 +12,7 @@ from typing import cast
 
 import pytest
 
+from supervisor.cluster.drain import drain_node
 from supervisor.cluster.errors import ClusterError, MoveFailed
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.etcd_types import Put
@@ -40,15 +41,22 @@ from tests.support import loopd
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdClient]:
-    server = EtcdServer(tmp_path / "etcd")
+@pytest.fixture(scope="module")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    server = EtcdServer(tmp_path_factory.mktemp("leftovers") / "etcd")
     server.start()
     try:
-        with EtcdClient(server.url) as client:
-            yield client
+        yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def etcd(etcd_server: EtcdServer) -> Iterator[EtcdClient]:
+    """A client of the module's etcd, every key of an earlier test gone."""
+    with EtcdClient(etcd_server.url) as client:
+        client.delete("/", prefix=True)
+        yield client
 
 
 class NodeSteps:
@@ -282,3 +290,34 @@ def test_a_drain_rerun_after_its_grow_uses_the_copy_it_added(
     assert current is not None
     assert len(current.followers) == 2
     assert "a" not in (owner.node, *current.followers)
+
+
+def test_a_drain_of_an_unregistered_node_says_which_copies_stay(
+    etcd: EtcdClient, tmp_path: Path
+) -> None:
+    """e is dead (not registered): the copies it follows are not moved, each in one line."""
+    NodeSteps(etcd, tmp_path)  # a, b, c and d registered
+    etcd.put(owner_key("r"), node_value("a"))
+    etcd.put(placement_key("r"), node_value("a"))
+    etcd.put(replicas_key("r"), ReplicaSet(3, ("b", "e"), ("b", "e")).value())
+    drained = drain_node(etcd, "e")
+    assert drained.refused == [
+        "session r: its copy on e stays (a replicated session's copies are moved between "
+        "tls:// nodes only, and e is not registered at one): loopd move r --follower e --to NODE"
+    ]
+
+
+def test_a_replicated_session_is_not_moved_to_an_unregistered_node_by_its_files(
+    etcd: EtcdClient, tmp_path: Path
+) -> None:
+    NodeSteps(etcd, tmp_path)
+    etcd.put(owner_key("r"), node_value("a"))
+    etcd.put(placement_key("r"), node_value("a"))
+    etcd.put(replicas_key("r"), ReplicaSet(3, ("b", "c"), ("b", "c")).value())
+    done = loopd("move", "r", "--to", "e", "--cluster", etcd.url)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "Error: session r is replicated: it moves between tls:// nodes only, and e is not "
+        "registered at a tls:// address (is it running?)"
+    ]
+    assert etcd.get(move_key("r")) is None

@@ -186,6 +186,10 @@ def move(url: str, session_id: str, target: str | None, abort: bool, source: str
                         done = move_remote(client, session_id, target, remote)
                 finally:
                     remote.close()
+            elif replicas_of(client, session_id) is not None:
+                raise ClusterError(f"session {session_id} is replicated: it moves between "
+                                   f"tls:// nodes only, and {target} is not registered at a "
+                                   "tls:// address (is it running?)")  # fmt: skip
             else:
                 done = move_session(client, session_id, target, control=DaemonControl())
     except ClusterError as exc:

@@ -75,4 +75,9 @@ def drain_node(
     elif replicated:
         done.refused += [f"session {s}: a replicated session is drained between tls:// nodes "
                          "only" for s in mine if s in replicated]  # fmt: skip
+        followed = sorted(s for s, c in replica_sets(client).items() if node in c.followers)
+        done.refused += [f"session {s}: its copy on {node} stays (a replicated session's copies "
+                         f"are moved between tls:// nodes only, and {node} is not registered at "
+                         f"one): loopd move {s} --follower {node} --to NODE"
+                         for s in followed]  # fmt: skip
     return done
