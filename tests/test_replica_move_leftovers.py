@@ -4,6 +4,7 @@ a real etcd with the nodes' own step functions on real homes (docs/scaling.md 9.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,10 +34,12 @@ from supervisor.cluster.replica_move_node import promote_here, unfollow_here
 from supervisor.cluster.replica_receiver import receiver_for
 from supervisor.cluster.replica_set import ReplicaSet, change_in_sync, replicas_key, replicas_of
 from supervisor.cluster.serving import ServingNode
+from supervisor.cluster.transport import Role
 from supervisor.daemon.cluster_node import DaemonNode
 from supervisor.daemon.endpoints import Waiter
 from tests.etcd_server import EtcdServer
 from tests.support import loopd
+from tests.tls_certs import Certificates
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -321,3 +324,38 @@ def test_a_replicated_session_is_not_moved_to_an_unregistered_node_by_its_files(
         "registered at a tls:// address (is it running?)"
     ]
     assert etcd.get(move_key("r")) is None
+
+
+class _CountedLock:
+    """A lock that counts how often it was taken."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.taken = 0
+
+    def __enter__(self) -> None:
+        self.lock.acquire()
+        self.taken += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def test_a_refollow_reads_the_replica_set_under_the_in_sync_lock(
+    etcd: EtcdClient, etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    """refollow and a worker's in-sync change both write the node's view of the set: one
+    at a time (refollow's could be overwritten by an in-sync change read before it)."""
+    files = Certificates(tmp_path / "certs").issue("a", Role.NODE)
+    serving = ServingNode(etcd_server.url, "a", str(tmp_path / "a"), tls=files)
+    try:
+        token = etcd.put(owner_key("r"), node_value("a"))
+        etcd.put(replicas_key("r"), ReplicaSet(3, ("b", "d"), ("b",)).value())
+        assert serving.node.adopt("r", token, serving.node.lease.lease_id)
+        counted = _CountedLock()
+        serving._in_sync_lock = cast(threading.Lock, counted)
+        assert serving.replica_step("refollow", "r") == {"session": "r", "refollowed": True}
+        assert counted.taken == 1
+        assert serving.replication["r"].catch_up == ("d",)
+    finally:
+        serving.client.close()

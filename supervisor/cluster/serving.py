@@ -230,11 +230,12 @@ class ServingNode:
         # and catches up every follower out of sync before its first write.
         if self.node.held(session) is None:
             raise NotOwner(session, "not owned here: its followers are not this node's to change")
-        self._read_replication(session)
-        current = self.replication.get(session)
-        if current is not None:
-            out = tuple(n for n, _a in current.followers if n not in current.in_sync)
-            self.replication[session] = replace(current, catch_up=out)
+        with self._in_sync_lock:  # an in-sync change in flight writes it too
+            self._read_replication(session)
+            current = self.replication.get(session)
+            if current is not None:
+                out = tuple(n for n, _a in current.followers if n not in current.in_sync)
+                self.replication[session] = replace(current, catch_up=out)
         return {"session": session, "refollowed": current is not None}
 
     def close(self) -> None:
