@@ -78,6 +78,7 @@ class ReplicatedFence(LeaseFence):
             raise RuntimeError(f"the daemon did not change the in-sync set: {why}")
 
     def close(self) -> None:
+        self.shipper.session.on_written = None
         self.shipper.close()
         for channel in self.shipper.followers.values():
             if isinstance(channel, TlsFollower):
@@ -105,6 +106,7 @@ def replicated_fence(args: argparse.Namespace, session: Session, fence: LeaseFen
     shipper = Shipper(
         session, fence.token, args.replicas, followers, in_sync, change, args.min_in_sync
     )
+    session.on_written = shipper.written  # each group shipped while it is fdatasynced
     fence.close()
     replicated = ReplicatedFence(fence.path, fence.lease, fence.token, shipper, args.daemon_socket)
     holder.append(replicated)
