@@ -16,16 +16,20 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import log_user_keys
+from tests.support import log_user_keys, poll_until
 from tests.test_cluster_replication import SESSION, Replicated, cluster
 from tests.test_replication_lag_report import Flaky
 from tests.test_replication_shipper import BASELINE, LocalFollower, _write
 from worker import Owner, Session
+from worker.lease_deadline import write_deadline
+from worker.replica_fence import ReplicatedFence
 from worker.replication import Shipper
+from worker.store.errors import NotOwnerNow
 from worker.store.fencing import write_owner
 from worker.store.loader import load_session
 from worker.store.replica_roles import replicas_root
@@ -154,3 +158,30 @@ def test_groups_handed_over_arrive_in_log_order_and_an_epoch_commit_follows(
         assert log_user_keys(copies, "s") == [f"k{n}" for n in range(6)]
         for name, data in logs.items():
             assert (copies / "sessions" / "s" / name).read_bytes() == data
+
+
+def test_the_worker_hands_a_group_over_only_while_its_lease_is_proven(tmp_path: Path) -> None:
+    lease_file = tmp_path / "lease"
+    fd = os.open(lease_file, os.O_RDWR | os.O_CREAT, 0o600)
+    b = LocalFollower("b", tmp_path / "b")
+    try:
+        write_deadline(fd, time.monotonic() + 60, str(lease_file), lease=7)
+        with Session.create(tmp_path / "a", "s", BASELINE) as owner:
+            owner.append(Owner(node="a", token=5))
+            shipper = Shipper(owner, 5, 2, [b], ["b"], lambda n, ok: None)
+            fence = ReplicatedFence(str(lease_file), 7, 5, shipper, str(tmp_path / "none.sock"))
+            owner.on_written = fence.written
+            shipper.start()
+            copy = Path(replicas_root(tmp_path / "b"))
+            _write(owner, "k1")  # proven: sent to b at the write, before any check after it
+            poll_until(lambda: log_user_keys(copy, "s") == ["k1"], what="k1 on b")
+            fence.check()
+            write_deadline(fd, time.monotonic() - 1, str(lease_file), lease=7)
+            _write(owner, "k2")  # the lease ran out: nothing leaves the owner
+            with pytest.raises(NotOwnerNow):
+                fence.check()  # and the check after the fsync refuses it before shipping
+            fence.close()  # its lanes' sends done
+            assert log_user_keys(copy, "s") == ["k1"]
+    finally:
+        os.close(fd)
+        b.receiver.close()
