@@ -72,7 +72,11 @@ class ReplicatedFence(LeaseFence):
         """``Session.on_written``: the group just written goes to the followers during the
         owner's fdatasync, if the lease is proven now (nothing leaves the owner without
         it: the check after the fdatasync then refuses the chunk before it is shipped)."""
-        if lease_proven(self._fd, self.lease):
+        try:
+            proven = lease_proven(self._fd, self.lease)
+        except OSError:
+            return  # unreadable: not proven (the check after the fdatasync says why)
+        if proven:
             self.shipper.written(epoch, offset, prior_crc, data)
 
     def change_in_sync(self, node: str, in_sync: bool) -> None:

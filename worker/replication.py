@@ -181,8 +181,12 @@ class Shipper:
         (after an epoch commit) ``ship`` reads from the log, as it reads what follows.
         """
         at = self._at
-        if data and (epoch, offset, prior_crc) == (at.epoch, at.size, at.crc):
+        if not data or (epoch, offset, prior_crc) != (at.epoch, at.size, at.crc):
+            return
+        try:
             self._queue([Step(self.session.id, epoch, offset, prior_crc, data, self.token)])
+        except Exception:  # noqa: BLE001 - never into the store's write: ship sends it
+            return  # from the log (a follower that took part of it holds a resend as is)
 
     def _queue(self, steps: list[Step]) -> None:
         pieces = [piece for step in steps for piece in split_step(step, MAX_STEP)]

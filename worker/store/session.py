@@ -67,7 +67,8 @@ class Session:
         # until it appends them, and append need not look them up again (bounded).
         self._new_keys: set[str] = set()
         # Called after a group's write, before its fdatasync, with (epoch, offset, CRC-32
-        # of the log before it, bytes): a replicated owner ships while it syncs.
+        # of the log before it, bytes): a replicated owner ships while it syncs. It must
+        # not raise (the bytes are written, memory does not know them yet).
         self.on_written: Callable[[int, int, int, bytes], None] | None = None
 
     # -- construction ---------------------------------------------------------------
