@@ -10,7 +10,9 @@ when ready, then answers one JSON line per line on stdin:
   fdatasync, every in-sync follower's acknowledgement and a proven lease;
   ``before_write`` when it was refused before a byte was written;
 - ``compact``: an epoch commit, shipped the same way;
-- ``rejoin``: catch the followers out of sync up and add them back.
+- ``rejoin``: catch the followers out of sync up and add them back;
+- ``crash KEY``: the write of KEY, and a SIGKILL of this process after its write and
+  before its fdatasync, once every follower's copy holds the group (or 20 s passed).
 
 End of stdin stops it.
 """
@@ -18,7 +20,10 @@ End of stdin stops it.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import time
 
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.follower_link import FollowerLink
@@ -28,7 +33,8 @@ from supervisor.cluster.replica_set import change_in_sync, place_replicas
 from supervisor.cluster.transport import TlsFiles
 from worker import Session, SessionError
 from worker.app import DefaultApp
-from worker.replication import Shipper
+from worker.replication import ShipFailed, Shipper
+from worker.store import durable
 
 SESSION = "r"
 
@@ -56,9 +62,13 @@ def main(config: dict[str, object]) -> int:
         with Session.open(home, SESSION) as session:
             shipper = Shipper(session, token, replicas, links, sorted(followers), change)
             shipper.start()
+            session.on_written = shipper.written  # as the worker: shipped while it syncs
             print(json.dumps({"ready": True, "token": token, "lost": shipper.lost}), flush=True)
             for line in sys.stdin:
                 command, _, key = line.strip().partition(" ")
+                if command == "crash":
+                    durable.set_hook(_KillBeforeFsync(session.log_path, followers, tls))
+                    command = "send"
                 reply = _command(node, session, shipper, app, token, command, key)
                 print(json.dumps(reply), flush=True)
             shipper.close()
@@ -96,6 +106,36 @@ def _command(
     if not node.can_acknowledge(SESSION, token):
         return {"ok": False, "error": "not_owner: lease lost"}
     return {"ok": True, "key": key, "token": token, "epoch": session.epoch}
+
+
+class _KillBeforeFsync:
+    """A boundary hook: at the fdatasync of ``log``, wait until every follower's copy ends
+    where the owner's log now does, then SIGKILL this process (the sync never runs)."""
+
+    def __init__(self, log: str, followers: dict[str, str], tls: TlsFiles) -> None:
+        self.log = log
+        self.followers = followers
+        self.tls = tls
+
+    def __call__(self, boundary: durable.Boundary) -> None:
+        if boundary.step is not durable.Step.FSYNC or boundary.path != self.log:
+            return
+        assert boundary.fd is not None
+        size = os.fstat(boundary.fd).st_size
+        deadline = time.monotonic() + 20
+        waiting = sorted(self.followers)
+        while waiting and time.monotonic() < deadline:
+            # Each follower's copy, asked over a connection of its own (its lane's is busy).
+            link = FollowerLink(waiting[0], str(self.followers[waiting[0]]), self.tls)
+            try:
+                at = link.position(SESSION)
+            except ShipFailed:
+                at = None
+            finally:
+                link.close()
+            if at is not None and at.size >= size:
+                waiting.pop(0)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """A replicated session's worker: its lease fence, with every in-sync follower's ack.
 
 The server checks its fence before a chunk is written and again after its fdatasync,
-before any reply (``worker/server.py``). In a replicated session that second check
-ships what the chunk wrote to every in-sync follower and waits for each one's
+before any reply (``worker/server.py``). In a replicated session each group the chunk
+writes goes to every in-sync follower as soon as it is written, during the owner's
+fdatasync, while the lease is proven (``written``, the session's ``on_written``), and
+that second check ships what was not handed over and waits for each follower's
 acknowledgement (``worker.replication.Shipper``); a follower that fails is out of the
 worker's in-sync set at once, the chunk is answered as not acknowledged, and the daemon
 is asked (an ``in_sync`` request on its control socket, answered once etcd's in-sync
@@ -24,7 +26,7 @@ import time
 from typing import Final
 
 from worker.follower_tls import TlsFollower, node_context
-from worker.lease_deadline import LeaseFence
+from worker.lease_deadline import LeaseFence, lease_proven
 from worker.replication import Shipper
 from worker.store.session import Session
 from worker.store.stats import STATS
@@ -68,6 +70,17 @@ class ReplicatedFence(LeaseFence):
             shipper.rejoin_answering()
         shipper.check_writable()
 
+    def written(self, epoch: int, offset: int, prior_crc: int, data: bytes) -> None:
+        """``Session.on_written``: the group just written goes to the followers during the
+        owner's fdatasync, if the lease is proven now (nothing leaves the owner without
+        it: the check after the fdatasync then refuses the chunk before it is shipped)."""
+        try:
+            proven = lease_proven(self._fd, self.lease)
+        except OSError:
+            return  # unreadable: not proven (the check after the fdatasync says why)
+        if proven:
+            self.shipper.written(epoch, offset, prior_crc, data)
+
     def change_in_sync(self, node: str, in_sync: bool) -> None:
         """Have the daemon change etcd's in-sync set, and wait until it did (``Shipper``'s
         callback); OSError or RuntimeError (one line) if it did not."""
@@ -80,6 +93,7 @@ class ReplicatedFence(LeaseFence):
             raise RuntimeError(f"the daemon did not change the in-sync set: {why}")
 
     def close(self) -> None:
+        self.shipper.session.on_written = None
         self.shipper.close()
         for channel in self.shipper.followers.values():
             if isinstance(channel, TlsFollower):
@@ -110,6 +124,7 @@ def replicated_fence(args: argparse.Namespace, session: Session, fence: LeaseFen
     fence.close()
     replicated = ReplicatedFence(fence.path, fence.lease, fence.token, shipper, args.daemon_socket)
     holder.append(replicated)
+    session.on_written = replicated.written  # each group shipped while it is fdatasynced
     STATS.replication = shipper.report  # each state report carries the followers' lag
     return replicated
 

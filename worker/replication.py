@@ -1,10 +1,13 @@
 """The owner's side of a replicated session: each commit shipped to the in-sync followers.
 
-The worker writes and fsyncs a group commit as always; then ``Shipper.ship`` sends the
-bytes it wrote (``worker.store.replica_source``) to every in-sync follower at once and
-waits for each one's acknowledgement (its copy written and fdatasynced,
-``worker.store.replica``). Only when every one acknowledged may the owner answer the
-client. A follower that fails, or answers a position other than the owner's, is
+The worker writes a group commit and, while its own fdatasync runs, hands the bytes
+it wrote (``Shipper.written``, the session's ``on_written``) to every in-sync follower
+at once, each on a lane of its own (``worker.ship_lanes``); after the fdatasync
+``Shipper.ship`` sends what was not handed over (an epoch commit's files, read back
+from the log: ``worker.store.replica_source``) and waits for each one's
+acknowledgement (its copy written and fdatasynced, ``worker.store.replica``). Only
+when the owner's fdatasync returned and every follower acknowledged may the owner
+answer the client. A follower that fails, or answers a position other than the owner's, is
 removed from the in-sync set (``change_in_sync``: the node's etcd transaction guarded
 by the owner's token, done before ``ship`` returns) and the chunk is answered as not
 acknowledged; while fewer copies are in sync than the session asks for, every write is
@@ -21,6 +24,7 @@ the owner's durable log end, in bytes and in group commits, and how long ago it 
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import zlib
@@ -28,6 +32,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Final, Protocol
 
+from worker.ship_lanes import Lanes
 from worker.store.errors import NotOwnerNow, SessionError
 from worker.store.replica_roles import shared_prefix
 from worker.store.replica_source import split_step, steps_after, tail_step
@@ -118,7 +123,8 @@ class Shipper:
         self.unconfirmed: set[str] = set()
         self._change = change_in_sync
         self._home = os.path.dirname(os.path.dirname(session.dir))
-        self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.followers)))
+        self._lanes = Lanes(self.followers)  # one sending thread per follower
+        self._shipped = False  # steps queued since the last ship
         # A follower out of sync is first asked its position off the worker's thread: one
         # that does not answer (stopped, cut off) never holds up the writes.
         self._probes: dict[str, Future[tuple[Position | None, float]]] = {}
@@ -134,7 +140,7 @@ class Shipper:
         self.writes_refused = 0  # batches refused before a byte, too few copies in sync
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._lanes.close()
         self._probe_pool.shutdown(wait=False, cancel_futures=True)
 
     def _own_position(self) -> Position:
@@ -167,27 +173,52 @@ class Shipper:
                 "catch up",
             )
 
+    def written(self, epoch: int, offset: int, prior_crc: int, data: bytes) -> None:
+        """``Session.on_written``: hand the group just written to every in-sync follower's
+        lane, while the owner's own fdatasync runs (``ship`` waits for the answers).
+
+        Only a group that continues what was shipped last is handed over; anything else
+        (after an epoch commit) ``ship`` reads from the log, as it reads what follows.
+        """
+        at = self._at
+        if not data or (epoch, offset, prior_crc) != (at.epoch, at.size, at.crc):
+            return
+        try:
+            self._queue([Step(self.session.id, epoch, offset, prior_crc, data, self.token)])
+        except Exception:  # noqa: BLE001 - never into the store's write: ship sends it
+            return  # from the log (a follower that took part of it holds a resend as is)
+
+    def _queue(self, steps: list[Step]) -> None:
+        pieces = [piece for step in steps for piece in split_step(step, MAX_STEP)]
+        if not pieces:
+            return
+        expected = _end_of(pieces)
+        for node in sorted(self.in_sync):
+            self._lanes.send(node, functools.partial(self._send, node, pieces, expected))
+        self._at = expected
+        self._bytes += sum(len(piece.data) for piece in pieces)
+        self._shipped = True
+
     def ship(self) -> ReplicasMissing | None:
-        """Ship what the owner wrote since the last call to every in-sync follower.
+        """Ship what the owner wrote since the last call to every in-sync follower, and
+        wait for every follower's answer to it (and to what ``written`` handed over).
 
         Returns None when every in-sync follower acknowledged, those that failed having
         first been removed from etcd's in-sync set, and enough copies are left in sync;
         otherwise the error to answer the written requests with (durable here, not
         acknowledged).
         """
+        at = self._at
         newest = Position(self.session.epoch, os.stat(self.session.log_path).st_size, 0)
-        steps = tail_step(self._home, self.session.id, self._at, newest, self.token)
-        pieces = [piece for step in steps for piece in split_step(step, MAX_STEP)]
-        if not pieces:
+        if (newest.epoch, newest.size) != (at.epoch, at.size):
+            self._queue(tail_step(self._home, self.session.id, at, newest, self.token))
+        if not self._shipped:
             return None
-        expected = _end_of(pieces)
-        targets = sorted(self.in_sync)
-        results = list(self._pool.map(lambda n: self._send(n, pieces, expected), targets))
-        failed = [(node, why) for node, why in zip(targets, results, strict=True) if why]
-        self._at = expected
-        self._bytes += sum(len(piece.data) for piece in pieces)
+        self._shipped = False
+        results = self._lanes.collect()
         self._groups += 1
-        for node, why in zip(targets, results, strict=True):
+        failed = [(node, why) for node, why in sorted(results.items()) if why]
+        for node, why in results.items():
             if why is None:
                 self._acked_now(node)
         for node, why in failed:

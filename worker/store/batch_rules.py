@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from worker.store.errors import InvalidRecord, LogSealed, quote
 from worker.store.fencing import Fence, advance
-from worker.store.records import Handoff, Owner, Record, ToolResult, User
+from worker.store.records import Handoff, Owner, Record, ToolResult, Usage, User
 from worker.store.session_state import SessionState
 
 
@@ -47,3 +47,11 @@ def fence_after(fence: Fence, batch: list[Record], log_path: str) -> Fence:
                 raise InvalidRecord(record.TYPE, fenced)
             fence = fenced
     return fence
+
+
+def newest_usage(records: list[Record]) -> Usage | None:
+    """The newest Usage of ``records``, or None."""
+    for record in reversed(records):
+        if isinstance(record, Usage):
+            return record
+    return None

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Final
 
 from worker.store import durable
 from worker.store.baseline import Baseline
-from worker.store.batch_rules import fence_after, highest_call_after
+from worker.store.batch_rules import fence_after, highest_call_after, newest_usage
 from worker.store.carried_state import plan_next_epoch
 from worker.store.creation import check_slot, make_opened_durable, sync_parents, write_first_epoch
 from worker.store.epoch_commit import switch_to_next_epoch, write_next_epoch
@@ -62,10 +62,14 @@ class Session:
         self._size = state.log_size
         self._next_call = state.next_call
         self._broken: str | None = None
-        self._last_usage = _newest_usage(state.records)
+        self._last_usage = newest_usage(state.records)
         # Keys find_key found in no epoch: only this session writes, so they stay new
         # until it appends them, and append need not look them up again (bounded).
         self._new_keys: set[str] = set()
+        # Called after a group's write, before its fdatasync, with (epoch, offset, CRC-32
+        # of the log before it, bytes): a replicated owner ships while it syncs. It must
+        # not raise (the bytes are written, memory does not know them yet).
+        self.on_written: Callable[[int, int, int, bytes], None] | None = None
 
     # -- construction ---------------------------------------------------------------
 
@@ -334,6 +338,8 @@ class Session:
         except SessionIOError:
             self._cut_back(fd, "write failed and the file could not be cut back")
             raise
+        if self.on_written is not None:
+            self.on_written(state.epoch, self._size, state.log_crc, data)
         try:
             durable.fdatasync(fd, self._log_path)
         except SessionIOError as exc:
@@ -389,10 +395,3 @@ class Session:
 
     def __repr__(self) -> str:
         return f"Session(id={self.id!r}, epoch={self.epoch}, records={len(self._state.records)})"
-
-
-def _newest_usage(records: list[Record]) -> Usage | None:
-    for record in reversed(records):
-        if isinstance(record, Usage):
-            return record
-    return None
