@@ -62,6 +62,11 @@ class ReplicaReceiver:
             if replica is not None:
                 replica.close()
 
+    def follow(self, session: str) -> None:
+        """The copy of ``session`` is a follower's again (its old owner demoted here)."""
+        with self._lock:
+            self._released.discard(session)
+
     def handle(self, message: Message) -> Message:
         """Answer one ``replicate`` or ``replica_position`` request (one-line errors)."""
         request_id = message.get("id")
