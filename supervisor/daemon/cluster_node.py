@@ -77,7 +77,7 @@ class DaemonNode:
         self.watch = FailoverWatch(
             self.serving.client, self.serving.node, interval,
             lambda session, _token: self._in_loop(self._host_promoted, session),
-            lambda line: self._in_loop(self.report, line),
+            lambda line: self._in_loop(self.report, line), self.serving.tls,
         )  # fmt: skip
         self.watch.start()
         return served
