@@ -18,7 +18,7 @@ from supervisor.cluster.errors import ClusterError
 from supervisor.errors import ControlError
 from tests.support import poll_until
 from tests.test_cluster_replicated_daemons import Nodes, nodes  # noqa: F401 - the fixture
-from worker import Session, User
+from worker import Session, SessionLocked, User
 
 pytestmark = pytest.mark.timeout(100)
 T = "2026-12-01T20:00:00.000000Z"
@@ -34,7 +34,8 @@ def test_a_returning_owner_keeps_its_shared_prefix_and_quarantines_its_suffix(
             client.send("r", f"t{n}", key=f"k{n}")
         nodes.kill(owner)
         home = nodes.root / owner
-        with Session.open(home, "r") as old:  # durable on the old owner only
+        old = poll_until(lambda: _opened(home), what="the killed worker's lock released")
+        with old:  # durable on the old owner only
             old.append(User(time=T, text="never acknowledged", key="lost"))
             old_log = Path(old.log_path)
         inode = old_log.stat().st_ino
@@ -68,3 +69,10 @@ def test_a_returning_owner_keeps_its_shared_prefix_and_quarantines_its_suffix(
     assert keys[:6] == ["k0", "k1", "k2", "k3", "k4", "k5"]
     assert "lost" not in keys
     assert len(keys) == len(set(keys))
+
+
+def _opened(home: Path) -> Session | None:
+    try:
+        return Session.open(home, "r")
+    except SessionLocked:  # the SIGKILLed worker is not reaped yet
+        return None
