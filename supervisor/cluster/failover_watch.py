@@ -62,6 +62,7 @@ class FailoverWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._deferred: dict[str, float] = {}  # session -> when a further follower was found
+        self._woken: float | None = None  # when the last deletion of an owner key was seen
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="loopd-failover", daemon=True)
@@ -98,6 +99,13 @@ class FailoverWatch:
                         "is further")  # fmt: skip
         return True
 
+    def _timing(self) -> str:
+        """When, on the CLOCK_MONOTONIC every process of the machine shares (a chaos run's
+        clients' too): the deletion seen, and now (the copy promoted)."""
+        now = time.monotonic()
+        seen = "" if self._woken is None else f"an owner key's deletion seen at {self._woken:.3f}, "
+        return f" ({seen}promoted at {now:.3f}, CLOCK_MONOTONIC)"
+
     def _revision(self) -> int | None:
         """etcd's revision now (None: unreachable): the watch starts after it."""
         try:
@@ -122,6 +130,7 @@ class FailoverWatch:
             except ClusterError:
                 break
             if any(event.kind == "DELETE" for event in events):
+                self._woken = time.monotonic()
                 return
             if events:  # an owner written (a takeover, a claim): watch on after it
                 start = max(event.kv.mod_revision for event in events) + 1
@@ -170,7 +179,7 @@ class FailoverWatch:
                 continue
             self.report(
                 f"cluster: {session}: taken over from {previous} with token {token}: its "
-                "copy is served here"
+                f"copy is served here{self._timing()}"
             )
             self.on_promoted(session, token)
             promoted.append(session)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final, TypeVar
@@ -148,7 +149,9 @@ class DaemonNode:
                 self._in_loop(self._answer, waiter, error(waiter.request_id, "unavailable", why))
             else:
                 what = "back in" if in_sync else "out of"
-                self._in_loop(self.report, f"{session}: follower {node} {what} the in-sync set")
+                when = f"at {time.monotonic():.3f}, CLOCK_MONOTONIC"
+                self._in_loop(self.report, f"{session}: follower {node} {what} the in-sync set "
+                              f"({when})")  # fmt: skip
                 self._in_loop(self._answer, waiter, ok(waiter.request_id, {"in_sync": in_sync}))
 
         self.loop.run_in_executor(self._executor, job)
