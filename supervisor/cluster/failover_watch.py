@@ -143,6 +143,8 @@ class FailoverWatch:
         promoted again: no other node may take it over while this one holds it."""
         copies = os.path.join(replicas_root(self.node.home), SESSIONS_DIR)
         names = sorted(os.listdir(copies)) if os.path.isdir(copies) else []
+        for gone in set(self._deferred) - set(names):
+            del self._deferred[gone]  # its copy left (promoted elsewhere, removed)
         promoted = []
         for session in names:
             if self._stop.is_set() or self.node.lease.stopping:
