@@ -27,10 +27,12 @@ from supervisor.errors import ControlError
 from tests.etcd_server import EtcdServer, free_port
 from tests.support import Daemon, log_user_keys, loopd, poll_until
 from tests.tls_certs import Certificates
+from worker import Session, SessionLocked, User
 from worker.store.loader import load_session
 
 pytestmark = pytest.mark.timeout(100)
 NAMES = ("a", "b", "c")
+T = "2026-12-01T20:00:00.000000Z"
 
 
 @dataclass
@@ -165,12 +167,22 @@ def test_a_follower_killed_leaves_the_in_sync_set_before_the_next_ack(nodes: Nod
 def test_the_owner_node_dies_a_follower_takes_over_and_the_old_owner_rejoins(
     nodes: Nodes,
 ) -> None:
+    """The old owner returns with a line it made durable but never had acknowledged (a
+    write in flight at the kill, appended to its copy while it was down): its copy is a
+    follower's now, the same log file (never copied again from nothing), cut back to the
+    prefix the new owner's log shares, the line in quarantine (never deleted)."""
     with nodes.client() as client:
         client.create("r")  # 3 copies, loopd.toml's default
         owner = nodes.owner()
         for n in range(4):
             assert client.send("r", f"t{n}", key=f"k{n}")["duplicate"] is False
         nodes.kill(owner)  # every process of the owner's node
+        home = nodes.root / owner
+        old = poll_until(lambda: _opened(home), what="the killed worker's lock released")
+        with old:  # durable on the old owner only
+            old.append(User(time=T, text="never acknowledged", key="lost"))
+            old_log = Path(old.log_path)
+        inode = old_log.stat().st_ino
 
         def served() -> dict[str, object] | None:
             try:
@@ -187,7 +199,7 @@ def test_the_owner_node_dies_a_follower_takes_over_and_the_old_owner_rejoins(
         assert current is not None
         assert owner in current.followers
         assert owner not in current.in_sync
-        nodes.start(owner)  # it quarantines its old copy and comes back as a follower
+        nodes.start(owner)  # its old copy becomes a follower's, caught up from there
 
         def rejoined() -> bool:
             client.send("r", "more", key=f"m{poll_round()}")  # the owner catches it up
@@ -195,10 +207,24 @@ def test_the_owner_node_dies_a_follower_takes_over_and_the_old_owner_rejoins(
             return now is not None and owner in now.in_sync
 
         poll_until(rejoined, timeout=30, what=f"{owner} back in the in-sync set")
-    assert list((nodes.root / owner / "quarantine").iterdir())  # its old copy, kept
+    assert not (home / "sessions" / "r").exists()  # a follower's copy now
+    assert not list((home / "quarantine").glob("r.*"))  # not set aside whole
+    copy_log = home / "replicas" / "sessions" / "r" / old_log.name
+    assert copy_log.stat().st_ino == inode  # the old owner's own log, kept and continued
+    suffix = list((home / "replicas" / "quarantine" / "r").glob("*.unacknowledged"))
+    assert len(suffix) == 1
+    assert b'"lost"' in suffix[0].read_bytes()
     keys = nodes.copy_keys(owner)
     assert keys[:5] == ["k0", "k1", "k2", "k3", "k4"]
+    assert "lost" not in keys
     assert len(keys) == len(set(keys))
+
+
+def _opened(home: Path) -> Session | None:
+    try:
+        return Session.open(home, "r")
+    except SessionLocked:  # the SIGKILLed worker is not reaped yet
+        return None
 
 
 _ROUNDS = iter(range(10**6))

@@ -69,6 +69,11 @@ class LeaseFence:
                 self.path, f"lease {self.lease:x} is not proven within its renew deadline"
             )
 
+    def idle(self) -> float | None:
+        """Between batches: when (``time.monotonic()``) the worker's loop should call again,
+        None if never (an unreplicated session has nothing to do between its writes)."""
+        return None
+
     def close(self) -> None:
         """Close the file."""
         os.close(self._fd)

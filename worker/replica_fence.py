@@ -12,6 +12,8 @@ set is changed under the owner's token) before the worker acknowledges anything
 without it. The first check refuses a write, before a byte of it, while fewer copies
 are in sync than the session needs (a majority of its copies), and first tries (at
 most every ``REJOIN_INTERVAL``) to catch the missing followers up and take them back.
+Between batches (``idle``, every ``IDLE_TICK`` while one is out) the same is done with
+no write at all: the followers that answered a probe are caught up and added back.
 
 The daemon gives the worker what it needs: the followers' names and ``tls://``
 addresses, the in-sync set etcd holds, and the node certificate's files
@@ -28,11 +30,13 @@ from typing import Final
 from worker.follower_tls import TlsFollower, node_context
 from worker.lease_deadline import LeaseFence, lease_proven
 from worker.replication import Shipper
+from worker.store.errors import NotOwnerNow
 from worker.store.session import Session
 from worker.store.stats import STATS
 from worker.wire import FrameReader, Message, encode
 
 REJOIN_INTERVAL: Final = 1.0
+IDLE_TICK: Final = 0.1  # seconds between the loop's idle calls while a follower is out
 DAEMON_TIMEOUT: Final = 5.0  # the daemon's etcd call ends within 2 s (CALL_TIMEOUT)
 
 
@@ -80,6 +84,21 @@ class ReplicatedFence(LeaseFence):
             return  # unreadable: not proven (the check after the fdatasync says why)
         if proven:
             self.shipper.written(epoch, offset, prior_crc, data)
+
+    def idle(self) -> float | None:
+        """Between batches, with or without writes: the followers out of sync that answered
+        a probe (made off this thread) are caught up and added back, so an idle session,
+        or one refusing writes, regains its in-sync set as soon as a follower answers.
+        Called again within ``IDLE_TICK`` while any follower is out of sync."""
+        shipper = self.shipper
+        if shipper.in_sync | shipper.unconfirmed >= set(shipper.followers):
+            return None
+        try:
+            LeaseFence.check(self)  # a deposed or unproven owner catches nobody up
+        except NotOwnerNow:
+            return time.monotonic() + IDLE_TICK
+        shipper.rejoin_answering()
+        return time.monotonic() + IDLE_TICK
 
     def change_in_sync(self, node: str, in_sync: bool) -> None:
         """Have the daemon change etcd's in-sync set, and wait until it did (``Shipper``'s

@@ -42,6 +42,8 @@ from worker.store.session import Session
 MAX_STEP: Final = 256 * 1024  # bytes of lines per shipped step (a wire frame holds 1 MiB)
 FRESH: Final = 2.0
 """Seconds an out-of-sync follower's answer to a probe counts for its rejoin."""
+PROBE_INTERVAL: Final = 0.25
+"""Seconds from one probe of an out-of-sync follower to the next (one that did not answer)."""
 
 
 class ShipFailed(Exception):
@@ -129,6 +131,7 @@ class Shipper:
         # that does not answer (stopped, cut off) never holds up the writes.
         self._probes: dict[str, Future[tuple[Position | None, float]]] = {}
         self._probe_pool = ThreadPoolExecutor(max_workers=max(1, len(self.followers)))
+        self._probed: dict[str, float] = {}  # node -> when its last probe was sent
         self._at = self._own_position()
         self.lost: list[tuple[str, str]] = []  # (node, why) of each follower removed
         # For the report: bytes and group commits shipped (or, to nobody, written) since
@@ -286,7 +289,8 @@ class Shipper:
                     answered.append(node)
                     continue
                 probe = None  # it failed, or answered too long ago to count on it now
-            if probe is None:
+            if probe is None and time.monotonic() >= self._probed.get(node, 0.0):
+                self._probed[node] = time.monotonic() + PROBE_INTERVAL
                 self._probes[node] = self._probe_pool.submit(self._probe, node)
         return self.rejoin(answered) if answered else []
 

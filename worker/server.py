@@ -74,6 +74,7 @@ class Server:
         self.acceptor = TlsAcceptor(tls)  # TCP connections handed over: CA, cert, key
         STATS.reset()  # count this worker's own work, not what opening it or a parent did
         self._report_due: float | None = None
+        self._fence_due: float | None = None  # a replicated session's rejoins between batches
 
     def on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         """SIGTERM: stop at the loop's next turn; never inside a batch or a write.
@@ -113,6 +114,7 @@ class Server:
                 if self.heartbeat_cell is not None:
                     self.heartbeat_cell.beat()  # a store to shared memory: it wakes no one
                 self._report_state()
+                self._fence_due = None if self.fence is None else self.fence.idle()
                 for late in self.acceptor.expire(time.monotonic()):
                     self.selector.unregister(late.sock)
         finally:
@@ -373,10 +375,9 @@ class Server:
             self._report_due = time.monotonic() + STATE_REPORT_DELAY
 
     def _timeout(self) -> float | None:
-        """Turn at least every heartbeat interval (to beat), when a report is due, and
-        when a TLS handshake runs out of time."""
+        """Turn at each heartbeat, report due, handshake deadline and fence's next call."""
         due = [] if self.heartbeat is None else [self.heartbeat]
-        for when in (self._report_due, self.acceptor.next_deadline()):
+        for when in (self._report_due, self.acceptor.next_deadline(), self._fence_due):
             if when is not None:
                 due.append(max(0.0, when - time.monotonic()))
         return min(due) if due else None

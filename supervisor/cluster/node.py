@@ -4,7 +4,8 @@ At start (and after its lease was lost and renewed) a node looks at every sessio
 its disk: one placed on it and owned by nobody or by itself it claims, with a token it
 writes into the log as ``Owner``; any other copy (placed elsewhere, owned by another
 node, or holding a newer token than etcd gives it) is quarantined, never served
-(docs/scaling.md section 5).
+(docs/scaling.md section 5), except a replicated session's copy on a node etcd names
+its follower: that becomes a follower's copy (``failover_return``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Final
 
 from supervisor.cluster.errors import NotOwner
 from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.failover_return import rejoin_as_follower
 from supervisor.cluster.keys import check_zone_name, move_key
 from supervisor.cluster.lease import LeaseTiming, NodeLease
 from supervisor.cluster.ownership import acquire, owner_of, place_new, placement_of
@@ -39,6 +41,7 @@ class Claims:
     served: dict[str, int] = field(default_factory=dict)
     quarantined: dict[str, str] = field(default_factory=dict)  # session -> why
     waiting: dict[str, str] = field(default_factory=dict)  # session -> why (e.g. a move)
+    demoted: dict[str, str] = field(default_factory=dict)  # session -> what was kept
 
 
 class ClusterNode:
@@ -156,7 +159,13 @@ class ClusterNode:
             return
         if placed != self.name or (owner is not None and owner.node != self.name):
             holder = owner.node if owner is not None else placed
-            self._quarantine(session, claims, f"placed on {placed}, owned by {holder}")
+            kept = rejoin_as_follower(self.client, self.home, self.name, session)
+            if kept is None:
+                self._quarantine(session, claims, f"placed on {placed}, owned by {holder}")
+            else:  # a replicated session's old owner: a follower now (failover_return)
+                with self._lock:
+                    self.tokens.pop(session, None)
+                claims.demoted[session] = kept
             return
         if (
             owner is not None

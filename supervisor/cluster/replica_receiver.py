@@ -63,8 +63,8 @@ class ReplicaReceiver:
                 replica.close()
 
     def resume(self, session: str) -> None:
-        """The copy of ``session`` is a follower's again (its owner moved away): steps are
-        applied to it from now on."""
+        """The copy of ``session`` is a follower's again (its owner moved away, or its old
+        owner demoted here): steps are applied to it from now on."""
         with self._lock:
             self._released.discard(session)
 

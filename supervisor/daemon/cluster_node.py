@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final, TypeVar
@@ -78,7 +79,7 @@ class DaemonNode:
         self.watch = FailoverWatch(
             self.serving.client, self.serving.node, interval,
             lambda session, _token: self._in_loop(self._host_promoted, session),
-            lambda line: self._in_loop(self.report, line),
+            lambda line: self._in_loop(self.report, line), self.serving.tls,
         )  # fmt: skip
         self.watch.start()
         return served
@@ -150,7 +151,9 @@ class DaemonNode:
                 self._in_loop(self._answer, waiter, error(waiter.request_id, code, why))
             else:
                 what = "back in" if in_sync else "out of"
-                self._in_loop(self.report, f"{session}: follower {node} {what} the in-sync set")
+                when = f"at {time.monotonic():.3f}, CLOCK_MONOTONIC"
+                self._in_loop(self.report, f"{session}: follower {node} {what} the in-sync set "
+                              f"({when})")  # fmt: skip
                 self._in_loop(self._answer, waiter, ok(waiter.request_id, {"in_sync": in_sync}))
 
         self.loop.run_in_executor(self._executor, job)

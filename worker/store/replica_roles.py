@@ -10,6 +10,11 @@ new owner from the old one's line ends, ``line_ends``) and moves everything afte
 to ``<home>/quarantine/<id>/`` (never deleted: it was never acknowledged, since every
 acknowledged write is on every in-sync follower, the new owner included); the copy,
 now a prefix of the new owner's log, becomes a follower's and catches up from there.
+A returning old owner does not know that prefix yet (the new owner's log is on another
+host): it demotes its copy whole (``keep`` None, a torn last group quarantined as at
+any open of a copy), and the new owner's catch-up finds the shared prefix from the
+copy's line ends and cuts the rest to ``<home>/replicas/quarantine/<id>/``
+(``rewind``), so it is caught up from its last shared line, never from nothing.
 """
 
 from __future__ import annotations
@@ -107,25 +112,37 @@ def shared_prefix(
     return best
 
 
-def demote(home: str | os.PathLike[str], session_id: str, keep: Position) -> list[str]:
+def demote(
+    home: str | os.PathLike[str], session_id: str, keep: Position | None = None
+) -> list[str]:
     """Keep only ``keep`` of this node's session and make it a follower's copy.
 
     Everything after ``keep`` (the rest of that epoch's log, and any later epoch's
     files) is moved to ``<home>/quarantine/<id>/`` first; the files written there are
     returned. ReplicaRefused if the log does not begin with ``keep`` (nothing changes).
+    ``keep`` None keeps the whole copy (a torn last group quarantined first): the new
+    owner cuts what it does not share when it catches the copy up. SessionExists if
+    this node holds a follower's copy of the session already (nothing changes).
     """
     home = os.fspath(home)
     directory = session_dir(home, session_id)
-    lock_fd = lock_existing(directory)
-    try:
-        moved = _cut(home, directory, session_id, lock_fd, keep)
-    finally:
-        unlock_directory(lock_fd)
-    if key_index_damaged(home, session_id) is not None:
-        rebuild_key_index(home, session_id)  # a later commit had merged the index files
-    load_session(directory, session_id)  # it must open as it is now
     root = replicas_root(home)
     target = session_dir(root, session_id)
+    if os.path.lexists(target):
+        raise SessionExists(target)
+    if keep is None:
+        opened = Replica.open(home, session_id)  # verified, a torn tail quarantined
+        moved = [] if opened.repaired is None else [opened.repaired.quarantine]
+        opened.close()
+    else:
+        lock_fd = lock_existing(directory)
+        try:
+            moved = _cut(home, directory, session_id, lock_fd, keep)
+        finally:
+            unlock_directory(lock_fd)
+        if key_index_damaged(home, session_id) is not None:
+            rebuild_key_index(home, session_id)  # a later commit had merged the index files
+        load_session(directory, session_id)  # it must open as it is now
     ensure_sessions_dir(os.path.dirname(target))
     durable.rename(directory, target)
     sync_parents(target)
