@@ -195,7 +195,7 @@ class Shipper:
         pieces = [piece for step in steps for piece in split_step(step, MAX_STEP)]
         if not pieces:
             return
-        expected = _end_of(pieces)
+        expected = pieces[-1].end
         for node in sorted(self.in_sync):
             self._lanes.send(node, functools.partial(self._send, node, pieces, expected))
         self._at = expected
@@ -391,11 +391,3 @@ def _shared(home: str, session: str, channel: FollowerChannel, at: Position) -> 
         if keep is not None:
             return keep
     raise NotContinuing(session, f"{channel.node}'s copy shares no line with this log")
-
-
-def _end_of(pieces: list[Step]) -> Position:
-    """The owner's position after the last piece (an epoch step's log is its first line)."""
-    last = pieces[-1]
-    if last.is_epoch:
-        return Position(last.epoch, len(last.data), zlib.crc32(last.data))
-    return Position(last.epoch, last.offset + len(last.data), zlib.crc32(last.data, last.prior_crc))

@@ -10,6 +10,7 @@ the sender's fencing token.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 from worker.store.errors import PathError
@@ -65,6 +66,15 @@ class Step:
     def is_epoch(self) -> bool:
         """True for an epoch step (the new epoch's files)."""
         return self.baseline is not None
+
+    @property
+    def end(self) -> Position:
+        """Where the copy ends once this step is applied (an epoch step's log is its
+        first line)."""
+        if self.is_epoch:
+            return Position(self.epoch, len(self.data), zlib.crc32(self.data))
+        return Position(self.epoch, self.offset + len(self.data),
+                        zlib.crc32(self.data, self.prior_crc))  # fmt: skip
 
     def to_message(self) -> dict[str, object]:
         """The step as a wire message's fields (msgpack carries the bytes as bytes)."""
