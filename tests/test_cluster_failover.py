@@ -21,6 +21,7 @@ from supervisor.cluster.keys import move_key
 from supervisor.cluster.move import start_intent
 from supervisor.cluster.node import ClusterNode
 from supervisor.cluster.ownership import owner_of, place_new, placement_of
+from supervisor.cluster.replica_move_node import promote_here
 from supervisor.cluster.replica_set import ReplicaSet, change_in_sync, place_replicas, replicas_of
 from tests.cluster_support import create_session, register, send
 from tests.etcd_server import EtcdServer
@@ -195,3 +196,48 @@ def test_a_session_promoted_here_and_never_adopted_is_served_by_the_watch(
             assert watch.adopt_unserved() == []  # served now
         finally:
             b.close()
+
+
+class _PromotedMeanwhile:
+    """b, whose ``held`` (the watch's last check before it promotes) lets a replicated
+    move's ``promote`` step promote the same copy first, as its mover thread may."""
+
+    def __init__(self, node: object, client: EtcdClient) -> None:
+        self._node = node
+        self._client = client
+        self.promoted: list[dict[str, object]] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._node, name)
+
+    def held(self, session: str) -> tuple[int, int] | None:
+        if not self.promoted:
+            self.promoted.append(promote_here(self._client, "b", str(self.home), session))
+        return None
+
+
+def test_a_copy_a_move_promoted_during_the_watchs_scan_is_not_set_aside(
+    etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """b owns r (a handover's ``own``) and its watch scans while the mover's ``promote``
+    runs in another thread of b: the watch finds the copy promoted and leaves it be (it
+    set the promoted ``sessions/r`` aside as stale: the move's ``adopt`` then found no
+    session, and r stayed owned by b and served by nobody, in the CI's drain test)."""
+    with EtcdClient(etcd.url) as client:
+        a, b = (register(client, name, tmp_path / name) for name in "ab")
+        token = create_session(client, a, "r")
+        place_replicas(client, "r", token, 2, ["b"])
+        send(a.home, "r", "k0")
+        root = Path(replicas_root(b.home))
+        shutil.copytree(a.home / SESSIONS_DIR / "r", root / SESSIONS_DIR / "r")
+        client.lease_revoke(a.lease_id)
+        take_over(client, "r", "b", b.lease_id)  # b owns r in etcd, as the move's `own`
+        node = _PromotedMeanwhile(b, client)
+        reports: list[str] = []
+        watch = FailoverWatch(client, cast(ClusterNode, node), 1.0, lambda s, t: None,
+                              reports.append)  # fmt: skip
+        assert watch.scan() == []  # the move's adopt serves it, not the watch
+        assert node.promoted == [{"session": "r", "promoted": True}]
+        assert log_user_keys(b.home, "r") == ["k0"]
+        assert not (b.home / "quarantine").exists(), reports
+        assert not (root / SESSIONS_DIR / "r").exists()

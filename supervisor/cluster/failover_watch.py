@@ -34,7 +34,7 @@ from supervisor.cluster.replica_set import ReplicaSet, replicas_of
 from supervisor.cluster.session_files import QUARANTINE_DIR, set_aside
 from supervisor.cluster.transport import TlsFiles
 from worker.store.errors import SessionError
-from worker.store.layout import SESSIONS_DIR
+from worker.store.layout import SESSIONS_DIR, session_dir
 from worker.store.replica_roles import promote, replicas_root
 
 OWNERS = f"{PREFIX}owner/"
@@ -175,13 +175,7 @@ class FailoverWatch:
                     token, previous = failover.token, failover.previous
             except ClusterError:
                 continue  # etcd unreachable, or another follower won: look again later
-            receiver_for(self.node.home).release(session)
-            try:
-                self._set_aside_unowned(session, token)
-                promote(self.node.home, session)
-            except SessionError as exc:
-                self.report(f"cluster: {session}: taken over (token {token}) but its copy "
-                            f"cannot be promoted: {exc}; tried again at the next scan")  # fmt: skip
+            if not self._promote(session, token):
                 continue
             self.report(
                 f"cluster: {session}: taken over from {previous} with token {token}: its "
@@ -190,6 +184,24 @@ class FailoverWatch:
             self.on_promoted(session, token)
             promoted.append(session)
         return promoted
+
+    def _promote(self, session: str, token: int) -> bool:
+        """Promote the follower's copy of ``session``; False if it is no longer there (a
+        move's ``promote`` step was first: its ``adopt`` serves it, nothing is set aside)
+        or cannot be promoted (reported; the next scan tries again)."""
+        receiver = receiver_for(self.node.home)
+        with receiver.promotion:
+            if not os.path.isdir(session_dir(replicas_root(self.node.home), session)):
+                return False
+            receiver.release(session)
+            try:
+                self._set_aside_unowned(session, token)
+                promote(self.node.home, session)
+            except SessionError as exc:
+                self.report(f"cluster: {session}: taken over (token {token}) but its copy "
+                            f"cannot be promoted: {exc}; tried again at the next scan")  # fmt: skip
+                return False
+        return True
 
     def adopt_unserved(self, skip: frozenset[str] = frozenset()) -> list[str]:
         """Serve each replicated session in ``sessions/`` that etcd names this node the

@@ -180,8 +180,13 @@ def _finish(
     owner = owner_of(client, session)
     if owner is not None and owner.node == done.target:
         hook(ReplicaStep.PROMOTE)
-        _patiently(call, done.target, "promote", session, timeout)
-        _patiently(call, done.target, "adopt", session, timeout)
+        try:
+            _patiently(call, done.target, "promote", session, timeout)
+            _patiently(call, done.target, "adopt", session, timeout)
+        except ClusterError:
+            if owner_of(client, session) == owner:
+                raise  # still the target's under this token: a rerun promotes it again
+            # its lease expired meanwhile (a loaded machine): the token moved on, as below
     # else the token moved on (a failover, or the target's lease expired): the target
     # owns the session no more and is not promoted; its owner, if any, serves its own copy.
     hook(ReplicaStep.DONE)

@@ -80,15 +80,17 @@ def promote_here(client: EtcdClient, node: str, home: str, session: str) -> dict
     if owner is None or owner.node != node:
         raise MoveFailed(session, "promote", f"etcd names {owner.node if owner else 'nobody'} "
                          "its owner, not this node")  # fmt: skip
-    if os.path.isdir(os.path.join(home, SESSIONS_DIR, session)):
-        return {"session": session, "promoted": False}  # the failover watch was first
-    receiver_for(home).release(session)
-    try:
-        promote(home, session)
-    except SessionError as exc:
+    receiver = receiver_for(home)
+    with receiver.promotion:  # the failover watch may be promoting the same copy
         if os.path.isdir(os.path.join(home, SESSIONS_DIR, session)):
-            return {"session": session, "promoted": False}
-        raise MoveFailed(session, "promote", str(exc)) from exc
+            return {"session": session, "promoted": False}  # the failover watch was first
+        receiver.release(session)
+        try:
+            promote(home, session)
+        except SessionError as exc:
+            if os.path.isdir(os.path.join(home, SESSIONS_DIR, session)):
+                return {"session": session, "promoted": False}
+            raise MoveFailed(session, "promote", str(exc)) from exc
     return {"session": session, "promoted": True}
 
 

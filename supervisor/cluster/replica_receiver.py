@@ -46,6 +46,9 @@ class ReplicaReceiver:
         self._copies: dict[str, Replica] = {}
         self._released: set[str] = set()  # promoted here: no step is written to them
         self._lock = threading.Lock()
+        # Held around a promotion (the failover watch's, a move's ``promote`` step): the
+        # one that comes second finds the copy promoted, and sets nothing aside.
+        self.promotion = threading.Lock()
 
     def close(self) -> None:
         with self._lock:

@@ -189,7 +189,10 @@ class ServingNode:
         claims = Claims()
         self.node.claim(session, claims)
         if session not in claims.served:
-            return None
+            why = {**claims.waiting, **claims.quarantined, **claims.demoted}.get(session)
+            if why is None:
+                return None
+            raise NotOwner(session, why)
         self._read_replication(session)
         return self.worker_args(session)
 
