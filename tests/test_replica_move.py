@@ -271,3 +271,43 @@ def test_the_old_owner_node_killed_mid_handover_leaves_it_to_the_target(nodes: N
         _write_keys(client, range(3, 4))
     for name in current.in_sync:
         assert nodes.copy_keys(name) == ["k0", "k1", "k2", "k3"]
+
+
+def test_a_large_session_gets_its_new_copy_while_it_takes_writes(nodes: Nodes) -> None:
+    """A follower move of a session of several MB: the new copy is caught up between the
+    owner's batches, a slice at a time (``worker.catch_up``), while a client's writes go
+    on and are acknowledged; the move ends once it is in sync, and it holds every key."""
+    env = nodes.operator_env()
+    with nodes.client() as client:
+        client.create("r")
+        before = nodes.replica_set()
+        source = before.followers[0]
+        (spare,) = (n for n in NAMES if n != nodes.owner()[0] and n not in before.followers)
+        big = "x" * 200_000
+        for n in range(20):  # about 8 MB of log: a User and its echo each
+            assert client.send("r", big, key=f"big{n}")["duplicate"] is False
+        mover = subprocess.Popen(
+            [sys.executable, "-m", "supervisor", "move", "--cluster", nodes.etcd.url, "r",
+             "--follower", source, "--to", spare],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, **env},
+        )  # fmt: skip
+        try:
+            during: list[str] = []
+            while mover.poll() is None and len(during) < 500:
+                key = f"d{len(during)}"
+                assert client.send("r", "t", key=key)["duplicate"] is False
+                during.append(key)
+            out, err = mover.communicate(timeout=60)
+        finally:
+            if mover.poll() is None:
+                mover.kill()
+                mover.wait()
+        assert mover.returncode == 0, err
+        assert json.loads(out) == {"session": "r", "follower": spare, "from": source}
+        assert during  # writes were taken while the copy was added
+        after = nodes.replica_set()
+        assert spare in after.in_sync
+        assert client.send("r", "t", key="after")["duplicate"] is False
+    keys = [f"big{n}" for n in range(20)] + during + ["after"]
+    poll_until(lambda: nodes.copy_keys(spare) == keys, what=f"{spare}'s copy holding every key")

@@ -356,6 +356,7 @@ def test_a_refollow_reads_the_replica_set_under_the_in_sync_lock(
         serving._in_sync_lock = cast(threading.Lock, counted)
         assert serving.replica_step("refollow", "r") == {"session": "r", "refollowed": True}
         assert counted.taken == 1
-        assert serving.replication["r"].catch_up == ("d",)
+        assert [n for n, _a in serving.replication["r"].followers] == ["b", "d"]  # read again
+        assert serving.replication["r"].in_sync == ("b",)  # out of sync: caught up when idle
     finally:
         serving.client.close()

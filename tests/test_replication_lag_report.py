@@ -84,9 +84,11 @@ def test_the_lag_cell_names_each_follower_and_marks_the_unknown() -> None:
         {"node": "b", "in_sync": True, "lag_bytes": 0, "lag_groups": 0, "ack_age_s": 0.42},
         {"node": "c", "in_sync": False, "lag_bytes": 4096, "lag_groups": 12, "ack_age_s": 8},
         {"node": "d", "in_sync": False, "lag_bytes": None, "lag_groups": None, "ack_age_s": None},
+        {"node": "e", "in_sync": False, "lag_bytes": None, "lag_groups": None, "ack_age_s": None,
+         "copy_at": [0, 1048576, 77]},
         "not a follower",
-    ]
-    assert lag_cell(followers) == "b:0B/0g/0.4s,c:4096B/12g/8.0s,d:?"
+    ]  # fmt: skip
+    assert lag_cell(followers) == "b:0B/0g/0.4s,c:4096B/12g/8.0s,d:?,e:catching-up@0:1048576"
 
 
 class Silent(Flaky):

@@ -137,3 +137,50 @@ def test_a_rewind_with_a_lower_token_is_refused(tmp_path: Path) -> None:
     assert reply["error"]["code"] == "stale_token"  # type: ignore[index]
     assert to_c.position("s") == at
     to_c.receiver.close()
+
+
+def test_a_new_follower_is_caught_up_a_slice_at_a_time_while_writes_go_on(
+    tmp_path: Path,
+) -> None:
+    """A copy added to a large session (a move to a new node) is shipped a slice per call
+    between batches, not all at once before the next write: the session takes writes,
+    acknowledged by the follower in sync, while the new copy grows; once it ends at the
+    owner's position it is added back, and the copy is the owner's log byte for byte."""
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    changes: list[tuple[str, bool]] = []
+    to_b, to_c = LocalFollower("b", b), LocalFollower("c", c)
+    with Session.create(a, "s", BASELINE) as owner:
+        owner.append(Owner(node="a", token=5))
+        for i in range(120):  # about 1 MB: several pieces of at most 256 KiB
+            owner.append_many([User(time=T, text="x" * 8000, key=f"big{i}")])
+        shipper = Shipper(owner, 5, 3, [to_b, to_c], ["b"], lambda n, ok: changes.append((n, ok)))
+        shipper.start()  # b, in sync, is caught up whole before the first write
+        assert shipper.in_sync == {"b"}
+        sizes: list[int] = []
+        joined: list[str] = []
+        for i in range(50):
+            joined = shipper.rejoin(["c"], budget=0.0)  # one piece a call
+            if joined:
+                break
+            at = to_c.position("s")
+            assert at is not None
+            sizes.append(at.size)
+            (row,) = (r for r in shipper.report()["followers"] if r["node"] == "c")  # type: ignore[attr-defined]
+            assert row["copy_at"] == at.to_message()  # what a mover reads to see it grow
+            _write(owner, f"w{i}")  # a write meanwhile, acknowledged without c
+            assert shipper.ship() is None
+        assert joined == ["c"]
+        assert len(sizes) >= 4
+        assert sizes == sorted(sizes)
+        assert len(set(sizes)) == len(sizes)  # it grew at every call
+        assert changes == [("c", True)]
+        _write(owner, "after")
+        assert shipper.ship() is None  # c is shipped to now
+        shipper.close()
+        log = Path(owner.log_path).read_bytes()
+    assert (Path(replicas_root(c)) / "sessions" / "s" / "0.jsonl").read_bytes() == log
+    keys = log_user_keys(Path(replicas_root(c)), "s")
+    assert keys[-1] == "after"
+    assert len(keys) == 120 + len(sizes) + 1
+    to_b.receiver.close()
+    to_c.receiver.close()

@@ -223,10 +223,8 @@ def main(argv: list[str] | None = None) -> int:
             fence=fence,
             tls=_tls_files(args),
         )
-        if isinstance(fence, ReplicatedFence):  # its followers hold the log before any write
-            fence.shipper.start()
-            if args.catch_up:  # a follower just added by a move: in sync before any write
-                fence.shipper.rejoin(args.catch_up)
+        if isinstance(fence, ReplicatedFence):  # its in-sync followers hold the log first;
+            fence.shipper.start()  # one out of sync is caught up between batches (idle)
         signal.signal(signal.SIGTERM, server.on_sigterm)  # stops at the next turn
         server.run()
     except (StopRequested, BrokenPipeError, ConnectionResetError):

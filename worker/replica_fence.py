@@ -37,6 +37,7 @@ from worker.wire import FrameReader, Message, encode
 
 REJOIN_INTERVAL: Final = 1.0
 IDLE_TICK: Final = 0.1  # seconds between the loop's idle calls while a follower is out
+CHECK_SLICE: Final = 0.02  # seconds of a catch-up's shipping before a write (idle: more)
 DAEMON_TIMEOUT: Final = 5.0  # the daemon's etcd call ends within 2 s (CALL_TIMEOUT)
 
 
@@ -46,8 +47,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--follower", action="append", default=[], help="NAME=tls://HOST:PORT")
     parser.add_argument("--in-sync", default="", help="the followers in sync, comma-separated")
     parser.add_argument("--min-in-sync", type=int, default=None)
-    parser.add_argument("--catch-up", action="append", default=[], help="a follower out of "
-                        "sync to catch up and add back at start (a move adding it)")  # fmt: skip
     parser.add_argument("--node-tls", nargs=3, default=None, metavar=("CA", "CERT", "KEY"))
     parser.add_argument("--daemon-socket", default=None, help="the daemon's control socket")
 
@@ -71,7 +70,7 @@ class ReplicatedFence(LeaseFence):
             raise lost
         if shipper.in_sync != set(shipper.followers) and time.monotonic() >= self._rejoin_after:
             self._rejoin_after = time.monotonic() + REJOIN_INTERVAL
-            shipper.rejoin_answering()
+            shipper.rejoin_answering(CHECK_SLICE)
         shipper.check_writable()
 
     def written(self, epoch: int, offset: int, prior_crc: int, data: bytes) -> None:

@@ -30,13 +30,13 @@ import time
 import zlib
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Final, Protocol
+from typing import Final
 
+from worker.catch_up import CATCH_UP_SLICE, CatchUps, FollowerChannel
 from worker.ship_lanes import Lanes
 from worker.store.errors import NotOwnerNow, SessionError
-from worker.store.replica_roles import shared_prefix
-from worker.store.replica_source import split_step, steps_after, tail_step
-from worker.store.replica_types import NotContinuing, Position, Step
+from worker.store.replica_source import split_step, tail_step
+from worker.store.replica_types import Position, Step
 from worker.store.session import Session
 
 MAX_STEP: Final = 256 * 1024  # bytes of lines per shipped step (a wire frame holds 1 MiB)
@@ -48,30 +48,6 @@ PROBE_INTERVAL: Final = 0.25
 
 class ShipFailed(Exception):
     """A follower did not acknowledge a step (unreachable, refused it, timed out)."""
-
-
-class FollowerChannel(Protocol):
-    """A connection to one follower node, speaking the ``replicate`` protocol."""
-
-    @property
-    def node(self) -> str: ...
-
-    def ship(self, step: Step) -> Position:
-        """Send one step; the copy's position once it is durable, or ShipFailed."""
-        ...
-
-    def position(self, session: str) -> Position | None:
-        """Where the follower's copy ends (None: it has none), or ShipFailed."""
-        ...
-
-    def line_ends(self, session: str, epoch: int) -> tuple[int, list[list[int]]]:
-        """The copy's ``[size, crc]`` line ends in ``epoch`` (or its newest below), or
-        ShipFailed."""
-        ...
-
-    def rewind(self, session: str, keep: Position, token: int) -> Position:
-        """Cut the copy back to ``keep`` (its suffix to quarantine); its position."""
-        ...
 
 
 class ReplicasMissing(NotOwnerNow):
@@ -134,6 +110,7 @@ class Shipper:
         self._probed: dict[str, float] = {}  # node -> when its last probe was sent
         self._at = self._own_position()
         self.lost: list[tuple[str, str]] = []  # (node, why) of each follower removed
+        self._catching = CatchUps(self._home, session.id, token, MAX_STEP, self.lost)
         # For the report: bytes and group commits shipped (or, to nobody, written) since
         # this worker started, and each follower's count at its last acknowledgement.
         self._bytes = 0
@@ -275,13 +252,17 @@ class Shipper:
             if why is not None:
                 self._drop(node, why)
 
-    def rejoin_answering(self) -> list[str]:
+    def rejoin_answering(self, budget: float = CATCH_UP_SLICE) -> list[str]:
         """``rejoin`` only the followers out of sync that answered a probe of their
         position, made off this thread: the worker's call between batches never waits on
         a follower that does not answer (SIGSTOPped, cut off: each probe waits out its
-        timeout in the background) while the session takes writes."""
+        timeout in the background) while the session takes writes. One being caught up
+        (its last piece acknowledged) goes on without a probe, for ``budget`` seconds."""
         answered = []
         for node in sorted(set(self.followers) - self.in_sync - self.unconfirmed):
+            if self._catching.under_way(node):
+                answered.append(node)
+                continue
             probe = self._probes.get(node)
             if probe is not None and probe.done():
                 del self._probes[node]
@@ -292,15 +273,16 @@ class Shipper:
             if probe is None and time.monotonic() >= self._probed.get(node, 0.0):
                 self._probed[node] = time.monotonic() + PROBE_INTERVAL
                 self._probes[node] = self._probe_pool.submit(self._probe, node)
-        return self.rejoin(answered) if answered else []
+        return self.rejoin(answered, budget) if answered else []
 
     def _probe(self, node: str) -> tuple[Position | None, float]:
         """``node``'s position and when it answered (on the probes' thread)."""
         return self.followers[node].position(self.session.id), time.monotonic()
 
-    def rejoin(self, nodes: Iterable[str] | None = None) -> list[str]:
+    def rejoin(self, nodes: Iterable[str] | None = None, budget: float | None = None) -> list[str]:
         """Catch up every follower out of sync (of ``nodes``, if given) and add it back;
-        the nodes that rejoined.
+        the nodes that rejoined. ``budget``: seconds of shipping to each (the rest at the
+        next call, ``worker.catch_up``); None: until it is caught up or fails.
 
         Called between batches (nothing is being written): a follower whose copy ends
         at the owner's position is added to the in-sync set in etcd, and from the next
@@ -309,7 +291,7 @@ class Shipper:
         joined = []
         out = set(self.followers) - self.in_sync - self.unconfirmed
         for node in sorted(out if nodes is None else out & set(nodes)):
-            if self._catch_up(node) is None:
+            if self._catch_up(node, budget) is None:
                 try:
                     self._change(node, True)
                 except Exception as exc:  # noqa: BLE001 - it stays out; the next call retries
@@ -320,33 +302,19 @@ class Shipper:
                 joined.append(node)
         return joined
 
-    def _rewind(self, channel: FollowerChannel, position: Position) -> Position:
-        """The follower's copy diverged (it holds what this log does not: groups its old
-        owner wrote and never had acknowledged): cut it back to the prefix they share."""
-        keep = _shared(self._home, self.session.id, channel, position)
-        at = channel.rewind(self.session.id, keep, self.token)
-        self.lost.append((channel.node, f"its copy was cut back from {position} to {at}"))
-        return at
-
-    def _catch_up(self, node: str) -> str | None:
-        channel = self.followers[node]
+    def _catch_up(self, node: str, budget: float | None = None) -> str | None:
+        """Ship ``node`` what its copy lacks (for at most ``budget`` seconds); None once
+        its copy ends at the owner's position, else why not (yet)."""
         try:
-            position = channel.position(self.session.id)
-            try:
-                steps = steps_after(self._home, self.session.id, position, self.token)
-            except NotContinuing:
-                assert position is not None  # a copy without a position continues nothing
-                position = self._rewind(channel, position)
-                steps = steps_after(self._home, self.session.id, position, self.token)
-            pieces = [piece for step in steps for piece in split_step(step, MAX_STEP)]
-            at = position
-            for piece in pieces:
-                at = channel.ship(piece)
+            at = self._catching.run(self.followers[node], budget)
         except (ShipFailed, SessionError) as exc:
             return str(exc)
+        if at is None:
+            return "being caught up"  # pieces left for the next call
         self._at = self._own_position()
         if at != self._at:
             return f"its copy is at {at}, the owner's at {self._at}"
+        self._catching.forget(node)
         self._acked_now(node)
         return None
 
@@ -374,6 +342,7 @@ class Shipper:
                 "lag_bytes": None if acked is None else self._bytes - acked[0],
                 "lag_groups": None if acked is None else self._groups - acked[1],
                 "ack_age_s": None if acked is None else round(now - acked[2], 3),
+                "copy_at": _message(self._catching.copy_at(node)),  # being caught up
             })  # fmt: skip
         return {
             "followers": followers,
@@ -382,12 +351,5 @@ class Shipper:
         }
 
 
-def _shared(home: str, session: str, channel: FollowerChannel, at: Position) -> Position:
-    """The longest prefix the follower's copy shares with this log (epochs from ``at``'s
-    down); NotContinuing if they share not even a first line."""
-    for epoch in range(at.epoch, -1, -1):
-        found, ends = channel.line_ends(session, epoch)
-        keep = shared_prefix(home, session, found, ends)
-        if keep is not None:
-            return keep
-    raise NotContinuing(session, f"{channel.node}'s copy shares no line with this log")
+def _message(position: Position | None) -> object:
+    return None if position is None else position.to_message()

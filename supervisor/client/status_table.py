@@ -96,13 +96,18 @@ def _cell(column: str, value: object) -> str:
 def lag_cell(followers: Sequence[object]) -> str:
     """``b:0B/0g/0.2s,c:4096B/12g/8.1s``: each follower's lag behind the owner's durable
     log end (bytes, group commits) and its last acknowledgement's age; ``?`` where the
-    owner has no acknowledgement from it since its worker started."""
+    owner has no acknowledgement from it since its worker started; ``d:catching-up@0:1048576``
+    for a copy being caught up (epoch and size of its copy so far)."""
     cells = []
     for follower in followers:
         if not isinstance(follower, dict):
             continue
         lag, groups, age = (follower.get(k) for k in ("lag_bytes", "lag_groups", "ack_age_s"))
         known = isinstance(lag, int) and isinstance(groups, int) and isinstance(age, int | float)
+        at = follower.get("copy_at")
+        if isinstance(at, list) and len(at) >= 2:
+            cells.append(f"{follower.get('node')}:catching-up@{at[0]}:{at[1]}")
+            continue
         cells.append(
             f"{follower.get('node')}:" + (f"{lag}B/{groups}g/{age:.1f}s" if known else "?")
         )

@@ -3,9 +3,12 @@
 ``grow`` places the node as a follower in etcd (one transaction under the owner's
 token and the replica set's revision), out of sync; the owner's daemon reads the set
 again and restarts the session's worker, which catches the new follower up from
-nothing (``--catch-up``) and adds it to the in-sync set in etcd once its copy ends at
-the owner's position. The mover waits for that, reading etcd. Until it is in sync the
-new copy counts for nothing: no failover may promote it, and no copy leaves.
+nothing between its batches, a slice at a time while it takes writes
+(``worker.catch_up``), and adds it to the in-sync set in etcd once its copy ends at the
+owner's position. The mover waits for that, reading etcd, for as long as the copy
+grows (the owner's status reports where it ends: ``copy_at``), and gives up after
+``timeout`` seconds without progress. Until it is in sync the new copy counts for
+nothing: no failover may promote it, and no copy leaves.
 
 ``shrink`` takes a follower out (the set first, under the owner's token; then the
 owner's worker restarts without it; then the node discards its copy).
@@ -27,6 +30,7 @@ from supervisor.cluster.replica_set import ReplicaSet, replicas_key, replicas_of
 from supervisor.cluster.routing import live_nodes
 
 POLL: float = 0.05
+PROGRESS_POLL: float = 1.0  # seconds between two reads of the owner's status
 
 
 def grow(client: EtcdClient, session: str, node: str, call: NodeCalls, *, timeout: float) -> bool:
@@ -53,14 +57,37 @@ def grow(client: EtcdClient, session: str, node: str, call: NodeCalls, *, timeou
         _write(client, session, owner.token, current, wanted, "grow")
     call(owner.node, "refollow", session)  # its worker restarts and catches the node up
     deadline = time.monotonic() + timeout
+    seen: object = None
+    asked = 0.0
     while True:
         now = replicas_of(client, session)
         if now is not None and node in now.in_sync:
             return added
+        if time.monotonic() >= asked + PROGRESS_POLL:  # a large copy: on while it grows
+            asked = time.monotonic()
+            at = copy_at(call, owner.node, session, node)
+            if at is not None and at != seen:
+                seen, deadline = at, time.monotonic() + timeout
         if time.monotonic() > deadline:
-            why = f"{node} is a follower but was not caught up in {timeout:g} s (out of sync)"
+            why = (f"{node} is a follower but its copy did not grow for {timeout:g} s "
+                   f"(out of sync, its copy at {seen})")  # fmt: skip
             raise MoveFailed(session, "grow", f"{why}; nothing else changed: rerun")
         time.sleep(POLL)
+
+
+def copy_at(call: NodeCalls, owner: str, session: str, node: str) -> object:
+    """Where ``node``'s copy ended at its last acknowledged catch-up piece, as the owner's
+    status reports it (``worker.replication.Shipper.report``); None if not known."""
+    try:
+        status = call(owner, "status", session)
+    except ClusterError:
+        return None
+    found = status[0] if isinstance(status, list) and status else None  # [its status]
+    rows = found.get("lag") if isinstance(found, dict) else None
+    for row in rows if isinstance(rows, list) else []:
+        if isinstance(row, dict) and row.get("node") == node:
+            return row.get("copy_at")
+    return None
 
 
 def shrink(client: EtcdClient, session: str, node: str, call: NodeCalls) -> ReplicaSet:

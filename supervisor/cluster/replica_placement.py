@@ -43,14 +43,11 @@ class WorkerReplication:
     in_sync: tuple[str, ...]
     tls: TlsFiles
     daemon_socket: str  # where the worker asks the daemon to change the in-sync set
-    catch_up: tuple[str, ...] = ()  # followers out of sync to catch up at start (a move's)
 
     def argv(self) -> list[str]:
         args = ["--replicas", str(self.replicas), "--in-sync", ",".join(self.in_sync)]
         for name, address in self.followers:
             args += ["--follower", f"{name}={address}"]
-        for name in self.catch_up:
-            args += ["--catch-up", name]
         args += ["--node-tls", self.tls.ca, self.tls.cert, self.tls.key]
         return [*args, "--daemon-socket", self.daemon_socket]
 

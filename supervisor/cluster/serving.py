@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Final
 
 from supervisor.cluster.errors import NotOwner
@@ -230,15 +230,12 @@ class ServingNode:
         if op == "unfollow":
             return unfollow_here(self.client, name, self.home, session)
         # refollow: the replica set read again; the worker restarts (the daemon's part)
-        # and catches up every follower out of sync before its first write.
+        # and catches up every follower out of sync between its batches (worker.catch_up).
         if self.node.held(session) is None:
             raise NotOwner(session, "not owned here: its followers are not this node's to change")
         with self._in_sync_lock:  # an in-sync change in flight writes it too
             self._read_replication(session)
             current = self.replication.get(session)
-            if current is not None:
-                out = tuple(n for n, _a in current.followers if n not in current.in_sync)
-                self.replication[session] = replace(current, catch_up=out)
         return {"session": session, "refollowed": current is not None}
 
     def close(self) -> None:
