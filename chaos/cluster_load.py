@@ -40,6 +40,9 @@ from supervisor.errors import ControlError
 RETRY_FOR: Final = 20.0
 """How long one request is sent again after errors before its outcome is unknown."""
 CALL_TIMEOUT: Final = 4.0
+OWNER_WAIT: Final = 2.0
+"""Seconds a request to a session nobody owns waits for its takeover (the client's
+``owner_wait``: it watches the owner key), as an application riding out a failover."""
 UP_DEADLINE: Final = 90.0
 SENT: Final = {"now": False}
 """Whether an attempt of the request in hand reached for a node's connection: then it
@@ -147,7 +150,7 @@ def load(plan: dict[str, Any]) -> None:
     signal.signal(signal.SIGTERM, _stop)
     process = int(plan["process"])
     rng = random.Random(plan["seed"] * 1000 + process)
-    with ClusterClient(plan["etcd"], timeout=CALL_TIMEOUT) as cluster:
+    with ClusterClient(plan["etcd"], timeout=CALL_TIMEOUT, owner_wait=OWNER_WAIT) as cluster:
         # The client's own steps that lead to sending (private: kept in step with
         # supervisor/client/cluster.py: `_link` for a control call, `_direct` for a send
         # over TCP, `_client` for a send to a unix: node); without them every failed

@@ -25,6 +25,7 @@ from supervisor.client.tcp_direct import DirectLink
 from supervisor.cluster.drain import least_loaded_node
 from supervisor.cluster.errors import ClusterError, NotOwner
 from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.keys import owner_key
 from supervisor.cluster.ownership import placement_of
 from supervisor.cluster.peer_link import NodeLink, result_of
 from supervisor.cluster.replica_placement import node_zones, zones_cell
@@ -53,6 +54,8 @@ ownership passed to a follower meanwhile), nothing was applied."""
 ATTEMPTS = 6
 """Tries of one ``send``: each after a reroute or a connection that ended."""
 RESEND_PAUSE = 0.05
+OWNER_WATCH_SLICE = 0.5
+"""Seconds of one watch of an owner key while a request waits for an owner."""
 """Seconds before the second try, growing by as much each try (a worker restarting)."""
 
 
@@ -64,10 +67,21 @@ def home_of(address: str) -> str:
 class ClusterClient:
     """Requests to the sessions of a cluster, each sent to the session's current owner."""
 
-    def __init__(self, url: str, *, timeout: float = 60.0, tls: TlsFiles | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 60.0,
+        tls: TlsFiles | None = None,
+        owner_wait: float = 0.0,
+    ) -> None:
+        """``owner_wait``: seconds a request to a session nobody owns now waits for an
+        owner (a failover in progress: a follower's takeover), watching its owner key in
+        etcd, before NotOwner is raised; 0 (the default): raised at once."""
         self.tls = tls if tls is not None else tls_files_from_env()
         self.etcd = EtcdClient(url, tls=self.tls.etcd_context() if self.tls else None)
         self.timeout = timeout
+        self.owner_wait = owner_wait
         self.guard = TokenGuard()
         self._clients: dict[str, Client] = {}
         self._links: dict[str, NodeLink] = {}
@@ -170,9 +184,25 @@ class ClusterClient:
     def _route(self, session: str, *, fresh: bool) -> Route:
         found = None if fresh else self._routes.get(session)
         if found is None:
-            found = route(self.etcd, session)
+            found = self._owner_route(session)
             self._routes[session] = found
         return found
+
+    def _owner_route(self, session: str) -> Route:
+        """The owner's route; while nobody owns the session, for up to ``owner_wait`` s,
+        the owner key is watched from the revision the lookup read (so a takeover made
+        right after it is seen at once), and looked up again when it changes."""
+        deadline = time.monotonic() + self.owner_wait
+        while True:
+            revision = self.etcd.txn([], []).revision if self.owner_wait > 0 else 0
+            try:
+                return route(self.etcd, session)
+            except NotOwner:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+            self.etcd.watch(owner_key(session), start_revision=revision + 1,
+                            wait=min(left, OWNER_WATCH_SLICE))  # fmt: skip
 
     def _call(self, node: str, address: str, op: str, **fields: object) -> object:
         """One control request to ``node``: on its unix socket, or over TLS."""
