@@ -6,24 +6,30 @@ owner's worker is restarted with the followers etcd lists all the same. Four rea
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
+import psutil
 import pytest
 
 from supervisor.cli.cluster_commands import RemoteNodes
 from supervisor.client.cluster import ClusterClient
 from supervisor.client.control import call
 from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.keys import node_value, owner_key
 from supervisor.cluster.replica_grow import grow, shrink
 from supervisor.cluster.replica_placement import WorkerReplication
-from supervisor.cluster.replica_set import ReplicaSet
-from supervisor.cluster.replica_watch import followers_differ
+from supervisor.cluster.replica_set import ReplicaSet, replicas_key
+from supervisor.cluster.replica_watch import ReplicaWatch, followers_differ
+from supervisor.cluster.serving import ServingNode
 from supervisor.cluster.transport import Role, TlsFiles
+from tests.etcd_server import EtcdServer
 from tests.replica_nodes import NAMES, Nodes, running_nodes
 from tests.support import poll_until
 from tests.test_replica_move import _write_keys
+from tests.tls_certs import Certificates
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -31,7 +37,25 @@ pytestmark = pytest.mark.timeout(90)
 @pytest.fixture
 def nodes(tmp_path: Path) -> Iterator[Nodes]:
     with running_nodes(tmp_path / "rf") as cluster:
-        yield cluster
+        try:
+            yield cluster
+        finally:
+            _stop_together(cluster)
+
+
+def _stop_together(cluster: Nodes) -> None:
+    """SIGTERM every daemon at once (each stops its workers meanwhile), then reap each
+    and any worker left: the nodes stop in the time of one."""
+    workers = [proc for daemon in cluster.daemons.values() for proc in daemon.workers()]
+    for daemon in cluster.daemons.values():
+        if daemon.proc.poll() is None:
+            daemon.proc.send_signal(signal.SIGTERM)
+    for daemon in cluster.daemons.values():
+        daemon.stop()
+    _gone, alive = psutil.wait_procs(workers, timeout=10)
+    for proc in alive:
+        proc.kill()
+    psutil.wait_procs(alive, timeout=10)
 
 
 class KilledMover:
@@ -181,3 +205,44 @@ def test_an_unregistered_follower_the_set_has_an_address_of_now_differs() -> Non
     current = ReplicaSet(3, ("b", "c"), (), 0, (("c", "tls://c"),))
     assert followers_differ(view, current, {}) is True
     assert followers_differ(view, ReplicaSet(3, ("b", "c"), ()), {}) is False
+
+
+def test_a_scan_reads_again_only_a_set_whose_followers_changed(tmp_path: Path) -> None:
+    """What the watch's scan (also its fallback for a missed event) does, on a real etcd:
+    an in-sync change is the worker's own, a follower changed is read again and handed
+    on once, a value that is not a replica set is reported once and changes nothing."""
+    server = EtcdServer(tmp_path / "etcd")
+    server.start()
+    files = Certificates(tmp_path / "certs").issue("a", Role.NODE)
+    serving = ServingNode(server.url, "a", str(tmp_path / "a"), tls=files)
+    changed: list[str] = []
+    reports: list[str] = []
+    watch = ReplicaWatch(serving, changed.append, reports.append)
+    try:
+        etcd = serving.client
+        token = etcd.put(owner_key("r"), node_value("a"))
+        etcd.put(replicas_key("r"), ReplicaSet(3, ("b", "c"), ("b", "c")).value())
+        assert serving.node.adopt("r", token, serving.node.lease.lease_id)
+        assert serving.refollow("r") is True  # first read: none before
+        assert watch.scan() == []
+        etcd.put(replicas_key("r"), ReplicaSet(3, ("b", "c"), ("b",)).value())
+        assert watch.scan() == []  # in-sync only
+        etcd.put(replicas_key("r"), ReplicaSet(3, ("b", "d"), ("b",)).value())
+        assert watch.scan() == ["r"]
+        assert changed == ["r"]
+        assert [n for n, _a in serving.replication["r"].followers] == ["b", "d"]
+        assert serving.replication["r"].in_sync == ("b",)
+        assert watch.scan() == []  # read again: nothing more to do
+        etcd.put(replicas_key("r"), b"not json")
+        assert watch.scan() == []
+        assert watch.scan() == []
+        assert len(reports) == 1
+        assert reports[0].startswith("cluster: r: its replica set in etcd is not readable, "
+                                     "its worker's followers are kept: ")  # fmt: skip
+        assert [n for n, _a in serving.replication["r"].followers] == ["b", "d"]
+        serving.node.drop("r")  # not held here: not compared
+        etcd.put(replicas_key("r"), ReplicaSet(3, ("c", "d"), ()).value())
+        assert watch.scan() == []
+    finally:
+        serving.client.close()
+        server.stop()

@@ -84,6 +84,9 @@ class ReplicaWatch:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if not self._held():  # nothing to compare: etcd is not asked
+                self._stop.wait(self.interval)
+                continue
             since = self._revision()
             self.scan()
             self._wait(since)
