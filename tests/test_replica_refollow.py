@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -25,8 +26,8 @@ from supervisor.cluster.replica_set import ReplicaSet, replicas_key
 from supervisor.cluster.replica_watch import ReplicaWatch, followers_differ
 from supervisor.cluster.serving import ServingNode
 from supervisor.cluster.transport import Role, TlsFiles
-from tests.etcd_server import EtcdServer
-from tests.replica_nodes import NAMES, Nodes, running_nodes
+from tests.etcd_server import EtcdServer, free_port
+from tests.replica_nodes import NAMES, Nodes
 from tests.support import poll_until
 from tests.test_replica_move import _write_keys
 from tests.tls_certs import Certificates
@@ -34,13 +35,30 @@ from tests.tls_certs import Certificates
 pytestmark = pytest.mark.timeout(90)
 
 
+HANG_TIMEOUT = "120"
+"""The nodes' hang timeout: a worker's loop turns on its own every 30 s (a quarter of it),
+so a follower caught up within seconds was not waiting for such a turn."""
+
+
 @pytest.fixture
 def nodes(tmp_path: Path) -> Iterator[Nodes]:
-    with running_nodes(tmp_path / "rf") as cluster:
-        try:
-            yield cluster
-        finally:
-            _stop_together(cluster)
+    """``replica_nodes.running_nodes``'s four nodes, started and stopped together."""
+    root = tmp_path / "rf"
+    root.mkdir()
+    etcd = EtcdServer(root / "etcd")
+    etcd.start()
+    addresses = {name: f"tls://127.0.0.1:{free_port()}" for name in NAMES}
+    cluster = Nodes(root, etcd, Certificates(root / "certs"), addresses)
+    try:
+        with ThreadPoolExecutor(len(NAMES)) as starting:
+            started = [starting.submit(cluster.start, name, "--hang-timeout", HANG_TIMEOUT)
+                       for name in NAMES]  # fmt: skip
+        for future in started:
+            future.result()  # a node that did not start fails the test, named
+        yield cluster
+    finally:
+        _stop_together(cluster)
+        etcd.stop()
 
 
 def _stop_together(cluster: Nodes) -> None:
