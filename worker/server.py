@@ -74,7 +74,7 @@ class Server:
         self.acceptor = TlsAcceptor(tls)  # TCP connections handed over: CA, cert, key
         STATS.reset()  # count this worker's own work, not what opening it or a parent did
         self._report_due: float | None = None
-        self._fence_due: float | None = None  # a replicated session's rejoins between batches
+        self._fence_due = None if fence is None else time.monotonic()  # rejoins from turn 1 on
 
     def on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         """SIGTERM: stop at the loop's next turn; never inside a batch or a write.

@@ -108,6 +108,11 @@ class ClusterNode:
         with self._lock:
             return self.tokens.get(session)
 
+    def held_sessions(self) -> list[str]:
+        """The sessions this node serves now."""
+        with self._lock:
+            return sorted(self.tokens)
+
     def create(self, session: str, baseline: Baseline, slot: int = 0) -> int:
         """Create a session on this node: placed and owned in etcd first, then on disk."""
         lease = self.lease.lease_id

@@ -56,6 +56,13 @@ class WorkerReplication:
         return replace(self, in_sync=tuple(sorted(names)))
 
 
+def same_followers(one: WorkerReplication | None, other: WorkerReplication | None) -> bool:
+    """True if both name the same followers at the same addresses (in-sync sets aside)."""
+    if one is None or other is None:
+        return one is other
+    return dict(one.followers) == dict(other.followers)
+
+
 def node_zones(client: EtcdClient) -> dict[str, str]:
     """The zone each live node registered (``loopd serve --zone``); nodes without none."""
     zones = {}

@@ -30,6 +30,7 @@ from supervisor.cluster.replica_placement import (
     WorkerReplication,
     choose_followers,
     replication_of,
+    same_followers,
 )
 from supervisor.cluster.replica_set import change_in_sync, place_replicas, replicas_of
 from supervisor.cluster.routing import live_nodes
@@ -233,10 +234,18 @@ class ServingNode:
         # and catches up every follower out of sync between its batches (worker.catch_up).
         if self.node.held(session) is None:
             raise NotOwner(session, "not owned here: its followers are not this node's to change")
-        with self._in_sync_lock:  # an in-sync change in flight writes it too
+        self.refollow(session)
+        return {"session": session, "refollowed": self.replication.get(session) is not None}
+
+    def refollow(self, session: str) -> bool:
+        """Read ``session``'s replica set again (a move changed its followers: the mover's
+        ``refollow``, or ``replica_watch``); True if its followers or their addresses
+        differ from the ones read before."""
+        with self._in_sync_lock:  # an in-sync change in flight writes the view too
+            before = self.replication.get(session)
             self._read_replication(session)
-            current = self.replication.get(session)
-        return {"session": session, "refollowed": current is not None}
+            after = self.replication.get(session)
+        return not same_followers(before, after)
 
     def close(self) -> None:
         """Revoke the lease (this node owns nothing any more) and close the etcd client."""

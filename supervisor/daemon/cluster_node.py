@@ -23,6 +23,8 @@ from typing import Final, TypeVar
 from supervisor.cluster.errors import AlreadyPlaced, ClusterError, Cordoned, NotOwner
 from supervisor.cluster.failover_watch import FailoverWatch
 from supervisor.cluster.ownership import unplace
+from supervisor.cluster.replica_placement import same_followers
+from supervisor.cluster.replica_watch import ReplicaWatch
 from supervisor.cluster.serving import ServingNode, WorkerCluster
 from supervisor.daemon.endpoints import Waiter
 from supervisor.daemon.hosted import HostedSession
@@ -59,6 +61,7 @@ class DaemonNode:
         self.on_idle = on_idle  # a job ended while the daemon stops: it may be done now
         self.pending: set[str] = set()  # sessions with an etcd job waiting or running
         self.watch: FailoverWatch | None = None  # takes over followed sessions (failover)
+        self.followers: ReplicaWatch | None = None  # keeps workers' followers etcd's
         # How the daemon hosts a session under its worker arguments (set by the loop).
         self.host: Callable[[str, WorkerCluster], HostedSession] | None = None
         self.intent: IntentFile | None = None  # the node's intent file (set by the loop)
@@ -82,12 +85,19 @@ class DaemonNode:
             lambda line: self._in_loop(self.report, line), self.serving.tls,
         )  # fmt: skip
         self.watch.start()
+        self.followers = ReplicaWatch(
+            self.serving, lambda session: self._in_loop(self._followers_changed, session),
+            lambda line: self._in_loop(self.report, line),
+        )  # fmt: skip
+        self.followers.start()
         return served
 
     def close(self) -> None:
         """Wait for the etcd jobs (each ends by its deadline), then revoke the lease."""
         if self.watch is not None:
             self.watch.close()
+        if self.followers is not None:
+            self.followers.close()
         self._executor.shutdown(wait=True, cancel_futures=True)
         self.serving.close()
 
@@ -241,26 +251,46 @@ class DaemonNode:
                 code = "move_failed" if isinstance(exc, ClusterError) else "io_error"
                 waiter.client.reply(error(waiter.request_id, code, str(exc)))
             else:
-                if op == "refollow":
-                    self._refollow(session)
+                if op == "refollow" and result is not None:  # whether its worker restarted
+                    result = {**result, "refollowed": self._refollow(session)}
                 waiter.client.reply(ok(waiter.request_id, result))
 
         self._run(session, lambda: self.serving.move_step(op, session, dict(fields)), stepped)
 
-    def _refollow(self, session: str) -> None:
+    def _refollow(self, session: str, *, wake: bool = True) -> bool:
         """The session's followers changed (a replicated move): its worker restarts with
-        them, and catches up the new one before its first write."""
+        them (and catches a new one up between its batches); True if it was (re)started.
+        A worker started with these followers already (the replica watch saw the change
+        first, or the mover's ``refollow`` did) is not restarted again."""
         hosted = self.sessions.get(session)
         args = self.worker_args(session)
         if hosted is None or args is None:
-            return
+            return False
+        before = hosted.spec.cluster
         hosted.spec = dataclasses.replace(hosted.spec, cluster=args)
         if hosted.worker is not None:
+            if before is not None and same_followers(before.replication, args.replication):
+                return False
             hosted.stop(restart=True)
-        elif hosted.state is State.IDLE:  # hibernated: woken to catch the follower up
+            return True
+        if wake and hosted.state is State.IDLE:  # hibernated: woken to catch the follower up
             hosted.start()
+            return True
         # STOPPED (an operator's stop), FATAL: left so; the new follower is caught up
         # when it is started again, and the mover says it was not caught up in time.
+        return False
+
+    def _followers_changed(self, session: str) -> None:
+        """The replica watch found etcd's followers of ``session`` other than its worker's
+        (a mover killed before its ``refollow``): a running worker restarts with them; a
+        hibernated one starts with them when it wakes."""
+        if self.stopping() or not self._refollow(session, wake=False):
+            return
+        args = self.worker_args(session)
+        replication = args.replication if args is not None else None
+        names = ", ".join(n for n, _a in replication.followers) if replication else "none"
+        self.report(f"{session}: its followers in etcd are {names}, not its worker's: "
+                    "its worker restarts with them")  # fmt: skip
 
     def _unplace(self, session: str, args: WorkerCluster) -> None:
         """Undo a placement made for a create the daemon will not host (it is stopping)."""
