@@ -33,7 +33,8 @@ from supervisor.cluster.replica_set import change_in_sync, place_replicas
 from supervisor.cluster.transport import TlsFiles
 from worker import Session, SessionError
 from worker.app import DefaultApp
-from worker.replication import ShipFailed, Shipper
+from worker.catch_up import ShipFailed
+from worker.replication import Shipper
 from worker.store import durable
 
 SESSION = "r"

@@ -30,8 +30,8 @@ from tests.test_cluster_direct_tcp import Node, start_node
 from tests.test_store_replica import BASELINE, _request
 from tests.tls_certs import Certificates
 from worker import Owner, Session
+from worker.catch_up import ShipFailed
 from worker.follower_tls import TlsFollower, node_context
-from worker.replication import ShipFailed
 from worker.store.replica import Replica
 from worker.store.replica_roles import replicas_root
 from worker.store.replica_source import steps_after

@@ -20,7 +20,8 @@ from supervisor.client.status_table import lag_cell
 from tests.support import poll_until
 from tests.test_replication_shipper import BASELINE, LocalFollower, _write
 from worker import Owner, Session
-from worker.replication import ReplicasMissing, ShipFailed, Shipper
+from worker.catch_up import ShipFailed
+from worker.replication import ReplicasMissing, Shipper
 from worker.store.replica_types import Position, Step
 
 

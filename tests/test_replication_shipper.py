@@ -8,14 +8,16 @@ to quarantine, never deleted); then it ships on and the copy is its log byte for
 
 from __future__ import annotations
 
+import threading
 import zlib
 from pathlib import Path
 
 from supervisor.cluster.replica_receiver import ReplicaReceiver
-from tests.support import log_user_keys
+from tests.support import log_user_keys, poll_until
 from worker import Assistant, Baseline, Owner, Session, User
+from worker.catch_up import ShipFailed
 from worker.follower_tls import parse_line_ends
-from worker.replication import ShipFailed, Shipper
+from worker.replication import Shipper
 from worker.store.fencing import write_owner
 from worker.store.loader import load_session
 from worker.store.replica_roles import promote, replicas_root
@@ -182,5 +184,58 @@ def test_a_new_follower_is_caught_up_a_slice_at_a_time_while_writes_go_on(
     keys = log_user_keys(Path(replicas_root(c)), "s")
     assert keys[-1] == "after"
     assert len(keys) == 120 + len(sizes) + 1
+    to_b.receiver.close()
+    to_c.receiver.close()
+
+
+class Stalling(LocalFollower):
+    """A follower whose ``replicate`` hangs while ``stall`` is set (SIGSTOPped, or cut off
+    without a refusal), until ``go`` is set; ``timed_out`` if nobody set it in 10 s."""
+
+    def __init__(self, node: str, home: Path) -> None:
+        super().__init__(node, home)
+        self.stall = False
+        self.stalled = threading.Event()
+        self.go = threading.Event()
+        self.timed_out = False
+
+    def ship(self, step: Step) -> Position:
+        if self.stall:
+            self.stalled.set()
+            self.timed_out = not self.go.wait(10)
+            self.stall = False
+        return super().ship(step)
+
+
+def test_a_follower_that_stops_answering_while_it_is_caught_up_holds_up_no_write(
+    tmp_path: Path,
+) -> None:
+    """The catch-up runs off the worker's thread: while the follower being caught up
+    does not answer, the worker's calls between batches return and its writes are
+    acknowledged by the follower in sync; once it answers again it is caught up and
+    added back (before, the worker's thread waited out the link's timeout)."""
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    to_b, to_c = LocalFollower("b", b), Stalling("c", c)
+    with Session.create(a, "s", BASELINE) as owner:
+        owner.append(Owner(node="a", token=5))
+        for i in range(20):
+            owner.append_many([User(time=T, text="x" * 100_000, key=f"big{i}")])
+        shipper = Shipper(owner, 5, 3, [to_b, to_c], ["b"], lambda _n, _ok: None)
+        shipper.start()
+        to_c.stall = True
+        assert shipper.rejoin_answering() == []  # its task starts: the worker goes on
+        poll_until(to_c.stalled.is_set, what="c's catch-up to hang")
+        for i in range(5):  # the worker's batches meanwhile
+            _write(owner, f"w{i}")
+            assert shipper.ship() is None
+            assert shipper.rejoin_answering() == []
+        to_c.go.set()
+        poll_until(lambda: shipper.rejoin_answering() == ["c"], what="c added back")
+        assert not to_c.timed_out  # nothing waited for c on the worker's thread
+        _write(owner, "after")
+        assert shipper.ship() is None
+        shipper.close()
+        log = Path(owner.log_path).read_bytes()
+    assert (Path(replicas_root(c)) / "sessions" / "s" / "0.jsonl").read_bytes() == log
     to_b.receiver.close()
     to_c.receiver.close()

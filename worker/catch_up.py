@@ -1,24 +1,28 @@
-"""Catching a follower up from its last valid line, a slice at a time (docs/scaling.md 9.2).
+"""Catching a follower up from its last valid line (docs/scaling.md 9.2).
 
-A follower out of sync (a new copy added by a move, one back after a fault) is sent
-what the owner's log holds after the copy's position: the steps are read once, cut into
-pieces of at most ``MAX_STEP`` bytes, and shipped in order. Between batches the worker
-ships them for at most ``budget`` seconds a call, so a session of any size is caught up
-while it keeps taking writes (and its worker keeps its heartbeat): nothing it writes
-meanwhile goes to that follower, and once the pieces are shipped the copy's position is
-compared with the owner's; what was written since is read and sent the same way, until
-the copy ends where the owner's log ends (then ``Shipper.rejoin`` adds it back).
+A follower out of sync (a new copy added by a move, one back after a fault) states its
+position; the owner checks that its own log begins with the copy's bytes (reading it in
+chunks), cuts the copy back to the prefix they share if not, and then ships what follows,
+reading one step at a time from a cursor (the copy's position): the whole groups after
+it, about ``MAX_STEP`` bytes each, then each later epoch's first files. Nothing of the
+log is held between steps, so memory stays bounded whatever the session's size.
+
+The worker runs this off its own thread (``Shipper.rejoin_answering``: one task per
+follower), so the session takes writes meanwhile and a follower that stops answering
+holds up no batch; nothing it writes then goes to that follower. Once a task has shipped
+everything whole, the worker, between two batches, ships the few steps written since
+(for at most ``budget`` seconds) and, if the copy then ends where its log ends, adds
+the follower back (``Shipper.rejoin``); otherwise another task goes on from there.
 """
 
 from __future__ import annotations
 
-import collections
 import time
 from dataclasses import dataclass
 from typing import Final, Protocol
 
 from worker.store.replica_roles import shared_prefix
-from worker.store.replica_source import split_step, steps_after
+from worker.store.replica_source import next_step, verify_prefix
 from worker.store.replica_types import NotContinuing, Position, Step
 
 CATCH_UP_SLICE: Final = 0.2
@@ -49,14 +53,18 @@ class FollowerChannel(Protocol):
         ...
 
 
+class ShipFailed(Exception):
+    """A follower did not acknowledge a step (unreachable, refused it, timed out)."""
+
+
 @dataclass(slots=True)
-class _Pending:
-    pieces: collections.deque[Step]
-    at: Position | None  # the copy's position after the last piece it acknowledged
+class _Cursor:
+    at: Position | None  # where the copy ends: the end of the last step it acknowledged
 
 
 class CatchUps:
-    """The catch-ups in progress of one owner session's followers."""
+    """The catch-ups in progress of one owner session's followers: for each, where its
+    copy ends (a cursor into this log; nothing of the log is held between calls)."""
 
     def __init__(
         self, home: str, session_id: str, token: int, max_step: int, lost: list[tuple[str, str]]
@@ -66,53 +74,58 @@ class CatchUps:
         self._token = token
         self._max_step = max_step
         self._lost = lost  # the shipper's: a copy cut back is reported there
-        self._pending: dict[str, _Pending] = {}
+        self._cursors: dict[str, _Cursor] = {}
+        self.progressed = False  # a step acknowledged since the worker last looked
 
     def under_way(self, node: str) -> bool:
-        """True while pieces read for ``node`` are left to ship."""
-        pending = self._pending.get(node)
-        return pending is not None and bool(pending.pieces)
+        """True while ``node`` is being caught up (its copy's position known here)."""
+        return node in self._cursors
 
     def copy_at(self, node: str) -> Position | None:
-        """Where ``node``'s copy ended at its last acknowledged piece (None: not known)."""
-        pending = self._pending.get(node)
-        return None if pending is None else pending.at
+        """Where ``node``'s copy ended at its last acknowledged step (None: not known)."""
+        cursor = self._cursors.get(node)
+        return None if cursor is None else cursor.at
 
     def forget(self, node: str) -> None:
-        self._pending.pop(node, None)
+        self._cursors.pop(node, None)
 
     def run(self, channel: FollowerChannel, budget: float | None) -> Position | None:
-        """Ship the next pieces to ``channel``'s follower, for at most ``budget`` seconds
-        (None: all of them); the copy's position once every piece read is shipped, None
-        while some are left. A failure (ShipFailed, SessionError) forgets the catch-up:
-        the next call starts again from the copy's position."""
+        """Ship the steps that follow ``channel``'s copy, read one at a time, until none
+        is left whole (then the copy's position) or ``budget`` seconds have passed (then
+        None; None: no limit). A failure (ShipFailed, SessionError) forgets the cursor:
+        the next call starts again from the position the follower states."""
         node = channel.node
         deadline = None if budget is None else time.monotonic() + budget
         try:
-            pending = self._pending.get(node)
-            if pending is None or not pending.pieces:
-                pending = self._pending[node] = self._read(channel)
-            while pending.pieces:
-                pending.at = channel.ship(pending.pieces[0])
-                pending.pieces.popleft()
-                if pending.pieces and deadline is not None and time.monotonic() >= deadline:
-                    return None
+            cursor = self._cursors.get(node)
+            if cursor is None:
+                cursor = self._cursors[node] = _Cursor(self._start(channel))
+            shipped = False
+            while (step := next_step(self._home, self._session, cursor.at, self._token,
+                                     self._max_step)) is not None:  # fmt: skip
+                if shipped and deadline is not None and time.monotonic() >= deadline:
+                    return None  # at least one step a call, and the rest at the next
+                at = channel.ship(step)
+                if at != step.end:
+                    raise ShipFailed(f"{node}: its copy is at {at} after a step ending at "
+                                     f"{step.end}")  # fmt: skip
+                cursor.at, shipped, self.progressed = at, True, True
         except BaseException:
-            self._pending.pop(node, None)
+            self._cursors.pop(node, None)
             raise
-        return pending.at
+        return cursor.at
 
-    def _read(self, channel: FollowerChannel) -> _Pending:
-        """The pieces after the copy's position (cut back first if it diverged)."""
+    def _start(self, channel: FollowerChannel) -> Position | None:
+        """The copy's position, checked to continue this log (cut back first if not)."""
         position = channel.position(self._session)
+        if position is None:
+            return None
         try:
-            steps = steps_after(self._home, self._session, position, self._token)
+            verify_prefix(self._home, self._session, position)
         except NotContinuing:
-            assert position is not None  # a copy without a position continues nothing
             position = self._rewind(channel, position)
-            steps = steps_after(self._home, self._session, position, self._token)
-        pieces = [piece for step in steps for piece in split_step(step, self._max_step)]
-        return _Pending(collections.deque(pieces), position)
+            verify_prefix(self._home, self._session, position)
+        return position
 
     def _rewind(self, channel: FollowerChannel, position: Position) -> Position:
         """The follower's copy diverged (it holds what this log does not: groups its old

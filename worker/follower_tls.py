@@ -18,7 +18,7 @@ import ssl
 import time
 from typing import Final
 
-from worker.replication import ShipFailed
+from worker.catch_up import ShipFailed
 from worker.store.replica_types import Position, Step
 from worker.wire import FrameReader, Message, WireError, encode
 

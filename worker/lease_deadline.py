@@ -74,6 +74,11 @@ class LeaseFence:
         None if never (an unreplicated session has nothing to do between its writes)."""
         return None
 
+    def progressed(self) -> bool:
+        """True once after work between batches the supervisor should hear of (a follower
+        being caught up); never for an unreplicated session."""
+        return False
+
     def close(self) -> None:
         """Close the file."""
         os.close(self._fd)

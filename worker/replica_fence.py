@@ -99,6 +99,9 @@ class ReplicatedFence(LeaseFence):
         shipper.rejoin_answering()
         return time.monotonic() + IDLE_TICK
 
+    def progressed(self) -> bool:
+        return self.shipper.progressed()
+
     def change_in_sync(self, node: str, in_sync: bool) -> None:
         """Have the daemon change etcd's in-sync set, and wait until it did (``Shipper``'s
         callback); OSError or RuntimeError (one line) if it did not."""

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Final
 
-from worker.catch_up import CATCH_UP_SLICE, CatchUps, FollowerChannel
+from worker.catch_up import CATCH_UP_SLICE, CatchUps, FollowerChannel, ShipFailed
 from worker.ship_lanes import Lanes
 from worker.store.errors import NotOwnerNow, SessionError
 from worker.store.replica_source import split_step, tail_step
@@ -41,13 +41,9 @@ from worker.store.session import Session
 
 MAX_STEP: Final = 256 * 1024  # bytes of lines per shipped step (a wire frame holds 1 MiB)
 FRESH: Final = 2.0
-"""Seconds an out-of-sync follower's answer to a probe counts for its rejoin."""
+"""Seconds a catch-up task's end counts for the rejoin that follows it."""
 PROBE_INTERVAL: Final = 0.25
-"""Seconds from one probe of an out-of-sync follower to the next (one that did not answer)."""
-
-
-class ShipFailed(Exception):
-    """A follower did not acknowledge a step (unreachable, refused it, timed out)."""
+"""Seconds from a catch-up task that failed (its follower did not answer) to the next."""
 
 
 class ReplicasMissing(NotOwnerNow):
@@ -103,9 +99,9 @@ class Shipper:
         self._home = os.path.dirname(os.path.dirname(session.dir))
         self._lanes = Lanes(self.followers)  # one sending thread per follower
         self._shipped = False  # steps queued since the last ship
-        # A follower out of sync is first asked its position off the worker's thread: one
-        # that does not answer (stopped, cut off) never holds up the writes.
-        self._probes: dict[str, Future[tuple[Position | None, float]]] = {}
+        # A follower out of sync is caught up off the worker's thread: one that does not
+        # answer (stopped, cut off) never holds up the writes.
+        self._probes: dict[str, Future[float]] = {}  # node -> its catch-up task
         self._probe_pool = ThreadPoolExecutor(max_workers=max(1, len(self.followers)))
         self._probed: dict[str, float] = {}  # node -> when its last probe was sent
         self._at = self._own_position()
@@ -124,9 +120,11 @@ class Shipper:
         self._probe_pool.shutdown(wait=False, cancel_futures=True)
 
     def _own_position(self) -> Position:
+        size = crc = 0
         with open(self.session.log_path, "rb") as log:
-            data = log.read()
-        return Position(self.session.epoch, len(data), zlib.crc32(data))
+            while chunk := log.read(1 << 20):  # in chunks: memory stays bounded
+                size, crc = size + len(chunk), zlib.crc32(chunk, crc)
+        return Position(self.session.epoch, size, crc)
 
     # -- before and after a write ---------------------------------------------------------
 
@@ -253,31 +251,40 @@ class Shipper:
                 self._drop(node, why)
 
     def rejoin_answering(self, budget: float = CATCH_UP_SLICE) -> list[str]:
-        """``rejoin`` only the followers out of sync that answered a probe of their
-        position, made off this thread: the worker's call between batches never waits on
-        a follower that does not answer (SIGSTOPped, cut off: each probe waits out its
-        timeout in the background) while the session takes writes. One being caught up
-        (its last piece acknowledged) goes on without a probe, for ``budget`` seconds."""
-        answered = []
-        for node in sorted(set(self.followers) - self.in_sync - self.unconfirmed):
-            if self._catching.under_way(node):
-                answered.append(node)
-                continue
-            probe = self._probes.get(node)
-            if probe is not None and probe.done():
-                del self._probes[node]
-                if probe.exception() is None and time.monotonic() - probe.result()[1] < FRESH:
-                    answered.append(node)
-                    continue
-                probe = None  # it failed, or answered too long ago to count on it now
-            if probe is None and time.monotonic() >= self._probed.get(node, 0.0):
-                self._probed[node] = time.monotonic() + PROBE_INTERVAL
-                self._probes[node] = self._probe_pool.submit(self._probe, node)
-        return self.rejoin(answered, budget) if answered else []
+        """Catch the followers out of sync up off this thread, and add back those that
+        are: the worker's call between batches never waits on a follower that does not
+        answer (SIGSTOPped, cut off) while the session takes writes (``worker.catch_up``).
 
-    def _probe(self, node: str) -> tuple[Position | None, float]:
-        """``node``'s position and when it answered (on the probes' thread)."""
-        return self.followers[node].position(self.session.id), time.monotonic()
+        Each follower out of sync gets a task (on the shipper's pool) that asks its
+        position and ships what follows, until nothing whole is left; once it has ended,
+        here, the steps written since are shipped for at most ``budget`` seconds and the
+        follower is added back if its copy then ends where this log ends; otherwise a new
+        task goes on. A task that failed is tried again ``PROBE_INTERVAL`` later."""
+        ready = []
+        for node in sorted(set(self.followers) - self.in_sync - self.unconfirmed):
+            task = self._probes.get(node)
+            if task is not None and not task.done():
+                continue
+            if task is not None:
+                del self._probes[node]
+                if task.exception() is None and time.monotonic() - task.result() < FRESH:
+                    ready.append(node)  # it answered just now: the rest on this thread
+                    continue
+                self._probed[node] = time.monotonic() + PROBE_INTERVAL
+            if time.monotonic() >= self._probed.get(node, 0.0):
+                self._probes[node] = self._probe_pool.submit(self._run_catch_up, node)
+        return self.rejoin(ready, budget) if ready else []
+
+    def _run_catch_up(self, node: str) -> float:
+        """A catch-up task: ``node`` shipped what this log holds whole; when it ended."""
+        self._catching.run(self.followers[node], None)
+        return time.monotonic()
+
+    def progressed(self) -> bool:
+        """True once after a follower being caught up acknowledged a step (the worker
+        then reports its state: the owner's status says where the copy ends)."""
+        progressed, self._catching.progressed = self._catching.progressed, False
+        return progressed
 
     def rejoin(self, nodes: Iterable[str] | None = None, budget: float | None = None) -> list[str]:
         """Catch up every follower out of sync (of ``nodes``, if given) and add it back;
@@ -310,10 +317,11 @@ class Shipper:
         except (ShipFailed, SessionError) as exc:
             return str(exc)
         if at is None:
-            return "being caught up"  # pieces left for the next call
-        self._at = self._own_position()
-        if at != self._at:
-            return f"its copy is at {at}, the owner's at {self._at}"
+            return "being caught up"  # steps left for the next call
+        size = os.stat(self.session.log_path).st_size
+        if (at.epoch, at.size) != (self.session.epoch, size):  # written meanwhile
+            return f"its copy is at {at}, the owner's log ends at {self.session.epoch}:{size}"
+        self._at = at  # its CRC-32 is this log's: each step's end was checked
         self._catching.forget(node)
         self._acked_now(node)
         return None

@@ -8,7 +8,7 @@ from worker.peer import Peer
 from worker.store.errors import KeyExpired, LogSealed, NotOwnerNow, SessionError
 from worker.store.session import Session
 from worker.turns import PoisonRequest
-from worker.wire import Message, error
+from worker.wire import Message, error, ok
 
 
 def describe(session: Session) -> Message:
@@ -19,6 +19,16 @@ def describe(session: Session) -> Message:
         "records": len(session.records),
         "slot": session.slot,
     }
+
+
+def durable_point(request_id: object, session: Session) -> Message:
+    """Between batches every group written is fsynced, so the log's length is a group
+    boundary and all of it durable (``loopd backup``)."""
+    try:
+        size = os.stat(session.log_path).st_size
+    except OSError as exc:
+        return error(request_id, "unreadable", f"{session.log_path}: {exc}")
+    return ok(request_id, {"epoch": session.epoch, "bytes": size})
 
 
 def error_code(exc: SessionError) -> str:

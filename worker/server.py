@@ -13,7 +13,6 @@ without waking an idle supervisor.
 
 from __future__ import annotations
 
-import os
 import selectors
 import socket
 import time
@@ -25,7 +24,7 @@ from worker.heartbeat import HeartbeatCell
 from worker.lease_deadline import LeaseFence
 from worker.peer import Peer
 from worker.record_feed import records_page
-from worker.replies import describe, error_code, error_reply, streams
+from worker.replies import describe, durable_point, error_code, error_reply, streams
 from worker.signal_wake import SignalWake
 from worker.store.errors import NotOwnerNow, SessionBroken, SessionError
 from worker.store.session import Session
@@ -113,8 +112,10 @@ class Server:
                     self._update(peer)
                 if self.heartbeat_cell is not None:
                     self.heartbeat_cell.beat()  # a store to shared memory: it wakes no one
-                self._report_state()
                 self._fence_due = None if self.fence is None else self.fence.idle()
+                if self.fence is not None and self.fence.progressed():
+                    self._state_changed()  # a follower's copy grew: the status says where
+                self._report_state()
                 for late in self.acceptor.expire(time.monotonic()):
                     self.selector.unregister(late.sock)
         finally:
@@ -246,14 +247,8 @@ class Server:
                 self.selector.register(handshake.sock, handshake.wants, handshake)
         elif op == "compact":
             self._compact(request_id, message)
-        elif op == "durable_point":  # between batches: every group written is fsynced, so
-            # the log's length is a group boundary and all of it durable (loopd backup)
-            try:
-                size = os.stat(session.log_path).st_size
-            except OSError as exc:
-                peer.queue(error(request_id, "unreadable", f"{session.log_path}: {exc}"))
-            else:
-                peer.queue(ok(request_id, {"epoch": session.epoch, "bytes": size}))
+        elif op == "durable_point":  # between batches (loopd backup)
+            peer.queue(durable_point(request_id, session))
         elif op == "stop":
             peer.queue(ok(request_id, {"state": describe(session)}))
             self._stop = True

@@ -18,7 +18,7 @@ from typing import Final
 from supervisor.cluster.follower_link import FollowerLink
 from supervisor.cluster.replica_set import ReplicaSet
 from supervisor.cluster.transport import TlsFiles
-from worker.replication import ShipFailed
+from worker.catch_up import ShipFailed
 from worker.store.epoch_files import list_epochs
 from worker.store.errors import SessionError
 from worker.store.layout import session_dir

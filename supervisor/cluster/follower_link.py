@@ -12,8 +12,8 @@ from __future__ import annotations
 from supervisor.cluster.peer_link import NodeLink
 from supervisor.cluster.transport import TlsFiles
 from supervisor.errors import ControlError
+from worker.catch_up import ShipFailed
 from worker.follower_tls import parse_line_ends
-from worker.replication import ShipFailed
 from worker.store.replica_types import Position, Step
 
 SHIP_TIMEOUT = 5.0

@@ -23,6 +23,7 @@ from worker.store.layout import session_dir
 from worker.store.replica_types import NotContinuing, Position, Step
 from worker.store.session_state import baseline_path, log_path
 
+_CHUNK: Final = 1 << 20  # bytes read at a time when a whole log is checked
 _FRAME: Final = re.compile(rb',"part":([0-9]+),"parts":([0-9]+),"crc":"[0-9a-f]{8}"\}$')
 
 
@@ -160,3 +161,74 @@ def tail_step(
         log.seek(at.size)
         data = log.read(newest.size - at.size)
     return [Step(session_id, at.epoch, at.size, at.crc, data, token)]
+
+
+def verify_prefix(home: str | os.PathLike[str], session_id: str, position: Position) -> None:
+    """The owner's log of ``position``'s epoch begins with the copy's bytes, at a line end
+    (``NotContinuing`` in one line if not); read in chunks: memory stays bounded."""
+    directory = session_dir(home, session_id)
+    dir_fd = open_directory(directory)
+    try:
+        epochs = list_epochs(directory, dir_fd)
+    finally:
+        os.close(dir_fd)
+    if position.epoch not in epochs:
+        raise NotContinuing(directory, f"the copy is at {position}, but this session's newest "
+                            f"epoch is {epochs[-1]}: the copy is ahead of the owner")  # fmt: skip
+    crc, left, last = 0, position.size, b""
+    with open(log_path(directory, position.epoch), "rb") as log:
+        while left > 0 and (chunk := log.read(min(left, _CHUNK))):
+            crc, left, last = zlib.crc32(chunk, crc), left - len(chunk), chunk[-1:]
+    at = f"the copy is at {position}, but this log"
+    if left or position.size == 0 or last != b"\n":
+        why = f"{at} of epoch {position.epoch} has no line ending there: the copy diverged"
+        raise NotContinuing(directory, why)
+    if crc != position.crc:
+        why = f"{at}'s first {position.size} bytes have CRC-32 {crc:08x}: the copy diverged"
+        raise NotContinuing(directory, why)
+
+
+def next_step(
+    home: str | os.PathLike[str],
+    session_id: str,
+    at: Position | None,
+    token: int,
+    max_bytes: int,
+) -> Step | None:
+    """The step that follows a copy at ``at`` (None: no copy yet), reading only that: the
+    whole groups after it in its epoch's log (about ``max_bytes``, at least one group), or
+    once that log holds no more, the next epoch's first files; None if there is nothing
+    whole to send yet. ``at`` must continue this log (``verify_prefix``)."""
+    directory = session_dir(home, session_id)
+    if at is None:
+        return _epoch_step(directory, session_id, 0, token)
+    with open(log_path(directory, at.epoch), "rb") as log:
+        size = os.fstat(log.fileno()).st_size
+        want = max_bytes
+        while at.size < size:
+            log.seek(at.size)
+            data = log.read(min(want, size - at.size))
+            end = whole_groups_end(data, 0)
+            if end > 0:
+                return Step(session_id, at.epoch, at.size, at.crc, data[:end], token)
+            if at.size + len(data) >= size:
+                return None  # a group still being written: the next call sends it
+            want *= 2  # one group larger than max_bytes
+    if not os.path.exists(log_path(directory, at.epoch + 1)):
+        return None
+    return _epoch_step(directory, session_id, at.epoch + 1, token)
+
+
+def _epoch_step(directory: str, session_id: str, epoch: int, token: int) -> Step | None:
+    """An epoch's first step (its first line and baseline), None while not written."""
+    try:
+        with open(log_path(directory, epoch), "rb") as log:
+            first = log.readline(_CHUNK)
+    except FileNotFoundError:
+        return None
+    if not first.endswith(b"\n"):
+        return None
+    base = baseline_path(directory, epoch)
+    with open(base, "rb") as file:
+        baseline = file.read()
+    return Step(session_id, epoch, 0, 0, first, token, baseline)
