@@ -20,7 +20,7 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from supervisor.cli.daemon_commands import serve
+from supervisor.cli.serve_command import serve
 from supervisor.client import call
 from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError

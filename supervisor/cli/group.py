@@ -11,14 +11,13 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Sequence
-from importlib.metadata import entry_points
 from typing import Final, NoReturn
 
 import click
 
 PLUGIN_GROUP: Final = "loopd.commands"
 COMMANDS: Final = {
-    "serve": "supervisor.cli.daemon_commands:serve",
+    "serve": "supervisor.cli.serve_command:serve",
     "create": "supervisor.cli.create_command:create",
     "send": "supervisor.cli.daemon_commands:send",
     "compact": "supervisor.cli.daemon_commands:compact",
@@ -78,6 +77,8 @@ class LazyGroup(click.Group):
         sys.exit(result if isinstance(result, int) else 0)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
+        from importlib.metadata import entry_points  # noqa: PLC0415 - slow: only when listed
+
         plugins = [entry.name for entry in entry_points(group=PLUGIN_GROUP)]
         return sorted({*COMMANDS, *plugins})
 
@@ -87,6 +88,8 @@ class LazyGroup(click.Group):
             module, _, attribute = target.partition(":")
             command = getattr(importlib.import_module(module), attribute)
         else:
+            from importlib.metadata import entry_points  # noqa: PLC0415 - slow: a plugin only
+
             found = [e for e in entry_points(group=PLUGIN_GROUP) if e.name == cmd_name]
             if not found:
                 return None

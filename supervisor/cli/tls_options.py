@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Final, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import click
 
-from supervisor.client.cluster import ClusterClient
+if TYPE_CHECKING:
+    from supervisor.client.cluster import ClusterClient
+
 from supervisor.cluster.transport import ENV, TlsFiles, TransportError, parse_tls_address
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -87,4 +89,6 @@ def tls_files_given() -> TlsFiles | None:
 
 def cluster_client(url: str, *, timeout: float) -> ClusterClient:
     """A ClusterClient of ``url`` with the command's TLS files (for tls:// nodes)."""
+    from supervisor.client.cluster import ClusterClient  # noqa: PLC0415 - a --cluster call only
+
     return ClusterClient(url, timeout=timeout, tls=tls_files_given())
