@@ -64,7 +64,9 @@ def main(config: dict[str, object]) -> int:
             shipper = Shipper(session, token, replicas, links, sorted(followers), change)
             shipper.start()
             session.on_written = shipper.written  # as the worker: shipped while it syncs
-            print(json.dumps({"ready": True, "token": token, "lost": shipper.lost}), flush=True)
+            print(
+                json.dumps({"ready": True, "token": token, "lost": list(shipper.lost)}), flush=True
+            )
             for line in sys.stdin:
                 command, _, key = line.strip().partition(" ")
                 if command == "crash":

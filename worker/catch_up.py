@@ -17,6 +17,7 @@ the follower back (``Shipper.rejoin``); otherwise another task goes on from ther
 
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass
 from typing import Final, Protocol
@@ -67,7 +68,12 @@ class CatchUps:
     copy ends (a cursor into this log; nothing of the log is held between calls)."""
 
     def __init__(
-        self, home: str, session_id: str, token: int, max_step: int, lost: list[tuple[str, str]]
+        self,
+        home: str,
+        session_id: str,
+        token: int,
+        max_step: int,
+        lost: collections.deque[tuple[str, str]],
     ) -> None:
         self._home = home
         self._session = session_id

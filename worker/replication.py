@@ -24,6 +24,7 @@ the owner's durable log end, in bytes and in group commits, and how long ago it 
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import time
@@ -42,6 +43,8 @@ from worker.store.session import Session
 MAX_STEP: Final = 256 * 1024  # bytes of lines per shipped step (a wire frame holds 1 MiB)
 FRESH: Final = 2.0
 """Seconds a catch-up task's end counts for the rejoin that follows it."""
+LOST_KEPT: Final = 100
+"""Entries ``Shipper.lost`` keeps (a session refusing writes for hours adds one a batch)."""
 PROBE_INTERVAL: Final = 0.25
 """Seconds from a catch-up task that failed (its follower did not answer) to the next."""
 
@@ -105,7 +108,8 @@ class Shipper:
         self._probe_pool = ThreadPoolExecutor(max_workers=max(1, len(self.followers)))
         self._probed: dict[str, float] = {}  # node -> when its last probe was sent
         self._at = self._own_position()
-        self.lost: list[tuple[str, str]] = []  # (node, why) of each follower removed
+        # (node, why) of the latest followers removed or cut back: the newest LOST_KEPT
+        self.lost: collections.deque[tuple[str, str]] = collections.deque(maxlen=LOST_KEPT)
         self._catching = CatchUps(self._home, session.id, token, MAX_STEP, self.lost)
         # For the report: bytes and group commits shipped (or, to nobody, written) since
         # this worker started, and each follower's count at its last acknowledgement.
