@@ -21,7 +21,7 @@ from tests.support import poll_until
 from tests.test_replication_shipper import BASELINE, LocalFollower, _write
 from worker import Owner, Session
 from worker.catch_up import ShipFailed
-from worker.replication import ReplicasMissing, Shipper
+from worker.replication import LOST_KEPT, ReplicasMissing, Shipper
 from worker.store.replica_types import Position, Step
 
 
@@ -142,3 +142,29 @@ def test_a_follower_that_does_not_answer_never_holds_up_the_owner_between_batche
         shipper.close()
     b.receiver.close()
     c.receiver.close()
+
+
+def test_a_session_refusing_writes_for_long_keeps_only_the_newest_reasons(
+    tmp_path: Path,
+) -> None:
+    """Each write refused while a follower's removal from etcd is unconfirmed notes why
+    in ``Shipper.lost``: it keeps the newest ``LOST_KEPT``, not one per refusal forever."""
+    b = Flaky("b", tmp_path / "b")
+
+    def etcd_down(_node: str, _in_sync: bool) -> None:
+        raise OSError("the daemon's socket: connection refused")
+
+    with Session.create(tmp_path / "a", "s", BASELINE) as owner:
+        owner.append(Owner(node="a", token=3))
+        shipper = Shipper(owner, 3, 2, [b], ["b"], etcd_down)
+        shipper.start()
+        b.down = True
+        _write(owner, "k1")
+        assert isinstance(shipper.ship(), ReplicasMissing)
+        for _ in range(3 * LOST_KEPT):
+            with pytest.raises(ReplicasMissing, match="etcd could not be told"):
+                shipper.check_writable()
+        assert len(shipper.lost) == LOST_KEPT
+        assert all("connection refused" in why for _node, why in list(shipper.lost)[1:])
+        shipper.close()
+    b.receiver.close()
