@@ -239,3 +239,31 @@ def test_a_follower_that_stops_answering_while_it_is_caught_up_holds_up_no_write
     assert (Path(replicas_root(c)) / "sessions" / "s" / "0.jsonl").read_bytes() == log
     to_b.receiver.close()
     to_c.receiver.close()
+
+
+def test_a_catch_up_crosses_epoch_commits_one_step_at_a_time(tmp_path: Path) -> None:
+    """A copy caught up from nothing over two epoch commits, one step a call, with a
+    commit between two calls: each epoch's log and baseline on the copy are the owner's."""
+    a, c = tmp_path / "a", tmp_path / "c"
+    to_c = LocalFollower("c", c)
+    with Session.create(a, "s", BASELINE) as owner:
+        owner.append(Owner(node="a", token=5))
+        for i in range(6):
+            owner.append_many([User(time=T, text="y" * 100_000, key=f"e0-{i}")])
+        owner.commit_epoch("first", BASELINE)
+        _write(owner, "e1")
+        shipper = Shipper(owner, 5, 2, [to_c], [], lambda _n, _ok: None, required=1)
+        assert shipper.rejoin(["c"], budget=0.0) == []  # epoch 0's first step only
+        owner.commit_epoch("second", BASELINE)  # between two calls
+        _write(owner, "e2")
+        joined: list[str] = []
+        for _ in range(30):
+            if joined := shipper.rejoin(["c"], budget=0.0):
+                break
+        assert joined == ["c"]
+        shipper.close()
+    copy = Path(replicas_root(c)) / "sessions" / "s"
+    for name in ("0.jsonl", "1.jsonl", "2.jsonl", "1.baseline.json", "2.baseline.json", "0-1.keys"):
+        assert (copy / name).read_bytes() == (a / "sessions" / "s" / name).read_bytes(), name
+    load_session(str(copy), "s", history=True)
+    to_c.receiver.close()

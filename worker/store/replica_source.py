@@ -202,6 +202,9 @@ def next_step(
     directory = session_dir(home, session_id)
     if at is None:
         return _epoch_step(directory, session_id, 0, token)
+    # The next epoch's log first: once it exists this one is whole (its EpochEnd was
+    # made durable before the next epoch's files), so its size is read after.
+    sealed = os.path.exists(log_path(directory, at.epoch + 1))
     with open(log_path(directory, at.epoch), "rb") as log:
         size = os.fstat(log.fileno()).st_size
         want = max_bytes
@@ -214,9 +217,7 @@ def next_step(
             if at.size + len(data) >= size:
                 return None  # a group still being written: the next call sends it
             want *= 2  # one group larger than max_bytes
-    if not os.path.exists(log_path(directory, at.epoch + 1)):
-        return None
-    return _epoch_step(directory, session_id, at.epoch + 1, token)
+    return _epoch_step(directory, session_id, at.epoch + 1, token) if sealed else None
 
 
 def _epoch_step(directory: str, session_id: str, epoch: int, token: int) -> Step | None:
