@@ -200,8 +200,10 @@ def test_clients_that_pipeline_and_never_read_do_not_stall_the_others(tmp_path: 
                     while frame:
                         frame = frame[sock.send(frame) :]
                 greedy.append(sock)
+            # A stall would last as long as the greedy clients stay connected, unread: a
+            # bound well above a loaded machine's slowest answer still catches it.
             for _ in range(5):
-                assert _answers_quickly(home, within=2.0)
+                assert _answers_quickly(home, within=15.0)
         finally:
             for sock in greedy:
                 sock.close()
