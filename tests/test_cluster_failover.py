@@ -19,13 +19,14 @@ from supervisor.cluster.failover import take_over
 from supervisor.cluster.failover_watch import FailoverWatch
 from supervisor.cluster.keys import move_key
 from supervisor.cluster.move import start_intent
-from supervisor.cluster.node import ClusterNode
+from supervisor.cluster.node import Claims, ClusterNode
 from supervisor.cluster.ownership import owner_of, place_new, placement_of
 from supervisor.cluster.replica_move_node import promote_here
 from supervisor.cluster.replica_set import ReplicaSet, change_in_sync, place_replicas, replicas_of
-from tests.cluster_support import create_session, register, send
+from tests.cluster_support import APP, create_session, register, send
 from tests.etcd_server import EtcdServer
 from tests.support import log_user_keys
+from worker import Session
 from worker.store.layout import SESSIONS_DIR
 from worker.store.replica import Replica
 from worker.store.replica_roles import replicas_root
@@ -241,3 +242,38 @@ def test_a_copy_a_move_promoted_during_the_watchs_scan_is_not_set_aside(
         assert log_user_keys(b.home, "r") == ["k0"]
         assert not (b.home / "quarantine").exists(), reports
         assert not (root / SESSIONS_DIR / "r").exists()
+
+
+def test_a_copy_taken_over_between_an_epochs_end_and_the_next_epoch_is_claimed(
+    etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """The old owner died between its EpochEnd (shipped to the followers while it was
+    written) and the next epoch's files: the copy taken over ends with EpochEnd. Its
+    claim writes no Owner into the closed epoch and serves it (the worker completes the
+    change with the recorded summary, then writes its Owner); before, the claim was
+    refused at every scan ("epoch 0 is closed by EpochEnd") and the session never served
+    again (found by the 100-kill `loopd chaos cluster --seed 2026 --replicas 3`)."""
+    with EtcdClient(etcd.url) as client, EtcdClient(etcd.url) as own:
+        a = register(client, "a", tmp_path / "a")
+        b = ClusterNode(own, "b", tmp_path / "b")
+        b.start()
+        try:
+            token = create_session(client, a, "r")
+            place_replicas(client, "r", token, 2, ["b"])
+            send(a.home, "r", "k0")
+            with Session.open(a.home, "r") as opened:
+                opened.commit_epoch("the summary", APP.next_baseline(opened, "the summary"))
+            copy = tmp_path / "b" / SESSIONS_DIR / "r"
+            shutil.copytree(a.home / SESSIONS_DIR / "r", copy)
+            for name in ("1.jsonl", "1.baseline.json"):  # the next epoch never reached b
+                (copy / name).unlink()
+            client.lease_revoke(a.lease_id)
+            failover = take_over(client, "r", "b", b.lease.lease_id)
+            claims = Claims()
+            b.claim("r", claims)
+            assert claims.served == {"r": failover.token}, claims
+            with Session.open(b.home, "r") as opened:  # nothing was written into it
+                assert opened.epoch_closed
+                assert opened.fence.token == token
+        finally:
+            b.close()

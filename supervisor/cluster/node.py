@@ -25,7 +25,15 @@ from supervisor.cluster.keys import check_zone_name, move_key
 from supervisor.cluster.lease import LeaseTiming, NodeLease
 from supervisor.cluster.ownership import acquire, owner_of, place_new, placement_of
 from supervisor.cluster.session_files import QUARANTINE_DIR, set_aside
-from worker import Baseline, NotOwnerNow, Owner, Session, SessionError, SessionLocked
+from worker import (
+    Baseline,
+    EpochClosed,
+    NotOwnerNow,
+    Owner,
+    Session,
+    SessionError,
+    SessionLocked,
+)
 from worker.store.fencing import write_owner
 from worker.store.layout import SESSIONS_DIR, session_dir
 from worker.store.replica_roles import replicas_root
@@ -198,6 +206,11 @@ class ClusterNode:
             return
         except SessionLocked:
             pass  # its worker runs: restarted with this token, it writes the Owner itself
+        except EpochClosed:
+            # An epoch change cut short (its EpochEnd shipped, the next epoch's files not:
+            # the owner died between them); no newer token is in the log. The worker
+            # completes the change with the recorded summary, then writes its Owner.
+            pass
         except SessionError as exc:
             claims.waiting[session] = str(exc)
             return
