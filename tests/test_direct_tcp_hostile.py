@@ -23,7 +23,7 @@ import pytest
 
 from supervisor.client.tcp_direct import DirectLink
 from supervisor.cluster.peer_link import NodeLink
-from supervisor.cluster.transport import Role, TlsFiles, direct_preamble
+from supervisor.cluster.transport import REPLICA_PREAMBLE, Role, TlsFiles, direct_preamble
 from supervisor.errors import ControlError
 from tests.support import log_user_keys, poll_until
 from tests.test_cluster_direct_tcp import Node, start_node
@@ -208,13 +208,21 @@ def test_a_forbidden_op_of_any_length_is_one_short_line(node: Node) -> None:
 
 
 def _answering_follower(certs: Certificates, reply: Message) -> tuple[socket.socket, int]:
-    """A TLS server with follower b's certificate that answers one request with ``reply``."""
+    """A TLS server with follower b's certificate that reads the replication channel's
+    preamble, then answers one request with ``reply``."""
     files = certs.issue("b", Role.NODE)
     context = server_context(files.ca, files.cert, files.key)
     listener = socket.create_server(("127.0.0.1", 0))
 
     def serve() -> None:
         conn, _ = listener.accept()
+        conn.settimeout(10)
+        preamble = b""
+        while len(preamble) < len(REPLICA_PREAMBLE) and (
+            chunk := conn.recv(len(REPLICA_PREAMBLE) - len(preamble))
+        ):
+            preamble += chunk
+        assert preamble == REPLICA_PREAMBLE, preamble
         with context.wrap_socket(conn, server_side=True) as tls:
             reader = FrameReader()
             while not reader.feed(tls.recv(1 << 16)):

@@ -4,10 +4,11 @@ A replicated session's worker ships its commits itself, with the node's certific
 (the daemon hands it the files' paths and the followers' addresses): TLS 1.3 both ways,
 the follower's certificate checked against the cluster CA, against the follower's
 name (``server_hostname``: the name etcd gave) and for the ``loopd-node`` role, as the
-cluster transport does (docs/scaling.md, "The transport"). Requests are the control
-frames (``worker.wire``), one ``replicate`` or ``replica_position`` at a time; any
-failure is a ``ShipFailed`` in one line and closes the connection (the next call
-connects again).
+cluster transport does (docs/scaling.md, "The transport"). The connection opens with
+``tls_roles.REPLICA_PREAMBLE``: the follower serves it in a thread of its own, for the
+replication ops only. Requests are the control frames (``worker.wire``), one
+``replicate`` or ``replica_position`` at a time; any failure is a ``ShipFailed`` in
+one line and closes the connection (the next call connects again).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Final
 
 from worker.catch_up import ShipFailed
 from worker.store.replica_types import Position, Step
+from worker.tls_roles import REPLICA_PREAMBLE
 from worker.wire import FrameReader, Message, WireError, encode
 
 NODE_ROLE: Final = "loopd-node"
@@ -130,6 +132,8 @@ class TlsFollower:
             raise ShipFailed(f"{self._node}: not a tls://HOST:PORT address: {self.address!r}")
         raw = socket.create_connection((host.strip("[]"), int(port)), timeout=self.timeout)
         try:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # the line, then TLS
+            raw.sendall(REPLICA_PREAMBLE)  # then TLS at once: served by a thread of its own
             sock = self.context.wrap_socket(raw, server_hostname=self._node)
         except (ssl.SSLError, OSError):
             raw.close()

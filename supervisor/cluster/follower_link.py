@@ -1,7 +1,8 @@
 """The owner's channel to one follower node over the cluster transport (TLS, node role).
 
 ``worker.replication.Shipper`` ships through it: each step is one ``replicate`` request
-on a persistent TLS connection (``peer_link.NodeLink``, this node's certificate), and
+on a persistent TLS connection (``peer_link.NodeLink``, this node's certificate, opened
+with the replication channel's preamble: a thread of the follower's own serves it), and
 its reply is the follower's position once the step is durable there. Any failure (no
 connection, a refusal, no reply within the timeout) is a ``ShipFailed`` naming the
 node and why, in one line.
@@ -10,7 +11,7 @@ node and why, in one line.
 from __future__ import annotations
 
 from supervisor.cluster.peer_link import NodeLink
-from supervisor.cluster.transport import TlsFiles
+from supervisor.cluster.transport import REPLICA_PREAMBLE, TlsFiles
 from supervisor.errors import ControlError
 from worker.catch_up import ShipFailed
 from worker.follower_tls import parse_line_ends
@@ -26,7 +27,7 @@ class FollowerLink:
         self, node: str, address: str, files: TlsFiles, *, timeout: float = SHIP_TIMEOUT
     ) -> None:
         self._node = node
-        self._link = NodeLink(address, node, files, timeout=timeout)
+        self._link = NodeLink(address, node, files, timeout=timeout, preamble=REPLICA_PREAMBLE)
 
     @property
     def node(self) -> str:

@@ -28,7 +28,7 @@ import shutil
 import threading
 from typing import Final
 
-from supervisor.cluster.errors import MoveFailed
+from supervisor.cluster.errors import ClusterError, MoveFailed
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import move_key
 from supervisor.cluster.move import MoveIntent, seal_source
@@ -45,9 +45,11 @@ from supervisor.cluster.session_files import (
 )
 from supervisor.cluster.transport import TlsFiles
 from supervisor.errors import ControlError
+from worker import SessionError
 from worker.store import durable
 from worker.store.layout import session_dir
 from worker.store.loader import load_session
+from worker.wire import Message, WireError, error, ok
 
 CHUNK: Final = 512 << 10
 """Bytes of a file per ``file`` request (a reply frame holds at most 1 MiB)."""
@@ -125,6 +127,25 @@ def read_chunk(home: str, session: str, name: str, offset: int) -> dict[str, obj
         f.seek(offset)
         data = f.read(CHUNK)
     return {"data": data, "eof": len(data) < CHUNK}
+
+
+def answer_files(home: str, message: Message, peer_names: list[str]) -> Message:
+    """The reply to ``files`` (the manifest) or ``file`` (a chunk) from ``home``, for a
+    session sealed for the peer node (the TLS gateway asks, in a thread of its own)."""
+    request_id = message.get("id")
+    session, name, offset = message.get("session"), message.get("name"), message.get("offset")
+    try:
+        if not isinstance(session, str):
+            raise WireError("field 'session' must be a string")
+        if message.get("op") == "files":
+            return ok(request_id, {"files": sealed_manifest(home, session, peer_names)})
+        if not isinstance(name, str) or type(offset) is not int:
+            raise WireError("fields 'name' (a string) and 'offset' (an integer) are needed")
+        return ok(request_id, read_chunk(home, session, name, offset))
+    except (WireError, ValueError) as exc:
+        return error(request_id, "bad_request", str(exc))
+    except (ClusterError, SessionError, OSError) as exc:
+        return error(request_id, "move_failed", str(exc))
 
 
 def pull_here(

@@ -44,8 +44,11 @@ def result_of(reply: Message) -> object:
 class NodeLink:
     """A persistent TLS connection to one node, made on first use and after a failure."""
 
-    def __init__(self, address: str, node: str, files: TlsFiles, *, timeout: float) -> None:
+    def __init__(
+        self, address: str, node: str, files: TlsFiles, *, timeout: float, preamble: bytes = b""
+    ) -> None:
         self.address = address
+        self.preamble = preamble  # sent in plaintext before the handshake (the channel)
         self.node = node
         self.files = files
         self.timeout = timeout
@@ -115,6 +118,9 @@ class NodeLink:
             raise ControlError("no_daemon", f"cannot reach node {self.node} at "
                                f"{self.address}: {exc.strerror or exc}") from exc  # fmt: skip
         try:
+            if self.preamble:  # the line, then the ClientHello at once (no Nagle wait)
+                raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                raw.sendall(self.preamble)
             sock = self._context.wrap_socket(raw, server_hostname=self.node)
         except (ssl.SSLError, OSError) as exc:
             raw.close()

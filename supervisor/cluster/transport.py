@@ -28,6 +28,7 @@ from worker.store.errors import InvalidSessionId
 from worker.store.session_id import MAX_LENGTH, validate_session_id
 from worker.tls_roles import (
     HANDSHAKE_TIMEOUT,
+    REPLICA_PREAMBLE,
     Role,
     TlsSetupError,
     describe,
@@ -38,7 +39,8 @@ from worker.tls_roles import (
 )
 
 __all__ = [
-    "ALLOWED", "DIRECT_PREAMBLE", "ENV", "HANDSHAKE_TIMEOUT", "MAX_PREAMBLE", "Role",
+    "ALLOWED", "DIRECT_PREAMBLE", "ENV", "HANDSHAKE_TIMEOUT", "MAX_PREAMBLE", "REPLICA_PREAMBLE",
+    "Role",
     "TlsFiles", "TransportError", "check_node_certificate", "describe", "direct_preamble",
     "dns_names", "own_certificate_problem", "parse_preamble",
     "parse_tls_address", "refusal", "role_of", "tls_files_from_env",

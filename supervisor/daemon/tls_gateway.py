@@ -8,6 +8,10 @@ requests are checked against its role (``transport.ALLOWED``) and relayed, frame
 frame, to the node's own control socket, whose replies go back unchanged: what a remote
 client may ask is exactly what a local one may, less what its certificate forbids.
 
+A connection that opens with the replication channel's preamble (an owner's link to
+this node as a follower, ``transport.REPLICA_PREAMBLE``) is handed, raw, to a thread of
+its own (``replica_link``): the handshake, the apply and the reply are made there.
+
 A connection that opens with the plaintext preamble of the direct data path
 (``transport.DIRECT_PREAMBLE`` and a session's id) is not served here: once the
 preamble is read, the raw socket goes to the session's worker (``tcp_handover``), which
@@ -27,12 +31,10 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Final
 
-from supervisor.cluster.errors import ClusterError
-from supervisor.cluster.move_node import read_chunk, sealed_manifest
+from supervisor.cluster.move_node import answer_files
 from supervisor.cluster.replica_receiver import OPS as REPLICA_OPS
-from supervisor.cluster.replica_receiver import WRITES as REPLICA_WRITES
 from supervisor.cluster.replica_receiver import receiver_for
-from supervisor.cluster.replica_sender import NotTheOwner, SenderCheck
+from supervisor.cluster.replica_sender import SenderCheck
 from supervisor.cluster.transport import (
     ALLOWED,
     Role,
@@ -45,7 +47,9 @@ from supervisor.cluster.transport import (
     refusal,
     role_of,
 )
+from supervisor.daemon.replica_link import ReplicaLinks, answer_replica
 from supervisor.daemon.tls_direct import (
+    Channel,
     HandsOver,
     Refused,
     accept_tls,
@@ -54,8 +58,7 @@ from supervisor.daemon.tls_direct import (
     read_preamble,
 )
 from supervisor.errors import ServeError
-from worker import SessionError
-from worker.wire import FrameReader, Message, WireError, encode, error, ok
+from worker.wire import FrameReader, Message, WireError, encode, error
 
 BACKLOG: Final = 128
 MAX_HANDSHAKES: Final = 32
@@ -101,6 +104,10 @@ class TlsGateway:
         self.replicas = receiver_for(os.path.dirname(control_path))  # follower copies
         self.senders: SenderCheck | None = None  # who may write them: etcd's owner
         self._tasks: set[asyncio.Task[None]] = set()
+        self.links = ReplicaLinks(self.context, self._replica, report)  # replica_link
+
+    def _replica(self, message: Message, names: list[str]) -> Message:
+        return answer_replica(self.replicas, self.senders, message, names)
 
     @property
     def handshaking(self) -> int:
@@ -162,6 +169,7 @@ class TlsGateway:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self.links.close()
         self.replicas.close()
 
     def _run(self, ready: threading.Event) -> None:
@@ -224,7 +232,12 @@ class TlsGateway:
             except asyncio.CancelledError:  # closed for a newer one, or the node is ending
                 conn.close()
                 raise
-            if session is None:  # TLS at once: served here, as it always was
+            if session is Channel.REPLICATION:
+                if self.links.start(conn, peer):
+                    return  # the link's own thread serves it (replica_link)
+                self.report(f"tls: {peer}: {self.links.limit} replication links served "
+                            "by threads already (the limit): this one by the loop")  # fmt: skip
+            if session is None or session is Channel.REPLICATION:  # TLS at once: served here
                 await self._serve_one(conn, peer)
             else:
                 await self._direct(conn, peer, session)
@@ -307,7 +320,8 @@ class TlsGateway:
                     elif op in REPLICA_OPS:  # a follower's copy, written here (replica_receiver)
                         answer = await asyncio.to_thread(self._replica, message, names)
                     elif op in ("files", "file"):  # a moved session's files, read here
-                        answer = await asyncio.to_thread(self._files, message, names)
+                        home = os.path.dirname(self.control_path)
+                        answer = await asyncio.to_thread(answer_files, home, message, names)
                     else:
                         daemon_writer.write(encode(message))
                         continue
@@ -319,34 +333,6 @@ class TlsGateway:
         finally:
             back.cancel()
             daemon_writer.transport.abort()
-
-    def _replica(self, message: Message, names: list[str]) -> Message:
-        """A replica op; a write only from the session's owner in etcd (replica_sender)."""
-        if self.senders is not None and message.get("op") in REPLICA_WRITES:
-            try:
-                self.senders.check(message, names)
-            except NotTheOwner as exc:
-                return error(message.get("id"), "not_owner", str(exc))
-        return self.replicas.handle(message)
-
-    def _files(self, message: Message, names: list[str]) -> Message:
-        """Answer ``files`` (the manifest) or ``file`` (a chunk) from this node's home, for
-        a session sealed for the peer node (``move_node``), in a thread of the gateway."""
-        request_id = message.get("id")
-        home = os.path.dirname(self.control_path)
-        session, name, offset = message.get("session"), message.get("name"), message.get("offset")
-        try:
-            if not isinstance(session, str):
-                raise WireError("field 'session' must be a string")
-            if message.get("op") == "files":
-                return ok(request_id, {"files": sealed_manifest(home, session, names)})
-            if not isinstance(name, str) or type(offset) is not int:
-                raise WireError("fields 'name' (a string) and 'offset' (an integer) are needed")
-            return ok(request_id, read_chunk(home, session, name, offset))
-        except (WireError, ValueError) as exc:
-            return error(request_id, "bad_request", str(exc))
-        except (ClusterError, SessionError, OSError) as exc:
-            return error(request_id, "move_failed", str(exc))
 
     def _refuse(self, peer: str, why: str) -> None:
         self.refused += 1
