@@ -49,6 +49,10 @@ class ReplicaReceiver:
         # Held around a promotion (the failover watch's, a move's ``promote`` step): the
         # one that comes second finds the copy promoted, and sets nothing aside.
         self.promotion = threading.Lock()
+        # Set once the node's claim pass is done (``claimed``): until then a returning old
+        # owner's copy may still be in sessions/, not yet a follower's in replicas/.
+        self._claimed = threading.Event()
+        self._claimed.set()  # held only by a node's gateway, from before its claims
 
     def close(self) -> None:
         with self._lock:
@@ -71,10 +75,21 @@ class ReplicaReceiver:
         with self._lock:
             self._released.discard(session)
 
+    def hold(self) -> None:
+        """Answer every request ``unavailable`` until ``claimed`` (a node starting)."""
+        self._claimed.clear()
+
+    def claimed(self) -> None:
+        """The node's claims are made: its copies are where they belong."""
+        self._claimed.set()
+
     def handle(self, message: Message) -> Message:
         """Answer one ``replicate`` or ``replica_position`` request (one-line errors)."""
         request_id = message.get("id")
         at: Position | None
+        if not self._claimed.is_set():
+            return error(request_id, "unavailable", "the node is claiming its sessions: "
+                         "its copies take no step before it is done")  # fmt: skip
         try:
             with self._lock:
                 op = message.get("op")

@@ -24,6 +24,7 @@ from supervisor.cluster.errors import AlreadyPlaced, ClusterError, Cordoned, Not
 from supervisor.cluster.failover_watch import FailoverWatch
 from supervisor.cluster.ownership import unplace
 from supervisor.cluster.replica_placement import same_followers
+from supervisor.cluster.replica_receiver import receiver_for
 from supervisor.cluster.replica_watch import ReplicaWatch
 from supervisor.cluster.serving import ServingNode, WorkerCluster
 from supervisor.daemon.endpoints import Waiter
@@ -78,6 +79,7 @@ class DaemonNode:
             raise ServeError(
                 f"cannot join the cluster at {self.serving.client.url}: {exc}"
             ) from exc
+        receiver_for(self.serving.home).claimed()  # the gateway's: held until here
         interval = self.serving.node.lease.timing.ttl / 3
         self.watch = FailoverWatch(
             self.serving.client, self.serving.node, interval,

@@ -371,5 +371,6 @@ def open_gateway(
     gateway = TlsGateway(listen, tls, control_path, report, handover)
     if url is not None:
         gateway.senders = SenderCheck.for_cluster(url, tls)
+        gateway.replicas.hold()  # until the node's claims (a returning owner's copy demoted)
     gateway.open()
     return gateway
