@@ -12,6 +12,8 @@ import threading
 import zlib
 from pathlib import Path
 
+import pytest
+
 from supervisor.cluster.replica_receiver import ReplicaReceiver
 from tests.support import log_user_keys, poll_until
 from worker import Assistant, Baseline, Owner, Session, User
@@ -266,4 +268,28 @@ def test_a_catch_up_crosses_epoch_commits_one_step_at_a_time(tmp_path: Path) -> 
     for name in ("0.jsonl", "1.jsonl", "2.jsonl", "1.baseline.json", "2.baseline.json", "0-1.keys"):
         assert (copy / name).read_bytes() == (a / "sessions" / "s" / name).read_bytes(), name
     load_session(str(copy), "s", history=True)
+    to_c.receiver.close()
+
+
+def test_a_catch_up_whose_read_of_the_log_fails_leaves_the_follower_out_and_tries_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An OSError reading the owner's own log during a catch-up (a disk error) keeps the
+    follower out of sync for this call; it never ends the worker's thread."""
+    a, c = tmp_path / "a", tmp_path / "c"
+    to_c = LocalFollower("c", c)
+    with Session.create(a, "s", BASELINE) as owner:
+        owner.append(Owner(node="a", token=5))
+        _write(owner, "k1")
+        shipper = Shipper(owner, 5, 2, [to_c], [], lambda _n, _ok: None, required=1)
+
+        def unreadable(*_args: object) -> None:
+            raise OSError(5, "Input/output error", owner.log_path)
+
+        with monkeypatch.context() as patched:
+            patched.setattr("worker.catch_up.next_step", unreadable)
+            assert shipper.rejoin(["c"]) == []
+        assert shipper.in_sync == set()
+        assert shipper.rejoin(["c"]) == ["c"]  # the disk reads again: caught up
+        shipper.close()
     to_c.receiver.close()

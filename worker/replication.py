@@ -318,7 +318,7 @@ class Shipper:
         its copy ends at the owner's position, else why not (yet)."""
         try:
             at = self._catching.run(self.followers[node], budget)
-        except (ShipFailed, SessionError) as exc:
+        except (ShipFailed, SessionError, OSError) as exc:  # OSError: this log unreadable
             return str(exc)
         if at is None:
             return "being caught up"  # steps left for the next call
