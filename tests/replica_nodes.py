@@ -107,8 +107,11 @@ class InSyncWatch:
 
 
 @contextlib.contextmanager
-def running_nodes(root: Path, zones: dict[str, str] | None = None) -> Iterator[Nodes]:
-    """etcd and the four nodes (each in its zone of ``zones``), all stopped after."""
+def running_nodes(
+    root: Path, zones: dict[str, str] | None = None, serve_args: tuple[str, ...] = ()
+) -> Iterator[Nodes]:
+    """etcd and the four nodes (each in its zone of ``zones``, each ``loopd serve`` with
+    ``serve_args`` too), all stopped after."""
     root.mkdir()
     etcd = EtcdServer(root / "etcd")
     etcd.start()
@@ -116,7 +119,7 @@ def running_nodes(root: Path, zones: dict[str, str] | None = None) -> Iterator[N
     cluster = Nodes(root, etcd, Certificates(root / "certs"), addresses, zones=zones or {})
     try:
         for name in NAMES:
-            cluster.start(name)
+            cluster.start(name, *serve_args)
         yield cluster
     finally:
         for daemon in cluster.daemons.values():

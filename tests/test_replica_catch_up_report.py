@@ -21,10 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.etcd_server import EtcdServer, free_port
 from tests.replica_nodes import NAMES, Nodes, running_nodes
 from tests.support import loopd, poll_until, status
-from tests.tls_certs import Certificates
 
 pytestmark = [pytest.mark.timeout(100), pytest.mark.cluster_sweep]
 
@@ -88,20 +86,8 @@ def test_an_idle_session_reports_where_its_new_copy_ends_while_it_grows(nodes: N
 @pytest.fixture
 def hibernating(tmp_path: Path) -> Iterator[Nodes]:
     """The four nodes with ``--idle-stop 3``: an idle worker rests after 3 s."""
-    root = tmp_path / "rh"
-    root.mkdir()
-    etcd = EtcdServer(root / "etcd")
-    etcd.start()
-    addresses = {name: f"tls://127.0.0.1:{free_port()}" for name in NAMES}
-    cluster = Nodes(root, etcd, Certificates(root / "certs"), addresses)
-    try:
-        for name in NAMES:
-            cluster.start(name, "--idle-stop", "3")
+    with running_nodes(tmp_path / "rh", serve_args=("--idle-stop", "3")) as cluster:
         yield cluster
-    finally:
-        for daemon in cluster.daemons.values():
-            daemon.stop()
-        etcd.stop()
 
 
 def test_a_follower_move_of_a_hibernated_session_catches_the_new_copy_up(
