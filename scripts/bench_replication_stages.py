@@ -23,7 +23,9 @@ Medians in µs; the figures of one machine, for the breakdown in docs/benchmarks
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
+import ssl
 import statistics
 import tempfile
 import time
@@ -98,14 +100,25 @@ def stages(root: Path, requests: int, rounds: int) -> dict[str, float]:
 
 
 class TimedFollower(TlsFollower):
-    """The worker's link, each ``replicate`` round trip timed."""
+    """The worker's link, each ``replicate`` timed from its send to its answer read
+    (while ``timing``: the writes shipped after the owner's fdatasync, whose answers are
+    read at once, not after a sync)."""
 
-    times: list[float]
+    def __init__(self, node: str, address: str, context: ssl.SSLContext) -> None:
+        super().__init__(node, address, context)
+        self.timing = False
+        self.times: list[float] = []
+        self._sent: collections.deque[float] = collections.deque()
 
-    def ship(self, step: Step) -> Position:
-        started = time.perf_counter()
-        position = super().ship(step)
-        self.__dict__.setdefault("times", []).append(time.perf_counter() - started)
+    def send(self, step: Step) -> None:
+        super().send(step)
+        self._sent.append(time.perf_counter())
+
+    def acknowledged(self, deadline: float) -> Position:
+        position = super().acknowledged(deadline)
+        sent = self._sent.popleft()
+        if self.timing:
+            self.times.append(time.perf_counter() - sent)
         return position
 
 
@@ -117,6 +130,7 @@ def _measure(
     session: Session, shipper: Shipper, probe: TlsFollower, root: Path, requests: int,
     rounds: int,
 ) -> dict[str, float]:  # fmt: skip
+    links = [f for f in shipper.followers.values() if isinstance(f, TimedFollower)]
     times: dict[str, list[float]] = {}
 
     def add(name: str, value: float) -> None:
@@ -129,6 +143,8 @@ def _measure(
             for _ in range(requests):
                 count += 1
                 session.on_written = _stamp(written, shipper.written if overlapped else None)
+                for follower in links:
+                    follower.timing = not overlapped
                 started = time.perf_counter()
                 session.append_many(_group(f"k{count}"))
                 synced = time.perf_counter()
@@ -141,9 +157,8 @@ def _measure(
                 if round_number == 0 and not overlapped:
                     add("position_rtt", _timed(lambda: probe.position(SESSION)))
     session.on_written = None
-    for follower in shipper.followers.values():
-        assert isinstance(follower, TimedFollower)
-        for value in follower.times:
+    for link in links:
+        for value in link.times:
             add("replicate_rtt", value)
     _apply_stages(session, root, add, requests)
     return {name: _median_us(values) for name, values in times.items()}

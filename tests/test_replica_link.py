@@ -9,11 +9,13 @@ served by the gateway's loop instead, and no more threads are started.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +26,12 @@ from supervisor.daemon.tls_gateway import TlsGateway
 from tests.etcd_server import free_port
 from tests.support import poll_until
 from tests.test_replica_receiver_hostile import _steps
+from tests.test_store_replica import BASELINE, _request
 from tests.tls_certs import Certificates
+from worker import Owner, Session
+from worker.follower_tls import TlsFollower, node_context
+from worker.ship_lanes import WINDOW, Lanes
+from worker.store.replica_source import split_step, steps_after
 from worker.store.replica_types import Step
 from worker.wire import FrameReader, Message, encode
 
@@ -43,10 +50,9 @@ class Node:
         return sum(t.name == THREAD and t.is_alive() for t in threading.enumerate())
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
-    certs = Certificates(tmp_path / "certs")
-    home = tmp_path / "a"
+@contextlib.contextmanager
+def _node(root: Path, certs: Certificates, name: str) -> Iterator[Node]:
+    home = root / name
     home.mkdir()
     lines: list[str] = []
     address = f"tls://127.0.0.1:{free_port()}"
@@ -55,13 +61,19 @@ def node(tmp_path: Path) -> Iterator[Node]:
     control = socket.socket(socket.AF_UNIX)
     control.bind(str(home / "x.sock"))
     control.listen()
-    gateway = TlsGateway(address, certs.issue("a", Role.NODE), str(home / "x.sock"), lines.append)
+    gateway = TlsGateway(address, certs.issue(name, Role.NODE), str(home / "x.sock"), lines.append)
     gateway.open()
     try:
         yield Node(gateway, certs, home, lines)
     finally:
         gateway.close()
         control.close()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    with _node(tmp_path, Certificates(tmp_path / "certs"), "a") as found:
+        yield found
     assert sum(t.name == THREAD for t in threading.enumerate()) == 0
 
 
@@ -158,3 +170,114 @@ def test_links_past_the_cap_start_no_thread_and_are_served_by_the_loop(node: Nod
     finally:
         for raw in stalled:
             raw.close()
+
+
+def _many_steps(owner_home: Path, requests: int) -> list[Step]:
+    """The owner's log of ``requests`` requests as the steps it ships: a group each."""
+    with Session.create(owner_home, "s", BASELINE) as owner:
+        owner.append(Owner(node="a", token=5))
+        for n in range(requests):
+            _request(owner, n)
+    steps: list[Step] = []
+    for step in steps_after(owner_home, "s", None, 5):
+        steps += [step] if step.is_epoch else split_step(step, 1)
+    return steps
+
+
+def test_an_owner_puts_more_steps_on_a_link_than_its_window_and_each_answer_lines_up(
+    node: Node, tmp_path: Path
+) -> None:
+    """The worker's own thread sends each step (``ship_lanes``) and reads the answers
+    after its fdatasync: more steps than ``WINDOW`` sent before one is read are all
+    written, in order, and each answer is checked against the step it answers."""
+    steps = _many_steps(tmp_path / "owner", 2 * WINDOW)
+    first = next(n for n, step in enumerate(steps) if not step.is_epoch)
+    files = node.certs.issue("o", Role.NODE)
+    follower = TlsFollower("a", node.gateway.address, node_context(files.ca, files.cert, files.key))
+    lanes = Lanes({"a": follower})
+    try:
+        for step in steps[:first]:  # the copy made, as a catch-up does: one at a time
+            assert follower.ship(step) == step.end
+        batch = steps[first:]
+        assert len(batch) > WINDOW  # the window is filled at least once before a read
+        lanes.send("a", batch)
+        assert lanes.collect() == {"a": None}
+        assert follower.position("s") == steps[-1].end
+        # A step that does not continue the copy is answered as refused, the lane says
+        # why, and the connection closes: the answers still to come line up with nothing.
+        gap = dataclasses.replace(steps[-1], offset=steps[-1].end.size + 1)
+        lanes.send("a", [gap, steps[-1]])  # the second is sent on, never answered
+        (why,) = lanes.collect().values()
+        assert why is not None
+        assert "not_continuing" in why, why
+        assert follower.position("s") == steps[-1].end  # a fresh connection, nothing lost
+    finally:
+        follower.close()
+
+
+def _owner_link(node: Node, name: str, timeout: float) -> TlsFollower:
+    files = node.certs.issue("o", Role.NODE)
+    context = node_context(files.ca, files.cert, files.key)
+    return TlsFollower(name, node.gateway.address, context, timeout=timeout)
+
+
+def _delayed(node: Node, before: Callable[[Message], object]) -> None:
+    """The node's link calls ``before`` with each replicate it is about to apply: a
+    follower slow to write its copy, or one that stops answering."""
+    answer = node.gateway.links.answer
+
+    def slow(message: Message, names: list[str]) -> Message:
+        if message.get("op") == "replicate":
+            before(message)
+        return answer(message, names)
+
+    node.gateway.links.answer = slow
+
+
+def test_each_pipelined_step_of_a_slow_follower_gets_its_own_timeout(
+    node: Node, tmp_path: Path
+) -> None:
+    """A follower that takes 0.4 s a step, with a 1 s timeout: four steps sent at once
+    are all acknowledged (each answer is waited for from the one before it, as when
+    each step was a call of its own), not dropped at 1 s in all."""
+    steps = _many_steps(tmp_path / "owner", 4)
+    follower = _owner_link(node, "a", timeout=1.0)
+    lanes = Lanes({"a": follower}, timeout=1.0)
+    try:
+        assert follower.ship(steps[0]) == steps[0].end  # the copy made
+        _delayed(node, lambda _message: time.sleep(0.4))  # the follower's slow fdatasync
+        lanes.send("a", steps[1:5])
+        assert lanes.collect() == {"a": None}
+        assert follower.position("s") == steps[4].end
+    finally:
+        follower.close()
+
+
+def test_a_follower_that_stops_answering_fails_alone_and_the_others_answer_counts(
+    node: Node, tmp_path: Path
+) -> None:
+    """One deadline for the answers of every follower: the one that does not answer is
+    failed at it, and the answer of the other, read after that wait, still counts."""
+    steps = _many_steps(tmp_path / "owner", 2)
+    go = threading.Event()
+    with _node(tmp_path, node.certs, "b") as other:
+        silent, fast = _owner_link(node, "a", timeout=1.0), _owner_link(other, "b", 1.0)
+        lanes = Lanes({"a": silent, "b": fast}, timeout=1.0)  # "a" is read first
+        try:
+            for follower in (silent, fast):
+                assert follower.ship(steps[0]) == steps[0].end
+            _delayed(node, lambda _message: go.wait(10))  # "a" stops answering
+            for name in ("a", "b"):
+                lanes.send(name, steps[1:2])
+            started = time.monotonic()
+            results = lanes.collect()
+            assert time.monotonic() - started < 5.0
+            assert results["b"] is None, results
+            why = results["a"]
+            assert why is not None
+            assert "no answer within 1 s" in why, why
+            assert fast.position("s") == steps[1].end
+        finally:
+            go.set()
+            silent.close()
+            fast.close()

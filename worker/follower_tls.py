@@ -6,13 +6,16 @@ the follower's certificate checked against the cluster CA, against the follower'
 name (``server_hostname``: the name etcd gave) and for the ``loopd-node`` role, as the
 cluster transport does (docs/scaling.md, "The transport"). The connection opens with
 ``tls_roles.REPLICA_PREAMBLE``: the follower serves it in a thread of its own, for the
-replication ops only. Requests are the control frames (``worker.wire``), one
-``replicate`` or ``replica_position`` at a time; any failure is a ``ShipFailed`` in
-one line and closes the connection (the next call connects again).
+replication ops only. Requests are the control frames (``worker.wire``), answered in
+the order they were sent: a call waits for its answer, while the owner's shipping puts
+each group's ``replicate`` on the wire (``send``) and reads the answers later
+(``acknowledged``), after its own fdatasync. Any failure is a ``ShipFailed`` in one line
+and closes the connection (the next request connects again).
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import socket
 import ssl
@@ -52,18 +55,36 @@ class TlsFollower:
         self._sock: ssl.SSLSocket | None = None
         self._reader = FrameReader()
         self._ids = itertools.count(1)
+        self._unanswered: collections.deque[int] = collections.deque()  # ids sent, in order
+        self._replies: collections.deque[Message] = collections.deque()  # read, not taken
 
     @property
     def node(self) -> str:
         return self._node
 
     def close(self) -> None:
+        """Close the connection; what was sent and not answered is not answered."""
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        self._unanswered.clear()
+        self._replies.clear()
 
     def ship(self, step: Step) -> Position:
         position = self._position(self._call({"op": "replicate", "step": step.to_message()}))
+        if position is None:
+            raise ShipFailed(f"{self._node}: the reply holds no position")
+        return position
+
+    def send(self, step: Step) -> None:
+        """Put a ``replicate`` of ``step`` on the wire without waiting for its answer
+        (``acknowledged`` reads it); ShipFailed if it could not be sent."""
+        self._request({"op": "replicate", "step": step.to_message()})
+
+    def acknowledged(self, deadline: float) -> Position:
+        """The copy's position in the answer to the oldest ``send`` not yet answered,
+        read by ``deadline`` (``time.monotonic()``); ShipFailed otherwise."""
+        position = self._position(self._answer(deadline))
         if position is None:
             raise ShipFailed(f"{self._node}: the reply holds no position")
         return position
@@ -91,19 +112,39 @@ class TlsFollower:
             raise ShipFailed(f"{self._node}: a bad reply: {exc}") from exc
 
     def _call(self, request: Message) -> object:
-        request_id = next(self._ids)
-        request["id"] = request_id
+        if self._unanswered:  # answers to sends still to come would be taken for this one's
+            raise self._failed(ShipFailed(
+                f"{self._node}: a call while {len(self._unanswered)} sent steps wait for "
+                "their answers"
+            ))  # fmt: skip
+        self._request(request)
+        return self._answer(time.monotonic() + self.timeout)
+
+    def _request(self, request: Message) -> None:
+        """Send ``request`` (its id set here); its answer is the next one not taken."""
+        request["id"] = request_id = next(self._ids)
         try:
             frame = encode(request)
             sock = self._connect()
-            deadline = time.monotonic() + self.timeout
+            sock.settimeout(self.timeout)
             sock.sendall(frame)
-            reply = self._read_reply(sock, deadline)
         except (OSError, WireError, ShipFailed) as exc:
-            self.close()
-            if isinstance(exc, ShipFailed):
-                raise
-            raise ShipFailed(f"{self._node} at {self.address}: {exc}") from exc
+            raise self._failed(exc) from exc
+        self._unanswered.append(request_id)
+
+    def _answer(self, deadline: float) -> object:
+        """The result of the oldest request sent and not answered (ShipFailed if none)."""
+        if not self._unanswered:
+            raise ShipFailed(f"{self._node}: no request is waiting for an answer")
+        expected = self._unanswered.popleft()
+        try:
+            reply = self._read_reply(deadline)
+        except (OSError, WireError, ShipFailed) as exc:
+            raise self._failed(exc) from exc
+        if reply.get("id") != expected:
+            raise self._failed(ShipFailed(
+                f"{self._node}: the answer to request {expected} has id {reply.get('id')!r:.40}"
+            ))  # fmt: skip
         if reply.get("ok") is True:
             return reply.get("result")
         failure = reply.get("error")
@@ -111,18 +152,30 @@ class TlsFollower:
             raise ShipFailed(f"{self._node}: {failure.get('code')}: {failure.get('message')}")
         raise ShipFailed(f"{self._node}: unexpected reply {reply!r:.200}")
 
-    def _read_reply(self, sock: ssl.SSLSocket, deadline: float) -> Message:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ShipFailed(f"{self._node}: no answer within {self.timeout:g} s")
-            sock.settimeout(left)
-            data = sock.recv(READ_SIZE)
+    def _failed(self, exc: Exception) -> ShipFailed:
+        """Close the connection (its answers are not to be trusted to line up any more)."""
+        self.close()
+        if isinstance(exc, ShipFailed):
+            return exc
+        return ShipFailed(f"{self._node} at {self.address}: {exc}")
+
+    def _read_reply(self, deadline: float) -> Message:
+        while not self._replies:
+            sock = self._sock
+            if sock is None:
+                raise ShipFailed(f"{self._node}: the connection is closed")
+            # Past the deadline, what has arrived is still read (without waiting): the
+            # answers of several followers are read one after another, and one that
+            # did not answer in time must not fail the others for its wait.
+            sock.settimeout(max(0.0, deadline - time.monotonic()))
+            try:
+                data = sock.recv(READ_SIZE)
+            except (TimeoutError, BlockingIOError, ssl.SSLWantReadError):
+                raise ShipFailed(f"{self._node}: no answer within {self.timeout:g} s") from None
             if not data:
                 raise ShipFailed(f"{self._node} closed the connection without a reply")
-            replies = self._reader.feed(data)
-            if replies:
-                return replies[0]
+            self._replies.extend(self._reader.feed(data))
+        return self._replies.popleft()
 
     def _connect(self) -> ssl.SSLSocket:
         if self._sock is not None:

@@ -2,7 +2,7 @@
 
 The worker writes a group commit and, while its own fdatasync runs, hands the bytes
 it wrote (``Shipper.written``, the session's ``on_written``) to every in-sync follower
-at once, each on a lane of its own (``worker.ship_lanes``); after the fdatasync
+at once, its thread writing each one's connection (``worker.ship_lanes``); after the fdatasync
 ``Shipper.ship`` sends what was not handed over (an epoch commit's files, read back
 from the log: ``worker.store.replica_source``) and waits for each one's
 acknowledgement (its copy written and fdatasynced, ``worker.store.replica``). Only
@@ -25,7 +25,6 @@ the owner's durable log end, in bytes and in group commits, and how long ago it 
 from __future__ import annotations
 
 import collections
-import functools
 import os
 import time
 import zlib
@@ -100,7 +99,7 @@ class Shipper:
         self.unconfirmed: set[str] = set()
         self._change = change_in_sync
         self._home = os.path.dirname(os.path.dirname(session.dir))
-        self._lanes = Lanes(self.followers)  # one sending thread per follower
+        self._lanes = Lanes(self.followers)  # each follower's sends and their answers
         self._shipped = False  # steps queued since the last ship
         # A follower out of sync is caught up off the worker's thread: one that does not
         # answer (stopped, cut off) never holds up the writes.
@@ -156,8 +155,8 @@ class Shipper:
             )
 
     def written(self, epoch: int, offset: int, prior_crc: int, data: bytes) -> None:
-        """``Session.on_written``: hand the group just written to every in-sync follower's
-        lane, while the owner's own fdatasync runs (``ship`` waits for the answers).
+        """``Session.on_written``: send the group just written to every in-sync follower,
+        before the owner's own fdatasync (``ship``, after it, reads the answers).
 
         Only a group that continues what was shipped last is handed over; anything else
         (after an epoch commit) ``ship`` reads from the log, as it reads what follows.
@@ -176,7 +175,7 @@ class Shipper:
             return
         expected = pieces[-1].end
         for node in sorted(self.in_sync):
-            self._lanes.send(node, functools.partial(self._send, node, pieces, expected))
+            self._lanes.send(node, pieces)
         self._at = expected
         self._bytes += sum(len(piece.data) for piece in pieces)
         self._shipped = True
@@ -216,18 +215,6 @@ class Shipper:
             f"on the owner but not acknowledged ({1 + len(self.in_sync)} of "
             f"{self.required} copies needed are in sync)",
         )
-
-    def _send(self, node: str, pieces: list[Step], expected: Position) -> str | None:
-        """Ship ``pieces`` to one follower; why it failed, or None."""
-        channel = self.followers[node]
-        try:
-            for piece in pieces:
-                at = channel.ship(piece)
-        except ShipFailed as exc:
-            return str(exc)
-        if at != expected:
-            return f"its copy is at {at}, the owner's at {expected}"
-        return None
 
     def _drop(self, node: str, why: str) -> None:
         self.in_sync.discard(node)  # first: whatever etcd says, nothing is acked without it
