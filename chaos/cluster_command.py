@@ -19,6 +19,7 @@ from chaos.cluster_run import Options, Report, Stopped, prerequisites, run_clust
 from chaos.netns_hosts import HarnessError
 
 EXIT_CANNOT_RUN = 2
+EXIT_UNSERVED = 3
 DEFAULT_STEPS = 10
 
 
@@ -131,6 +132,12 @@ def summary(report: Report) -> list[str]:
 )
 @click.option("--keep", type=click.Path(file_okay=False), default=None,
               help="copy the run's logs, disks and client output to this directory.")  # fmt: skip
+@click.option(
+    "--require-served",
+    is_flag=True,
+    help="also exit 3 when a session stalled or a session of a killed owner host was "
+    "not served again (availability; by default a finding, not a failure).",
+)
 def cluster(
     seed: int | None,
     duration: float | None,
@@ -145,11 +152,12 @@ def cluster(
     only: str,
     json_report: str | None,
     keep: str | None,
+    require_served: bool,
 ) -> None:
     """A TLS cluster across network namespaces under keyed load and network faults
     (partitions, netem, host kills, pauses past the lease, etcd member loss, moves);
     the whole history checked. Needs root, iproute2, openssl and etcd. Exit 1 on a
-    violation, 2 if it cannot run."""
+    violation, 2 if it cannot run, 3 with --require-served if a session was not served."""
     if json_report is not None and not os.path.isdir(os.path.dirname(json_report) or "."):
         raise click.BadParameter(f"{json_report}: no such directory", param_hint="--json-report")
     kinds = tuple(k for k in (w.strip() for w in only.split(",")) if k)
@@ -204,6 +212,19 @@ def cluster(
             click.echo(f"loopd chaos cluster: --json-report {json_report}: {exc.strerror}",
                        err=True)  # fmt: skip
             sys.exit(EXIT_CANNOT_RUN)
-    if any(report.violations.values()):
+    code = exit_code(report, require_served=require_served)
+    if code:
         click.echo(f"replay: {again}")
-        sys.exit(EXIT_VIOLATION)
+        sys.exit(code)
+
+
+def exit_code(report: Report, *, require_served: bool) -> int:
+    """1 if an invariant was violated; else, with ``require_served``, 3 if a session
+    stalled or a killed owner host's session was not served again (a kill too close to
+    the end of the load to be measured counts for nothing); else 0."""
+    if any(report.violations.values()):
+        return EXIT_VIOLATION
+    unserved = [line for line in report.unserved if "not measured" not in line]
+    if require_served and (report.stalled or unserved):
+        return EXIT_UNSERVED
+    return 0

@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from chaos.cluster_checker import check
+from chaos.cli_options import EXIT_VIOLATION
+from chaos.cluster_checker import INVARIANTS, check
+from chaos.cluster_command import EXIT_UNSERVED, exit_code
 from chaos.cluster_history import History, LogEntry, Request, SessionLog, stalled
 from chaos.cluster_replicas import failover_times, percentiles
+from chaos.cluster_run import Report
 
 
 def user(key: str) -> LogEntry:
@@ -281,3 +284,30 @@ def test_an_owner_host_kill_never_served_again_is_reported() -> None:
     assert failover_times(history)[1] == [
         "s: its owner a killed at 3.000: not measured, no client sent to it afterwards"
     ]
+
+
+def test_require_served_fails_a_run_a_session_of_which_was_not_served_again() -> None:
+    """``--require-served``: a run whose invariants held but that left a session
+    unserved exits 3 (a violation is still 1); without the flag it is a finding, 0; a
+    kill too close to the end of the load to be measured fails nothing."""
+    held: dict[str, list[str]] = {name: [] for name in INVARIANTS}
+    clean = Report(seed=1, violations=held)
+    stalled = Report(seed=1, violations=held, stalled=["s0: nothing acknowledged for 40 s"])
+    unserved = Report(
+        seed=1,
+        violations=held,
+        unserved=["s1: its owner n1 killed at 3.000: no other node served it"],
+    )
+    late = Report(
+        seed=1,
+        violations=held,
+        unserved=[
+            "s1: its owner n1 killed at 9.000: not measured, no client sent to it afterwards"
+        ],
+    )
+    violated = Report(seed=1, violations={**held, INVARIANTS[0]: ["k1 twice"]},
+                      stalled=["s0: nothing acknowledged"])  # fmt: skip
+    assert [exit_code(r, require_served=True) for r in (clean, stalled, unserved, late)] == [
+        0, EXIT_UNSERVED, EXIT_UNSERVED, 0]  # fmt: skip
+    assert [exit_code(r, require_served=False) for r in (clean, stalled, unserved)] == [0, 0, 0]
+    assert exit_code(violated, require_served=True) == EXIT_VIOLATION
