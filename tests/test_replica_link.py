@@ -26,14 +26,15 @@ from supervisor.daemon.tls_gateway import TlsGateway
 from tests.etcd_server import free_port
 from tests.support import poll_until
 from tests.test_replica_receiver_hostile import _steps
-from tests.test_store_replica import BASELINE, _request
+from tests.test_store_replica import BASELINE, T, _request
 from tests.tls_certs import Certificates
-from worker import Owner, Session
+from worker import Assistant, Owner, Session, ToolResult, User
 from worker.follower_tls import TlsFollower, node_context
+from worker.replication import MAX_STEP
 from worker.ship_lanes import WINDOW, Lanes
 from worker.store.replica_source import split_step, steps_after
 from worker.store.replica_types import Step
-from worker.wire import FrameReader, Message, encode
+from worker.wire import MAX_FRAME, FrameReader, Message, encode
 
 pytestmark = pytest.mark.timeout(60)
 THREAD = "loopd-replica-link"
@@ -281,3 +282,37 @@ def test_a_follower_that_stops_answering_fails_alone_and_the_others_answer_count
             go.set()
             silent.close()
             fast.close()
+
+
+def test_a_group_commit_larger_than_a_client_frame_is_shipped_whole(
+    node: Node, tmp_path: Path
+) -> None:
+    """One request under a client's 1 MiB frame can make a group of several times its
+    size (the default App's request, tool result and reply each carry the text); a step
+    is never cut inside a group, so the replication link carries frames past 1 MiB
+    (before, such a group could not be shipped at all: both followers were dropped and
+    every later write refused, for good)."""
+    home = tmp_path / "owner"
+    text = "x" * 400_000
+    with Session.create(home, "s", BASELINE) as owner:
+        owner.append(Owner(node="a", token=5))
+        owner.append_many(
+            [
+                User(time=T, text=text, key="big"),
+                ToolResult(time=T, call=1, tool="echo", output=text, ok=True),
+                Assistant(time=T, text=text),
+            ]
+        )
+    steps: list[Step] = []
+    for step in steps_after(home, "s", None, 5):
+        steps += [step] if step.is_epoch else split_step(step, MAX_STEP)
+    assert max(len(step.data) for step in steps) > MAX_FRAME  # one group, never cut
+    follower = _owner_link(node, "a", timeout=10.0)
+    lanes = Lanes({"a": follower})
+    try:
+        assert follower.ship(steps[0]) == steps[0].end
+        lanes.send("a", steps[1:])
+        assert lanes.collect() == {"a": None}
+        assert follower.position("s") == steps[-1].end
+    finally:
+        follower.close()

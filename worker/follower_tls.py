@@ -25,7 +25,7 @@ from typing import Final
 from worker.catch_up import ShipFailed
 from worker.store.replica_types import Position, Step
 from worker.tls_roles import REPLICA_PREAMBLE
-from worker.wire import FrameReader, Message, WireError, encode
+from worker.wire import REPLICA_MAX_FRAME, FrameReader, Message, WireError, encode
 
 NODE_ROLE: Final = "loopd-node"
 READ_SIZE: Final = 1 << 16
@@ -124,7 +124,7 @@ class TlsFollower:
         """Send ``request`` (its id set here); its answer is the next one not taken."""
         request["id"] = request_id = next(self._ids)
         try:
-            frame = encode(request)
+            frame = encode(request, REPLICA_MAX_FRAME)
             sock = self._connect()
             sock.settimeout(self.timeout)
             sock.sendall(frame)

@@ -16,6 +16,11 @@ import msgpack
 from worker.store.errors import SessionError
 
 MAX_FRAME: Final = 1 << 20
+REPLICA_MAX_FRAME: Final = 64 << 20
+"""The largest frame of a replication link (an owner's ``replicate`` to a follower, node
+certificates at both ends): a step is cut at group ends into 256 KiB, but one group
+commit is never cut, and a request under ``MAX_FRAME`` can make a group several times
+its size (the default App's request, tool result and reply each carry the text)."""
 MAX_REQUEST_ID: Final = 256
 """The longest string a request id may be: a reply must never outgrow its request."""
 SHORT_FIELD: Final = 256
@@ -77,11 +82,11 @@ def request_id_problem(request_id: object) -> str | None:
     return f"field 'id' must be an int or a string of at most {MAX_REQUEST_ID} characters"
 
 
-def encode(message: Message) -> bytes:
-    """Return the frame of one message."""
+def encode(message: Message, max_frame: int = MAX_FRAME) -> bytes:
+    """Return the frame of one message (WireError past ``max_frame`` bytes)."""
     frame: bytes = msgpack.packb(message, use_bin_type=True)
-    if len(frame) > MAX_FRAME:
-        raise WireError(_too_large(len(frame), MAX_FRAME))
+    if len(frame) > max_frame:
+        raise WireError(_too_large(len(frame), max_frame))
     return frame
 
 

@@ -19,6 +19,7 @@ import ssl
 import time
 
 from supervisor.cluster.transport import (
+    REPLICA_PREAMBLE,
     TlsFiles,
     TransportError,
     check_node_certificate,
@@ -26,7 +27,7 @@ from supervisor.cluster.transport import (
     refusal,
 )
 from supervisor.errors import ControlError
-from worker.wire import FrameReader, Message, WireError, encode
+from worker.wire import MAX_FRAME, REPLICA_MAX_FRAME, FrameReader, Message, WireError, encode
 
 READ_SIZE = 1 << 18
 
@@ -68,7 +69,9 @@ class NodeLink:
         request: Message = {"id": request_id, "op": op}
         request.update({k: v for k, v in fields.items() if v is not None})
         try:
-            frame = encode(request)
+            # A replication link carries a group commit whole, whatever its size.
+            replica = self.preamble == REPLICA_PREAMBLE
+            frame = encode(request, REPLICA_MAX_FRAME if replica else MAX_FRAME)
         except WireError as exc:
             raise ControlError("too_large", str(exc)) from exc
         sock = self._connect()

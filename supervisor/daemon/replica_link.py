@@ -39,7 +39,7 @@ from supervisor.cluster.transport import (
     refusal,
     role_of,
 )
-from worker.wire import FrameReader, Message, WireError, encode, error
+from worker.wire import REPLICA_MAX_FRAME, FrameReader, Message, WireError, encode, error
 
 MAX_LINKS: Final = 64
 """Replication links served by threads of their own at once (handshaking or serving)."""
@@ -146,7 +146,7 @@ class ReplicaLinks:
             self.report(f"tls: refused {who}: a certificate without a loopd role")
             return
         names = dns_names(cert)
-        frames = FrameReader()
+        frames = FrameReader(REPLICA_MAX_FRAME)  # one group commit is never cut
         while True:
             sock.settimeout(None)  # an idle link waits for its next step
             data = sock.recv(READ_SIZE)

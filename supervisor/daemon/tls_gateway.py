@@ -58,7 +58,7 @@ from supervisor.daemon.tls_direct import (
     read_preamble,
 )
 from supervisor.errors import ServeError
-from worker.wire import FrameReader, Message, WireError, encode, error
+from worker.wire import MAX_FRAME, REPLICA_MAX_FRAME, FrameReader, Message, WireError, encode, error
 
 BACKLOG: Final = 128
 MAX_HANDSHAKES: Final = 32
@@ -238,7 +238,9 @@ class TlsGateway:
                 self.report(f"tls: {peer}: {self.links.limit} replication links served "
                             "by threads already (the limit): this one by the loop")  # fmt: skip
             if session is None or session is Channel.REPLICATION:  # TLS at once: served here
-                await self._serve_one(conn, peer)
+                await self._serve_one(
+                    conn, peer, REPLICA_MAX_FRAME if session is Channel.REPLICATION else MAX_FRAME
+                )
             else:
                 await self._direct(conn, peer, session)
         finally:
@@ -260,7 +262,7 @@ class TlsGateway:
         if problem is not None:
             self._refuse(peer, problem)
 
-    async def _serve_one(self, conn: socket.socket, peer: str) -> None:
+    async def _serve_one(self, conn: socket.socket, peer: str, max_frame: int) -> None:
         try:
             with self._handshake(peer):
                 reader, writer = await accept_tls(conn, self.context)
@@ -274,7 +276,7 @@ class TlsGateway:
             writer.transport.abort()
             return
         try:
-            await self._relay(reader, writer, role, f"{peer} ({describe(cert)})", cert)
+            await self._relay(reader, writer, role, f"{peer} ({describe(cert)})", cert, max_frame)
         except (OSError, asyncio.IncompleteReadError):
             pass  # the peer or the daemon went away: the connection ends
         finally:
@@ -287,6 +289,7 @@ class TlsGateway:
         role: Role,
         peer: str,
         cert: dict[str, object],
+        max_frame: int,
     ) -> None:
         try:
             daemon_reader, daemon_writer = await asyncio.open_unix_connection(self.control_path)
@@ -295,7 +298,7 @@ class TlsGateway:
             await writer.drain()
             return
         back = asyncio.ensure_future(_copy(daemon_reader, writer))
-        frames = FrameReader()
+        frames = FrameReader(max_frame)
         allowed = ALLOWED[role]
         names = dns_names(cert)
         try:
