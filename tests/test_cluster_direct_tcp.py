@@ -325,3 +325,42 @@ def test_handshakes_that_never_finish_cannot_keep_a_client_out(node: Node) -> No
                 raw.close()
     lines = node.worker_refusals("s")
     assert any("closed for a newer handshake" in line for line in lines), lines
+
+
+def test_a_burst_of_clients_connecting_to_one_session_at_once_is_served_whole(
+    node: Node,
+) -> None:
+    """Sixteen clients open their first connection to one session's worker at the same
+    moment: every one is served and the worker never restarts (before, a worker made 4
+    handshakes at once: the fifth closed the oldest, whose client got ``tls_refused``;
+    and an attach read in the same turn as the closed handshake's event ended the
+    worker on a closed descriptor)."""
+    with node.cluster() as cluster:
+        cluster.create("s")
+        cluster.send("s", "warm", key="warm")
+    pid = status(node.home, "s")["pid"]
+    clients = [node.cluster() for _ in range(16)]  # certificates made here, in turn
+    start = threading.Barrier(len(clients))
+    outcomes: list[str] = []
+
+    def send(n: int) -> None:
+        start.wait()
+        try:
+            clients[n].send("s", "x", key=f"b{n}")
+            outcomes.append("acknowledged")
+        except ControlError as exc:
+            outcomes.append(one_line(exc))
+
+    threads = [threading.Thread(target=send, args=(n,)) for n in range(len(clients))]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        for client in clients:
+            client.close()
+    assert outcomes == ["acknowledged"] * len(clients), outcomes
+    assert status(node.home, "s")["pid"] == pid  # the same worker throughout
+    assert sorted(str(key) for key in log_user_keys(node.home, "s")) == sorted(
+        ["warm", *(f"b{n}" for n in range(len(clients)))])  # fmt: skip

@@ -136,6 +136,10 @@ class Server:
 
     def _handshake(self, handshake: Handshake) -> None:
         """Step a TCP connection's TLS handshake; once done, it is a peer like the others."""
+        if handshake.sock.fileno() < 0:
+            # Dropped earlier in this turn (closed for a newer handshake by an attach
+            # read first) and unregistered then: its event of the same turn is stale.
+            return
         peer = self.acceptor.step(handshake)
         if handshake.fileno() in self.acceptor.pending:
             self.selector.modify(handshake.sock, handshake.wants, handshake)

@@ -7,10 +7,13 @@ each step on every follower's connection itself (``PipelinedChannel.send``: a TL
 that waits for no answer), so the followers write and fdatasync their copies while the
 owner syncs its own; ``collect``, after the owner's fdatasync, reads every answer
 (``acknowledged``) and says, for each follower, why the first of its sends that failed
-did. Each answer is waited for ``timeout`` seconds from the later of its step's send
-and the answer before it (as when each step was a call of its own), and never less
-than until ``timeout`` after ``collect`` began; past its deadline an answer that has
-arrived is still read, so a follower that does not answer fails alone.
+did. Each answer is due ``timeout`` seconds after the later of its step's send and
+the start of ``collect``: a follower that falls further behind than that is dropped,
+so no write waits much past ``timeout`` for its followers, however many steps it has
+(a follower slow at every step but never silent for ``timeout`` once held writes for
+four times as long when each answer was due ``timeout`` after the one before it).
+Past its deadline an answer that has arrived is still read, so a follower that does
+not answer fails alone.
 
 Before, each follower had a sending thread: a step reached it only once that thread
 was scheduled and held the interpreter's lock, which the worker's thread gave up only
@@ -84,7 +87,7 @@ class Lanes:
                     _check(node, self._channels[node].ship(piece), piece.end)
                     continue
                 while len(unanswered) >= WINDOW:
-                    self._take(node, pipelined, unanswered, time.monotonic())
+                    self._take(node, pipelined, unanswered, 0.0)
                 pipelined.send(piece)
                 unanswered.append((piece.end, time.monotonic()))
         except Exception as exc:  # noqa: BLE001 - never lost: the follower failed
@@ -98,9 +101,8 @@ class Lanes:
         lanes, self._unanswered = self._unanswered, {}
         for node, unanswered in sorted(lanes.items()):
             try:
-                last = began
                 while unanswered and node not in self._failed:
-                    last = self._take(node, self._pipelined[node], unanswered, last)
+                    self._take(node, self._pipelined[node], unanswered, began)
             except Exception as exc:  # noqa: BLE001 - never lost: the follower failed
                 self._fail(node, exc)
             results[node] = self._failed.pop(node, None)
@@ -120,13 +122,12 @@ class Lanes:
         node: str,
         channel: PipelinedChannel,
         unanswered: collections.deque[tuple[Position, float]],
-        last: float,
-    ) -> float:
-        """Read the oldest step's answer, waited for ``timeout`` from the later of its
-        send and ``last`` (the answer before it); when it was read."""
+        began: float,
+    ) -> None:
+        """Read the oldest step's answer, due ``timeout`` after the later of its send
+        and ``began`` (the start of ``collect``)."""
         end, sent = unanswered.popleft()
-        _check(node, channel.acknowledged(max(sent, last) + self._timeout), end)
-        return time.monotonic()
+        _check(node, channel.acknowledged(max(sent, began) + self._timeout), end)
 
     def _fail(self, node: str, exc: Exception) -> None:
         why = str(exc) if isinstance(exc, ShipFailed) else f"{node}: {type(exc).__name__}: {exc}"

@@ -32,8 +32,10 @@ from worker.tls_roles import (
 )
 from worker.wire import Message
 
-MAX_HANDSHAKES: Final = 4
-"""TLS handshakes one worker makes at once; one more closes the oldest of them."""
+MAX_HANDSHAKES: Final = 32
+"""TLS handshakes one worker makes at once; one more closes the oldest of them (as many
+as the node's TLS thread takes: a burst of clients opening their first connection to
+one session at once is not cut off at the fifth)."""
 WRITE_CHUNK: Final = 1 << 16
 """Bytes given to one TLS write: a retry after WANT_WRITE always starts with the same."""
 
