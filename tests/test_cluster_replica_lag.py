@@ -16,11 +16,12 @@ from collections.abc import Callable
 
 import pytest
 
+from supervisor.client.cluster import ClusterClient
 from supervisor.client.control import call
 from supervisor.cluster.transport import Role
 from supervisor.errors import ControlError
 from tests.promtext import MetricFamily, parse
-from tests.support import loopd, poll_until
+from tests.support import log_user_keys, loopd, poll_until
 from tests.test_cluster_replicated_daemons import NAMES, Nodes, nodes  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.timeout(110)
@@ -145,3 +146,38 @@ def test_lag_is_zero_once_acknowledged_grows_while_stopped_and_clears_on_rejoin(
         current = nodes.replica_set()
         assert current is not None
         assert stopped in current.in_sync
+
+
+def test_a_write_left_unacknowledged_says_so_though_its_retries_were_refused(
+    nodes: Nodes,  # noqa: F811 - the fixture
+) -> None:
+    """Both followers stopped: the owner writes the request and cannot have it
+    acknowledged; the client's retries are refused before a write (too few copies in
+    sync). The error the caller gets says the outcome is unknown, not that nothing was
+    written, and the same key sent once the followers answer is applied once."""
+    with nodes.client() as client:
+        client.create("r", replicas=3)
+        client.send("r", "zero", key="k0")
+        followers = [nodes.daemons[n] for n in NAMES if n != nodes.owner()]
+        for daemon in followers:
+            daemon.proc.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(ControlError) as raised:
+                client.send("r", "one", key="k1")
+        finally:
+            for daemon in followers:
+                daemon.proc.send_signal(signal.SIGCONT)
+        said = str(raised.value)
+        assert "writes are refused until they catch up" in said, said  # the last answer
+        assert "an earlier attempt of key k1 was written on the owner and not acknowledged" in said
+        assert "send it again with the same key" in said, said
+        again = poll_until(lambda: _sent(client, "k1"), timeout=40, what="k1 acknowledged")
+        assert again["duplicate"] is True  # the first attempt's write, answered from the log
+    assert log_user_keys(nodes.root / nodes.owner(), "r") == ["k0", "k1"]
+
+
+def _sent(client: ClusterClient, key: str) -> dict[str, object] | None:
+    try:
+        return client.send("r", "one", key=key)
+    except ControlError:
+        return None  # still catching up: refused before a write

@@ -129,17 +129,27 @@ class ClusterClient:
         payload: Message = {"text": text, "key": key}
         if untrusted:
             payload["untrusted"] = True
+        unacknowledged = False  # an attempt was written on the owner, not acknowledged
         for attempt in range(ATTEMPTS):
             found = self._route(session, fresh=attempt > 0)
+            this_one = False
             try:
                 if found.address.startswith("unix:"):
                     client = self._client(home_of(found.address))
                     result = client.send(session, text, key=key, untrusted=untrusted)
                 else:
-                    answer = result_of(self._direct(found, session).request(payload))
+                    reply = self._direct(found, session).request(payload)
+                    this_one = written_unacknowledged(reply)
+                    unacknowledged = unacknowledged or this_one
+                    answer = result_of(reply)
                     result = answer if isinstance(answer, dict) else {"result": answer}
             except ControlError as exc:
                 if exc.code not in REROUTE or attempt == ATTEMPTS - 1:
+                    if unacknowledged and not this_one:  # the last answer alone misleads
+                        raise ControlError(exc.code, f"{exc.message} (an earlier attempt of "
+                                           f"key {key} was written on the owner and not "
+                                           "acknowledged: its outcome is unknown; send it "
+                                           "again with the same key)") from exc  # fmt: skip
                     raise
                 self._routes.pop(session, None)
                 if found.address.startswith("unix:"):
@@ -252,3 +262,14 @@ class ClusterClient:
         if client is None:
             client = self._clients[home] = Client(home, timeout=self.timeout, retry_for=2.0)
         return client
+
+
+def written_unacknowledged(reply: Message) -> bool:
+    """True for a ``not_owner`` answer sent after the write (no ``before_write``): the
+    request may be durable on the owner (and some followers) without being acknowledged."""
+    failure = reply.get("error") if reply.get("ok") is not True else None
+    return (
+        isinstance(failure, dict)
+        and failure.get("code") == "not_owner"
+        and failure.get("before_write") is not True
+    )
