@@ -364,3 +364,36 @@ def test_a_burst_of_clients_connecting_to_one_session_at_once_is_served_whole(
     assert status(node.home, "s")["pid"] == pid  # the same worker throughout
     assert sorted(str(key) for key in log_user_keys(node.home, "s")) == sorted(
         ["warm", *(f"b{n}" for n in range(len(clients)))])  # fmt: skip
+
+
+def test_a_connection_closed_during_its_handshake_is_closed_not_refused(
+    node: Node,
+) -> None:
+    """A peer that ends the connection in the middle of the TLS handshake (a worker that
+    ended, or no longer serves the session) has refused no certificate: the client is
+    told ``closed``, which it answers by looking the owner up again and sending again by
+    key (before: ``tls_refused``, which it does not retry)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    ended = threading.Event()
+
+    def close_mid_handshake() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(10)
+            conn.recv(1 << 16)  # the preamble, and the ClientHello after it
+            ended.set()
+
+    thread = threading.Thread(target=close_mid_handshake)
+    thread.start()
+    link = DirectLink(f"tls://127.0.0.1:{listener.getsockname()[1]}", "a", "s", node.client,
+                      timeout=10)  # fmt: skip
+    try:
+        with pytest.raises(ControlError) as raised:
+            link.request({"text": "x", "key": "k"})
+        assert raised.value.code == "closed", str(raised.value)
+        assert "during its handshake" in raised.value.message, str(raised.value)
+        assert ended.is_set()
+    finally:
+        link.close()
+        thread.join(10)
+        listener.close()

@@ -81,6 +81,12 @@ class DirectLink:
         except ControlError:
             self.close()
             raise
+        except ssl.SSLEOFError as exc:  # the connection ended: no refusal of this client
+            self.close()
+            raise ControlError(
+                "closed", f"{where} closed the connection of session {self.session}: "
+                f"{refusal(exc)}",
+            ) from exc  # fmt: skip
         except ssl.SSLError as exc:
             self.close()
             raise ControlError(
@@ -129,6 +135,15 @@ class DirectLink:
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             raw.sendall(preamble)  # then TLS at once: the worker answers the ClientHello
             sock = self._context.wrap_socket(raw, server_hostname=self.node)
+        except ssl.SSLEOFError as exc:
+            # Closed during the handshake (a worker that ended or no longer serves the
+            # session, a worker at its handshake limit): nothing was sent, no certificate
+            # refused; the client looks the owner up again and sends (by key).
+            raw.close()
+            raise ControlError(
+                "closed", f"{where} closed the connection of session {self.session} during "
+                f"its handshake: {refusal(exc)}",
+            ) from exc  # fmt: skip
         except ssl.SSLError as exc:
             raw.close()
             raise ControlError("tls_refused", f"{where}: {refusal(exc)}") from exc
