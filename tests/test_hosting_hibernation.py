@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import cast
+
 import pytest
 
 from supervisor.errors import IllegalTransition
-from supervisor.hosting.hibernation import UsageClock
+from supervisor.hosting.hibernation import Hibernation, UsageClock
+from supervisor.hosting.session_actions import Hosted
 from supervisor.states import State, StateMachine
 
 
@@ -52,3 +58,63 @@ def test_a_session_hibernates_through_stopping_and_wakes_only_by_starting() -> N
         (State.RUNNING, State.STOPPING), (State.STOPPING, State.IDLE),
         (State.IDLE, State.STARTING),
     ]  # fmt: skip
+
+
+class _Worker:
+    """A worker between batches, its last one ended at ``ended`` (its heartbeat cell's)."""
+
+    replication = None
+    pid = 1
+
+    def __init__(self, ended: float | None) -> None:
+        self.ended = ended
+
+    def rss_bytes(self) -> int | None:
+        return None
+
+    def kill(self) -> bool:
+        return False
+
+    def in_request(self) -> bool:
+        return False
+
+    def last_batch_ended(self) -> float | None:
+        return self.ended
+
+
+@dataclass
+class _Hosted:
+    id: str
+    worker: _Worker
+    state: State = State.RUNNING
+    hibernating: bool = False
+    in_flight: tuple[()] = ()
+    queued: tuple[()] = ()
+    ready_waiters: tuple[()] = ()
+
+
+@pytest.mark.parametrize(("ended_ago", "hibernated"), [(0.5, False), (10.0, True), (None, True)])
+def test_the_idle_check_counts_from_the_end_of_the_last_batch(
+    ended_ago: float | None, hibernated: bool
+) -> None:
+    """A session seen busy at one idle check whose batch ended just before the next, its
+    worker's report of it not in yet, is idle from that end: not stopped the moment its
+    long request was answered (a 6 s request under a 3 s limit was, now and then)."""
+    now = time.monotonic()
+    ended = None if ended_ago is None else now - ended_ago
+    hosted = _Hosted("s", _Worker(ended))
+    stopped: list[str] = []
+    loop = asyncio.new_event_loop()
+    try:
+        sessions = cast("dict[str, Hosted]", {"s": hosted})  # the part the idle check reads
+        hibernation = Hibernation(loop, sessions, lambda s, _why: stopped.append(s),
+                                  idle_stop=3.0, max_live=None)  # fmt: skip
+        hibernation.clock.used("s", now - 6.0)  # last seen in use 6 s ago (busy then)
+        hibernation._idle_check()
+        assert stopped == (["s"] if hibernated else [])
+        if not hibernated:
+            assert ended is not None
+            assert hibernation.clock.next_idle_check() == ended + 3.0  # a period from the end
+        hibernation.close()
+    finally:
+        loop.close()

@@ -76,13 +76,21 @@ class HeartbeatCell:
         return value
 
     def set_busy(self, busy: bool) -> None:
-        """Mark a batch of requests as started (now) or finished."""
-        _TIME.pack_into(self._map, _BUSY_AT, time.monotonic() if busy else 0.0)
+        """Mark a batch of requests as started (now) or finished (now, stored negated:
+        the supervisor's idle check counts a session's idle time from a batch's end,
+        not from when it last saw the batch running)."""
+        now = time.monotonic()
+        _TIME.pack_into(self._map, _BUSY_AT, now if busy else -now)
 
     def busy_since(self) -> float | None:
         """When the batch in progress started; None if the worker is between batches."""
         value: float = _TIME.unpack_from(self._map, _BUSY_AT)[0]
         return value if value > 0.0 else None
+
+    def idle_since(self) -> float | None:
+        """When the last batch ended; None while one runs or before the first."""
+        value: float = _TIME.unpack_from(self._map, _BUSY_AT)[0]
+        return -value if value < 0.0 else None
 
     def begin_turn(self, keys: Iterable[str]) -> None:
         """Name the requests handed to the App now (at most MAX_TURN_KEYS), and beat."""

@@ -198,6 +198,10 @@ class WorkerProcess:
         """The worker is applying a batch of requests now (its heartbeat cell says)."""
         return self.heartbeat.busy_since() is not None
 
+    def last_batch_ended(self) -> float | None:
+        """When the worker's last batch of requests ended (its heartbeat cell says)."""
+        return self.heartbeat.idle_since()
+
     def rss_bytes(self) -> int | None:
         """The worker's resident set size, if it is alive."""
         if not self.is_same_process():

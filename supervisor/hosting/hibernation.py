@@ -182,6 +182,11 @@ class Hibernation:
         hosted = self.sessions.get(session)
         return hosted is None or is_busy(hosted) or hosted.state is not State.RUNNING
 
+    def _last_batch_ended(self, session: str) -> float | None:
+        hosted = self.sessions.get(session)
+        worker = hosted.worker if hosted is not None else None
+        return worker.last_batch_ended() if worker is not None else None
+
     def _arm_idle_timer(self) -> None:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
@@ -192,9 +197,15 @@ class Hibernation:
 
     def _idle_check(self) -> None:
         self._idle_timer = None
-        for session in self.clock.idle(time.monotonic()):
+        now = time.monotonic()
+        for session in self.clock.idle(now):
+            ended = self._last_batch_ended(session)
             if self._busy(session):
                 self.used(session)  # look again a full period later
+            elif ended is not None and now - ended < (self.clock.idle_stop or 0.0):
+                # Busy at the last check, its batch ended since, before the worker's
+                # report of it came in: idle from that end, not from the last check.
+                self.clock.used(session, ended)
             else:
                 self.clock.forget(session)
                 self._hibernate(session, f"no request for {self.clock.idle_stop:g} s")
