@@ -98,7 +98,7 @@ def test_the_idle_check_counts_from_the_end_of_the_last_batch(
     ended_ago: float | None, hibernated: bool
 ) -> None:
     """A session seen busy at one idle check whose batch ended just before the next, its
-    worker's report of it not in yet, is idle from that end: not stopped the moment its
+    worker's report of it not in yet, is not idle yet: not stopped the moment its
     long request was answered (a 6 s request under a 3 s limit was, now and then)."""
     now = time.monotonic()
     ended = None if ended_ago is None else now - ended_ago
@@ -114,7 +114,9 @@ def test_the_idle_check_counts_from_the_end_of_the_last_batch(
         assert stopped == (["s"] if hibernated else [])
         if not hibernated:
             assert ended is not None
-            assert hibernation.clock.next_idle_check() == ended + 3.0  # a period from the end
+            due = hibernation.clock.next_idle_check()
+            assert due is not None
+            assert due >= ended + 3.0  # looked at again no sooner than a period after it
         hibernation.close()
     finally:
         loop.close()

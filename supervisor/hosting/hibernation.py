@@ -204,8 +204,9 @@ class Hibernation:
                 self.used(session)  # look again a full period later
             elif ended is not None and now - ended < (self.clock.idle_stop or 0.0):
                 # Busy at the last check, its batch ended since, before the worker's
-                # report of it came in: idle from that end, not from the last check.
-                self.clock.used(session, ended)
+                # report of it came in: not idle yet. Looked at again a full period from
+                # now (the clock's order is by time of use: never before that end's due).
+                self.used(session)
             else:
                 self.clock.forget(session)
                 self._hibernate(session, f"no request for {self.clock.idle_stop:g} s")
