@@ -13,10 +13,11 @@ App now (their keys' digests), so that when a worker dies or is killed mid-turn 
 supervisor knows which requests were running: a request that keeps killing its worker
 is refused as a poison request.
 
-Layout: the last beat, when the batch in progress began (0: none), when the running
-chunk began (0: none), how many digests follow, then the digests. Each field is one
-aligned store, read without a lock: the worst a torn read can do is take a session as
-busy or a chunk as running for one check more.
+Layout: the last beat, when the batch in progress began (negated once it ended: when
+it ended; 0: none yet), when the running chunk began (0: none), how many digests
+follow, then the digests. Each field is one aligned store, read without a lock: the
+worst a torn read can do is take a session as busy or a chunk as running for one check
+more.
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ class HeartbeatCell:
 
     def set_busy(self, busy: bool) -> None:
         """Mark a batch of requests as started (now) or finished (now, stored negated:
-        the supervisor's idle check counts a session's idle time from a batch's end,
-        not from when it last saw the batch running)."""
+        the supervisor's idle check takes a session whose batch ended within the idle
+        period for not idle, though the worker's report of that batch is not in yet)."""
         now = time.monotonic()
         _TIME.pack_into(self._map, _BUSY_AT, now if busy else -now)
 
