@@ -108,7 +108,9 @@ def _command(
         return {"ok": False, "error": str(lost)}
     if not node.can_acknowledge(SESSION, token):
         return {"ok": False, "error": "not_owner: lease lost"}
-    return {"ok": True, "key": key, "token": token, "epoch": session.epoch}
+    # The in-sync set and the latest losses, for a test's message should it fail.
+    return {"ok": True, "key": key, "token": token, "epoch": session.epoch,
+            "in_sync": sorted(shipper.in_sync), "lost": list(shipper.lost)[-4:]}  # fmt: skip
 
 
 class _KillBeforeFsync:

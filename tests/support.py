@@ -10,8 +10,9 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psutil
 
@@ -147,3 +148,53 @@ def running_daemon(
         yield daemon
     finally:
         daemon.stop()
+
+
+def thread_states(pid: int) -> dict[int, str]:
+    """Each thread of process ``pid`` and its state letter (``/proc/PID/task/TID/stat``)."""
+    states = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue  # the thread ended
+        states[int(task.name)] = stat.rpartition(")")[2].split()[0]
+    return states
+
+
+def stop(target: int | subprocess.Popen[Any]) -> int:
+    """SIGSTOP a process and wait until every thread of it is stopped; its pid.
+
+    A SIGSTOP is not in effect when ``kill`` returns: the kernel wakes one thread of the
+    process to take it, and only once that thread has run are the others stopped. Until
+    then the process goes on: a thread woken by a request can answer it (measured with a
+    thread echoing on a socket: 8 to 20 of 100 echoes came back after the ``kill``).
+    """
+    pid = target if isinstance(target, int) else target.pid
+    os.kill(pid, signal.SIGSTOP)
+    poll_until(partial(_all_stopped, pid), what=f"every thread of process {pid} to stop")
+    return pid
+
+
+@contextmanager
+def stopped(*targets: int | subprocess.Popen[Any]) -> Iterator[None]:
+    """``stop`` each process, run the block, and check, before the SIGCONT, that each
+    still is stopped: a test of what a stopped process cannot do fails saying so if
+    anything resumed one while the block ran."""
+    pids: list[int] = []
+    resumed: dict[int, list[str]] = {}
+    try:
+        for target in targets:
+            pids.append(stop(target))
+        yield
+    finally:
+        for pid in pids:
+            if not _all_stopped(pid):
+                resumed[pid] = sorted(thread_states(pid).values())
+            os.kill(pid, signal.SIGCONT)
+        if resumed:  # chained to whatever the block raised
+            raise AssertionError(f"a stopped process was resumed while the test ran: {resumed}")
+
+
+def _all_stopped(pid: int) -> bool:
+    return set(thread_states(pid).values()) == {"T"}

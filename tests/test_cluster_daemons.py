@@ -20,7 +20,7 @@ from supervisor.cluster.ownership import owner_of
 from supervisor.cluster.routing import route
 from supervisor.errors import ControlError
 from tests.etcd_server import EtcdServer
-from tests.support import Daemon, loopd, poll_until
+from tests.support import Daemon, loopd, poll_until, stop
 from worker.store.layout import session_dir
 from worker.store.loader import load_session
 
@@ -157,7 +157,7 @@ def test_a_paused_daemon_acknowledges_nothing_after_a_takeover_and_quarantines_i
         token_a = cluster.send("s1", "one", key="k1")["token"]
         assert isinstance(token_a, int)
         assert direct.send("s1", "two", key="k2")["token"] == token_a  # a link to a's worker
-        os.kill(a.proc.pid, signal.SIGSTOP)  # the daemon and its keepalive; not its worker
+        stop(a.proc)  # the daemon and its keepalive; not its worker
         try:
             with EtcdClient(etcd.url) as client:
                 poll_until(lambda: owner_of(client, "s1") is None, timeout=10, what="expiry")
@@ -192,7 +192,7 @@ def test_after_its_lease_was_lost_a_daemon_claims_its_sessions_again_with_higher
         cluster.create("s1")  # on a
         token = cluster.send("s1", "one", key="k1")["token"]
         assert isinstance(token, int)
-        os.kill(daemons["a"].proc.pid, signal.SIGSTOP)  # its keepalive stops: the lease expires
+        stop(daemons["a"].proc)  # its keepalive stops: the lease expires
         try:
             poll_until(lambda: owner_of(client, "s1") is None, timeout=10, what="expiry")
         finally:

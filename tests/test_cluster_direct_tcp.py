@@ -30,7 +30,7 @@ from supervisor.cluster.transport import Role, TlsFiles, direct_preamble
 from supervisor.errors import ControlError
 from supervisor.hosting.session_log import log_path
 from tests.etcd_server import EtcdServer, free_port
-from tests.support import Daemon, log_user_keys, poll_until, status
+from tests.support import Daemon, log_user_keys, poll_until, status, stop
 from tests.tls_certs import Certificates
 from worker.wire import FrameReader, Message, encode
 
@@ -124,7 +124,7 @@ def test_a_send_over_tcp_is_served_by_the_worker_while_the_daemon_is_stopped(nod
         state = first["state"]
         assert isinstance(state, dict)
         assert worker_peers(node.home, "s")["tls"] == 1
-        os.kill(node.daemon.proc.pid, signal.SIGSTOP)
+        stop(node.daemon.proc)
         try:
             second = cluster.send("s", "two", key="k2")
         finally:

@@ -21,7 +21,7 @@ from supervisor.client.control import call
 from supervisor.cluster.transport import Role
 from supervisor.errors import ControlError
 from tests.promtext import MetricFamily, parse
-from tests.support import log_user_keys, loopd, poll_until
+from tests.support import log_user_keys, loopd, poll_until, stop, stopped
 from tests.test_cluster_replicated_daemons import NAMES, Nodes, nodes  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.timeout(110)
@@ -99,7 +99,7 @@ def test_lag_is_zero_once_acknowledged_grows_while_stopped_and_clears_on_rejoin(
         assert families["loopd_replica_in_sync_changes_total"].kind == "counter"
 
         daemon = nodes.daemons[stopped]
-        daemon.proc.send_signal(signal.SIGSTOP)
+        stop(daemon.proc)
         try:
             # The owner's ship to it times out: it is dropped, the write acknowledged
             # by the owner and the other follower (2 of 3 copies).
@@ -158,15 +158,9 @@ def test_a_write_left_unacknowledged_says_so_though_its_retries_were_refused(
     with nodes.client() as client:
         client.create("r", replicas=3)
         client.send("r", "zero", key="k0")
-        followers = [nodes.daemons[n] for n in NAMES if n != nodes.owner()]
-        for daemon in followers:
-            daemon.proc.send_signal(signal.SIGSTOP)
-        try:
-            with pytest.raises(ControlError) as raised:
-                client.send("r", "one", key="k1")
-        finally:
-            for daemon in followers:
-                daemon.proc.send_signal(signal.SIGCONT)
+        followers = [nodes.daemons[n].proc for n in NAMES if n != nodes.owner()]
+        with stopped(*followers), pytest.raises(ControlError) as raised:
+            client.send("r", "one", key="k1")
         said = str(raised.value)
         assert "writes are refused until they catch up" in said, said  # the last answer
         assert "an earlier attempt of key k1 was written on the owner and not acknowledged" in said

@@ -19,7 +19,7 @@ from supervisor.cluster.routing import TokenGuard
 from supervisor.cluster.takeover import take_over
 from tests.cluster_support import APP, TTL, NodeProcess, register, send
 from tests.etcd_server import EtcdServer
-from tests.support import poll_until
+from tests.support import poll_until, stop
 from worker import Session
 from worker.store.layout import session_dir
 
@@ -45,7 +45,7 @@ def test_a_zombie_node_acknowledges_nothing_after_a_takeover_and_quarantines_its
         assert reply == {"ok": True, "key": "k1", "token": token_a}
         guard.check(SESSION, token_a)
 
-        os.kill(zombie.process.pid, signal.SIGSTOP)
+        stop(zombie.process)
         poll_until(lambda: owner_of(client, SESSION) is None, timeout=TTL * 5, what="lease expiry")
         backup = tmp_path / "backup"
         shutil.copytree(session_dir(home_a, SESSION), backup)

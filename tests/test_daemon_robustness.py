@@ -24,7 +24,7 @@ from supervisor.cli.serve_command import serve
 from supervisor.client import call
 from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
-from tests.support import REPO, loopd, poll_until, running_daemon, status, wait_state
+from tests.support import REPO, loopd, poll_until, running_daemon, status, stop, wait_state
 from worker.wire import MAX_FRAME
 
 
@@ -97,7 +97,7 @@ def test_a_sigstopped_worker_is_killed_after_the_hang_timeout_and_restarted(
         call(str(home), "create", session="s2")
         first = status(home, "s1")["pid"]
         assert isinstance(first, int)
-        os.kill(first, signal.SIGSTOP)
+        stop(first)
         # Large requests queued to the stopped worker must not block the daemon's loop.
         outcomes: list[object] = []
 
@@ -359,7 +359,7 @@ def test_serve_refuses_an_unusable_home_in_one_line_without_a_traceback(
 def test_commands_to_a_hung_daemon_end_in_one_line_after_the_timeout(tmp_path: Path) -> None:
     home = tmp_path / "home"
     with running_daemon(home) as daemon:
-        os.kill(daemon.proc.pid, signal.SIGSTOP)
+        stop(daemon.proc)
         try:
             ran = [
                 loopd(*command, "--home", str(home), "--timeout", "1")

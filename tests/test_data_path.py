@@ -17,7 +17,7 @@ import pytest
 
 from supervisor.client import Client, Request, call
 from supervisor.errors import ControlError
-from tests.support import log_user_keys, loopd, poll_until, running_daemon, status, wait_state
+from tests.support import log_user_keys, loopd, poll_until, running_daemon, status, stop, wait_state
 from worker import Session
 from worker.wire import MAX_FRAME
 
@@ -27,7 +27,7 @@ def test_requests_reach_the_worker_while_the_daemon_itself_is_stopped(tmp_path: 
     with running_daemon(home) as daemon, Client(str(home), timeout=10) as client:
         call(str(home), "create", session="s1")
         assert client.send("s1", "first", key="k0")["call"] == 1
-        os.kill(daemon.proc.pid, signal.SIGSTOP)  # the daemon's loop cannot relay anything
+        stop(daemon.proc)  # the daemon's loop cannot relay anything
         try:
             replies = [client.send("s1", f"text {n}", key=f"k{n}") for n in range(1, 4)]
         finally:
@@ -171,7 +171,7 @@ def test_a_client_waits_out_a_sigstopped_worker_and_is_answered_after_the_restar
         client.send("s1", "before", key="before")
         pid = status(home, "s1")["pid"]
         assert isinstance(pid, int)
-        os.kill(pid, signal.SIGSTOP)
+        stop(pid)
         reply = client.send("s1", "during", key="during")
         assert reply["duplicate"] is False
         row = status(home, "s1")
@@ -272,7 +272,7 @@ def test_a_client_gives_up_on_a_silent_worker_after_its_timeout_in_one_error(
         client.send("s1", "before", key="before")
         pid = status(home, "s1")["pid"]
         assert isinstance(pid, int)
-        os.kill(pid, signal.SIGSTOP)
+        stop(pid)
         try:
             with pytest.raises(ControlError, match="did not answer within 1 s"):
                 client.send("s1", "during", key="during")
@@ -304,7 +304,7 @@ def test_a_connection_asked_for_as_its_worker_dies_still_gets_exactly_one_reply(
                 assert msgpack.unpackb(sock.recv(65536), raw=False)["ok"]
                 # With the daemon stopped, the request for a connection is queued before
                 # the worker dies: the loop reads it before it reads the death.
-                os.kill(daemon.proc.pid, signal.SIGSTOP)
+                stop(daemon.proc)
                 try:
                     sock.sendall(msgpack.packb({"id": 1, "op": "connect", "session": "s1"}))
                     os.kill(pid, signal.SIGKILL)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import log_user_keys, poll_until
+from tests.support import log_user_keys, poll_until, stopped
 from tests.test_cluster_replication import SESSION, Replicated, cluster
 from tests.test_replication_lag_report import Flaky
 from tests.test_replication_shipper import BASELINE, LocalFollower, _write
@@ -90,16 +90,11 @@ def test_no_write_is_acknowledged_by_followers_that_took_it_and_never_answered(
 ) -> None:
     cluster.start_owner(replicas=3)
     assert cluster.ask("send k1")["ok"] is True
-    stopped = [cluster.followers[name].proc for name in ("b", "c")]
-    for proc in stopped:
-        proc.send_signal(signal.SIGSTOP)  # the connection stays up: the sends are taken
-    try:
+    # The connections stay up: the sends are taken, never answered.
+    with stopped(*(cluster.followers[name].proc for name in ("b", "c"))):
         reply = cluster.ask("send k2")
         in_sync = cluster.replica_set()
-    finally:
-        for proc in stopped:
-            proc.send_signal(signal.SIGCONT)
-    assert reply["ok"] is False
+    assert reply["ok"] is False, reply
     assert "did not acknowledge" in str(reply["error"])
     assert in_sync is not None
     assert in_sync.in_sync == ()

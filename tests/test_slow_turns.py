@@ -6,8 +6,6 @@ take seconds, and talks to it through the real ``Client``.
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import pytest
 
 from supervisor.client import Client, Request, call
 from supervisor.errors import ControlError
-from tests.support import log_user_keys, poll_until, running_daemon, status, wait_state
+from tests.support import log_user_keys, poll_until, running_daemon, status, stop, wait_state
 
 
 def _app(name: str, seconds: float) -> tuple[list[str], dict[str, str]]:
@@ -104,7 +102,7 @@ def test_a_worker_sigstopped_mid_turn_is_still_killed_as_hung_and_replaced(
         thread = threading.Thread(target=turn)
         thread.start()
         poll_until((home / f"turn-{pid}").exists, what="the turn to start")
-        os.kill(pid, signal.SIGSTOP)
+        stop(pid)
 
         def replaced_row() -> dict[str, object] | None:
             row = status(home, "s")

@@ -12,7 +12,7 @@ import psutil
 
 from supervisor.client import call
 from supervisor.control_socket import SOCKET_NAME
-from tests.support import REPO, poll_until, running_daemon, status, wait_state
+from tests.support import REPO, poll_until, running_daemon, status, stop, wait_state
 
 
 def _is_zombie(pid: int) -> bool:
@@ -33,7 +33,7 @@ def test_a_death_handled_before_its_channel_end_in_one_turn_is_restarted_and_ser
         victim = wait_state(home, "s1", "RUNNING")["pid"]
         assert isinstance(victim, int)
         # Frozen, the daemon sees the death and the channel's end in one select().
-        os.kill(daemon.proc.pid, signal.SIGSTOP)
+        stop(daemon.proc)
         try:
             os.kill(victim, signal.SIGKILL)
             poll_until(lambda: _is_zombie(victim), what="the worker to be dead, unreaped")
