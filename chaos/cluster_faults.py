@@ -78,6 +78,35 @@ def signal_host(host: Host, signum: int) -> int:
     return sent
 
 
+STOP_WAIT: Final = 5.0
+"""Seconds a paused host's processes are given to be stopped, every thread of each."""
+
+
+def wait_stopped(pids: list[int], timeout: float) -> float | None:
+    """Seconds until every thread of ``pids`` was seen stopped (state T), the ones that
+    ended left out; None if some were not within ``timeout``."""
+    began = time.monotonic()
+    while True:
+        running = False
+        for pid in pids:
+            try:
+                tasks = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue  # ended
+            for task in tasks:
+                try:
+                    with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                        state = stat.read().rpartition(")")[2].split()[0]
+                except (OSError, IndexError):
+                    continue
+                running = running or state not in ("T", "Z", "X")
+        if not running:
+            return round(time.monotonic() - began, 4)
+        if time.monotonic() - began > timeout:
+            return None
+        time.sleep(0.002)
+
+
 @dataclass
 class Fault:
     """One fault: what it is, on what, when it was applied and healed."""
@@ -231,7 +260,11 @@ def apply(fault: Fault, rig: Rig) -> None:
         else:
             run([IP, "-n", host.netns, "link", "set", host.interface, "down"])
     elif kind == "pause-node":
-        fault.detail["stopped"] = signal_host(rig.nodes[fault.targets[0]], signal.SIGSTOP)
+        host = rig.nodes[fault.targets[0]]
+        fault.detail["stopped"] = signal_host(host, signal.SIGSTOP)
+        # A SIGSTOP is in effect only once one thread of each process has taken it: the
+        # hold starts when every thread of the host is seen stopped (docs/chaos.md).
+        fault.detail["stopped_after_s"] = wait_stopped(pids_of(host), STOP_WAIT)
     elif kind == "kill-etcd-member":
         member = rig.etcd[int(fault.targets[0].removeprefix("etcd"))]
         fault.detail["killed"] = signal_host(member, signal.SIGKILL)
