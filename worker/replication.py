@@ -38,8 +38,15 @@ from worker.store.errors import NotOwnerNow, SessionError
 from worker.store.replica_source import split_step, tail_step
 from worker.store.replica_types import Position, Step
 from worker.store.session import Session
+from worker.wire import REPLICA_MAX_FRAME
 
 MAX_STEP: Final = 256 * 1024  # bytes of lines per shipped step (a wire frame holds 1 MiB)
+MAX_WRITE: Final = REPLICA_MAX_FRAME - (64 << 10)
+"""Bytes one group commit of a replicated session may be: a group is never cut, so it is
+one step, and its ``replicate`` (the bytes and its fields) must fit one replication
+frame. A larger write is refused before a byte of it is written (``Session.max_write``);
+before this bound it was written, never taken by any follower, and every write after it
+refused until they caught up, which they never could."""
 FRESH: Final = 2.0
 """Seconds a catch-up task's end counts for the rejoin that follows it."""
 LOST_KEPT: Final = 100
@@ -89,6 +96,7 @@ class Shipper:
         required: int | None = None,
     ) -> None:
         self.session = session
+        session.max_write = MAX_WRITE
         self.token = token
         self.replicas = replicas
         self.required = majority(replicas) if required is None else required
@@ -119,6 +127,7 @@ class Shipper:
         self.writes_refused = 0  # batches refused before a byte, too few copies in sync
 
     def close(self) -> None:
+        self.session.max_write = None
         self._lanes.close()
         self._probe_pool.shutdown(wait=False, cancel_futures=True)
 

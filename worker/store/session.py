@@ -26,6 +26,7 @@ from worker.store.errors import (
     SessionBroken,
     SessionExists,
     SessionIOError,
+    WriteTooLarge,
     quote,
 )
 from worker.store.fencing import Fence
@@ -70,6 +71,9 @@ class Session:
         # of the log before it, bytes): a replicated owner ships while it syncs. It must
         # not raise (the bytes are written, memory does not know them yet).
         self.on_written: Callable[[int, int, int, bytes], None] | None = None
+        # The most bytes one group commit may be (None: no bound): a replicated owner's
+        # write must fit one replication frame, or no follower could ever take it.
+        self.max_write: int | None = None
 
     # -- construction ---------------------------------------------------------------
 
@@ -330,6 +334,12 @@ class Session:
         state = self._state
         fence = fence_after(state.fence, batch, self._log_path)
         data, crc = encode_lines(batch, state.log_crc)  # validates every field first
+        if self.max_write is not None and len(data) > self.max_write:
+            raise WriteTooLarge(
+                self._log_path,
+                f"a group commit of {len(data)} bytes ({len(batch)} records) is larger than "
+                f"the {self.max_write} bytes one replicated write may be; nothing was written",
+            )
         highest = highest_call_after(state, batch, self._applied)
         fd = self._log_fd
         assert fd is not None  # _check_writable
