@@ -167,10 +167,15 @@ def _soak(tmp_path: Path, seconds: float) -> None:
     assert epochs > 2 * len(SESSIONS)  # the batches crossed epoch changes
 
 
+# Each soak's own deadlines: its faults for ``seconds``, its clients' last requests (a
+# client's timeout and its retries, 60 s) and the checks after (30 s each), above the
+# suite's 120 s: a loaded CI machine once took the 30-second soak past 120 s.
+@pytest.mark.timeout(260)
 def test_a_30_second_soak_loses_nothing_acknowledged_and_leaks_nothing(tmp_path: Path) -> None:
     _soak(tmp_path, 30.0)
 
 
 @pytest.mark.long_soak
+@pytest.mark.timeout(320)
 def test_a_60_second_soak_loses_nothing_acknowledged_and_leaks_nothing(tmp_path: Path) -> None:
     _soak(tmp_path, 60.0)
