@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -172,7 +172,11 @@ def stop(target: int | subprocess.Popen[Any]) -> int:
     """
     pid = target if isinstance(target, int) else target.pid
     os.kill(pid, signal.SIGSTOP)
-    poll_until(partial(_all_stopped, pid), what=f"every thread of process {pid} to stop")
+    try:
+        poll_until(partial(_all_stopped, pid), what=f"every thread of process {pid} to stop")
+    except AssertionError:
+        os.kill(pid, signal.SIGCONT)  # never left half stopped for the teardown
+        raise
     return pid
 
 
@@ -191,10 +195,16 @@ def stopped(*targets: int | subprocess.Popen[Any]) -> Iterator[None]:
         for pid in pids:
             if not _all_stopped(pid):
                 resumed[pid] = sorted(thread_states(pid).values())
-            os.kill(pid, signal.SIGCONT)
+            with suppress(ProcessLookupError):  # ended (and reaped) in the block
+                os.kill(pid, signal.SIGCONT)
         if resumed:  # chained to whatever the block raised
             raise AssertionError(f"a stopped process was resumed while the test ran: {resumed}")
 
 
 def _all_stopped(pid: int) -> bool:
-    return set(thread_states(pid).values()) == {"T"}
+    """True if no thread of ``pid`` can run: each stopped, or the process ended."""
+    try:
+        states = thread_states(pid)
+    except FileNotFoundError:
+        return True  # reaped
+    return set(states.values()) <= {"T", "Z", "X"}
