@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from chaos.netns_hosts import IP, HarnessError, Host
+from chaos.proc_states import all_stopped
 
 TC: Final = "tc"
 KINDS: Final = (
@@ -83,28 +84,14 @@ STOP_WAIT: Final = 5.0
 
 
 def wait_stopped(pids: list[int], timeout: float) -> float | None:
-    """Seconds until every thread of ``pids`` was seen stopped (state T), the ones that
-    ended left out; None if some were not within ``timeout``."""
+    """Seconds until every thread of ``pids`` was seen stopped (``all_stopped``); None if
+    some were not within ``timeout``."""
     began = time.monotonic()
-    while True:
-        running = False
-        for pid in pids:
-            try:
-                tasks = os.listdir(f"/proc/{pid}/task")
-            except OSError:
-                continue  # ended
-            for task in tasks:
-                try:
-                    with open(f"/proc/{pid}/task/{task}/stat") as stat:
-                        state = stat.read().rpartition(")")[2].split()[0]
-                except (OSError, IndexError):
-                    continue
-                running = running or state not in ("T", "Z", "X")
-        if not running:
-            return round(time.monotonic() - began, 4)
+    while not all(all_stopped(pid) for pid in pids):
         if time.monotonic() - began > timeout:
             return None
-        time.sleep(0.002)
+        time.sleep(0.002)  # the interval of the checks, against the deadline above
+    return round(time.monotonic() - began, 4)
 
 
 @dataclass

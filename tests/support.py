@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import psutil
 
+from chaos.proc_states import all_stopped, thread_states
 from supervisor.client import call
 from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
@@ -150,30 +151,18 @@ def running_daemon(
         daemon.stop()
 
 
-def thread_states(pid: int) -> dict[int, str]:
-    """Each thread of process ``pid`` and its state letter (``/proc/PID/task/TID/stat``)."""
-    states = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-        except OSError:
-            continue  # the thread ended
-        states[int(task.name)] = stat.rpartition(")")[2].split()[0]
-    return states
-
-
 def stop(target: int | subprocess.Popen[Any]) -> int:
     """SIGSTOP a process and wait until every thread of it is stopped; its pid.
 
     A SIGSTOP is not in effect when ``kill`` returns: the kernel wakes one thread of the
     process to take it, and only once that thread has run are the others stopped. Until
     then the process goes on: a thread woken by a request can answer it (measured with a
-    thread echoing on a socket: 8 to 20 of 100 echoes came back after the ``kill``).
+    thread echoing on a socket: ``python -m scripts.sigstop_window``).
     """
     pid = target if isinstance(target, int) else target.pid
     os.kill(pid, signal.SIGSTOP)
     try:
-        poll_until(partial(_all_stopped, pid), what=f"every thread of process {pid} to stop")
+        poll_until(partial(all_stopped, pid), what=f"every thread of process {pid} to stop")
     except AssertionError:
         os.kill(pid, signal.SIGCONT)  # never left half stopped for the teardown
         raise
@@ -193,18 +182,9 @@ def stopped(*targets: int | subprocess.Popen[Any]) -> Iterator[None]:
         yield
     finally:
         for pid in pids:
-            if not _all_stopped(pid):
+            if not all_stopped(pid):
                 resumed[pid] = sorted(thread_states(pid).values())
             with suppress(ProcessLookupError):  # ended (and reaped) in the block
                 os.kill(pid, signal.SIGCONT)
         if resumed:  # chained to whatever the block raised
             raise AssertionError(f"a stopped process was resumed while the test ran: {resumed}")
-
-
-def _all_stopped(pid: int) -> bool:
-    """True if no thread of ``pid`` can run: each stopped, or the process ended."""
-    try:
-        states = thread_states(pid)
-    except FileNotFoundError:
-        return True  # reaped
-    return set(states.values()) <= {"T", "Z", "X"}

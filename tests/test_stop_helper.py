@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from tests.support import REPO, stop, stopped, thread_states
+from chaos.proc_states import thread_states
+from tests.support import REPO, stop, stopped
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,7 +15,7 @@ from typing import Final
 
 from worker.store import durable
 from worker.store.baseline import Baseline
-from worker.store.batch_rules import fence_after, highest_call_after, newest_usage
+from worker.store.batch_rules import check_write_size, fence_after, highest_call_after, newest_usage
 from worker.store.carried_state import plan_next_epoch
 from worker.store.creation import check_slot, make_opened_durable, sync_parents, write_first_epoch
 from worker.store.epoch_commit import switch_to_next_epoch, write_next_epoch
@@ -26,7 +26,6 @@ from worker.store.errors import (
     SessionBroken,
     SessionExists,
     SessionIOError,
-    WriteTooLarge,
     quote,
 )
 from worker.store.fencing import Fence
@@ -71,8 +70,7 @@ class Session:
         # of the log before it, bytes): a replicated owner ships while it syncs. It must
         # not raise (the bytes are written, memory does not know them yet).
         self.on_written: Callable[[int, int, int, bytes], None] | None = None
-        # The most bytes one group commit may be (None: no bound): a replicated owner's
-        # write must fit one replication frame, or no follower could ever take it.
+        # Bytes one group commit may be at most (a replicated owner's: one frame's).
         self.max_write: int | None = None
 
     # -- construction ---------------------------------------------------------------
@@ -334,12 +332,7 @@ class Session:
         state = self._state
         fence = fence_after(state.fence, batch, self._log_path)
         data, crc = encode_lines(batch, state.log_crc)  # validates every field first
-        if self.max_write is not None and len(data) > self.max_write:
-            raise WriteTooLarge(
-                self._log_path,
-                f"a group commit of {len(data)} bytes ({len(batch)} records) is larger than "
-                f"the {self.max_write} bytes one replicated write may be; nothing was written",
-            )
+        check_write_size(self._log_path, data, len(batch), self.max_write)
         highest = highest_call_after(state, batch, self._applied)
         fd = self._log_fd
         assert fd is not None  # _check_writable
