@@ -148,3 +148,39 @@ def test_a_sigkilled_worker_restarted_at_once_is_logged_as_killed_not_as_exited_
     assert shown.returncode == 0
     assert f"[loopd] worker {pid} killed by signal 9" in shown.stdout
     assert f"worker {pid} exited with code 0" not in shown.stdout
+
+
+_NO_TLS_ENV = {"LOOPD_TLS_CA": "", "LOOPD_TLS_CERT": "", "LOOPD_TLS_KEY": ""}
+CLUSTER_COMMANDS = {
+    "move": ("move", "s", "--to", "n2"),
+    "move-abort": ("move", "s", "--abort"),
+    "drain": ("drain", "n1"),
+    "cordon": ("cordon", "n1"),
+    "uncordon": ("uncordon", "n1"),
+    "takeover": ("takeover", "s", "--from-copy", ".", "--to", "n2"),
+    "status": ("status",),
+    "send": ("send", "s", "x"),
+    "create": ("create", "s"),
+}
+
+
+@pytest.mark.parametrize("command", CLUSTER_COMMANDS.values(), ids=CLUSTER_COMMANDS.keys())
+def test_a_cluster_command_at_an_https_etcd_with_no_certificate_names_the_missing_options(
+    command: tuple[str, ...],
+) -> None:
+    done = loopd(*command, "--cluster", "https://127.0.0.1:1", env=_NO_TLS_ENV)
+    said = (r"--tls-ca \(\$LOOPD_TLS_CA\), --tls-cert \(\$LOOPD_TLS_CERT\), "
+            r"--tls-key \(\$LOOPD_TLS_KEY\)")  # fmt: skip
+    _refused_in_one_line(
+        done, r"--cluster https://127\.0\.0\.1:1 is https: .*" + said + " not given"
+    )
+    assert done.returncode == 2
+
+
+def test_a_cluster_command_at_an_https_etcd_with_one_certificate_names_the_other_two(
+    tmp_path: Path,
+) -> None:
+    done = loopd("cordon", "n1", "--cluster", "https://127.0.0.1:1",
+                 "--tls-ca", str(tmp_path / "ca.pem"), env=_NO_TLS_ENV)  # fmt: skip
+    _refused_in_one_line(done, r"--tls-cert, --tls-key not given")
+    assert done.returncode == 2

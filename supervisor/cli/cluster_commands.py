@@ -10,7 +10,7 @@ from typing import Final, cast
 import click
 
 from supervisor.cli.options import ETCD_URL
-from supervisor.cli.tls_options import client_tls_options, tls_files_given
+from supervisor.cli.tls_options import client_tls_options, cluster_tls_files, tls_files_given
 from supervisor.client.control import call
 from supervisor.cluster.cordon import cordon, uncordon
 from supervisor.cluster.drain import drain_node
@@ -113,7 +113,7 @@ def _remote(client: EtcdClient, node: str) -> RemoteNodes | None:
 
 def etcd_client(url: str) -> EtcdClient:
     """The etcd client of a command: with its TLS files for ``https://`` endpoints."""
-    files = tls_files_given()
+    files = cluster_tls_files(url)
     return EtcdClient(url, tls=files.etcd_context() if files is not None else None)
 
 

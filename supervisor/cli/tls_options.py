@@ -11,6 +11,7 @@ import click
 if TYPE_CHECKING:
     from supervisor.client.cluster import ClusterClient
 
+from supervisor.cluster.etcd_endpoints import parse_endpoints
 from supervisor.cluster.transport import ENV, TlsFiles, TransportError, parse_tls_address
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -87,8 +88,20 @@ def tls_files_given() -> TlsFiles | None:
     return tls_files(given.get("tls_ca"), given.get("tls_cert"), given.get("tls_key"))
 
 
+def cluster_tls_files(url: str) -> TlsFiles | None:
+    """The command's TLS files for etcd at ``url``; one line and exit 2 if it is https://
+    and none is given (the client cannot even be made: it would be a traceback)."""
+    files = tls_files_given()
+    if files is None and any(e.scheme == "https" for e in parse_endpoints(url)):
+        flags = ", ".join(f"{flag} (${env})" for flag, env, _what in reversed(_FLAGS))
+        click.echo(f"loopd: --cluster {url[:200]} is https: a client certificate is needed: "
+                   f"{flags} not given", err=True)  # fmt: skip
+        sys.exit(EXIT_USAGE)
+    return files
+
+
 def cluster_client(url: str, *, timeout: float) -> ClusterClient:
     """A ClusterClient of ``url`` with the command's TLS files (for tls:// nodes)."""
     from supervisor.client.cluster import ClusterClient  # noqa: PLC0415 - a --cluster call only
 
-    return ClusterClient(url, timeout=timeout, tls=tls_files_given())
+    return ClusterClient(url, timeout=timeout, tls=cluster_tls_files(url))
