@@ -35,6 +35,7 @@ import tempfile
 from typing import Final
 
 from chaos.cases import CaseResult
+from chaos.lifeline import die_with_parent
 from chaos.oracle import ClientLog, LogsView, continues_group, session_path, snapshot_logs
 from chaos.scenarios import SESSION, Scenario
 from chaos.worker_run import fork_child, outside_dir
@@ -195,10 +196,12 @@ def _resumed(copy: str, home: str, scenario: Scenario) -> dict[str, str]:
     the worker's own resume (``worker.process.open_session``) with ``summarize`` watched."""
     assert scenario.app is not None
     read_end, write_end = os.pipe()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # the child: never returns
         code = 1
         try:
+            die_with_parent(parent)  # a kill of the rig ends it too
             os.close(read_end)
             os.chdir(outside_dir(home))  # what the App writes in its cwd is still seen
             answer: dict[str, str]

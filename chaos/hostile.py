@@ -32,6 +32,7 @@ from chaos import mutants
 from chaos.cases import Case, CaseResult
 from chaos.child import open_for_resume
 from chaos.hook import FaultKind
+from chaos.lifeline import die_with_parent
 from chaos.oracle import ClientLog, log_files
 from chaos.scenarios import SCENARIOS, SESSION, Scenario, apply_op
 from chaos.worker_run import fork_child
@@ -159,10 +160,12 @@ def _judge_link(result: CaseResult, planted: Planted, who: str, outcome: dict[st
 def _in_child(attempt: Callable[[], object], mutant: str | None) -> dict[str, str]:
     """Run ``attempt`` in a forked child (with the mutant); what it said: served or refused."""
     read_end, write_end = os.pipe()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # the child: never returns
         code = 1
         try:
+            die_with_parent(parent)  # a kill of the rig ends it too
             os.close(read_end)
             mutants.apply(mutant)
             signal.alarm(ALARM_S)

@@ -17,6 +17,7 @@ from types import TracebackType
 
 from chaos import mutants
 from chaos.child import worker_child
+from chaos.lifeline import die_with_parent
 from chaos.scenarios import Scenario
 from supervisor.client.direct import Client
 from supervisor.errors import ControlError
@@ -37,10 +38,12 @@ class Node:
         output: str = os.devnull,
     ) -> None:
         ours, theirs = socket.socketpair()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the worker: never returns
             code = 1
             try:
+                die_with_parent(parent)  # a kill of the rig ends it too
                 ours.close()
                 sink = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
                 os.dup2(sink, 1)

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 
 from chaos.cases import Case, CaseResult
 from chaos.crash_states import StateCache
+from chaos.lifeline import die_with_parent
 from chaos.runner import run_case
 from chaos.sampling import Pick
 
@@ -44,6 +45,12 @@ def _init(workdir: str, dedupe: bool) -> None:
     # The verdicts of the crash states checked so far, shared by the pool's processes.
     _states = StateCache(os.path.join(workdir, "states")) if dedupe else None
     gc.freeze()
+
+
+def _init_pool(parent: int, workdir: str, dedupe: bool) -> None:
+    """A pool process's start: it dies with the rig (a CI timeout's SIGKILL included)."""
+    die_with_parent(parent)
+    _init(workdir, dedupe)
 
 
 def _run(unit: Case | Pick) -> CaseResult | None:
@@ -88,8 +95,8 @@ def run_cases(
     # One case at a time when the run may stop early (a budget), so that it stops soon
     # after its time is up; else small chunks.
     chunk = 1 if stop is not None else max(1, min(8, len(cases) // (jobs * 16)))
-    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init,
-                             initargs=(workdir, dedupe)) as pool:  # fmt: skip
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_pool,
+                             initargs=(os.getpid(), workdir, dedupe)) as pool:  # fmt: skip
         for done, result in enumerate(pool.map(_run, cases, chunksize=chunk), start=1):
             _collect(result, results, seen, on_result)
             if stop is not None and stop(done):

@@ -13,6 +13,7 @@ choices from the seed too; when they land depends on timing.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -25,6 +26,7 @@ from typing import Final
 
 import psutil
 
+from chaos.lifeline import die_with_parent
 from supervisor.client import Client, call, call_with_retry
 from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
@@ -150,6 +152,8 @@ def run_supervised(
          "chaos.supervised:chaos_app", "--budget", "150", "--max-restarts", "100000",
          "--backoff-base", "0.005", "--backoff-max", "0.05", "--stable-after", "0.5"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        # It dies with the rig (its workers follow: their control channel closes).
+        preexec_fn=functools.partial(die_with_parent, os.getpid()),  # noqa: PLW1509 - no thread yet
     )  # fmt: skip
     start = time.monotonic()
     deadline = start + duration

@@ -22,6 +22,7 @@ from chaos.api_state import implied_state
 from chaos.calls import highest_call_on_disk, judge_calls, watch_next_call
 from chaos.child import second_open_gets_in, store_child, worker_child
 from chaos.hook import ChaosHook, EventPipe, FaultKind
+from chaos.lifeline import die_with_parent
 from chaos.oracle import ClientLog, session_path, snapshot_logs
 from chaos.requests_client import RequestsClient
 from chaos.scenarios import Scenario
@@ -75,11 +76,13 @@ def fork_child(
     # children: a collection would touch (and so copy) every page the child shares.
     floor = highest_call_on_disk(home)
     gc.freeze()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # the child: never returns
         code = 1
         gc.disable()  # a short-lived child: no collection, fewer copied pages
         try:
+            die_with_parent(parent)  # a kill of the rig ends it too
             os.close(event_r)
             os.close(go_w)
             sink = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -215,10 +218,12 @@ def _second_open_gets_in(home: str, mutant: str | None) -> bool:
     """
     if mutant is None:
         return second_open_gets_in(home)
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # the probe: never returns
         code = 2
         try:
+            die_with_parent(parent)  # a kill of the rig ends it too
             mutants.apply(mutant)
             code = 1 if second_open_gets_in(home) else 0
         finally:
