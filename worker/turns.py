@@ -32,7 +32,8 @@ DEFAULT_MAX_BATCH: Final = 64
 MAX_PARTIAL_CHARS: Final = 200_000
 """Characters of one partial frame; a longer partial text is sent in pieces."""
 MAX_PARTIAL_BACKLOG: Final = 4 << 20
-"""Bytes of partial output queued for a client before further partials are dropped."""
+"""Bytes of partial output queued for a client before further partials are dropped;
+checked before each piece, so the queue holds at most this plus one piece's frame."""
 
 Result = Message | SessionError | WireError
 
@@ -264,11 +265,14 @@ class TurnRunner:
             return  # outside a turn (a resume, a compact): nobody to stream to
         if not target.streams:
             return  # not asked for, or relayed by the supervisor: one reply frame only
-        if len(target.peer.out) > MAX_PARTIAL_BACKLOG:
-            target.dropped += 1
-            return
         for start in range(0, max(1, len(text)), MAX_PARTIAL_CHARS):
+            # The bound is checked before each piece, not once a call: one call of 64 MB
+            # to a client that does not read queued all of it (issue #29). Past it, the
+            # rest of the call is dropped, counted once.
+            if len(target.peer.out) > MAX_PARTIAL_BACKLOG:
+                target.dropped += 1
+                return
             # Pieces that always fit a frame (4 bytes a character at most in UTF-8).
             piece = text[start : start + MAX_PARTIAL_CHARS]
             target.peer.queue({"id": target.request_id, "partial": piece})
-        target.peer.flush()
+            target.peer.flush()  # what the socket takes now leaves room for the next
