@@ -36,6 +36,7 @@ from chaos.probes import run_probes
 from chaos.scenarios import SCENARIOS, SESSION, Scenario
 from chaos.torn import describe, expected_torn_place, torn_refusal_checked
 from chaos.worker_run import ChildRun, fork_child
+from supervisor.hosting.apps import app_import_path
 from worker.store.errors import SessionError
 from worker.store.repair import repair_torn_tail
 
@@ -330,15 +331,14 @@ def scenario_for(name: str, app: str | None) -> Scenario:
 
 
 def import_app(app: str) -> None:
-    """Import the module of ``module:attribute`` in the rig, from the working directory
-    too (as ``python -m`` would), before any worker is forked: its workers run elsewhere.
+    """Import the module of ``module:attribute`` in the rig before any worker is forked
+    (its workers run elsewhere), from where ``loopd serve`` would import it
+    (``app_import_path``: the working directory first, then PYTHONPATH).
     """
     module_name, sep, attribute = app.partition(":")
     if not sep or not module_name or not attribute:
         raise ValueError(f"an app is given as module:attribute, not {app!r}")
-    here = os.getcwd()
-    if here not in sys.path:
-        sys.path.append(here)
+    sys.path[:] = app_import_path()
     target: object = importlib.import_module(module_name)
     for part in attribute.split("."):
         target = getattr(target, part)  # AttributeError names what is missing

@@ -142,9 +142,7 @@ def run_supervised(
     env = {**os.environ, SEED_ENV: str(seed), PROBABILITY_ENV: str(boundary_kill_probability),
            SCHEDULE_ENV: schedule}  # fmt: skip
     if app:
-        env[APP_ENV] = app
-        path = env.get("PYTHONPATH")
-        env["PYTHONPATH"] = os.getcwd() + (os.pathsep + path if path else "")
+        env[APP_ENV] = app  # imported by the workers from serve's working directory, this one
     # Workers die here by design, often and in a row: no intensity limit, and a short
     # backoff so that the run measures the store and the restart path, not the waiting.
     daemon = subprocess.Popen(

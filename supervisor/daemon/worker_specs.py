@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from supervisor.daemon.config import ServeConfig
 from supervisor.daemon.spawn import WorkerSpec
+from supervisor.hosting.apps import app_import_dirs
 
 if TYPE_CHECKING:
     from supervisor.cluster.serving import WorkerCluster
@@ -38,7 +39,11 @@ def worker_spec(
     slot: int = 0,
     cluster: WorkerCluster | None = None,
 ) -> WorkerSpec:
-    """The spec of ``session_id``'s worker; UnknownApp if its named App is not configured."""
+    """The spec of ``session_id``'s worker; UnknownApp if its named App is not configured.
+
+    Its import path starts with ``app_import_dirs``: the worker imports its App from the
+    directory serve was started in (and a named App's own) however serve was started.
+    """
     named = None
     if app is not None:
         named = config.apps.get(app)
@@ -56,8 +61,8 @@ def worker_spec(
     return WorkerSpec(
         home=config.home, session=session_id, create=create, slot=slot,
         app=named.target if named is not None else config.app, budget=budget, extra_env=env,
-        cwd=named.cwd if named is not None else None,
-        path=named.path if named is not None else (),
+        cwd=named.work_dir() if named is not None and named.cwd else None,
+        path=app_import_dirs(named),
         start_method=config.start_method, heartbeat=hang_timeout / 4,
         request_deadline=request_deadline, capture_output=True, hang_timeout=hang_timeout,
         max_batch=config.max_batch, cluster=cluster,

@@ -5,8 +5,8 @@ file and supervisord's ``[program:x]`` do)::
 
     [apps.agent]
     app = "examples.agent_app:AgentApp"      # module:attribute, called with the budget
-    path = ["/srv/agent/src"]                # prepended to the import path (sys.path)
-    cwd = "/srv/agent"                       # the workers' working directory
+    path = ["/srv/agent/src"]                # first on the import path (relative: to cwd)
+    cwd = "/srv/agent"                       # the workers' working directory, next on it
     env = { MODEL_URL = "http://127.0.0.1:8080/v1" }
     budget = 8000
     hang-timeout = 120.0
@@ -17,10 +17,17 @@ restart of that session runs the same App. ``serve`` imports every configured Ap
 its ``--app``) in a child interpreter before it serves (the supervisor itself never
 imports an App: forked workers would inherit whatever it did), and refuses one that
 does not import in one line naming the App and the error.
+
+Where an App is imported from is one rule, ``app_import_path``: the App's ``path`` and
+``cwd``, the directory serve was started in, PYTHONPATH, the installed packages. A
+console script (``.venv/bin/loopd``) has its own folder as ``sys.path[0]``, not the
+working directory as ``python -m supervisor`` has, so the working directory is put on
+the path here rather than left to how the supervisor happened to be started.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -78,17 +85,54 @@ class AppConfig:
         """The environment its import check runs with: a worker's."""
         return {**os.environ, **self.env}
 
-    def import_path(self) -> list[str]:
-        """Where a forked worker of this App imports from: ``path``, the App's own
-        ``PYTHONPATH`` (env), then the supervisor's import path."""
-        return worker_import_path(self.path, self.env)
+    def work_dir(self) -> str:
+        """The workers' working directory, absolute: ``cwd`` (relative: to the directory
+        serve was started in), or that directory."""
+        return os.path.abspath(os.path.join(start_dir(), self.cwd)) if self.cwd else start_dir()
 
 
-def worker_import_path(path: tuple[str, ...], env: dict[str, str]) -> list[str]:
-    """A forked worker's sys.path: the App's path and PYTHONPATH entries before the
-    supervisor's own (a fork does not read PYTHONPATH again)."""
-    extra = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
-    return [*path, *extra, *sys.path]
+@functools.cache
+def start_dir() -> str:
+    """The directory the supervisor (or the rig) was started in, absolute, read once.
+
+    Read before the first App is checked; the supervisor never changes directory, and
+    reading it once keeps a directory removed later from failing a restart."""
+    try:
+        return os.path.abspath(os.getcwd())
+    except OSError as exc:  # removed under the shell that started serve
+        raise AppConfigError("the working directory", f"cannot be read: {exc}") from exc
+
+
+def app_import_dirs(app: AppConfig | None = None) -> tuple[str, ...]:
+    """The directories an App is imported from before PYTHONPATH, absolute, first first:
+    a named App's ``path`` entries (relative: to its working directory) and ``cwd``,
+    then the directory serve was started in. ``WorkerSpec.path`` carries them."""
+    if app is None:
+        return (start_dir(),)
+    work = app.work_dir()
+    dirs = [os.path.abspath(os.path.join(work, entry)) for entry in app.path]
+    if app.cwd:
+        dirs.append(work)
+    return tuple(_unique([*dirs, start_dir()]))
+
+
+def app_import_path(app: AppConfig | None = None) -> list[str]:
+    """Where an App is imported from, first to last: ``app_import_dirs``, the App's own
+    ``env`` PYTHONPATH, then the supervisor's ``sys.path`` (its PYTHONPATH, the installed
+    packages). A forked worker's sys.path, as spawn builds it; the import check and the
+    rig use it whole."""
+    extra = [] if app is None else _pythonpath(app.env, app.work_dir())
+    return _unique([*app_import_dirs(app), *extra, *sys.path])
+
+
+def _pythonpath(env: Mapping[str, str], work_dir: str) -> list[str]:
+    entries = env.get("PYTHONPATH", "").split(os.pathsep)
+    return [os.path.abspath(os.path.join(work_dir, entry)) for entry in entries if entry]
+
+
+def _unique(paths: list[str]) -> list[str]:
+    """``paths`` without its later repeats (the first place of an entry is its rank)."""
+    return list(dict.fromkeys(paths))
 
 
 def parse_apps(table: object, path: str) -> dict[str, AppConfig]:
@@ -107,7 +151,7 @@ def parse_apps(table: object, path: str) -> dict[str, AppConfig]:
             raise AppConfigError(where, f"unknown key {unknown[0]!r} (known: {', '.join(_KEYS)})")
         apps[name] = AppConfig(
             name=name,
-            target=_target(where, entry.get("app")),
+            target=_no_nul(where, "app", _target(where, entry.get("app"))),
             path=tuple(_strings(where, "path", entry.get("path", []))),
             cwd=_optional(where, "cwd", entry.get("cwd"), str),
             env=_env(where, entry.get("env", {})),
@@ -134,13 +178,21 @@ def _target(where: str, value: object) -> str:
 def _strings(where: str, key: str, value: object) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise AppConfigError(where, f"key {key!r} must be a list of strings")
-    return value
+    return [_no_nul(where, key, v) for v in value]
 
 
 def _optional(where: str, key: str, value: object, kind: type) -> str | None:
     if value is not None and type(value) is not kind:
         raise AppConfigError(where, f"key {key!r} must be a string")
-    return value  # type: ignore[return-value]
+    return None if value is None else _no_nul(where, key, value)  # type: ignore[arg-type]
+
+
+def _no_nul(where: str, key: str, value: str) -> str:
+    # A path, an argv word or an environment value cannot hold one: the OS call would
+    # raise a ValueError that names no key.
+    if "\0" in value:
+        raise AppConfigError(where, f"key {key!r} holds a NUL byte")
+    return value
 
 
 def _env(where: str, value: object) -> dict[str, str]:
@@ -148,9 +200,12 @@ def _env(where: str, value: object) -> dict[str, str]:
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
         raise AppConfigError(where, "key 'env' must be a table of strings")
-    bad = [k for k in value if not k or "=" in k or "\0" in k or "\0" in value[k]]
+    bad = [k for k in value if not k or "=" in k or "\0" in k]
     if bad:
         raise AppConfigError(where, f"env: {bad[0]!r} is not a usable variable name")
+    held = [k for k, v in value.items() if "\0" in v]
+    if held:
+        raise AppConfigError(where, f"env: the value of {held[0]!r} holds a NUL byte")
     return dict(value)
 
 
@@ -180,12 +235,12 @@ def check_importable(target: str, *, name: str | None = None, app: AppConfig | N
     where = f"app {name!r} ({target})" if name else f"--app {target}"
     env = app.check_env() if app else dict(os.environ)
     # The import path of a forked worker (the default start method), not that of a fresh
-    # ``python -c``: a module found only from the shell's working directory is refused.
-    paths = app.import_path() if app else list(sys.path)
+    # ``python -c``, whose sys.path[0] would be its own working directory.
+    paths = app_import_path(app)
     try:
         done = subprocess.run(
             [sys.executable, "-c", _CHECK, target, json.dumps(paths)],
-            cwd=app.cwd if app else None,
+            cwd=app.work_dir() if app else None,
             env=env,
             stdin=subprocess.DEVNULL,
             capture_output=True,
