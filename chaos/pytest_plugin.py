@@ -10,8 +10,9 @@ the plugin adds nothing and imports nothing of the rig.
 sample of N items instead (at least one per scenario, fault kind, boundary kind and
 compound shape; ``--loopd-chaos-seed``, default 0, so that every xdist worker
 collects the same items); ``--loopd-chaos-budget SECONDS`` (ini ``loopd_chaos_budget``)
-skips the items that start after that many seconds of the session, except the first
-item of each stratum. Cases that reach a crash state another item checked already take
+leaves unrun (and unreported: no skipped items) the items that would start after that
+many seconds of the session, the cheap strata first as ``loopd chaos run --budget`` does,
+and prints how many it left. Cases that reach a crash state another item checked already take
 its verdict (``chaos.crash_states``); the xdist workers of one run share those verdicts.
 """
 
@@ -119,6 +120,44 @@ def _app(config: pytest.Config) -> str | None:
     return str(value) if value else None
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """A chaos item that would start after the budget is spent is not run and reports
+    nothing (a budget ends the run; it adds no skipped item to the report); it is counted
+    and the count is printed at the end."""
+    del nextitem
+    if not isinstance(item, ChaosItem) or item.budget is None:
+        return None
+    if time.monotonic() - item.config.stash[_STARTED] < item.budget:
+        return None
+    item.config.stash[_UNREACHED] = item.config.stash.get(_UNREACHED, 0) + 1
+    workeroutput = getattr(item.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller adds the counts up
+        workeroutput[_UNREACHED_KEY] = item.config.stash[_UNREACHED]
+    return True
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """xdist: a worker's count of items left unrun by the budget, added to the run's."""
+    del error
+    config = getattr(node, "config", None)
+    output = getattr(node, "workeroutput", None) or {}
+    if config is not None and output.get(_UNREACHED_KEY):
+        config.stash[_UNREACHED] = config.stash.get(_UNREACHED, 0) + int(output[_UNREACHED_KEY])
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    left = terminalreporter.config.stash.get(_UNREACHED, 0)
+    if left:
+        budget = _number(terminalreporter.config, "loopd_chaos_budget", "loopd_chaos_budget",
+                         float)  # fmt: skip
+        terminalreporter.write_line(
+            f"loopd chaos: {left} sampled cases not reached within the budget of "
+            f"{budget or 0:g} s (not run, not reported)"
+        )
+
+
 @pytest.hookimpl(tryfirst=True)  # before -k and -m deselect items
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
@@ -161,9 +200,7 @@ class ChaosCollector(pytest.Collector):
                                compound=compound, app=self.app)  # fmt: skip
             picks = plan.first(int(sample)) if sample is not None else plan.picks
             return [
-                ChaosItem.from_parent(
-                    self, name=_pick_name(n, p), pick=p, covering=n < plan.strata, budget=budget
-                )
+                ChaosItem.from_parent(self, name=_pick_name(n, p), pick=p, budget=budget)
                 for n, p in enumerate(picks)
             ]
         then_power = None if compound else ThenPower.NONE
@@ -195,7 +232,6 @@ class ChaosItem(pytest.Item):
         *,
         case: Case | None = None,
         pick: Pick | None = None,
-        covering: bool = True,
         budget: float | None = None,
         **kwargs: object,
     ) -> None:
@@ -203,7 +239,6 @@ class ChaosItem(pytest.Item):
         self.pick = pick
         self.case = case if case is not None else (pick.case if pick is not None else None)
         self.app = self.case.app if self.case is not None else _app(self.config)
-        self.covering = covering
         self.budget = budget
         self.add_marker(MARKER)
         if self.case is not None:
@@ -214,10 +249,6 @@ class ChaosItem(pytest.Item):
         from chaos.runner import run_case  # noqa: PLC0415
 
         config = self.config
-        if self.budget is not None and not self.covering:
-            spent = time.monotonic() - config.stash[_STARTED]
-            if spent >= self.budget:
-                pytest.skip(f"the chaos budget of {self.budget:g} s is spent")
         workdir = _workdir(config)
         if self.case is None and self.pick is not None:
             self.case = self.pick.expand(workdir)
@@ -252,6 +283,8 @@ class ChaosItem(pytest.Item):
 _WORKDIR: Final = "_loopd_chaos_workdir"
 _STARTED: pytest.StashKey[float] = pytest.StashKey()
 _CACHE: pytest.StashKey[StateCache] = pytest.StashKey()
+_UNREACHED: pytest.StashKey[int] = pytest.StashKey()
+_UNREACHED_KEY: Final = "loopd_chaos_unreached"
 
 
 def _workdir(config: pytest.Config) -> str:

@@ -168,22 +168,36 @@ def run(
             header=header,
             deadline=None if budget is None else began + budget,
         )
-        covering = plan.strata if plan is not None else 0
+        started = [len(units)]  # the units begun before the budget ended the run
 
         def over_budget(done: int) -> bool:
-            return budget is not None and done >= covering and time.monotonic() - began >= budget
+            # A budget is a budget: the run ends once it is spent, whichever strata are
+            # left (the cheap ones come first; the rest are listed, not run).
+            if budget is None or time.monotonic() - began < budget:
+                return False
+            started[0] = done
+            return True
 
         click.echo(f"{len(units)} {'cases' if plan is None else 'picks'}", err=True)
         start = time.perf_counter()
         results = run_cases(units, workdir, jobs=jobs, on_result=report.add, dedupe=dedupe,
                             stop=None if budget is None else over_budget)  # fmt: skip
         elapsed = time.perf_counter() - start
+    unreached = plan.unreached(started[0]) if plan is not None else []
     if plan is not None:
-        header["sample"] = {**plan_header(header), "covered": plan.coverage(results)}
+        header["sample"] = {
+            **plan_header(header),
+            "covered": plan.coverage(results, len(unreached)),
+            "not_reached": [":".join(stratum) for stratum in unreached],
+        }
     report.finish()
     _summary(results, elapsed)
     if plan is not None:
-        click.echo(f"sample: seed {seed}; covered {plan.coverage(results)}")
+        click.echo(f"sample: seed {seed}; covered {plan.coverage(results, len(unreached))}")
+    if unreached:
+        shown = ", ".join(":".join(stratum) for stratum in unreached[:20])
+        more = f" and {len(unreached) - 20} more" if len(unreached) > 20 else ""
+        click.echo(f"not reached within the budget of {budget:g} s: {shown}{more}")
     for path in (json_report, junit_report, html_report):
         if path:
             click.echo(f"report: {path}")

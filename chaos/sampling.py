@@ -5,7 +5,8 @@ mkdir, create, write, fsync, ...) and compound shape (a single fault, a crash of
 recovery, a power loss after a resume). The sample takes every stratum's cases in a
 seeded order, its fault variants taking turns, one of each stratum per round, so its
 first round covers every stratum and the next ones the variants; ``--sample N`` runs at
-least the first round, ``--budget`` runs rounds until its time is up.
+least the first round, ``--budget`` runs rounds until its time is up (and lists the
+strata it did not reach).
 
 Compound cases are known only by counting forks (how many boundaries a recovery or a
 resumed worker has), which for a user's App costs more than a short budget. So the
@@ -31,6 +32,8 @@ from worker.store.durable import Step
 RECOVERY: str = "recovery_at"
 THEN_POWER: str = "power_at"
 SINGLE: str = "single"
+SHAPE_COST: dict[str, int] = {SINGLE: 0, THEN_POWER: 1, RECOVERY: 2}
+"""The order of a round's strata by their shape: the cheapest first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +88,15 @@ class Plan:
         """The first ``n`` picks, never fewer than one per stratum."""
         return self.picks[: max(n, self.strata)]
 
-    def coverage(self, results: list[CaseResult]) -> str:
-        """What share of the full sweep the cases of ``results`` are."""
+    def unreached(self, started: int) -> list[tuple[str, ...]]:
+        """The strata none of whose picks is among the first ``started`` (a budget's end)."""
+        reached = {pick.stratum for pick in self.picks[:started]}
+        left = dict.fromkeys(p.stratum for p in self.picks[started:] if p.stratum not in reached)
+        return list(left)
+
+    def coverage(self, results: list[CaseResult], unreached: int = 0) -> str:
+        """What share of the full sweep the cases of ``results`` are (``unreached``: how
+        many strata the run did not reach)."""
         parsed = [Case.parse(r.case) for r in results]
         single = sum(1 for c in parsed if compound_shape(c) == SINGLE)
         compound = len(parsed) - single
@@ -95,7 +105,12 @@ class Plan:
             f"({100 * single / max(1, self.single_cases):.1f}%) and {compound} compound cases "
             f"from {self.families} compound first faults "
             f"({100 * compound / max(1, self.families):.1f}% of them) of the full sweep; "
-            f"{self.strata} strata, every one covered"
+            + (
+                f"{self.strata} strata, every one covered"
+                if not unreached
+                else f"{self.strata - unreached} of {self.strata} strata covered, "
+                f"{unreached} not reached"
+            )
         )
 
 
@@ -168,6 +183,10 @@ def plan_sample(
                                     seed=rng.randrange(1 << 32)))  # fmt: skip
     queues = [_variants_in_turn(strata[key], rng) for key in sorted(strata)]
     rng.shuffle(queues)
+    # Cheap before costly in every round: a compound pick first counts its family's
+    # boundaries (a run of the scenario, or of its recovery, per first fault), so a budget
+    # spent before the round ends leaves the costly strata unreached, and says so.
+    queues.sort(key=lambda queue: SHAPE_COST[queue[0].shape])
     plan.strata = len(queues)
     depth = max((len(q) for q in queues), default=0)
     plan.picks = [q[i] for i in range(depth) for q in queues if i < len(q)]
