@@ -22,7 +22,8 @@ def salvage(home: str, session_id: str) -> None:
     For damage `loopd repair` refuses (a bad line mid-log, a sealed epoch). Loud: it
     prints every record and key it cut, and acknowledged work may be among them.
     Nothing is deleted: what is cut goes to <home>/quarantine/ID/. Refused while a
-    worker holds the session, and for a session that opens.
+    worker holds the session, and for a session that opens. A salvage cut short (a
+    kill, a power loss) is finished by running it again, which lists all it cut.
     """
     require_home("salvage", home)
     try:
@@ -30,6 +31,11 @@ def salvage(home: str, session_id: str) -> None:
     except SessionError as exc:
         click.echo(f"loopd salvage: refused: {exc}", err=True)
         sys.exit(EXIT_REFUSED)
+    if result.resumed:
+        click.echo(
+            "finished an interrupted salvage from its plan: everything below is what it "
+            "cut, the part the interrupted run had moved included"
+        )
     click.echo(f"the session was refused: {result.refusal}")
     epochs = f"epochs 0-{result.kept_epoch}" if result.kept_epoch else "epoch 0"
     click.echo(

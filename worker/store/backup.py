@@ -35,6 +35,7 @@ from worker.store.layout import session_dir
 from worker.store.loader import baseline_path, list_epochs, load_session, log_path
 from worker.store.records import SessionStart, decode_line
 from worker.store.repair import RepairRefused, find_cut, make_dirs
+from worker.store.salvage_plan import refuse_unfinished_salvage
 
 MANIFEST: Final = "loopd-backup.json"
 FORMAT: Final = "loopd-backup 1"
@@ -125,6 +126,7 @@ def backup_session(
 def _collect(directory: str, fd: int, point: Point | None) -> tuple[Point, dict[str, bytes], int]:
     """Read what the copy holds: {file name: bytes}, the point it ends at, and how many
     bytes of the newest log follow the point when no worker named it (0 if it did)."""
+    refuse_unfinished_salvage(directory, fd)  # a half-cut session is no point in time
     epochs = list_epochs(directory, fd)
     left = 0
     if point is None:

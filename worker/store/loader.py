@@ -47,6 +47,7 @@ from worker.store.records import (
     User,
     decode_line,
 )
+from worker.store.salvage_plan import refuse_unfinished_salvage
 from worker.store.sealed_logs import check_sealed, first_start
 from worker.store.session_state import KeyRef, SessionState, baseline_path, log_path
 
@@ -76,6 +77,7 @@ def load_session(
     newest_data: bytes | None = None,
     history: bool = False,
     index_files: bool = True,
+    canonical: bool = False,
 ) -> SessionState:
     """Read and check the session in ``session_dir``; change nothing.
 
@@ -85,12 +87,14 @@ def load_session(
     bytes stand for the newest log's (repair checks a cut with it). With ``history``
     every epoch is read and every carried field checked against it; with ``history`` and
     not ``index_files`` the key index is rebuilt from the logs, its files left unread.
+    With ``canonical`` every line read must be the writer's own bytes for its record,
+    not only carry a matching checksum (``loopd verify``; open trusts the checksum).
     """
     fd = open_directory(session_dir) if dir_fd is None else dir_fd
     try:
-        return _Reader(session_dir, session_id, fd, on_epoch, newest_data).load(
-            history, index_files
-        )
+        reader = _Reader(session_dir, session_id, fd, on_epoch, newest_data)
+        reader.canonical = canonical
+        return reader.load(history, index_files)
     finally:
         if dir_fd is None:
             os.close(fd)
@@ -124,8 +128,10 @@ class _Reader:
         self.fence_known = True  # False: the newest SessionStart predates the carried fence
         self.crc = 0  # of the newest log
         self.starts: dict[int, SessionStart | None] = {}  # each epoch's, once read
+        self.canonical = False  # every line's spelling checked, not only its checksum
 
     def load(self, history: bool, index_files: bool = True) -> SessionState:
+        refuse_unfinished_salvage(self.directory, self.dir_fd)  # before its epochs: a gap
         epochs = list_epochs(self.directory, self.dir_fd)
         newest = epochs[-1]
         path, records = self._read(newest, newest=True)
@@ -208,7 +214,7 @@ class _Reader:
         self.sizes.append(len(data))
         if not newest:
             self._check_sealed(path, data, epoch)
-        decoded = decode_log(path, data)
+        decoded = decode_log(path, data, canonical=self.canonical)
         check_epoch(path, self.session_id, epoch, decoded.records, newest=newest)
         check_groups(path, decoded.records, decoded.framed)
         if newest:

@@ -27,6 +27,7 @@ from worker.store.layout import session_dir
 from worker.store.loader import list_epochs, load_session, log_path
 from worker.store.lock import lock_directory, unlock_directory
 from worker.store.records import EpochEnd, Record, SessionStart, User, decode_line
+from worker.store.salvage_plan import PLAN_NAME, plan_present, unfinished_why
 
 QUARANTINE_DIR: Final = "quarantine"
 _NEVER_IN_PLACE: Final = (
@@ -81,6 +82,8 @@ def repair_torn_tail(home: str | os.PathLike[str], session_id: str) -> RepairRes
 
 
 def _repair_locked(home: str, directory: str, session_id: str, dir_fd: int) -> RepairResult:
+    if plan_present(directory, dir_fd):  # half cut: only salvage may finish it
+        raise RepairRefused(os.path.join(directory, PLAN_NAME), unfinished_why(directory))
     try:
         load_session(directory, session_id, dir_fd=dir_fd)
     except TornLog as exc:

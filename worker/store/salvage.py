@@ -10,12 +10,21 @@ does. Then everything cut is moved, byte for byte, into
 ``<home>/quarantine/<id>/<time>-salvage/`` (never deleted), the cut log truncated, and
 the session must open.
 
+Crash-safe as the store is: before its first rename salvage writes its plan (what it
+moves, where the kept log ends, every line and key it cuts) durably into the session
+directory (worker.store.salvage_plan). A salvage killed at any step, with or without a
+power loss, is finished by the next ``loopd salvage``, which does each step again
+whether or not it happened and reports everything the plan cut; until then open and
+verify refuse the session, pointing here.
+
 Damage the loader does not report at a log line (a missing or damaged baseline, a
 key index file) is not salvaged: ``repair`` handles those it can.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
 import re
 import shutil
@@ -32,26 +41,18 @@ from worker.store.loader import list_epochs, load_session
 from worker.store.lock import unlock_directory
 from worker.store.records import User, decode_line
 from worker.store.repair import QUARANTINE_DIR, make_dirs
+from worker.store.salvage_plan import PLAN_NAME, Cut, SalvagePlan, plan_present
 from worker.store.trash import TRASH_DIR, stamp
+
+__all__ = ["Cut", "SalvageRefused", "SalvageResult", "salvage_session"]
 
 _LOG: Final = re.compile(r"(0|[1-9][0-9]*)\.jsonl")
 _OWN_FILE: Final = re.compile(r"[0-9]+(\.jsonl|\.baseline\.json|-[0-9]+\.keys)")
+_ABSENT: Final = frozenset({errno.ENOENT, errno.ENOTDIR})
 
 
 class SalvageRefused(PathError):
     """Salvage will not touch this session; ``why`` says what to do instead."""
-
-
-@dataclass(frozen=True, slots=True)
-class Cut:
-    """What was cut from one log: its epoch, the lines, the records' types and keys."""
-
-    epoch: int
-    first_line: int  # the first line cut (from 1)
-    last_line: int
-    whole: bool  # the whole epoch went (its log and baseline)
-    records: tuple[str, ...]  # "line 9: User key=k3", "line 12: undecodable"
-    keys: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +62,14 @@ class SalvageResult:
     kept_bytes: int
     cuts: tuple[Cut, ...]
     quarantine: str
+    resumed: bool = False  # an interrupted salvage's plan was finished, not a new one made
 
 
 def salvage_session(home: str | os.PathLike[str], session_id: str) -> SalvageResult:
-    """Keep the longest prefix of the session that open accepts; quarantine the rest."""
+    """Keep the longest prefix of the session that open accepts; quarantine the rest.
+
+    Finishes an interrupted salvage instead, if one left its plan.
+    """
     home = os.fspath(home)
     directory = session_dir(home, session_id)
     try:
@@ -74,6 +79,10 @@ def salvage_session(home: str | os.PathLike[str], session_id: str) -> SalvageRes
             directory, f"the session is held by a worker; stop it first (loopd stop {session_id})"
         ) from exc
     try:
+        if plan_present(directory, lock_fd):
+            path = os.path.join(directory, PLAN_NAME)
+            plan = SalvagePlan.from_json(path, read_file(lock_fd, PLAN_NAME, path))
+            return _finish(home, directory, lock_fd, plan, resumed=True)
         return _salvage_locked(home, directory, session_id, lock_fd)
     finally:
         unlock_directory(lock_fd)
@@ -101,7 +110,10 @@ def _refusal(directory: str, session_id: str, *, index_files: bool = True) -> Lo
 def _salvage_locked(home: str, directory: str, session_id: str, dir_fd: int) -> SalvageResult:
     first = _refusal(directory, session_id)
     if first is None:
-        raise SalvageRefused(directory, "the session opens cleanly: nothing to salvage")
+        raise SalvageRefused(
+            directory,
+            "the session opens cleanly: nothing to salvage" + _last_salvage(home, session_id),
+        )
     epochs = list_epochs(directory, dir_fd)
     names = {e: f"{e}.jsonl" for e in epochs}
     logs = {e: read_file(dir_fd, n, os.path.join(directory, n)) for e, n in names.items()}
@@ -115,29 +127,119 @@ def _salvage_locked(home: str, directory: str, session_id: str, dir_fd: int) -> 
             problem = _refusal(scratch, session_id, index_files=False)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)  # hard links and one written prefix
-    cuts = _describe_cuts(logs, keep_epoch, keep_bytes)
-    target = os.path.join(home, QUARANTINE_DIR, session_id, f"{stamp()}-salvage")
-    make_dirs(target)
     kept_names = set(_kept_names(directory, keep_epoch, logs[keep_epoch][:keep_bytes]))
-    for name in sorted(os.listdir(dir_fd)):
-        if _is_store_file(name) and name not in kept_names:
-            durable.rename(os.path.join(directory, name), os.path.join(target, name))
+    moves = [n for n in os.listdir(dir_fd) if _is_store_file(n) and n not in kept_names]
     tail = logs[keep_epoch][keep_bytes:]
+    plan = SalvagePlan(
+        session=session_id,
+        refusal=str(first),
+        target=f"{stamp()}-salvage",
+        keep_epoch=keep_epoch,
+        keep_bytes=keep_bytes,
+        # The newest epoch's files first: a salvage cut short without its plan (the
+        # plan is the guard; this only keeps what is left readable) leaves no gap.
+        moves=tuple(sorted(moves, key=_epoch_first, reverse=True)),
+        tail_sha256=hashlib.sha256(tail).hexdigest() if tail else None,
+        cuts=_describe_cuts(logs, keep_epoch, keep_bytes),
+    )
+    # The quarantine directory is durable before the plan names it; the plan is durable
+    # before the first rename (write, fsync, rename, fsync of the session directory).
+    make_dirs(os.path.join(home, QUARANTINE_DIR, session_id, plan.target))
+    durable.write_file_atomic(os.path.join(directory, PLAN_NAME), plan.to_json())
+    return _finish(home, directory, dir_fd, plan, resumed=False)
+
+
+def _finish(
+    home: str, directory: str, dir_fd: int, plan: SalvagePlan, *, resumed: bool
+) -> SalvageResult:
+    """Do every step of ``plan``, each whether or not an interrupted run did it; then
+    move the plan beside what it cut. The session must open afterwards."""
+    target = os.path.join(home, QUARANTINE_DIR, plan.session, plan.target)
+    make_dirs(target)
+    for name in plan.moves:
+        source = os.path.join(directory, name)
+        # After a power loss a moved file may show under both names (the quarantine's
+        # entry made durable, the session directory's removal not): same bytes, and
+        # the rename over the quarantine's copy leaves one.
+        if os.path.lexists(source):
+            durable.rename(source, os.path.join(target, name))
+    log_name = f"{plan.keep_epoch}.jsonl"
+    log = os.path.join(directory, log_name)
+    data = read_file(dir_fd, log_name, log)
+    if len(data) < plan.keep_bytes:
+        raise SalvageRefused(
+            log, f"is {len(data)} bytes, shorter than the {plan.keep_bytes} the salvage keeps "
+            f"({os.path.join(directory, PLAN_NAME)}): it changed since the plan was made",
+        )  # fmt: skip
+    tail = data[plan.keep_bytes :]
     if tail:
-        durable.write_file_atomic(os.path.join(target, f"{keep_epoch}.jsonl.cut"), tail)
-        path = os.path.join(directory, f"{keep_epoch}.jsonl")
-        fd = durable.open_append(path)
+        if hashlib.sha256(tail).hexdigest() != plan.tail_sha256:
+            raise SalvageRefused(
+                log, f"its bytes after byte {plan.keep_bytes} are not the ones the salvage "
+                f"cuts ({os.path.join(directory, PLAN_NAME)}): it changed since the plan",
+            )  # fmt: skip
+        # The cut lines are durable in quarantine before the log loses them.
+        durable.write_file_atomic(os.path.join(target, f"{log_name}.cut"), tail)
+    # The quarantine's new names first: a name made durable only in the session
+    # directory's removal would be lost to a power loss.
+    durable.fsync_dir(target)
+    durable.fsync_dir(directory)
+    if tail:
+        fd = durable.open_append(log)
         try:
-            durable.truncate(fd, keep_bytes, path)
+            durable.truncate(fd, plan.keep_bytes, log)
         finally:
             durable.close(fd)
-    durable.fsync_dir(target)
-    # The index files the kept newest epoch names, rebuilt from the logs (derived data).
-    state = load_session(directory, session_id, dir_fd=dir_fd, history=True, index_files=False)
-    write_segments(directory, state.key_index.segments)
+    _rebuild_index(home, directory, plan, data[: plan.keep_bytes])
     durable.fsync_dir(directory)
-    load_session(directory, session_id, dir_fd=dir_fd, history=True)  # it must open now
-    return SalvageResult(str(first), keep_epoch, keep_bytes, cuts, target)
+    durable.rename(os.path.join(directory, PLAN_NAME), os.path.join(target, PLAN_NAME))
+    durable.fsync_dir(target)
+    durable.fsync_dir(directory)
+    load_session(directory, plan.session, dir_fd=dir_fd, history=True)  # it must open now
+    return SalvageResult(plan.refusal, plan.keep_epoch, plan.keep_bytes, plan.cuts, target, resumed)
+
+
+def _rebuild_index(home: str, directory: str, plan: SalvagePlan, newest: bytes) -> None:
+    """Write the index files the kept newest epoch names, rebuilt from the kept logs
+    (derived data), read from a candidate beside the session (the plan is still in it)."""
+    scratch = os.path.join(home, TRASH_DIR, f".salvage-{plan.session}.{stamp()}")
+    try:
+        _build(scratch, directory, plan.keep_epoch, newest)
+        state = load_session(scratch, plan.session, history=True, index_files=False)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    write_segments(directory, state.key_index.segments)
+
+
+def _last_salvage(home: str, session_id: str) -> str:
+    """What the session's last salvage cut (from its plan in quarantine), for a rerun of
+    one that finished all but its report; empty if there is none."""
+    root = os.path.join(home, QUARANTINE_DIR, session_id)
+    try:
+        names = sorted(n for n in os.listdir(root) if n.endswith("-salvage"))
+    except OSError as exc:
+        if exc.errno in _ABSENT:
+            return ""
+        raise
+    for name in reversed(names):
+        path = os.path.join(root, name, PLAN_NAME)
+        try:
+            with open(path, "rb") as f:
+                plan = SalvagePlan.from_json(path, f.read())
+        except OSError as exc:
+            if exc.errno in _ABSENT:
+                continue
+            raise
+        keys = ", ".join(plan.keys) if plan.keys else "none"
+        return (
+            f"; the last salvage moved what it cut to {os.path.join(root, name)} "
+            f"(keys cut ({len(plan.keys)}): {keys}; its {PLAN_NAME} lists every line)"
+        )
+    return ""
+
+
+def _epoch_first(name: str) -> tuple[int, str]:
+    return int(re.split(r"[.-]", name, maxsplit=1)[0]), name
 
 
 def _cut_before(
@@ -220,4 +322,11 @@ def _describe(epoch: int, start: int, data: bytes, *, whole: bool) -> Cut:
         if key is not None:
             keys.append(key)
         records.append(f"line {number}: {record.TYPE}" + (f" key={key}" if key else ""))
-    return Cut(epoch, start, start + len(lines) - 1, whole, tuple(records), tuple(keys))
+    return Cut(
+        epoch=epoch,
+        first_line=start,
+        last_line=start + len(lines) - 1,
+        whole=whole,
+        records=tuple(records),
+        keys=tuple(keys),
+    )
