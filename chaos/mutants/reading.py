@@ -15,15 +15,15 @@ from worker.store.records import EpochEnd, ToolResult
 def silent_torn_tail_repair() -> None:
     original = loader.decode_log
 
-    def decode_log(path: str, data: bytes) -> loader.DecodedLog:
+    def decode_log(path: str, data: bytes, *, canonical: bool = False) -> loader.DecodedLog:
         try:
-            return original(path, data)
+            return original(path, data, canonical=canonical)
         except TornLog:
             if data.endswith(b"\n"):
                 raise
             keep = data[: data.rfind(b"\n") + 1]
             os.truncate(path, len(keep))  # the bug: repair without being asked
-            return original(path, keep)
+            return original(path, keep, canonical=canonical)
 
     loader.decode_log = decode_log
 
@@ -106,10 +106,10 @@ def key_index_current_epoch_only() -> None:
 def torn_tail_ignored() -> None:
     original = loader.decode_log
 
-    def decode_log(path: str, data: bytes) -> loader.DecodedLog:
+    def decode_log(path: str, data: bytes, *, canonical: bool = False) -> loader.DecodedLog:
         # The bug: an unterminated last line is skipped, not refused (and later appends
         # land after it).
-        return original(path, data[: data.rfind(b"\n") + 1])
+        return original(path, data[: data.rfind(b"\n") + 1], canonical=canonical)
 
     loader.decode_log = decode_log
 

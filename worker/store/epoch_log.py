@@ -56,8 +56,13 @@ class DecodedLog:
     crc: int = 0
 
 
-def decode_log(path: str, data: bytes) -> DecodedLog:
+def decode_log(path: str, data: bytes, *, canonical: bool = False) -> DecodedLog:
     """Decode and check every line of a log; TornLog or ChecksumMismatch at the first bad one.
+
+    ``canonical``: every line must be the writer's own bytes for its record, even one
+    whose checksum matches (``loopd verify``); without it a checksummed line's spelling
+    is trusted when the whole log decodes at once (docs/format.md, "What each reader
+    checks").
 
     A last line without its newline is reported only when every line before it decodes
     and checks: the error always names the first bad line of the file.
@@ -68,7 +73,7 @@ def decode_log(path: str, data: bytes) -> DecodedLog:
     tail = lines.pop()  # b"" when the data ends in a newline
     if not tail:
         with _cyclic_gc_paused():
-            fast = decode_lines_fast(data, lines)
+            fast = decode_lines_fast(data, lines, canonical=canonical)
         if fast is not None:
             return DecodedLog(fast[0], [], fast[1])  # its groups are already proven whole
     records: list[Record] = []

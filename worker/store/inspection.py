@@ -70,7 +70,8 @@ def inspect_session(
 
     Raises what ``Session.open`` would (TornLog, InvalidLog, BaselineError, ...). Reads
     what open reads (the newest epoch, when it carries the state of the older ones), or
-    with ``history`` every epoch, checking every carried field.
+    with ``history`` every epoch, checking every carried field and every line's
+    canonical form (docs/format.md, "What each reader checks").
     While a writer is live its last line may be mid-write, so a TornLog then can be
     a false alarm; ``writer_live`` lets the caller say so.
     """
@@ -89,9 +90,10 @@ def inspect_session(
         counts.append(dict(Counter(r.TYPE for r in records)))
 
     try:
-        state = load_session(
-            directory, session_id, on_epoch=count_epoch, dir_fd=lock_fd, history=history
-        )
+        # The history (verify, inspect --all) is the thorough check: every line's
+        # spelling too. The newest alone is what open reads, checked as open checks it.
+        state = load_session(directory, session_id, on_epoch=count_epoch, dir_fd=lock_fd,
+                             history=history, canonical=history)  # fmt: skip
     finally:
         if lock_fd is not None:
             unlock_directory(lock_fd)

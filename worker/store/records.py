@@ -193,13 +193,17 @@ def encode_records(records: Iterable[Record]) -> bytes:
     return b"".join(lines)
 
 
+class _DuplicateKey(ValueError):
+    """Valid JSON, but not a line the writer writes: told as such, not as invalid JSON."""
+
+
 def _refuse_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     document = dict(pairs)
     if len(document) != len(pairs):
         seen: set[str] = set()
         for key, _value in pairs:
             if key in seen:
-                raise ValueError(f"duplicate key {quote(key, 40)} in one object")
+                raise _DuplicateKey(f"duplicate key {quote(key, 40)} in one object")
             seen.add(key)
     return document
 
@@ -224,6 +228,8 @@ def decode_line_checksum(line: bytes) -> tuple[Record, Part | None, str | None]:
         values = json.loads(line, object_pairs_hook=_refuse_duplicate_keys)
     except RecursionError as exc:
         raise ValueError("not valid JSON: values nested too deeply") from exc
+    except _DuplicateKey:
+        raise
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are both ValueError
         raise ValueError(f"not valid JSON: {exc}") from exc
     record = _record_from(values)
@@ -262,7 +268,9 @@ def _record_from(values: object) -> Record:
     return record
 
 
-def decode_lines_fast(data: bytes, lines: list[bytes]) -> tuple[list[Record], int] | None:
+def decode_lines_fast(
+    data: bytes, lines: list[bytes], *, canonical: bool = False
+) -> tuple[list[Record], int] | None:
     """Decode a log's lines with one ``json.loads``; None when the caller must go line by line.
 
     ``lines`` are ``data`` split at its newlines (``data`` ends with one). Returns the
@@ -282,6 +290,12 @@ def decode_lines_fast(data: bytes, lines: list[bytes]) -> tuple[list[Record], in
     inside that CRC. Lines without one (written before checksums): one encode of their elements
     must give back exactly those lines joined by ``,``, the proof that each, alone, is
     the canonical encoding of its record.
+
+    A checksum proves only that a line is the one written, not that the writer wrote
+    it: with ``canonical`` (``loopd verify``) the lines with one are proven the same
+    way, by one encode, so that a forged line whose checksum was made to match but
+    whose bytes are not the writer's (a duplicate key, a space, an escape) goes to the
+    line-by-line path, which names it.
     """
     joined = b",\n".join(lines)
     # Lines hold no newline (they were split on it), so ",\n" occurs only where they
@@ -320,12 +334,13 @@ def decode_lines_fast(data: bytes, lines: list[bytes]) -> tuple[list[Record], in
     # ',"crc":"' can only be a key: a quote inside a string is always escaped.
     first = joined.find(_CRC_FIELD)
     unsummed = len(lines) if first < 0 else joined.count(b"\n", 0, first)
-    if unsummed:
+    proven = len(lines) if canonical else unsummed  # the lines proven by encoding them
+    if proven:
         try:
-            canonical = _encode(values[:unsummed]).encode("utf-8")
+            encoded = _encode(values[:proven]).encode("utf-8")
         except UnicodeEncodeError:
             return None
-        if canonical != b"[" + b",".join(lines[:unsummed]) + b"]":
+        if encoded != b"[" + b",".join(lines[:proven]) + b"]":
             return None
     if first < 0:
         return records, zlib.crc32(data)
