@@ -73,7 +73,7 @@ def replay(case_id: str, app: str | None, base: str | None) -> None:
 @click.option(
     "--quick",
     is_flag=True,
-    help="only each mutant's pinned cases (the test suite's; with --scenarios, its faults "
+    help="only each mutant's pinned cases (the test suite's; with --scenario, its faults "
     "at every boundary of those scenarios), not every case.",
 )
 @dir_option
