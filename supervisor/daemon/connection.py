@@ -9,13 +9,20 @@ worker, so stopping them would deadlock both ends. Input is bounded by the frame
 limit; the messages whole before a bad frame are acted on first, then the bad frame.
 The transport owns the socket and closes it once; ``connection_lost`` is the one place
 where a connection ends.
+
+A pipelining peer is served in slices (issue 29): at most ``MESSAGES_PER_TURN`` messages
+and about ``SLICE`` seconds of them, then the loop serves everyone else before its next
+slice. A client that hung up gets nothing more done for it: what it had queued is
+dropped, not computed for nobody.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import select
 import socket
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Final
@@ -28,6 +35,12 @@ MAX_OUTPUT: Final = 32 << 20
 """Bytes buffered for a peer that does not read before its connection is dropped."""
 MESSAGES_PER_TURN: Final = 64
 """Messages of one connection acted on per loop turn: a pipelining peer waits its turn."""
+SLICE: Final = 0.002
+"""Seconds of one connection's messages per loop turn: no message is started after its
+slice ran out, so one costly request (a ``status`` of many sessions) is its whole slice."""
+_HUNG_UP: Final = select.POLLHUP | select.POLLERR
+"""A Unix socket reports POLLHUP once its peer closed (or shut down both ways): nobody is
+left to read a reply. A half-closed peer (POLLRDHUP) is seen at its end of stream."""
 _FULL: Final = frozenset({errno.EAGAIN, errno.ENOBUFS})
 _GONE: Final = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN})
 _OWN_PAUSES: Final = frozenset({"inbox", "broken"})
@@ -40,6 +53,9 @@ class FramedConnection(asyncio.Protocol):
 
     READS_WHEN_BACKED_UP = False
     """Keep reading the peer while output to it is over the high-water mark."""
+    ACTS_AFTER_PEER_LEFT = False
+    """Act on the messages read from a peer that has since gone (a worker's last words);
+    otherwise they are dropped with the connection (a client no longer there to answer)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock  # kept for passing descriptors (sendmsg); the transport owns it
@@ -73,12 +89,22 @@ class FramedConnection(asyncio.Protocol):
         self._work()
 
     def _work(self) -> None:
-        """Act on a few waiting messages; read more only once all are taken."""
+        """Act on one slice of the waiting messages; read more only once all are taken."""
         self._scheduled = False
+        if self._inbox and self._peer_left():
+            self._inbox.clear()  # nobody is there to read the replies: none is worked out
+            self.abort()  # and its end, unseen while reading is paused, is now
+            return
+        ends = time.monotonic() + SLICE
         for _ in range(MESSAGES_PER_TURN):
+            if self._ended_for_us():
+                self._inbox.clear()  # a reply could not be written (its peer is gone) or
+                return  # this end was dropped: what is left has nobody to be done for
             if not self._inbox or self.closed or self._paused_for - _OWN_PAUSES:
                 break
             self.on_message(self._inbox.popleft())
+            if time.monotonic() >= ends:
+                break
         if self._inbox and not self.closed:
             self.pause_reading_for("inbox")
             if not self._paused_for - _OWN_PAUSES and not self._scheduled:
@@ -90,6 +116,22 @@ class FramedConnection(asyncio.Protocol):
         if broken is not None and broken is not _ANSWERED and not self.closed:
             self._broken = _ANSWERED  # answered once; still nothing more is read
             self.on_bad_frame(broken)
+
+    def _ended_for_us(self) -> bool:
+        """This end is closed or closing (a write failed, or it was dropped), and what is
+        queued has nobody to be acted on for."""
+        if self.ACTS_AFTER_PEER_LEFT:
+            return False
+        return self.closed or self.transport is None or self.transport.is_closing()
+
+    def _peer_left(self) -> bool:
+        """The peer hung up while its messages wait here (reading is paused meanwhile, so
+        its end of stream is not seen): one non-blocking poll of the socket."""
+        if self.ACTS_AFTER_PEER_LEFT or self._ended_for_us():
+            return False  # a closed or closing end: the slice below drops what waits
+        poller = select.poll()
+        poller.register(self.sock.fileno(), 0)  # POLLHUP and POLLERR are always reported
+        return any(events & _HUNG_UP for _fd, events in poller.poll(0))
 
     def eof_received(self) -> bool | None:
         return False  # close our side too: a half-closed peer gets no further replies

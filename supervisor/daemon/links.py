@@ -91,6 +91,7 @@ class WorkerLink(FramedConnection):
     """
 
     READS_WHEN_BACKED_UP = True
+    ACTS_AFTER_PEER_LEFT = True  # a dead worker's last words are acted on
 
     def __init__(self, sock: socket.socket, hosted: HostedSession) -> None:
         super().__init__(sock)
