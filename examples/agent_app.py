@@ -40,12 +40,23 @@ from examples.agent_tools import ToolContext, run_tool, tool_specs
 from examples.chat_client import ChatClient, ChatError, ChatReply
 from examples.fake_model import FakeSettings, start_in_thread
 from examples.fake_replies import SUMMARY_TRIGGER, FakeModel
-from worker import turn
-from worker.store.baseline import Baseline
-from worker.store.errors import SessionError
-from worker.store.records import Assistant, Record, ToolResult, Usage, User, decode_record, utc_now
-from worker.store.session import Session
-from worker.wire import Message, field, optional_field
+from worker.app import (
+    Assistant,
+    Baseline,
+    Message,
+    Record,
+    Session,
+    SessionError,
+    ToolResult,
+    Usage,
+    User,
+    decode_record,
+    field,
+    optional_field,
+    progress,
+    stream,
+    utc_now,
+)
 
 DEFAULT_URL: Final = "http://127.0.0.1:8080"
 DEFAULT_MODEL: Final = "default"
@@ -89,15 +100,15 @@ class TurnObserver(Protocol):
 
 
 class WorkerObserver:
-    """Streams the model's tokens to the client (``worker.turn.stream``) and tells the
-    supervisor the turn is alive at each token and step (``worker.turn.progress``)."""
+    """Streams the model's tokens to the client (``worker.app.stream``) and tells the
+    supervisor the turn is alive at each token and step (``worker.app.progress``)."""
 
     def token(self, text: str) -> None:
-        turn.stream(text)
-        turn.progress()
+        stream(text)
+        progress()
 
     def step(self, what: str) -> None:
-        turn.progress()
+        progress()
 
 
 @dataclass(frozen=True, slots=True)

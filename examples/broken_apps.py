@@ -9,10 +9,7 @@ import os
 from dataclasses import replace
 
 from examples.notes_app import NotesApp
-from worker.store.baseline import Baseline
-from worker.store.records import Assistant, User
-from worker.store.session import Session
-from worker.wire import Message, field, optional_field
+from worker.app import Assistant, Baseline, Message, Session, User, field, optional_field
 
 
 class TwiceNotesApp(NotesApp):

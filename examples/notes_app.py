@@ -15,11 +15,16 @@ from __future__ import annotations
 
 from typing import Final
 
-from worker.store.baseline import Baseline
-from worker.store.errors import SessionError
-from worker.store.records import Assistant, User
-from worker.store.session import Session
-from worker.wire import Message, field, optional_field
+from worker.app import (
+    Assistant,
+    Baseline,
+    Message,
+    Session,
+    SessionError,
+    User,
+    field,
+    optional_field,
+)
 
 TOKENS_PER_NOTE: Final = 20  # a fixed, deterministic stand-in for a tokenizer
 

@@ -1,4 +1,10 @@
-"""The App seam (``handle(session, request) -> reply``) and the deterministic default app.
+"""The App seam (``handle(session, request) -> reply``) and the deterministic default app;
+the App author's public face.
+
+Everything an App uses is imported from here (``__all__``, listed in docs/apps.md), so
+that the store's layout can change under it: the names stay, re-exported from where
+they live. The old paths of before ``worker/store/`` (``worker.baseline``, ...) import
+for one release with a DeprecationWarning (``warn_moved``).
 
 An app is loaded by ``module:attribute``. The default app appends, per request, User,
 ToolResult, Assistant and Usage in one group commit, commits an epoch when the context
@@ -8,13 +14,24 @@ passes its budget, and answers a request whose key is already in the log from th
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Final, Protocol
 
 from worker.store.baseline import Baseline
-from worker.store.errors import SessionError
-from worker.store.records import Assistant, Record, ToolResult, Usage, User, utc_now
+from worker.store.errors import KeyExpired, SessionError
+from worker.store.records import (
+    Assistant,
+    EpochEnd,
+    Record,
+    ToolResult,
+    Usage,
+    User,
+    decode_record,
+    utc_now,
+)
 from worker.store.request_records import request_records
 from worker.store.session import Session
+from worker.turn import progress, stream
 from worker.wire import Message, WireError, field, optional_field
 
 DEFAULT_APP: Final = "worker.app:DefaultApp"
@@ -276,4 +293,38 @@ def _estimate(text: str) -> int:
     return 3 * 6 * len(text) + 1024
 
 
-__all__ = ["DEFAULT_APP", "App", "AppFactory", "DefaultApp", "WireError", "load_app"]
+def warn_moved(old: str) -> None:
+    """Warn that module ``old`` is deprecated, at the line of the App that imported it."""
+    # stacklevel 1 is this function, 2 the deprecated module, 3 its importer: warnings
+    # skips the frames of importlib in between (the default filters would hide those).
+    warnings.warn(
+        f"{old} is deprecated and goes in the next release: import from worker.app "
+        "(docs/apps.md lists its names)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+__all__ = [  # the App author's imports: docs/apps.md lists exactly these
+    "App",
+    "AppFactory",
+    "Assistant",
+    "Baseline",
+    "DefaultApp",
+    "EpochEnd",
+    "KeyExpired",
+    "Message",
+    "Record",
+    "Session",
+    "SessionError",
+    "ToolResult",
+    "Usage",
+    "User",
+    "WireError",
+    "decode_record",
+    "field",
+    "optional_field",
+    "progress",
+    "stream",
+    "utc_now",
+]
