@@ -76,7 +76,8 @@ def _describe(found: Inspection) -> str:
 def inspect(home: str, session_id: str, as_json: bool, history: bool) -> None:
     """Show a session's epochs, record counts, carry and next_call (read-only).
 
-    Reads the newest epoch (what a worker's open reads); ``--all`` reads the history.
+    Reads the newest epoch, checked as a worker's open checks it; ``--all`` reads the
+    history, checked as ``verify`` checks it (every line's canonical form too).
     A refused log prints ``path:line: why`` on stderr and exits 1.
     """
     require_home("inspect", home)
@@ -93,6 +94,8 @@ def inspect(home: str, session_id: str, as_json: bool, history: bool) -> None:
 def verify(home: str) -> None:
     """Check every session of the home, every epoch; a line each; exit 1 if any is refused.
 
+    Every line must be the writer's own bytes for its record, not only carry a matching
+    checksum (open trusts the checksum: docs/format.md, "What each reader checks").
     Exits 2 with one line on stderr if ``--home`` is missing or not a loopd home.
     """
     require_home("verify", home)

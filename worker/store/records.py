@@ -8,7 +8,10 @@ the log before N (``worker.store.line_checksums`` checks the chain). Decoding is
 and canonical: a line is accepted only if it is exactly the bytes the writer would
 write for the record it decodes to, so unknown types, missing or extra fields,
 ill-typed values, duplicate keys, spaces and other spellings are all refused with a
-reason, so that ``open`` can report ``path:line: why``.
+reason, so that ``open`` can report ``path:line: why``. One exception, for open's
+speed: ``decode_lines_fast`` lets a matching checksum stand for a line's spelling
+unless asked for ``canonical`` (``loopd verify``; docs/format.md, "What each reader
+checks").
 """
 
 from __future__ import annotations
