@@ -220,7 +220,12 @@ def test_restore_checks_the_manifest_first_and_replaces_a_live_session_only_with
         assert live.returncode == 1
         assert "session s1 is RUNNING; --force stops it" in live.stderr
         assert log_user_keys(home, "s1") == ["k1", "k2"]  # nothing changed
-        said = _ok("restore", "--home", str(home), str(dest), "s1", "--force")
+        listed = loopd("restore", "--home", str(home), str(dest), "s1", "--force")
+        assert listed.returncode == 1  # k2 was acknowledged after the backup: it says so
+        assert listed.stdout == "k2\n"
+        token = listed.stderr.rsplit(" ", 1)[-1].strip()
+        said = _ok("restore", "--home", str(home), str(dest), "s1", "--force", "--dropping", token)
+        assert "records (1 key) acknowledged after the backup's point" in said
         assert "moved the session that was there to" in said
         assert "it verifies" in said
         [old] = (home / "trash").glob("s1.*Z")

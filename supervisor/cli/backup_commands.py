@@ -23,8 +23,9 @@ from supervisor.errors import ControlError
 from supervisor.hosting.intent import IntentError, IntentFile
 from worker.store.backup import MANIFEST, BackupError, Point, PointMoved, backup_session
 from worker.store.errors import SessionError
-from worker.store.layout import SESSIONS_DIR
+from worker.store.layout import SESSIONS_DIR, session_dir
 from worker.store.restore import check_backup, restore_session
+from worker.store.restore_drops import Drop, DropNotConfirmed, work_dropped
 from worker.store.session_id import validate_session_id
 
 MAX_ATTEMPTS: Final = 20
@@ -147,15 +148,29 @@ def _source(src: str, session_id: str | None) -> str:
 @existing_home_option
 @timeout_option
 @click.option("--force", is_flag=True, help="Stop the session and move it to the trash first.")
+@click.option(
+    "--dropping",
+    metavar="TOKEN",
+    default="",
+    help="With --force: the token restore printed for the work acknowledged after the "
+    "backup that it drops; it replaces the session only if that is still all it drops.",
+)
 @click.argument("src", type=click.Path(file_okay=False))
 @click.argument("session_id", metavar="[ID]", required=False)
-def restore(home: str, timeout: float, force: bool, src: str, session_id: str | None) -> None:
+def restore(
+    home: str, timeout: float, force: bool, dropping: str, src: str, session_id: str | None
+) -> None:
     """Put back the backup SRC (or SRC/ID of a --all backup) as a session of the home.
 
     The manifest is checked first. A session that is there, or live, is not replaced
-    unless --force: then it is stopped and its directory moved to <home>/trash/.
+    unless --force: then it is stopped and its directory moved to <home>/trash/. If it
+    holds work acknowledged after the backup's point, restore lists those keys and
+    records and refuses; --force --dropping TOKEN (the token it printed) drops exactly
+    those.
     """
     require_home("restore", home)
+    if dropping and not force:
+        _fail("restore", "--dropping confirms what --force drops: give both")
     try:
         source = _source(src, session_id)
         manifest = check_backup(source)
@@ -166,8 +181,13 @@ def restore(home: str, timeout: float, force: bool, src: str, session_id: str | 
             if state in LIVE_STATES and not force:
                 _fail("restore", f"session {wanted} is {state}; --force stops it and replaces it")
             if state in LIVE_STATES:
+                # Listed before its worker is stopped for a replace that would be refused;
+                # restore_session reads it again under the session's lock.
+                drop = work_dropped(session_dir(home, wanted), manifest.files)
+                if drop.records and drop.token != dropping:
+                    _refuse_drop(wanted, drop)
                 call(home, "stop", timeout=timeout, session=wanted)
-        result = restore_session(home, source, wanted, replace=force)
+        result = restore_session(home, source, wanted, replace=force, dropping=dropping)
         app = {} if manifest.app is None else {"app": manifest.app}
         if live:
             call(home, "adopt", timeout=timeout, session=wanted, **app)
@@ -175,15 +195,45 @@ def restore(home: str, timeout: float, force: bool, src: str, session_id: str | 
             intent = IntentFile(home)
             intent.load()
             intent.set_app(wanted, manifest.app)
+    except DropNotConfirmed as exc:
+        _refuse_drop(wanted, exc.drop, changed=bool(dropping))
     except (ControlError, SessionError, IntentError) as exc:
         _fail("restore", exc)
     if result.replaced is not None:
         click.echo(f"moved the session that was there to {result.replaced}")
+    if result.dropped.records:
+        _list_drop(result.dropped)
+        click.echo(
+            f"dropped {result.dropped.describe()} acknowledged after the backup's point "
+            "(listed above; kept in the trash): a client that sends one of these keys again "
+            "has it applied again"
+        )
     click.echo(
         f"restored {wanted} from {source} (taken {manifest.taken}): "
         f"{len(manifest.files)} files, each matching the manifest"
     )
     click.echo(f"it verifies; next: loopd start {wanted}")
+
+
+def _list_drop(drop: Drop) -> None:
+    for key in drop.keys:
+        click.echo(key)
+
+
+def _refuse_drop(session_id: str, drop: Drop, *, changed: bool = False) -> NoReturn:
+    """List the keys restore would drop on stdout; one line on stderr says how to confirm."""
+    _list_drop(drop)
+    why = (
+        "it changed since the token was printed (a session stopped for it stays stopped); "
+        if changed
+        else ""
+    )
+    _fail(
+        "restore",
+        f"refused: session {session_id} holds {drop.describe()} acknowledged after the "
+        f"backup's point (their keys listed above), which restoring drops; {why}to replace "
+        f"it and drop exactly these, run again with --force --dropping {drop.token}",
+    )
 
 
 def _hosted_state(home: str, session_id: str, timeout: float) -> str | None:

@@ -26,6 +26,7 @@ from worker.store.files import open_directory, read_file
 from worker.store.layout import SESSIONS_DIR, session_dir
 from worker.store.loader import load_session
 from worker.store.repair import make_dirs
+from worker.store.restore_drops import NOTHING, Drop, DropNotConfirmed, work_dropped
 from worker.store.trash import TRASH_DIR, move_to_trash, stamp
 
 _NAME: Final = re.compile(r"[0-9]+(\.jsonl|\.baseline\.json|-[0-9]+\.keys)")
@@ -46,6 +47,7 @@ class RestoreResult:
     directory: str
     manifest: Manifest
     replaced: str | None  # where the session that was there went
+    dropped: Drop = NOTHING  # its work that the backup does not hold
 
 
 def check_backup(source: str) -> Manifest:
@@ -109,9 +111,19 @@ def _entry(where: str, entry: object) -> tuple[str, int, str]:
 
 
 def restore_session(
-    home: str | os.PathLike[str], source: str, session_id: str | None, *, replace: bool
+    home: str | os.PathLike[str],
+    source: str,
+    session_id: str | None,
+    *,
+    replace: bool,
+    dropping: str = "",
 ) -> RestoreResult:
-    """Check the backup at ``source`` and put it back as ``<home>/sessions/<id>``."""
+    """Check the backup at ``source`` and put it back as ``<home>/sessions/<id>``.
+
+    A session that is there is replaced only with ``replace``, and only if the work of
+    it the backup does not hold, read under its lock, is none or the set whose token is
+    ``dropping`` (DropNotConfirmed otherwise, and nothing is replaced).
+    """
     manifest = check_backup(source)
     wanted = manifest.session if session_id is None else session_id
     if wanted != manifest.session:
@@ -141,10 +153,17 @@ def restore_session(
             f"does not open as a session ({exc}); nothing was replaced (the copy is kept in "
             f"{kept})",
         ) from exc
-    replaced = None
+    replaced, dropped = None, NOTHING
+
+    def confirmed(locked: str) -> None:
+        nonlocal dropped
+        dropped = work_dropped(locked, manifest.files)
+        if dropped.records and dropped.token != dropping:
+            raise DropNotConfirmed(locked, dropped)
+
     if os.path.lexists(directory):
-        try:
-            replaced = move_to_trash(home, wanted)  # refused while a worker holds it
+        try:  # refused while a worker holds it, or for work the operator did not confirm
+            replaced = move_to_trash(home, wanted, confirmed)
         except SessionError:
             shutil.rmtree(staging)  # a copy of the backup, which is still whole at source
             raise
@@ -152,4 +171,4 @@ def restore_session(
     durable.rename(staging, directory)
     durable.fsync_dir(os.path.dirname(directory))
     durable.fsync_dir(os.path.dirname(staging))
-    return RestoreResult(directory, manifest, replaced)
+    return RestoreResult(directory, manifest, replaced, dropped)

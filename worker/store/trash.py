@@ -9,6 +9,7 @@ directories. An operator empties the trash by hand when sure.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Final
 
@@ -25,14 +26,22 @@ def stamp() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
-def move_to_trash(home: str | os.PathLike[str], session_id: str) -> str:
+def move_to_trash(
+    home: str | os.PathLike[str],
+    session_id: str,
+    check: Callable[[str], None] | None = None,
+) -> str:
     """Move ``<home>/sessions/<id>`` to ``<home>/trash/<id>.<time>``; return where it went.
 
-    SessionNotFound if it is not there, SessionLocked while a worker holds it.
+    SessionNotFound if it is not there, SessionLocked while a worker holds it. ``check``
+    is called with the directory under its lock, before the move, and may refuse it by
+    raising (restore's check that the work it drops is the work the operator confirmed).
     """
     directory = session_dir(home, session_id)
     lock_fd = lock_existing(directory)
     try:
+        if check is not None:
+            check(directory)
         trash = os.path.join(os.fspath(home), TRASH_DIR)
         make_dirs(trash)
         target = os.path.join(trash, f"{session_id}.{stamp()}")
