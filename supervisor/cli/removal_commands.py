@@ -25,7 +25,7 @@ from supervisor.errors import ControlError
 from supervisor.hosting.intent import IntentError, IntentFile
 from supervisor.hosting.session_log import backup_numbers, backup_path, log_path
 from worker.store import durable
-from worker.store.errors import SessionError
+from worker.store.errors import SessionError, SessionNotFound
 from worker.store.layout import session_dir
 from worker.store.trash import move_to_trash
 
@@ -110,7 +110,14 @@ def delete(home: str, timeout: float, session_id: str) -> None:
             except ControlError as exc:
                 if exc.code != "not_found":  # not hosted: its files alone are moved
                     raise
-        target = move_to_trash(home, session_id)
+        try:
+            target = move_to_trash(home, session_id)
+        except SessionNotFound:
+            # No directory (a create that never got its first log, or one moved aside):
+            # nothing to move, and what is left of it is the daemon's list and the intent.
+            _fail("delete", f"{directory}: no session directory to move to the trash; "
+                  f"`loopd forget --home {home} {session_id}` drops the session from the "
+                  "daemon's list and the intent")  # fmt: skip
         if live:
             _forget_once_settled(home, session_id, timeout)
         else:
