@@ -10,7 +10,8 @@ from typing import Final
 import click
 
 from supervisor.cli.options import existing_home_option
-from worker.app import DEFAULT_APP, load_app
+from supervisor.cli.session_app import AppUnusable, initial_baseline
+from worker.app import DEFAULT_APP
 from worker.store.baseline_repair import rebuild_baseline as rebuild_baseline_file
 from worker.store.errors import InvalidSessionId, LogError, SessionError
 from worker.store.index_repair import key_index_damaged, rebuild_key_index
@@ -129,11 +130,11 @@ def verify(home: str) -> None:
 )
 @click.option(
     "--app",
-    default=DEFAULT_APP,
-    show_default=True,
-    help="module:attribute of the App the session was created with (--rebuild-baseline).",
+    default=None,
+    help="module:attribute of the App the session was created with (--rebuild-baseline); "
+    f"default: its named App (intent.json), else {DEFAULT_APP}.",
 )
-def repair(home: str, session_id: str, rebuild_baseline: bool, app: str) -> None:
+def repair(home: str, session_id: str, rebuild_baseline: bool, app: str | None) -> None:
     """Move a damaged last group of ID's newest log into <home>/quarantine/ID/.
 
     Or, when the key index files are what open refuses, rebuild them from the logs
@@ -182,11 +183,11 @@ def repair(home: str, session_id: str, rebuild_baseline: bool, app: str) -> None
     )
 
 
-def _rebuild_baseline(home: str, session_id: str, spec: str) -> None:
-    try:
-        baseline = load_app(spec).initial_baseline(session_id)
-    except Exception as exc:  # noqa: BLE001 - any failure of the operator's App is one line
-        click.echo(f"loopd repair: --app {spec}: {type(exc).__name__}: {exc}", err=True)
+def _rebuild_baseline(home: str, session_id: str, app: str | None) -> None:
+    try:  # the App the session was created with: its named App, from the intent
+        baseline, spec = initial_baseline(home, session_id, app)
+    except AppUnusable as exc:
+        click.echo(f"loopd repair: {exc}", err=True)
         sys.exit(EXIT_NO_HOME)
     try:
         path, still = rebuild_baseline_file(home, session_id, baseline)

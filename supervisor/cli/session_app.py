@@ -1,0 +1,114 @@
+"""The App a session was created with, for an offline tool that needs its initial baseline.
+
+A session created with ``--app NAME`` runs the named App of ``loopd.toml``'s ``[apps]``
+(the intent records the name); any other runs serve's ``--app``. ``repair
+--rebuild-baseline`` must ask that same App: a named App is imported in a child
+interpreter set up as its workers are (its path, environment and working directory,
+the budget it is configured with), never in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Final
+
+from supervisor.errors import SupervisorError
+from supervisor.hosting.apps import IMPORT_TIMEOUT, AppConfig, AppConfigError, app_import_path
+from supervisor.hosting.config import ConfigError, config_path, read_apps
+from supervisor.hosting.intent import IntentError, IntentFile
+from worker.app import DEFAULT_APP, DEFAULT_BUDGET, load_app
+from worker.store.baseline import Baseline
+
+_BASELINE: Final = """
+import json, sys
+sys.path[:] = json.loads(sys.argv[3])
+from worker.app import load_app
+baseline = load_app(sys.argv[1], int(sys.argv[2])).initial_baseline(sys.argv[4])
+sys.stdout.buffer.write(baseline.to_json())
+"""
+
+
+class AppUnusable(SupervisorError):
+    """The session's App cannot be found or asked; ``str()`` is one line."""
+
+    def __init__(self, where: str, why: str) -> None:
+        super().__init__(where, why)
+        self.where = where
+        self.why = why
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.why}"
+
+
+def initial_baseline(home: str, session_id: str, spec: str | None) -> tuple[Baseline, str]:
+    """The initial baseline of the App the session was created with, and which App that is.
+
+    ``spec``: the ``--app`` the operator gave, if any; refused when the intent names
+    another App for the session.
+    """
+    intent = IntentFile(home)
+    try:
+        intent.load()
+    except IntentError as exc:
+        raise AppUnusable(intent.path, f"{exc.why}: the session's App is not known") from exc
+    name = intent.app_of(session_id)
+    if name is None:
+        return _default(spec or DEFAULT_APP, session_id), spec or DEFAULT_APP
+    try:
+        apps = read_apps(config_path(home))
+    except (ConfigError, SupervisorError) as exc:
+        raise AppUnusable(config_path(home), str(exc)) from exc
+    app = apps.get(name)
+    if app is None:
+        raise AppUnusable(
+            f"session {session_id}",
+            f"was created with the App {name!r} (intent.json), and loopd.toml's [apps] does "
+            f"not name it: add [apps.{name}] back",
+        )
+    if spec is not None and spec not in (name, app.target):
+        raise AppUnusable(
+            f"--app {spec}",
+            f"session {session_id} was created with the App {name!r} ({app.target}, "
+            "intent.json): leave --app out to use it",
+        )
+    return _named(app, session_id), f"app {name!r} ({app.target})"
+
+
+def _default(spec: str, session_id: str) -> Baseline:
+    try:
+        return load_app(spec).initial_baseline(session_id)
+    except Exception as exc:
+        raise AppUnusable(f"--app {spec}", f"{type(exc).__name__}: {exc}") from exc
+
+
+def _named(app: AppConfig, session_id: str) -> Baseline:
+    where = f"app {app.name!r} ({app.target})"
+    budget = app.budget if app.budget is not None else DEFAULT_BUDGET
+    try:
+        # Imported from where its workers import it, in the directory they run in.
+        args = [app.target, str(budget), json.dumps(app_import_path(app)), session_id]
+        done = subprocess.run(
+            [sys.executable, "-c", _BASELINE, *args],
+            cwd=app.work_dir(),
+            env=app.check_env(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=IMPORT_TIMEOUT,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AppUnusable(where, f"its initial baseline took over {IMPORT_TIMEOUT:g} s") from exc
+    except OSError as exc:  # a cwd that does not exist, most often
+        raise AppUnusable(where, f"cannot be started: {exc}") from exc
+    except AppConfigError as exc:  # the working directory it is relative to is gone
+        raise AppUnusable(where, str(exc)) from exc
+    if done.returncode != 0:
+        lines = done.stderr.decode(errors="replace").strip().splitlines()
+        last = lines[-1].strip() if lines else f"exit code {done.returncode}"
+        raise AppUnusable(where, f"initial_baseline failed: {last[:300]}")
+    try:
+        return Baseline.from_json(done.stdout)
+    except ValueError as exc:
+        raise AppUnusable(where, f"its initial baseline is not one: {exc}") from exc
