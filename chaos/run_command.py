@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 
 import click
 
@@ -21,6 +23,7 @@ from chaos.cli_options import (
 )
 from chaos.parallel import case_workdir, run_cases
 from chaos.run_report import RunReport
+from chaos.runner import CleanRunFailed
 from chaos.sampling import Pick, Plan, plan_sample
 from chaos.sweep import ALL_FAULTS, build_cases
 from chaos.violation_groups import group_violations
@@ -145,7 +148,7 @@ def run(
     chosen = app_scenarios(app, scenarios)
     header: dict[str, object] = {"app": app, "faults": [k.value for k in kinds]}
     plan: Plan | None = None
-    with case_workdir(base) as workdir:
+    with case_workdir(base) as workdir, _clean_run_refused():
         units: list[Case] | list[Pick]
         if sample is None and budget is None:
             units = build_cases(chosen, kinds, workdir, compound=compound, app=app)
@@ -203,6 +206,15 @@ def run(
             click.echo(f"report: {path}")
     if any(r.outcome != "ok" for r in results):
         sys.exit(EXIT_VIOLATION)
+
+
+@contextlib.contextmanager
+def _clean_run_refused() -> Iterator[None]:
+    """A scenario that fails with no fault (an App that cannot serve) is one line."""
+    try:
+        yield
+    except CleanRunFailed as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def plan_header(header: dict[str, object]) -> dict[str, object]:
