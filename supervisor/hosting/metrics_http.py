@@ -8,9 +8,14 @@ so a scraper can never hold a connection or a buffer for long.
 Who may scrape: with ``--metrics-token-file`` a request must carry
 ``Authorization: Bearer <token>`` (Prometheus' ``authorization: credentials_file:``),
 else it is answered 401; the token is compared in constant time. How many may connect:
-at most ``MAX_CONNECTIONS`` at once, apart from the control socket's connections; a
-connection past that is closed as soon as it is accepted, so a flood of idle
-connections holds a handful of descriptors and never the daemon's whole table.
+at most ``MAX_CONNECTIONS`` at once, apart from the control socket's connections, so a
+flood of idle connections holds a handful of descriptors and never the daemon's whole
+table. Idle ones cannot hold those slots against a scraper either (issue 29: 16 idle
+connections from any local uid once reset every scrape): a request head must be whole
+within ``HEAD_TIMEOUT``, and a connection that finds every slot taken reclaims the slot
+of the one that has waited longest without a whole head (it is reset), so a scraper,
+whose head follows its connect at once, is answered. Only when every slot holds an
+answer still being written is a new connection closed at its accept.
 """
 
 from __future__ import annotations
@@ -20,16 +25,20 @@ import hmac
 import os
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from supervisor.hosting.metrics import CONTENT_TYPE
 from supervisor.hosting.regular_file import read_regular
 
 MAX_HEAD: Final = 8192
-HEAD_TIMEOUT: Final = 5.0
+HEAD_TIMEOUT: Final = 2.0
+"""Seconds from the accept to a whole request head (a scraper sends it at once)."""
+ANSWER_TIMEOUT: Final = 10.0
+"""Seconds an answered connection may take to read its answer before it is reset."""
 MAX_CONNECTIONS: Final = 16
-"""Scrape connections open at once; more are closed at their accept."""
+"""Scrape connections open at once; a further one takes the slot of the longest waiting
+for its head, or is closed at its accept if every slot holds an answer being written."""
 MAX_TOKEN_BYTES: Final = 4096
 
 
@@ -58,13 +67,35 @@ def read_token(path: str) -> bytes:
 
 @dataclass(slots=True)
 class ScrapeGate:
-    """What every scrape connection shares: the token asked for, and how many are open."""
+    """What every scrape connection shares: the token asked for, and the open slots."""
 
     token: bytes | None = None
     limit: int = MAX_CONNECTIONS
     open: int = 0
     refused: int = 0
+    reclaimed: int = 0
     unauthorized: int = 0
+    waiting: dict[MetricsProtocol, None] = field(default_factory=dict)
+    """The open connections whose request head is not whole yet, oldest first."""
+
+    def admit(self, conn: MetricsProtocol) -> bool:
+        """Give ``conn`` a slot, reclaiming the one of the connection that has waited
+        longest for its head if none is free; False (refused) if none can be reclaimed."""
+        if self.open >= self.limit:
+            oldest = next(iter(self.waiting), None)
+            if oldest is None:
+                self.refused += 1
+                return False
+            self.reclaimed += 1
+            oldest.evict()
+        self.open += 1
+        self.waiting[conn] = None
+        return True
+
+    def release(self, conn: MetricsProtocol) -> None:
+        """``conn``'s slot is free (it closed, or was evicted)."""
+        self.waiting.pop(conn, None)
+        self.open -= 1
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -88,14 +119,18 @@ class MetricsProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        if self.gate.open >= self.gate.limit:
-            self.gate.refused += 1
+        if not self.gate.admit(self):
             transport.abort()  # its descriptor is released now, not at a timeout
             return
-        self.gate.open += 1
         self.counted = True
         self.transport = transport
         self.timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT, transport.abort)
+
+    def evict(self) -> None:
+        """Give up this connection's slot to a newer one: reset it now."""
+        self._uncount()
+        if self.transport is not None:
+            self.transport.abort()  # connection_lost follows; the slot is free already
 
     def data_received(self, data: bytes) -> None:
         if self.transport is None or self.transport.is_closing():
@@ -105,6 +140,7 @@ class MetricsProtocol(asyncio.Protocol):
             if len(self.head) > MAX_HEAD:
                 self._answer(431, "Request Header Fields Too Large", b"")
             return
+        self.gate.waiting.pop(self, None)  # whole: answered now, its slot no longer taken
         request_line = self.head.split(b"\n", 1)[0].decode("latin-1").split()
         if len(request_line) < 2:
             self._answer(400, "Bad Request", b"")
@@ -142,13 +178,21 @@ class MetricsProtocol(asyncio.Protocol):
         )
         self.transport.write(head.encode() + body)
         self.transport.close()  # after the buffer is flushed
+        self.gate.waiting.pop(self, None)  # answered: never reclaimed while it is written
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.transport.get_write_buffer_size():
+            self.timer = asyncio.get_running_loop().call_later(ANSWER_TIMEOUT, self.transport.abort)
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def _uncount(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
         if self.counted:
             self.counted = False
-            self.gate.open -= 1
+            self.gate.release(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._uncount()
         self.transport = None
 
 
