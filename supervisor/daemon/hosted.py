@@ -76,6 +76,7 @@ class HostedSession:
         self._said: str | None = None  # why the current worker says it exits, if it said
         self._holder: int | None = None  # who holds the lock the current worker found held
         self._kind: str | None = None  # what kind of damage its refusal was, if it said
+        self._hang_kill = False  # the current worker was killed as hung by this daemon
         self.epoch: int | None = None
         self.records: int | None = None
         self.relay = Relay(spec.session)
@@ -113,7 +114,7 @@ class HostedSession:
         self._cancel_timer()
         self.exit_pid = self.exit_code = None
         self.machine.move(State.STARTING)
-        self._said = self._kind = None
+        self._said, self._kind, self._hang_kill = None, None, False
         poisoned = self.poison.poisoned()
         if poisoned != self.spec.poisoned:
             self.spec = dataclasses.replace(self.spec, poisoned=poisoned)
@@ -213,6 +214,7 @@ class HostedSession:
         code = worker.reap()
         self.exit_pid, self.exit_code = worker.pid, code
         turn_started, turn_keys = worker.heartbeat.turn()  # what it was handling, if any
+        raced = self._hang_kill and self.hang.progressed_since_verdict()
         self.loop.unwatch_worker(worker)
         worker.close()
         self.worker = None
@@ -257,7 +259,8 @@ class HostedSession:
             self.last_error = f"worker {how}" + (f": {said}" if said else "")
             if turn_keys:
                 running = None if turn_started is None else now - turn_started
-                self.last_error = f"{self.last_error}{self.poison.charged(turn_keys, running)}"
+                charged = self.poison.charged(turn_keys, running, progressing=raced)
+                self.last_error = f"{self.last_error}{charged}"
             self._crashed(now)
 
     def _crashed(self, now: float) -> None:
@@ -374,6 +377,7 @@ class HostedSession:
         self.kill_for(
             f"hang: no heartbeat for {silent:.1f} s (--hang-timeout {self.hang.timeout:g}); killed"
         )
+        self._hang_kill = True
 
     def _take_state(self, state: object) -> None:
         if isinstance(state, dict):

@@ -4,8 +4,10 @@ The worker names the requests it is handling in its heartbeat cell (their keys'
 digests). When a worker dies mid-turn (a crash, a hang kill, a deadline, an
 out-of-memory kill), each of them is charged one death; a key charged ``after`` deaths
 is passed to every later worker of the session, which refuses it (``poison_request``)
-unless the log already holds it. The ledger lives in the supervisor's memory: a
-supervisor restart forgives every key.
+unless the log already holds it. A hang kill is charged only when the worker showed no
+progress between the verdict and its death: time the daemon itself did not run is
+never a verdict (supervisor/daemon/hang.py). The ledger lives in the supervisor's
+memory: a supervisor restart forgives every key.
 """
 
 from __future__ import annotations
@@ -38,12 +40,20 @@ class PoisonLedger:
             del self._deaths[next(iter(self._deaths))]
         return newly
 
-    def charged(self, in_flight: list[bytes], running: float | None) -> str:
-        """Charge a death to the requests in flight; what to add to the session's last_error."""
-        newly = self.charge(in_flight)
+    def charged(
+        self, in_flight: list[bytes], running: float | None, *, progressing: bool = False
+    ) -> str:
+        """Charge a death to the requests in flight; what to add to the session's last_error.
+
+        ``progressing``: the death was the supervisor's own hang kill of a worker that had
+        stamped progress since the verdict (it ran, the verdict raced it): not charged.
+        """
         text = f"; {len(in_flight)} request(s) in flight" + (
             f", the running one for {running:.1f} s" if running is not None else ""
         )
+        if progressing:
+            return f"{text}, making progress when killed as hung: not charged with this death"
+        newly = self.charge(in_flight)
         if newly:
             digests = ", ".join(digest.hex()[:12] for digest in newly)
             text += (
