@@ -34,6 +34,21 @@ class Mutant:
     then_power: ThenPower = ThenPower.NONE
     scenarios: tuple[str, ...] = ("basic",)
     quick: tuple[str, ...] = ()  # the quick check's own cases (ids), when given
+    feature: str = ""  # what of loopd it breaks, for the score's table (default: its family)
+
+    @property
+    def area(self) -> str:
+        """The feature it breaks: ``feature``, else the family its patch is written in."""
+        return self.feature or _FAMILIES.get(self.patch.__module__, "the store")
+
+
+# The feature each family of patches breaks (a mutant may name its own).
+_FAMILIES: Final = {
+    durability.__name__: "durable writes",
+    epochs.__name__: "the epoch commit",
+    reading.__name__: "open, the lock and the key index",
+    unseen.__name__: "the store",
+}
 
 
 _ALL: Final = (
@@ -151,25 +166,30 @@ _ALL: Final = (
     Mutant(name="key-index-search-off-by-one",
            bug="a key index lookup starts one past the first matching hash",
            patch=unseen.key_index_search_off_by_one, caught_by="retry-answered-from-log",
-           scenarios=("retries",), quick=("retries:kill:-:30", "retries:kill:-:60")),
+           scenarios=("retries",), feature="retries by key",
+           quick=("retries:kill:-:30", "retries:kill:-:60")),
     Mutant(name="commit-resets-call-counter",
            bug="an epoch commit restarts the live call counter from the carried number",
            patch=unseen.commit_resets_call_counter, caught_by="call-numbers-handed-out-once",
-           scenarios=("calls",), quick=("calls:kill:-:1", "calls:kill:-:40")),
+           scenarios=("calls",), feature="tool call numbers",
+           quick=("calls:kill:-:1", "calls:kill:-:40")),
     Mutant(name="lease-read-before-write-only",
            bug="a cluster worker reads its lease before a group commit, not again after it",
            patch=unseen.lease_read_before_write_only, caught_by="no-ack-without-lease",
            faults=(FaultKind.LEASE,), scenarios=("cluster",),
+           feature="cluster: the lease fence",
            quick=("cluster:lease:lapse:18", "cluster:lease:lapse:20")),
     Mutant(name="commit-failure-fails-request",
            bug="a request whose epoch commit failed is answered as not applied",
            patch=unseen.commit_failure_fails_request, caught_by="refused-means-not-applied",
            faults=(FaultKind.IO,), scenarios=("requests",),
+           feature="the worker's answers",
            quick=("requests:io:eio:19", "requests:io:eio:21")),
     Mutant(name="create-follows-links",
            bug="a temporary file is created through a link planted in its place",
            patch=unseen.create_follows_links, caught_by="hostile-refused-unchanged",
-           faults=(FaultKind.HOSTILE,), quick=("basic:hostile:link:5", "basic:hostile:link:27")),
+           faults=(FaultKind.HOSTILE,), feature="a hostile disk",
+           quick=("basic:hostile:link:5", "basic:hostile:link:27")),
 )  # fmt: skip
 MUTANTS: Final[dict[str, Mutant]] = {m.name: m for m in _ALL}
 
