@@ -150,17 +150,17 @@ def _closed_by_daemon_within(sock: socket.socket, limit: float, *, trickle: bool
     while True:
         left = started + limit - time.monotonic()
         assert left > 0, f"the connection was still open after {limit} s"
-        if trickle:
-            sock.sendall(TRICKLE[sent : sent + 1])
-            sent += 1
         sock.settimeout(min(0.3, left))
         try:
+            if trickle:
+                sock.sendall(TRICKLE[sent : sent + 1])
+                sent += 1
             if sock.recv(1) == b"":
                 break
         except TimeoutError:
             continue
-        except ConnectionResetError:
-            break
+        except (ConnectionResetError, BrokenPipeError):
+            break  # reset by the daemon, seen by the recv or by the next byte sent
     return time.monotonic() - started
 
 
