@@ -69,7 +69,9 @@ class RestartPolicy:
     The first restart after a stable run is immediate (a crash-free session restarts as
     fast as a process can start); each further one waits ``base * 2**(n-1)`` seconds, up
     to ``cap``, with up to ``jitter`` of it added at random. More than ``max_restarts``
-    restarts within ``window`` seconds is FATAL (OTP's intensity/period).
+    restarts within ``window`` seconds is FATAL (OTP's intensity/period), and so is more
+    than ``start_retries`` starts in a row that never reached ready, however slow each
+    start is (supervisord's ``startretries``).
     """
 
     max_restarts: int = 5
@@ -78,8 +80,24 @@ class RestartPolicy:
     cap: float = 5.0
     jitter: float = 0.25
     stable_after: float = 5.0
+    start_retries: int = 5
     _recent: deque[float] = field(default_factory=deque)
     _streak: int = 0
+    _failed_starts: int = 0
+
+    @property
+    def failed_starts(self) -> int:
+        """Starts in a row that ended before the worker said it was ready."""
+        return self._failed_starts
+
+    def on_ready(self) -> None:
+        """The worker reached ready: a start that works ends the run of failed starts."""
+        self._failed_starts = 0
+
+    def start_failed(self) -> bool:
+        """Record a start that never reached ready; True once that is one too many."""
+        self._failed_starts += 1
+        return self._failed_starts > self.start_retries
 
     def on_stable(self) -> None:
         """The worker stayed up ``stable_after`` seconds: forget the backoff streak."""
@@ -103,3 +121,4 @@ class RestartPolicy:
         """Forget all history (an operator's explicit start)."""
         self._recent.clear()
         self._streak = 0
+        self._failed_starts = 0

@@ -290,7 +290,7 @@ def _crash_loop(home: Path, sessions: int) -> tuple[str, ...]:
     for n in range(sessions):
         Session.create(home, f"c{n}", app.initial_baseline(f"c{n}")).close()
     return ("--app", "tests.side_job_apps:loud_crash_app", "--max-restarts", "1000000",
-            "--backoff-base", "0", "--backoff-max", "0")  # fmt: skip
+            "--start-retries", "1000000", "--backoff-base", "0", "--backoff-max", "0")  # fmt: skip
 
 
 @pytest.mark.timeout(120)

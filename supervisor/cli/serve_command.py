@@ -55,6 +55,13 @@ MAX_LEASE_TTL: Final = 3600
     help="more restarts than this within --restart-window is FATAL.",
 )
 @click.option(
+    "--start-retries",
+    type=click.IntRange(0, MAX_RESTARTS),
+    default=5,
+    show_default=True,
+    help="more starts than this in a row that never reach ready are FATAL, however slow.",
+)
+@click.option(
     "--restart-window",
     type=seconds(0.0),
     default=10.0,
@@ -182,6 +189,7 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
     config = ServeConfig(
         home=home, app=cast("str | None", get("app")), budget=cast("int | None", get("budget")),
         max_restarts=cast(int, get("max_restarts")), window=cast(float, get("restart_window")),
+        start_retries=cast(int, get("start_retries")),
         backoff_base=cast(float, get("backoff_base")), backoff_cap=cast(float, get("backoff_max")),
         stable_after=cast(float, get("stable_after")),
         start_method=StartMethod(cast(str, get("start_method"))),

@@ -21,6 +21,7 @@ class ServeConfig:
     app: str | None = None
     budget: int | None = None
     max_restarts: int = 5
+    start_retries: int = 5
     window: float = 10.0
     backoff_base: float = 0.1
     backoff_cap: float = 5.0
@@ -47,4 +48,5 @@ class ServeConfig:
         return RestartPolicy(
             max_restarts=self.max_restarts, window=self.window, base=self.backoff_base,
             cap=self.backoff_cap, stable_after=self.stable_after,
+            start_retries=self.start_retries,
         )  # fmt: skip

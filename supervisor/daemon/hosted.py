@@ -123,7 +123,7 @@ class HostedSession:
             worker = WorkerProcess(self.spec)
         except OSError as exc:
             self.last_error = f"could not start the worker: {exc}"
-            self._crashed(time.monotonic())
+            self._crashed(time.monotonic(), started=False)
             return
         self.worker = worker
         self.started_at = time.monotonic()
@@ -180,6 +180,7 @@ class HostedSession:
             self.epoch = int_or_none(message.get("epoch"))
             self.records = int_or_none(message.get("records"))
             if self.state is State.STARTING:
+                self.policy.on_ready()
                 self.machine.move(State.RUNNING)
                 self.spec = _without_create(self.spec)
                 for waiter in self.ready_waiters:
@@ -211,6 +212,7 @@ class HostedSession:
         # What the worker said before dying (its "exiting" reason, late replies) has been
         # read already: the loop calls this only after its channel's end of stream.
         said = self._said
+        started = self.state is not State.STARTING  # it said ready before it ended
         code = worker.reap()
         self.exit_pid, self.exit_code = worker.pid, code
         turn_started, turn_keys = worker.heartbeat.turn()  # what it was handling, if any
@@ -261,9 +263,18 @@ class HostedSession:
                 running = None if turn_started is None else now - turn_started
                 charged = self.poison.charged(turn_keys, running, progressing=raced)
                 self.last_error = f"{self.last_error}{charged}"
-            self._crashed(now)
+            self._crashed(now, started=started)
 
-    def _crashed(self, now: float) -> None:
+    def _crashed(self, now: float, *, started: bool) -> None:
+        if not started and self.policy.start_failed():
+            # However long each start took: a restart window counts nothing of a start
+            # that takes longer than the window allows for (an App's slow import).
+            self._fatal(
+                f"{self.policy.failed_starts} starts in a row ended before the worker was "
+                f"ready (--start-retries {self.policy.start_retries}); last: "
+                f"{self.last_error}. Next: fix the cause, then `loopd start {self.id}`"
+            )
+            return
         if self.started_at is not None and now - self.started_at >= self.policy.stable_after:
             self.policy.on_stable()
         delay = self.policy.next_delay(now, self.rng)
