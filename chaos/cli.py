@@ -24,7 +24,7 @@ from chaos.parallel import case_workdir
 from chaos.run_command import run
 from chaos.runner import clean_steps, run_case
 from chaos.scenarios import SCENARIOS
-from chaos.scoring import score_mutant
+from chaos.scoring import feature_table, score_mutant
 from chaos.supervised import run_supervised
 
 
@@ -81,12 +81,14 @@ def mutants(scenarios: tuple[str, ...], jobs: int, quick: bool, base: str | None
     """Run the rig against each deliberately broken store; exit 1 if one survives.
 
     Prints, per mutant, the invariants that caught it, whether the one it must break is
-    among them, an example case, and at the end the score.
+    among them, an example case, and at the end the score, in all and per feature.
     """
     survivors = []
+    by_feature: dict[str, list[bool]] = {}
     with case_workdir(base) as workdir:
         for name, mutant in MUTANTS.items():
             score = score_mutant(name, workdir, jobs=jobs, quick=quick, scenarios=scenarios)
+            by_feature.setdefault(mutant.area, []).append(score.caught_as_expected)
             if not score.caught_as_expected:
                 survivors.append(name)
                 seen = ", ".join(score.invariants) or "no invariant"
@@ -102,6 +104,8 @@ def mutants(scenarios: tuple[str, ...], jobs: int, quick: bool, base: str | None
             first = score.example()
             if first is not None:
                 click.echo(f"         e.g. {first.case} ({first.boundary}): {first.violations[0]}")
+    for line in feature_table(by_feature):
+        click.echo(line)
     click.echo(f"score: {len(MUTANTS) - len(survivors)}/{len(MUTANTS)} mutants caught")
     if survivors:
         sys.exit(EXIT_VIOLATION)

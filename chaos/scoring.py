@@ -82,3 +82,13 @@ def score_mutant(
             score.caught.append(result)
             score.invariants.update(v.split(":")[0] for v in result.violations)
     return score
+
+
+def feature_table(by_feature: dict[str, list[bool]]) -> list[str]:
+    """The score per feature: each feature's mutants caught by the invariant each must
+    break, of its mutants (``by_feature``: one verdict per mutant), features in order."""
+    lines = ["by feature (mutants caught by the invariant each must break):"]
+    width = max((len(feature) for feature in by_feature), default=0)
+    for feature, caught in sorted(by_feature.items()):
+        lines.append(f"  {feature:<{width}}  {sum(caught)}/{len(caught)}")
+    return lines

@@ -14,7 +14,7 @@ import pytest
 from chaos.cases import Case
 from chaos.mutants import MUTANTS
 from chaos.mutants.pinned import PINNED
-from chaos.scoring import score_mutant
+from chaos.scoring import feature_table, score_mutant
 
 REPIN = "python -m scripts.pin_mutant_cases --only {name}"
 
@@ -54,3 +54,13 @@ def test_the_rig_catches_the_mutant_in_its_whole_quick_selection(name: str, tmp_
     score = score_mutant(name, str(tmp_path), jobs=1, quick=True, scenarios=mutant.scenarios)
     assert score.caught, f"mutant {name} survived {score.cases} cases"
     assert score.caught_as_expected, f"{name} caught only by {dict(score.invariants)}"
+
+
+def test_the_score_per_feature_counts_each_features_caught_mutants_of_its_own() -> None:
+    table = feature_table({"streaming": [True, False], "durable writes": [True, True, True]})
+    assert table == [
+        "by feature (mutants caught by the invariant each must break):",
+        "  durable writes  3/3",
+        "  streaming       1/2",
+    ]
+    assert {m.area for m in MUTANTS.values()} >= {"durable writes", "the epoch commit"}
