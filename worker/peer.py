@@ -48,8 +48,10 @@ class Peer:
 
     def _recv_with_fds(self) -> bytes:
         fds = array.array("i")
+        # MSG_CMSG_CLOEXEC: a descriptor received is close-on-exec from its arrival, as
+        # every other of the worker's (an App's exec'd child keeps none of them).
         data, ancillary, _flags, _addr = self.sock.recvmsg(
-            READ_SIZE, socket.CMSG_SPACE(MAX_FDS * fds.itemsize)
+            READ_SIZE, socket.CMSG_SPACE(MAX_FDS * fds.itemsize), socket.MSG_CMSG_CLOEXEC
         )
         for level, kind, payload in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:

@@ -37,6 +37,7 @@ from worker.store.errors import (
     SessionNotFound,
 )
 from worker.store.fencing import write_owner
+from worker.store.fork_guard import guard_selector, guard_socket
 from worker.store.layout import session_dir
 from worker.store.records import EpochEnd
 from worker.store.refusal import refusal_kind
@@ -203,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     # connection, never a SIGPIPE that ends the worker and every other client's batch.
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     control = socket.socket(fileno=args.channel_fd)
+    # Neither an App's exec'd child (pass_fds left it inheritable) nor its forked one
+    # may hold the supervisor's channel.
+    control.set_inheritable(False)
+    guard_socket(control)
     channel = Channel(control)
     session: Session | None = None
     try:
@@ -223,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
             fence=fence,
             tls=_tls_files(args),
         )
+        # Its clients' sockets (all in its selector) are never held by an App's forked
+        # child: a client sees the end of stream when the worker dies (issue 29).
+        guard_selector(server.selector)
         if isinstance(fence, ReplicatedFence):  # its in-sync followers hold the log first;
             fence.shipper.start()  # one out of sync is caught up between batches (idle)
         signal.signal(signal.SIGTERM, server.on_sigterm)  # stops at the next turn

@@ -185,8 +185,12 @@ class WorkerProcess:
     def reap(self) -> int:
         """Collect the exit status (call when the pidfd is readable); return the code.
 
-        Negative for a death by signal, as subprocess reports it.
+        Negative for a death by signal, as subprocess reports it. First SIGKILLs what is
+        left of its process group (what its App forked): until it is reaped, the dead
+        worker's pid still names its group and cannot have been reused.
         """
+        with contextlib.suppress(ProcessLookupError):  # none: it died before its setsid
+            os.killpg(self.pid, signal.SIGKILL)
         if self._popen is not None:
             self.returncode = self._popen.wait()
         else:

@@ -8,6 +8,7 @@ import os
 from typing import Final
 
 from worker.store.errors import SessionIOError, SessionLocked, UnsafeFile
+from worker.store.fork_guard import guard_fd, release_fd
 
 _WOULD_BLOCK: Final = frozenset({errno.EWOULDBLOCK, errno.EAGAIN})
 _LINK: Final = frozenset({errno.ELOOP})
@@ -37,11 +38,15 @@ def lock_directory(path: str, *, shared: bool = False) -> int:
         if exc.errno in _WOULD_BLOCK:
             raise SessionLocked(path, holder) from exc
         raise SessionIOError(path, exc.errno or 0, "flock") from exc
+    # The App's forked children must not hold it past the worker (issue 29): covered in
+    # every child of os.fork (O_CLOEXEC covers exec).
+    guard_fd(fd)
     return fd
 
 
 def unlock_directory(fd: int) -> None:
     """Release the lock by closing its fd (the kernel drops a flock with its last fd)."""
+    release_fd(fd)
     os.close(fd)
 
 
