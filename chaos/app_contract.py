@@ -23,6 +23,8 @@ Checked on every case run with ``--app``, after the crash-recovery invariants:
   home may hold nothing but the session's directory (and ``quarantine/<session>/``,
   where the rig's own repair of a refused torn log puts the torn tail). Writes to other
   absolute paths (``/tmp``, the App's own source tree) are not seen.
+- ``app-effects-once-per-key``: what the App sent the rig's effects service (its URL in
+  ``LOOPD_CHAOS_EFFECTS_URL``) is applied once per request key (``chaos.effects``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ import tempfile
 from typing import Final
 
 from chaos.cases import CaseResult
+from chaos.effects import INVARIANT as EFFECTS_INVARIANT
+from chaos.effects import check_effects_once_per_key
 from chaos.lifeline import die_with_parent
 from chaos.oracle import ClientLog, LogsView, continues_group, session_path, snapshot_logs
 from chaos.scenarios import SESSION, Scenario
@@ -53,6 +57,7 @@ APP_INVARIANTS: Final = (
     "app-resume-uses-recorded-summary",
     "app-retry-applied-once",
     "app-writes-only-its-session",
+    EFFECTS_INVARIANT,
 )
 _ENDS_A_REQUEST: Final = frozenset({"User", "EpochEnd"})
 
@@ -102,6 +107,7 @@ def check_app_contract(result: CaseResult, scenario: Scenario, home: str, log: C
             f"log: {log.refused_retries[:8]}",
         )
     _check_writes_only_its_session(result, home)
+    check_effects_once_per_key(result, home)  # last: the retries above sent effects too
 
 
 def _check_one_group(result: CaseResult, view: LogsView) -> None:

@@ -41,6 +41,9 @@ class RequestsClient:
     on_refused: Callable[[dict[str, object]], None]
     resend: bool = False  # send every request again, answered or not; no compact, no retry
     on_error: Callable[[str, object], None] | None = None  # an error reply: (key, code)
+    # Each message, before it is sent: the rig's effects service learns the request in
+    # flight (chaos.effects_service).
+    on_send: Callable[[Message], None] | None = None
     pending: list[tuple[str, str]] = field(default_factory=list)
     sent: str | None = None
     tries: int = 0
@@ -163,6 +166,8 @@ class RequestsClient:
             self.on_error(self.sent, code)
 
     def _send(self, message: Message) -> None:
+        if self.on_send is not None:
+            self.on_send(message)
         try:
             self.channel.send(message)
         except OSError:

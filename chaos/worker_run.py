@@ -21,6 +21,8 @@ from chaos.answers import judge_error_reply
 from chaos.api_state import implied_state
 from chaos.calls import highest_call_on_disk, judge_calls, watch_next_call
 from chaos.child import second_open_gets_in, store_child, worker_child
+from chaos.effects import EFFECTS_URL_ENV
+from chaos.effects_service import EffectsService
 from chaos.hook import ChaosHook, EventPipe, FaultKind
 from chaos.lifeline import die_with_parent
 from chaos.oracle import ClientLog, session_path, snapshot_logs
@@ -69,6 +71,9 @@ def fork_child(
     that what the App writes there is seen (``chaos.app_contract``).
     """
     scratch = outside_dir(home) if scenario.contract else None
+    # Forked first, so that it holds none of this worker's pipes: their ends must close
+    # when the worker dies.
+    effects = EffectsService.start(home) if scenario.contract else None
     event_r, event_w = os.pipe()
     go_r, go_w = os.pipe()
     ours, theirs = socket.socketpair() if scenario.worker_level else (None, None)
@@ -97,6 +102,9 @@ def fork_child(
             if scratch is not None:
                 os.chdir(scratch)
                 os.environ["HOME"] = scratch
+            if effects is not None:
+                effects.close_in_worker()
+                os.environ[EFFECTS_URL_ENV] = effects.url
             if theirs is not None:
                 code = worker_child(os.path.abspath(home), scenario, theirs.fileno(),
                                     create=not log.started)  # fmt: skip
@@ -122,6 +130,7 @@ def fork_child(
                 on_refused=lambda event: _refused(run, event),
                 resend=resend,
                 on_error=lambda key, code: judge_error_reply(home, log, key, code),
+                on_send=effects.sent if effects is not None else None,
             ).run(event_r)
         else:
             _read_events(home, log, run, event_r, go_w, mutant)
@@ -132,6 +141,8 @@ def fork_child(
             ours.close()
         _pid, status = os.waitpid(pid, 0)
         run.code = os.waitstatus_to_exitcode(status)
+        if effects is not None:
+            effects.stop()  # the worker is gone: what it sent is answered, then it ends
     judge_calls(log, floor, run.calls, "a worker" if scenario.worker_level else "a store client")
     return run
 

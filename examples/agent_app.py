@@ -28,6 +28,10 @@ The environment (read when the App is made, i.e. when a worker starts):
 - ``LOOPD_AGENT_STREAM``: ``0`` to ask for whole replies instead of streamed ones;
 - ``LOOPD_AGENT_NOTES_URL``: a notes service that honours ``Idempotency-Key``; with it the
   model is offered ``post_note``.
+
+Under the rig (``with_fake_model``) the notes service is the rig's effects service
+(``LOOPD_CHAOS_EFFECTS_URL``, docs/chaos.md): every turn posts a note there, and the rig
+checks that a turn retried after a crash did not post it twice.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from typing import Final, Protocol
 from examples.agent_tools import ToolContext, run_tool, tool_specs
 from examples.chat_client import ChatClient, ChatError, ChatReply
 from examples.fake_model import FakeSettings, start_in_thread
-from examples.fake_replies import SUMMARY_TRIGGER, FakeModel
+from examples.fake_replies import SUMMARY_TRIGGER, FakeModel, ToolsMode
 from worker.app import (
     Assistant,
     Baseline,
@@ -59,6 +63,7 @@ from worker.app import (
 )
 
 DEFAULT_URL: Final = "http://127.0.0.1:8080"
+RIG_EFFECTS_ENV: Final = "LOOPD_CHAOS_EFFECTS_URL"  # set by the chaos rig (docs/chaos.md)
 DEFAULT_MODEL: Final = "default"
 DEFAULT_TIMEOUT: Final = 120.0
 MAX_STEPS: Final = 8  # model calls in one turn before it is cut short
@@ -373,14 +378,19 @@ def with_fake_model(budget: int) -> AgentApp:
     """The agent against a fake model this process serves (for the chaos rig and CI).
 
     No delay, wording that varies per call (so every summary differs), a tool call in
-    every turn; ``LOOPD_AGENT_STREAM=0`` asks for whole replies.
+    every turn; ``LOOPD_AGENT_STREAM=0`` asks for whole replies. Run by the rig, whose
+    effects service's URL is in ``LOOPD_CHAOS_EFFECTS_URL``, that service is the notes
+    service and the tool of every turn is ``post_note``: the effect outside the session
+    the rig counts per request key.
     """
-    fake = start_in_thread(FakeSettings(model=FakeModel(vary=True, tools="always")))
-    config = AgentConfig.from_env(
-        {
-            **os.environ,
-            "LOOPD_AGENT_URL": f"http://127.0.0.1:{fake.port}",
-            "LOOPD_AGENT_MODEL": "fake",
-        }
-    )
-    return AgentApp(budget, config)
+    effects = os.environ.get(RIG_EFFECTS_ENV)
+    tools: ToolsMode = "notes" if effects else "always"
+    fake = start_in_thread(FakeSettings(model=FakeModel(vary=True, tools=tools)))
+    env = {
+        **os.environ,
+        "LOOPD_AGENT_URL": f"http://127.0.0.1:{fake.port}",
+        "LOOPD_AGENT_MODEL": "fake",
+    }
+    if effects:
+        env["LOOPD_AGENT_NOTES_URL"] = f"{effects.rstrip('/')}/notes"
+    return AgentApp(budget, AgentConfig.from_env(env))

@@ -40,8 +40,12 @@ class ToolContext:
     notes_url: str | None = None
 
     @property
-    def idempotency_key(self) -> str:
-        """The same for the same call of a retried turn, different for any other call."""
+    def idempotency_key(self) -> str | None:
+        """The same for the same call of a retried turn, different for any other call;
+        None for a turn sent without a key (no retry of it can be told from a new turn:
+        a key shared by every such turn would keep only the first one's note)."""
+        if not self.key:
+            return None
         return f"{self.session}/{self.key}/{self.ordinal}"
 
 
@@ -166,15 +170,12 @@ def post_note(arguments: dict[str, object], context: ToolContext) -> str:
     parts = urllib.parse.urlsplit(context.notes_url)
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     connection = kind(parts.hostname or "", parts.port, timeout=NOTES_TIMEOUT)
+    headers = {"Content-Type": "application/json"}
+    if context.idempotency_key is not None:
+        headers["Idempotency-Key"] = context.idempotency_key
     try:
         connection.request(
-            "POST",
-            parts.path or "/",
-            body=json.dumps({"text": text}).encode(),
-            headers={
-                "Content-Type": "application/json",
-                "Idempotency-Key": context.idempotency_key,
-            },
+            "POST", parts.path or "/", body=json.dumps({"text": text}).encode(), headers=headers
         )
         response = connection.getresponse()
         body = response.read()

@@ -5,7 +5,10 @@ The chaos rig must report every one of them, with the line that replays the case
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
+import urllib.parse
 from dataclasses import replace
 
 from examples.notes_app import NotesApp
@@ -66,3 +69,35 @@ class LitteringNotesApp(NotesApp):
         with open("notes-scratch.txt", "a", encoding="utf-8") as scratch:
             scratch.write(field(request, "text", str) + "\n")
         return super().handle(session, request)
+
+
+class WebhookNotesApp(NotesApp):
+    """Tells a webhook of each new note without the request's key: a crash after the post
+    and before the note is durable makes the retry post it again, and the hook, which
+    cannot tell the two apart, fires twice for one request.
+
+    Its hook is the rig's effects service (``LOOPD_CHAOS_EFFECTS_URL``, ``/webhook``);
+    without it the App posts nothing.
+    """
+
+    def handle(self, session: Session, request: Message) -> Message:
+        key = optional_field(request, "key", str)
+        if key is None or session.find_key(key) is None:
+            # The bug: no Idempotency-Key header; the key is in the body, which the hook
+            # does not dedupe by.
+            _post_webhook({"note": field(request, "text", str), "key": key})
+        return super().handle(session, request)
+
+
+def _post_webhook(event: dict[str, object]) -> None:
+    base = os.environ.get("LOOPD_CHAOS_EFFECTS_URL")
+    if not base:
+        return
+    parts = urllib.parse.urlsplit(base)
+    connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
+    try:
+        connection.request("POST", "/webhook", body=json.dumps(event).encode(),
+                           headers={"Content-Type": "application/json"})  # fmt: skip
+        connection.getresponse().read()
+    finally:
+        connection.close()

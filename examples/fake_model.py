@@ -328,7 +328,8 @@ def _parser() -> argparse.ArgumentParser:
         "--tools",
         choices=TOOLS_MODES,
         default="auto",
-        help="auto: calls asked for by the text; always: at least one per turn",
+        help="auto: calls asked for by the text; always: at least one per turn; "
+        "notes: a post_note of the text when nothing else is asked for",
     )
     return parser
 

@@ -8,7 +8,8 @@ Its rules are simple so that a test can say what a turn does:
   ``calculate`` call, each ``note: TEXT`` a ``post_note`` call and each ``words: TEXT``
   a ``word_count`` call, one call per reply, in order, when the request offers that tool;
   with ``tools="always"`` a message with none of these gets one ``word_count`` call of
-  its whole text; with ``tools="never"`` no reply calls a tool;
+  its whole text, with ``tools="notes"`` one ``post_note`` call of it (``word_count``
+  when ``post_note`` is not offered); with ``tools="never"`` no reply calls a tool;
 - once every call of the turn has its result, the answer quotes the results.
 
 Which tools a turn calls never varies. With ``vary`` the wording does: each reply has a
@@ -28,8 +29,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-ToolsMode = Literal["auto", "always", "never"]
-TOOLS_MODES: Final[tuple[ToolsMode, ...]] = ("auto", "always", "never")
+ToolsMode = Literal["auto", "always", "notes", "never"]
+TOOLS_MODES: Final[tuple[ToolsMode, ...]] = ("auto", "always", "notes", "never")
 _EXPRESSION: Final = re.compile(
     r"\(*-?\d+(?:\.\d+)?\)*(?:\s*(?:\*\*|//|[-+*/%])\s*\(*-?\d+(?:\.\d+)?\)*)+"
 )
@@ -159,7 +160,9 @@ def _tool_calls_for(text: str, offered: set[str], mode: ToolsMode) -> list[tuple
             found.append((match.start(), name, json.dumps({argument: value})))
     found.sort()
     calls = [(name, arguments) for _, name, arguments in found]
-    if not calls and mode == "always" and "word_count" in offered:
+    if not calls and mode == "notes" and "post_note" in offered:
+        calls = [("post_note", json.dumps({"text": text}))]
+    if not calls and mode in ("always", "notes") and "word_count" in offered:
         calls = [("word_count", json.dumps({"text": text}))]
     return calls
 
