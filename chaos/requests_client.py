@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+from chaos.batch_client import BatchClient
 from chaos.oracle import ClientLog
 from chaos.scenarios import Scenario
 from worker.wire import Channel, Message
@@ -51,6 +52,17 @@ class RequestsClient:
 
     def run(self, event_fd: int) -> None:
         """Serve until both the trace and the channel reach their end."""
+        if self.scenario.batches:  # pipelined batches on a connection of its own
+            BatchClient(
+                scenario=self.scenario,
+                log=self.log,
+                channel=self.channel,
+                on_event=self.on_event,
+                on_ready=self.on_ready,
+                on_refused=self.on_refused,
+                on_error=self.on_error,
+            ).run(event_fd)
+            return
         # A client never sends again what it was told is done: only what got no answer.
         self.pending = [
             r for r in self.scenario.requests if self.resend or r[0] not in self.log.acked

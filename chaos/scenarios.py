@@ -72,6 +72,11 @@ class Scenario:
     # again through the real client; "cluster" runs workers as a cluster node's.
     probes: tuple[str, ...] = ()
     extra_faults: tuple[str, ...] = ()  # the fault kinds beyond the five that apply here
+    # Pipelined batches of request keys (a key may be in one twice), each sent in one
+    # write on a connection of the client's own (chaos.batch_client); ``stream`` asks
+    # for partials.
+    batches: tuple[tuple[str, ...], ...] = ()
+    stream: bool = False
 
     @property
     def worker_level(self) -> bool:
@@ -80,7 +85,7 @@ class Scenario:
     @property
     def hosts_apps(self) -> bool:
         """Whether a user's App can run in it (the probes' scenarios run the rig's app)."""
-        return self.worker_level and not self.probes
+        return self.worker_level and not self.probes and not self.batches
 
     def shape(self, key: str) -> tuple[str, ...]:
         """The record types the request ``key`` appends, User first, in one group."""
@@ -199,6 +204,26 @@ SCENARIOS: Final = {
             budget=50,
             app="chaos.apps:UnrepeatableSummaryApp",
             compact=("o2", "the operator's own summary"),
+        ),
+        Scenario(
+            name="streaming",
+            doc="pipelined pairs of requests that ask for partials, to an app that streams "
+            "each reply in three pieces before its group commit",
+            ops=(),
+            requests=tuple((f"s{n}", f"streamed request {n} " + "v" * 20) for n in range(4)),
+            budget=4000,
+            app="chaos.stream_app:StreamingApp",
+            batches=(("s0", "s1"), ("s2", "s3")),
+            stream=True,
+        ),
+        Scenario(
+            name="pipelined",
+            doc="pipelined batches that carry a key twice, and a key applied in an earlier "
+            "batch, with an epoch commit inside the second batch",
+            ops=(),
+            requests=tuple((f"p{n}", f"pipelined request {n} " + "u" * 30) for n in range(4)),
+            budget=70,
+            batches=(("p0", "p1", "p0"), ("p2", "p1", "p3", "p3")),
         ),
         Scenario(
             name="calls",

@@ -13,7 +13,7 @@ from typing import Final
 
 from chaos.cases import ThenPower
 from chaos.hook import FaultKind
-from chaos.mutants import durability, epochs, reading, unseen
+from chaos.mutants import durability, epochs, pipelining, reading, streaming, unseen
 
 KILL: Final = (FaultKind.KILL,)
 
@@ -48,6 +48,8 @@ _FAMILIES: Final = {
     epochs.__name__: "the epoch commit",
     reading.__name__: "open, the lock and the key index",
     unseen.__name__: "the store",
+    streaming.__name__: "streaming",
+    pipelining.__name__: "batches and pipelines",
 }
 
 
@@ -190,6 +192,22 @@ _ALL: Final = (
            patch=unseen.create_follows_links, caught_by="hostile-refused-unchanged",
            faults=(FaultKind.HOSTILE,), feature="a hostile disk",
            quick=("basic:hostile:link:5", "basic:hostile:link:27")),
+    # Streaming and pipelined batches (issue 31), each caught only by its own scenario.
+    Mutant(name="partial-to-first-request",
+           bug="a partial the App names for one request of a batch goes to the batch's first",
+           patch=streaming.partial_to_first_request, caught_by="partials-own-request-in-order",
+           scenarios=("streaming",), feature="streaming",
+           quick=("streaming:kill:-:1", "streaming:kill:-:18")),
+    Mutant(name="partials-sent-newest-first",
+           bug="a turn's partials are held and written when the turn ends, newest first",
+           patch=streaming.partials_sent_newest_first, caught_by="partials-own-request-in-order",
+           scenarios=("streaming",), feature="streaming",
+           quick=("streaming:kill:-:1", "streaming:kill:-:18")),
+    Mutant(name="repeated-key-not-flushed",
+           bug="a key carried twice in one batch is looked up before its first is written",
+           patch=pipelining.repeated_key_not_flushed, caught_by="repeated-key-applied-once",
+           scenarios=("pipelined",), feature="batches and pipelines",
+           quick=("pipelined:kill:-:1", "pipelined:kill:-:36")),
 )  # fmt: skip
 MUTANTS: Final[dict[str, Mutant]] = {m.name: m for m in _ALL}
 
