@@ -148,7 +148,8 @@ def run_supervised(
     daemon = subprocess.Popen(
         [sys.executable, "-m", "supervisor", "serve", "--home", home, "--app",
          "chaos.supervised:chaos_app", "--budget", "150", "--max-restarts", "100000",
-         "--backoff-base", "0.005", "--backoff-max", "0.05", "--stable-after", "0.5"],
+         "--start-retries", "100000", "--backoff-base", "0.005", "--backoff-max", "0.05",
+         "--stable-after", "0.5"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         # It dies with the rig (its workers follow: their control channel closes).
         preexec_fn=functools.partial(die_with_parent, os.getpid()),  # noqa: PLW1509 - no thread yet

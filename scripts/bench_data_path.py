@@ -52,7 +52,7 @@ TMPFS = "/dev/shm"  # noqa: S108 - a private mkdtemp inside it, removed afterwar
 def _start_daemon(home: str, *args: str) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "supervisor", "serve", "--home", home, "--budget",
-         "1000000000", "--max-restarts", "1000", *args],
+         "1000000000", "--max-restarts", "1000", "--start-retries", "1000", *args],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,  # a ^C reaches the script, which stops the daemon itself
     )  # fmt: skip

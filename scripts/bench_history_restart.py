@@ -57,7 +57,7 @@ def measure(root: str, epochs: int, kills: int) -> dict[str, float]:
     _strip_carried(os.path.join(home, "sessions", "old"))
     serve = [sys.executable, "-m", "supervisor", "serve", "--home", home]
     daemon = subprocess.Popen(
-        [*serve, "--max-restarts", "100000", "--stable-after", "0"],
+        [*serve, "--max-restarts", "100000", "--start-retries", "100000", "--stable-after", "0"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

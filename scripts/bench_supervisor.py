@@ -83,6 +83,8 @@ def start_daemon(home: str, *args: str) -> subprocess.Popen[bytes]:
             home,
             "--max-restarts",
             "1000",
+            "--start-retries",
+            "1000",
             *args,
         ],
         stdout=subprocess.DEVNULL,

@@ -158,7 +158,8 @@ def test_a_backup_under_keyed_load_and_worker_kills_restores_every_acknowledged_
     home, other = tmp_path / "home", tmp_path / "other"
     (other / "sessions").mkdir(parents=True)
     dest = tmp_path / "backups"
-    serve = ("--max-restarts", "1000", "--backoff-base", "0.01", "--backoff-max", "0.05")
+    serve = ("--max-restarts", "1000", "--start-retries", "1000", "--backoff-base", "0.01",
+             "--backoff-max", "0.05")  # fmt: skip
     with running_daemon(home, *serve, "--budget", "2000"):
         _ok("create", "--home", str(home), "s1")
         acked: list[str] = []

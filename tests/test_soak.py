@@ -96,7 +96,8 @@ def _soak(tmp_path: Path, seconds: float) -> None:
     home = tmp_path / "home"
     rng = random.Random(8)
     args = ("--hang-timeout", "1", "--backoff-base", "0.01", "--backoff-max", "0.05",
-            "--max-restarts", "100000", "--stable-after", "0.2", "--budget", "3000")  # fmt: skip
+            "--max-restarts", "100000", "--start-retries", "100000", "--stable-after", "0.2",
+            "--budget", "3000")  # fmt: skip
     with running_daemon(home, *args) as daemon:
         for session in SESSIONS:
             call(str(home), "create", session=session)
