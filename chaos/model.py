@@ -51,6 +51,8 @@ class DurableModel:
     durable: dict[str, FileState] = field(default_factory=dict)
     volatile_dirs: set[str] = field(default_factory=set)
     durable_dirs: set[str] = field(default_factory=set)
+    # Directories renamed whose new name is not durable yet: new path -> old path.
+    moved: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def snapshot(cls, root: str) -> DurableModel:
@@ -82,6 +84,7 @@ class DurableModel:
         model.durable = {move(p): s for p, s in model.durable.items()}
         model.volatile_dirs = {move(p) for p in model.volatile_dirs}
         model.durable_dirs = {move(p) for p in model.durable_dirs}
+        model.moved = {move(new): move(old) for new, old in model.moved.items()}
         return model
 
     def apply(self, event: dict[str, object]) -> None:
@@ -109,6 +112,8 @@ class DurableModel:
             if state is not None:
                 state.size = state.durable = int(str(event["n"]))
                 state.lost = [(a, min(b, state.size)) for a, b in state.lost if a < state.size]
+        elif step == "rename" and path in self.volatile_dirs:
+            self._rename_dir(path, str(event["target"]))
         elif step == "rename":
             target = str(event["target"])
             replaced = self.volatile.get(target)
@@ -121,7 +126,23 @@ class DurableModel:
         elif step == "fsync_dir":
             self._sync_dir(path)
 
+    def _rename_dir(self, source: str, target: str) -> None:
+        """A directory renamed (a backup's or a restore's copy put in place): everything
+        under it goes with it at once; its durable entries follow once the new name is
+        durable (``_sync_dir`` of the new parent)."""
+        self.volatile = {_moved(p, source, target): s for p, s in self.volatile.items()}
+        self.volatile_dirs = {_moved(d, source, target) for d in self.volatile_dirs}
+        self.moved[target] = self.moved.pop(source, source)
+
     def _sync_dir(self, directory: str) -> None:
+        for target, source in list(self.moved.items()):
+            if os.path.dirname(target) == directory:
+                # One directory has one name: once the new one is durable, so is the
+                # removal of the old (a journaled rename is one transaction).
+                self.durable = {_moved(p, source, target): s for p, s in self.durable.items()}
+                self.durable_dirs = {_moved(d, source, target) for d in self.durable_dirs}
+                self.durable_dirs.discard(target)  # added below, as any new name
+                del self.moved[target]
         for path in [p for p in self.durable if os.path.dirname(p) == directory]:
             del self.durable[path]
         for path, state in self.volatile.items():
@@ -179,6 +200,13 @@ class DurableModel:
         for path, data in files.items():
             with open(path, "wb") as f:
                 f.write(data)
+
+
+def _moved(path: str, source: str, target: str) -> str:
+    """``path`` once the directory ``source`` is renamed to ``target``."""
+    if path == source or path.startswith(source + os.sep):
+        return target + path[len(source) :]
+    return path
 
 
 def _lose(data: bytes, state: FileState, variant: PowerVariant) -> bytes:

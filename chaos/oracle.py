@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Final
 
+from chaos import tool_checks
 from chaos.cases import CaseResult
 from chaos.scenarios import SESSION, SLOT, Scenario
 from worker.store.errors import SessionError
@@ -60,6 +61,7 @@ class LogsView:
     epochs: dict[int, list[dict[str, object]]] = field(default_factory=dict)
     raw: dict[int, bytes] = field(default_factory=dict)
     baselines: dict[int, bytes] = field(default_factory=dict)
+    home: str = ""  # where it was read (the operator tools' checks read beside the logs)
 
     def applied_keys(self) -> list[str]:
         return [
@@ -124,7 +126,7 @@ def file_digests(home: str | os.PathLike[str]) -> dict[str, str]:
 
 def snapshot_logs(home: str) -> LogsView:
     """Parse every log's whole lines (undecodable lines are kept out, not fatal)."""
-    view = LogsView()
+    view = LogsView(home=home)
     for path in log_files(home):
         epoch = int(os.path.basename(path)[:-6])
         with open(path, "rb") as f:
@@ -165,6 +167,8 @@ def check_after_fault(
             "acknowledged-on-disk",
             f"epoch {log.acked_epoch} was acknowledged; the disk has {newest}",
         )
+    if tool_checks.drives_tools(scenario) and view.home:
+        tool_checks.after_fault(result, scenario, log.acked, view.home)
 
 
 def check_requests_complete(
@@ -228,6 +232,8 @@ def check_final(
             )
     _check_epochs(result, view)
     _check_resume(result, after_fault, view)
+    if tool_checks.drives_tools(scenario):
+        tool_checks.final(result, scenario, log.acked, home)
     if state is not None and state.epoch >= 1:
         result.checked.append("carry-is-recorded-summary")
         if state.carry != view.closing_summary(state.epoch - 1):

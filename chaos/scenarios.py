@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from chaos.operator_tools import TOOL_KINDS, apply_tool_op
 from worker.store import durable
 from worker.store.baseline import Baseline
 from worker.store.records import (
@@ -72,6 +73,9 @@ class Scenario:
     # again through the real client; "cluster" runs workers as a cluster node's.
     probes: tuple[str, ...] = ()
     extra_faults: tuple[str, ...] = ()  # the fault kinds beyond the five that apply here
+    # The fault kinds of the five it does not take: ``damage`` finds the session from
+    # the path of the step, and an operator tool's steps are outside its directory.
+    skip_faults: tuple[str, ...] = ()
     # Pipelined batches of request keys (a key may be in one twice), each sent in one
     # write on a connection of the client's own (chaos.batch_client); ``stream`` asks
     # for partials.
@@ -226,6 +230,28 @@ SCENARIOS: Final = {
             batches=(("p0", "p1", "p0"), ("p2", "p1", "p3", "p3")),
         ),
         Scenario(
+            name="operator-tools",
+            doc="a session of four epochs; a backup of it live, more work, the backup "
+            "restored into a scratch home, a key index file of the copy lost and rebuilt",
+            ops=(
+                Op("create"),
+                *(
+                    op
+                    for n in (1, 2, 3)
+                    for op in (Op("group", key=f"t{n}"), Op("commit", epoch=n, summary=f"t{n}"))
+                ),
+                Op("group", key="t4"),
+                Op("backup"),  # of t1..t4
+                Op("group", key="t5"),  # acknowledged after the backup's point
+                Op("restore"),
+                Op("group", key="t6"),
+                Op("lose-index"),
+                Op("rebuild-index"),
+                Op("group", key="t7"),
+            ),
+            skip_faults=("damage",),
+        ),
+        Scenario(
             name="calls",
             doc="tool call numbers reserved before an epoch commit and written after it",
             ops=(
@@ -277,6 +303,8 @@ def apply_op(session: Session | None, home: str, op: Op, *, retry: bool) -> Sess
     assert session is not None
     if op.kind in ("reserve", "finish"):
         return _tool_call(session, op)
+    if op.kind in TOOL_KINDS:
+        return apply_tool_op(session, home, op.kind, SESSION)
     if op.kind in ("append", "group"):
         if session.find_key(op.key) is not None:
             return session  # applied before the crash: the log answers the retry

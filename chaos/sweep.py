@@ -55,9 +55,15 @@ def build_cases(
 
 def faults_for(scenario: str, faults: Iterable[FaultKind], app: str | None) -> list[FaultKind]:
     """``faults`` without the kinds ``scenario`` does not take (lease, hostile: only the
-    scenarios that name them among their ``extra_faults``)."""
-    extra = scenario_for(scenario, app).extra_faults
-    return [k for k in faults if k not in EXTRA_FAULTS or k.value in extra]
+    scenarios that name them among their ``extra_faults``; none it names among its
+    ``skip_faults``)."""
+    spec = scenario_for(scenario, app)
+    return [
+        k
+        for k in faults
+        if (k not in EXTRA_FAULTS or k.value in spec.extra_faults)
+        and k.value not in spec.skip_faults
+    ]
 
 
 def power_compounds(

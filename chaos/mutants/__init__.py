@@ -13,7 +13,7 @@ from typing import Final
 
 from chaos.cases import ThenPower
 from chaos.hook import FaultKind
-from chaos.mutants import durability, epochs, pipelining, reading, streaming, unseen
+from chaos.mutants import durability, epochs, pipelining, reading, streaming, tools, unseen
 
 KILL: Final = (FaultKind.KILL,)
 
@@ -208,6 +208,24 @@ _ALL: Final = (
            patch=pipelining.repeated_key_not_flushed, caught_by="repeated-key-applied-once",
            scenarios=("pipelined",), feature="batches and pipelines",
            quick=("pipelined:kill:-:1", "pipelined:kill:-:36")),
+    # The operator's tools (issue 31), each caught only by the operator-tools scenario's
+    # checks of what the tool left (chaos.tool_checks).
+    Mutant(name="restore-skips-manifest-check",
+           bug="restore takes a backup's files without checking its manifest",
+           patch=tools.restore_skips_manifest_check, caught_by="backup-complete-or-refused",
+           scenarios=("operator-tools",), feature="operator tools"),
+    Mutant(name="backup-manifest-before-fsync",
+           bug="backup writes its manifest and renames the copy before its files are fsynced",
+           patch=tools.backup_manifest_before_fsync, caught_by="backup-complete-or-refused",
+           faults=(FaultKind.POWER,), scenarios=("operator-tools",), feature="operator tools"),
+    Mutant(name="restore-without-staging",
+           bug="restore writes the backup's files straight into sessions/ID, one by one",
+           patch=tools.restore_without_staging, caught_by="tool-rerun-completes",
+           scenarios=("operator-tools",), feature="operator tools"),
+    Mutant(name="index-rebuild-without-fsync",
+           bug="the key index rebuild never fsyncs its files (only their directory)",
+           patch=tools.index_rebuild_without_fsync, caught_by="key-index-finds-every-key",
+           faults=(FaultKind.POWER,), scenarios=("operator-tools",), feature="operator tools"),
 )  # fmt: skip
 MUTANTS: Final[dict[str, Mutant]] = {m.name: m for m in _ALL}
 

@@ -10,6 +10,10 @@ from __future__ import annotations
 from typing import Final
 
 PINNED: Final[dict[str, tuple[str, ...]]] = {
+    "backup-manifest-before-fsync": (
+        "operator-tools:power:names:101",
+        "operator-tools:power:names:193",
+    ),
     "baseline-after-log": ("basic:kill:-:31", "basic:kill:-:55"),
     "call-numbers-per-epoch": ("basic:kill:-:1", "basic:kill:-:56"),
     "directory-fsync-error-ignored": ("basic:io:eio:3:p1", "basic:io:eio:56:p1"),
@@ -18,6 +22,10 @@ PINNED: Final[dict[str, tuple[str, ...]]] = {
     "fsync-retried-and-trusted": ("basic:io:eio:12:pend", "basic:io:eio:40:pend"),
     "held-lock-taken-as-stale": ("basic:kill:-:1", "basic:kill:-:56"),
     "incomplete-group-accepted": ("basic:torn:lines:17", "basic:torn:lines:39"),
+    "index-rebuild-without-fsync": (
+        "operator-tools:power:drop:192",
+        "operator-tools:power:names:193",
+    ),
     "key-index-current-epoch-only": ("requests:kill:-:20", "requests:kill:-:54"),
     "lock-released-after-open": ("basic:kill:-:14", "basic:kill:-:56"),
     "next-baseline-ignores-summary": ("basic:kill:-:1", "basic:kill:-:56"),
@@ -35,6 +43,8 @@ PINNED: Final[dict[str, tuple[str, ...]]] = {
     "recorded-summary-rewritten": ("basic:kill:-:22", "basic:kill:-:55"),
     "rename-before-data-fsync": ("basic:power:names:13", "basic:power:names:55"),
     "rename-error-ignored": ("basic:io:eio:8", "basic:io:erofs:50"),
+    "restore-skips-manifest-check": ("operator-tools:kill:-:87", "operator-tools:kill:-:114"),
+    "restore-without-staging": ("operator-tools:kill:-:129", "operator-tools:kill:-:169"),
     "resume-recomputes-summary": ("operator:kill:-:20", "operator:kill:-:71"),
     "second-epoch-end-on-resume": ("basic:kill:-:22", "basic:kill:-:55"),
     "short-write-not-looped": ("basic:short:fsize:6", "basic:short:fsize:39"),
