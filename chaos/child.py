@@ -8,6 +8,7 @@ the hook), each operation started and acknowledged, and a refusal to open.
 from __future__ import annotations
 
 import os
+import signal
 
 from chaos.cluster_node import node_argv
 from chaos.hook import EventPipe
@@ -144,6 +145,10 @@ def worker_child(
         argv += ["--create", "--slot", str(SLOT)]
     if scenario.app is not None:
         argv += ["--app", scenario.app]
+    argv += scenario.worker_args
+    # SIGALRM's default action, as a worker of serve has it: the request deadline's
+    # signal must end the worker (a handler the rig inherited, pytest-timeout's, would not).
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
     if "cluster" in scenario.probes:
         argv += node_argv(home) if node is None else node
     return main(argv)

@@ -23,6 +23,7 @@ from chaos.cluster_node import NODE, fencing_records, newest_token, node_argv
 from chaos.node import Node
 from chaos.oracle import ClientLog, LogsView, file_digests, snapshot_logs
 from chaos.scenarios import SESSION, Scenario
+from chaos.slow_probe import poison_probe
 from supervisor.client.direct import Request
 from supervisor.errors import ControlError
 from worker.store.records import Handoff, Owner
@@ -46,6 +47,8 @@ def run_probes(
     if "cluster" in scenario.probes:
         result.checked.append(LEASE)
         cluster_probe(result, scenario, home, mutant)
+    if "poison" in scenario.probes:
+        poison_probe(result, scenario, home, mutant)
 
 
 def _answers(view: LogsView) -> dict[str, dict[str, object]]:

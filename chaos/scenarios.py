@@ -81,6 +81,8 @@ class Scenario:
     # for partials.
     batches: tuple[tuple[str, ...], ...] = ()
     stream: bool = False
+    worker_args: tuple[str, ...] = ()  # more flags of its worker (a deadline, chunk sizes)
+    burst: bool = False  # every request sent in one write, then again (chaos.slow_client)
 
     @property
     def worker_level(self) -> bool:
@@ -286,6 +288,16 @@ SCENARIOS: Final = {
             probes=("cluster",),
             extra_faults=("lease",),
         ),
+        Scenario(
+            name="slow",
+            doc="slow turns under a request deadline: one burst of pipelined requests "
+            "handed to the App in chunks, a tool loop twice the deadline long that reports "
+            "progress; then the poison probe",
+            ops=(),
+            requests=(
+                ("w0", "loop of tools that reports progress"),
+                *((f"w{n}", f"slow turn {n} " + "t" * 20) for n in range(1, 7)),
+            ),
     )
 }
 

@@ -28,6 +28,8 @@ from chaos.lifeline import die_with_parent
 from chaos.oracle import ClientLog, session_path, snapshot_logs
 from chaos.requests_client import RequestsClient
 from chaos.scenarios import Scenario
+from chaos.slow_checks import judge_exit
+from chaos.slow_client import PipelinedClient
 from worker.store import durable
 from worker.wire import Channel
 
@@ -121,7 +123,7 @@ def fork_child(
     try:
         if theirs is not None and ours is not None:
             theirs.close()
-            RequestsClient(
+            (PipelinedClient if scenario.burst else RequestsClient)(
                 scenario=scenario,
                 log=log,
                 channel=Channel(ours),
@@ -144,6 +146,7 @@ def fork_child(
         if effects is not None:
             effects.stop()  # the worker is gone: what it sent is answered, then it ends
     judge_calls(log, floor, run.calls, "a worker" if scenario.worker_level else "a store client")
+    judge_exit(log, scenario, run.code)
     return run
 
 

@@ -13,7 +13,16 @@ from typing import Final
 
 from chaos.cases import ThenPower
 from chaos.hook import FaultKind
-from chaos.mutants import durability, epochs, pipelining, reading, streaming, tools, unseen
+from chaos.mutants import (
+    durability,
+    epochs,
+    pipelining,
+    reading,
+    slow_turns,
+    streaming,
+    tools,
+    unseen,
+)
 
 KILL: Final = (FaultKind.KILL,)
 
@@ -226,6 +235,27 @@ _ALL: Final = (
            bug="the key index rebuild never fsyncs its files (only their directory)",
            patch=tools.index_rebuild_without_fsync, caught_by="key-index-finds-every-key",
            faults=(FaultKind.POWER,), scenarios=("operator-tools",), feature="operator tools"),
+    # Slow turns (issue 31): the deadline, progress, chunks and the poison ledger.
+    Mutant(name="progress-keeps-deadline",
+           bug="progress() stamps the heartbeat but does not restart the request's deadline",
+           patch=slow_turns.progress_keeps_deadline, caught_by="progress-spares-turn",
+           scenarios=("slow",), feature="slow turns",
+           quick=("slow:kill:-:40",)),
+    Mutant(name="chunk-drops-last-request",
+           bug="a chunk of several pipelined requests is handed to the App one short",
+           patch=slow_turns.chunk_drops_last_request, caught_by="pipelined-answered-in-order",
+           scenarios=("slow",), feature="slow turns",
+           quick=("slow:kill:-:40",)),
+    Mutant(name="deadline-never-armed",
+           bug="a request's deadline is never armed: a turn may run past it and be applied",
+           patch=slow_turns.deadline_never_armed, caught_by="overdue-turn-ended",
+           scenarios=("slow",), feature="slow turns",
+           quick=("slow:kill:-:40",)),
+    Mutant(name="poison-death-counted-twice",
+           bug="the poison ledger charges each death twice to the requests in flight",
+           patch=slow_turns.poison_death_counted_twice, caught_by="poison-refused-after-deaths",
+           scenarios=("slow",), feature="slow turns",
+           quick=("slow:kill:-:40",)),
 )  # fmt: skip
 MUTANTS: Final[dict[str, Mutant]] = {m.name: m for m in _ALL}
 
