@@ -212,26 +212,6 @@ SCENARIOS: Final = {
             compact=("o2", "the operator's own summary"),
         ),
         Scenario(
-            name="streaming",
-            doc="pipelined pairs of requests that ask for partials, to an app that streams "
-            "each reply in three pieces before its group commit",
-            ops=(),
-            requests=tuple((f"s{n}", f"streamed request {n} " + "v" * 20) for n in range(4)),
-            budget=4000,
-            app="chaos.stream_app:StreamingApp",
-            batches=(("s0", "s1"), ("s2", "s3")),
-            stream=True,
-        ),
-        Scenario(
-            name="pipelined",
-            doc="pipelined batches that carry a key twice, and a key applied in an earlier "
-            "batch, with an epoch commit inside the second batch",
-            ops=(),
-            requests=tuple((f"p{n}", f"pipelined request {n} " + "u" * 30) for n in range(4)),
-            budget=70,
-            batches=(("p0", "p1", "p0"), ("p2", "p1", "p3", "p3")),
-        ),
-        Scenario(
             name="operator-tools",
             doc="a session of four epochs; a backup of it live, more work, the backup "
             "restored into a scratch home, a key index file of the copy lost and rebuilt",
@@ -252,6 +232,26 @@ SCENARIOS: Final = {
                 Op("group", key="t7"),
             ),
             skip_faults=("damage",),
+        ),
+        Scenario(
+            name="streaming",
+            doc="pipelined pairs of requests that ask for partials, to an app that streams "
+            "each reply in three pieces before its group commit",
+            ops=(),
+            requests=tuple((f"s{n}", f"streamed request {n} " + "v" * 20) for n in range(4)),
+            budget=4000,
+            app="chaos.stream_app:StreamingApp",
+            batches=(("s0", "s1"), ("s2", "s3")),
+            stream=True,
+        ),
+        Scenario(
+            name="pipelined",
+            doc="pipelined batches that carry a key twice, and a key applied in an earlier "
+            "batch, with an epoch commit inside the second batch",
+            ops=(),
+            requests=tuple((f"p{n}", f"pipelined request {n} " + "u" * 30) for n in range(4)),
+            budget=70,
+            batches=(("p0", "p1", "p0"), ("p2", "p1", "p3", "p3")),
         ),
         Scenario(
             name="calls",
@@ -298,6 +298,12 @@ SCENARIOS: Final = {
                 ("w0", "loop of tools that reports progress"),
                 *((f"w{n}", f"slow turn {n} " + "t" * 20) for n in range(1, 7)),
             ),
+            budget=60,
+            app="chaos.slow_app:slow_turns_app",
+            probes=("poison",),
+            worker_args=("--request-deadline", "0.1", "--hang-timeout", "1", "--max-batch", "8"),
+            burst=True,
+        ),
     )
 }
 
