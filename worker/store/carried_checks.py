@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from worker.store.carried_state import carried_digest, parse_recent_keys, plan_next_epoch
 from worker.store.errors import InvalidLog, quote
 from worker.store.fencing import Fence
+from worker.store.files import Directory
 from worker.store.key_index import KeyIndex, entry, load_index, parse_field
 from worker.store.records import EpochEnd, SessionStart
 from worker.store.session_state import KeyRef, SessionState
@@ -108,7 +109,7 @@ def check_carried_fields(
 
 
 def check_index_against_history(
-    dir_fd: int,
+    dir_fd: Directory,
     directory: str,
     path: str,
     first: SessionStart,

@@ -25,14 +25,22 @@ def write_next_epoch(
     ends with its EpochEnd): the sealed log is bound to what follows.
     """
     following = state.epoch + 1
-    start = plan.start(state, baseline.hash())
-    line, crc = encode_lines((start,), 0)
+    start, line, crc = next_start(state, plan, baseline)
     new_log = log_path(state.directory, following)
     write_segments(state.directory, plan.new_segments)
     # The baseline's directory fsync makes the index files' names durable too.
     durable.write_file_atomic(baseline_path(state.directory, following), baseline.to_json())
     durable.write_file_atomic(new_log, line)
     return start, len(line), crc, durable.open_append(new_log)
+
+
+def next_start(
+    state: SessionState, plan: NextEpoch, baseline: Baseline
+) -> tuple[SessionStart, bytes, int]:
+    """The next epoch's SessionStart, its line and the line's CRC-32 (every backend's)."""
+    start = plan.start(state, baseline.hash())
+    line, crc = encode_lines((start,), 0)
+    return start, line, crc
 
 
 def switch_to_next_epoch(

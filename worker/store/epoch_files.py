@@ -9,7 +9,7 @@ from typing import Final
 
 from worker.store.baseline import Baseline, hash_bytes
 from worker.store.errors import BaselineError, InvalidLog, SessionIOError, SessionNotFound, quote
-from worker.store.files import read_file
+from worker.store.files import Directory, list_names, read_file
 from worker.store.session_state import log_path
 
 _LOG_NAME: Final = re.compile(r"(0|[1-9][0-9]*)\.jsonl")
@@ -17,10 +17,10 @@ _DIGITS_LOG: Final = re.compile(r"[0-9]+\.jsonl")
 _MISSING: Final = frozenset({errno.ENOENT})
 
 
-def list_epochs(session_dir: str, dir_fd: int | None = None) -> list[int]:
+def list_epochs(session_dir: str, dir_fd: Directory | None = None) -> list[int]:
     """Return the epoch numbers that have a log, ascending; refuse gaps and odd names."""
     try:
-        names = os.listdir(session_dir if dir_fd is None else dir_fd)
+        names = os.listdir(session_dir) if dir_fd is None else list_names(dir_fd)
     except OSError as exc:
         if exc.errno in _MISSING:
             raise SessionNotFound(session_dir) from exc
@@ -48,7 +48,7 @@ def list_epochs(session_dir: str, dir_fd: int | None = None) -> list[int]:
     return epochs
 
 
-def load_baseline(dir_fd: int, path: str, expected_hash: str) -> Baseline:
+def load_baseline(dir_fd: Directory, path: str, expected_hash: str) -> Baseline:
     """Read, hash and parse a baseline; BaselineError if missing, unparsable or mismatched."""
     try:
         data = read_file(dir_fd, os.path.basename(path), path)

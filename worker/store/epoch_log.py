@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from worker.store.errors import InvalidLog, TornLog, quote
-from worker.store.files import read_file
+from worker.store.files import Directory, read_file
 from worker.store.line_checksums import chain_line
 from worker.store.records import (
     EpochEnd,
@@ -180,7 +180,7 @@ def check_epoch(
         )
 
 
-def key_applied_at(dir_fd: int, path: str, line: int, key: str) -> bool:
+def key_applied_at(dir_fd: Directory, path: str, line: int, key: str) -> bool:
     """True if line ``line`` of the log at ``path`` is a User applying the request ``key``.
 
     How a hit of the key index is confirmed: the log is the state. A line that does

@@ -11,8 +11,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import Final
+from typing import Final, TypeAlias
 
+from worker.store.backend import StoredFiles
 from worker.store.errors import SessionIOError, SessionNotFound, UnsafeFile
 
 _MISSING: Final = frozenset({errno.ENOENT})
@@ -21,6 +22,9 @@ _LINK: Final = frozenset({errno.ELOOP})
 # type is checked on the open fd before a byte is read. O_NOFOLLOW: never through a link.
 _READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+Directory: TypeAlias = int | StoredFiles
+"""Where a session's files are read: its directory's fd (the file store) or a backend's files."""
 
 
 def _file_kind(mode: int) -> str:
@@ -52,13 +56,16 @@ def open_directory(path: str) -> int:
         raise SessionIOError(path, exc.errno or 0, "open directory") from exc
 
 
-def read_file(dir_fd: int, name: str, path: str) -> bytes:
+def read_file(dir_fd: Directory, name: str, path: str) -> bytes:
     """Return the bytes of the regular file ``name`` in the directory ``dir_fd``.
 
     Opened relative to the session directory's fd, never through a link and never
     blocking; anything but a regular file (FIFO, device, directory, link) is refused as
     UnsafeFile before a byte is read. Other OS errors become SessionIOError (``path``).
+    Another backend's files are read through it (``worker.store.backend``).
     """
+    if not isinstance(dir_fd, int):
+        return dir_fd.read(name, path)
     try:
         fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
@@ -85,3 +92,8 @@ def read_file(dir_fd: int, name: str, path: str) -> bytes:
         raise SessionIOError(path, exc.errno or 0, "read") from exc
     finally:
         os.close(fd)
+
+
+def list_names(dir_fd: Directory) -> list[str]:
+    """The names in the session directory ``dir_fd`` (or another backend's session)."""
+    return os.listdir(dir_fd) if isinstance(dir_fd, int) else dir_fd.names()

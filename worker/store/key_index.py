@@ -33,7 +33,7 @@ from typing import Final
 
 from worker.store import durable
 from worker.store.errors import InvalidLog, KeyIndexFileError, SessionIOError, quote
-from worker.store.files import read_file
+from worker.store.files import Directory, read_file
 
 INDEX_SUFFIX: Final = ".keys"
 _LINE_BITS: Final = 32
@@ -223,7 +223,7 @@ def parse_field(path: str, epochs: int, text: str) -> list[tuple[int, int, str]]
     return named
 
 
-def load_index(dir_fd: int, directory: str, path: str, epochs: int, text: str) -> KeyIndex:
+def load_index(dir_fd: Directory, directory: str, path: str, epochs: int, text: str) -> KeyIndex:
     """Read the index files a SessionStart (at ``path``) names; InvalidLog if one is not right."""
     segments = []
     for first, last, digest in parse_field(path, epochs, text):
@@ -259,18 +259,22 @@ def write_segments(directory: str, segments: Iterable[Segment]) -> None:
         )
 
 
+def stale_names(names: list[str], index: KeyIndex) -> list[str]:
+    """The key index files among ``names`` that ``index`` does not name."""
+    named = {segment.name for segment in index.segments}
+    return [name for name in names if _FILE_NAME.fullmatch(name) and name not in named]
+
+
 def remove_stale(dir_fd: int, directory: str, index: KeyIndex) -> None:
     """Remove the index files ``index`` does not name (replaced by a merge, or left by a crash)."""
-    named = {segment.name for segment in index.segments}
     try:
         names = os.listdir(dir_fd)
     except OSError as exc:
         raise SessionIOError(directory, exc.errno or 0, "list directory") from exc
-    for name in names:
-        if _FILE_NAME.fullmatch(name) and name not in named:
-            try:
-                os.unlink(name, dir_fd=dir_fd)
-            except OSError as exc:
-                if exc.errno not in _LEFT_IN_PLACE:
-                    path = os.path.join(directory, name)
-                    raise SessionIOError(path, exc.errno or 0, "unlink") from exc
+    for name in stale_names(names, index):
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno not in _LEFT_IN_PLACE:
+                path = os.path.join(directory, name)
+                raise SessionIOError(path, exc.errno or 0, "unlink") from exc

@@ -35,7 +35,7 @@ from worker.store.epoch_log import (
 )
 from worker.store.errors import InvalidLog, quote
 from worker.store.fencing import NO_FENCE, Fence, advance
-from worker.store.files import open_directory, read_file
+from worker.store.files import Directory, open_directory, read_file
 from worker.store.key_index import KeyIndex, load_index
 from worker.store.records import (
     EpochEnd,
@@ -73,7 +73,7 @@ def load_session(
     session_id: str,
     *,
     on_epoch: Callable[[list[Record]], None] | None = None,
-    dir_fd: int | None = None,
+    dir_fd: Directory | None = None,
     newest_data: bytes | None = None,
     history: bool = False,
     index_files: bool = True,
@@ -82,11 +82,12 @@ def load_session(
     """Read and check the session in ``session_dir``; change nothing.
 
     Files are read relative to ``dir_fd`` (the session directory's open fd, e.g. the
-    one holding its lock), or to an fd of ``session_dir`` opened without following a
-    link. ``on_epoch`` sees each epoch read, oldest first. With ``newest_data`` those
-    bytes stand for the newest log's (repair checks a cut with it). With ``history``
-    every epoch is read and every carried field checked against it; with ``history`` and
-    not ``index_files`` the key index is rebuilt from the logs, its files left unread.
+    one holding its lock, or another backend's files: ``worker.store.backend``), or
+    to an fd of ``session_dir`` opened without following a link. ``on_epoch`` sees
+    each epoch read, oldest first. With ``newest_data`` those bytes stand for the
+    newest log's (repair checks a cut with it). With ``history`` every epoch is read
+    and every carried field checked against it; with ``history`` and not
+    ``index_files`` the key index is rebuilt from the logs, its files left unread.
     With ``canonical`` every line read must be the writer's own bytes for its record,
     not only carry a matching checksum (``loopd verify``; open trusts the checksum).
     """
@@ -96,7 +97,7 @@ def load_session(
         reader.canonical = canonical
         return reader.load(history, index_files)
     finally:
-        if dir_fd is None:
+        if dir_fd is None and isinstance(fd, int):
             os.close(fd)
 
 
@@ -107,7 +108,7 @@ class _Reader:
         self,
         directory: str,
         session_id: str,
-        dir_fd: int,
+        dir_fd: Directory,
         on_epoch: Callable[[list[Record]], None] | None,
         newest_data: bytes | None,
     ) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from worker.store.errors import PathError, SessionIOError
+from worker.store.files import Directory
 
 PLAN_NAME: Final = "salvage.plan"
 FORMAT: Final = "loopd-salvage-plan 1"
@@ -129,8 +130,10 @@ def _plain_name(name: str) -> str:
     return name
 
 
-def plan_present(directory: str, dir_fd: int) -> bool:
+def plan_present(directory: str, dir_fd: Directory) -> bool:
     """Whether the session directory holds an unfinished salvage's plan."""
+    if not isinstance(dir_fd, int):
+        return PLAN_NAME in dir_fd.names()  # salvage is of files; another backend has none
     try:
         os.stat(PLAN_NAME, dir_fd=dir_fd, follow_symlinks=False)
     except OSError as exc:
@@ -140,7 +143,7 @@ def plan_present(directory: str, dir_fd: int) -> bool:
     return True
 
 
-def refuse_unfinished_salvage(directory: str, dir_fd: int) -> None:
+def refuse_unfinished_salvage(directory: str, dir_fd: Directory) -> None:
     """Refuse a session an interrupted salvage left half cut (UnfinishedSalvage).
 
     Open and verify call this first: such a session may show a gap in its epochs, or

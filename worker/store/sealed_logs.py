@@ -12,13 +12,13 @@ from __future__ import annotations
 import os
 
 from worker.store.epoch_log import DecodedLog, check_epoch, decode_log
-from worker.store.files import open_directory, read_file
+from worker.store.files import Directory, open_directory, read_file
 from worker.store.line_checksums import refuse_sealed, sealed_binding, sealed_intact
 from worker.store.records import SessionStart, decode_line
 from worker.store.session_state import log_path
 
 
-def first_start(dir_fd: int, directory: str, epoch: int) -> SessionStart | None:
+def first_start(dir_fd: Directory, directory: str, epoch: int) -> SessionStart | None:
     """The first record of ``epoch``'s log if it is a SessionStart (read alone), else None.
 
     Whatever else is wrong with that log is refused when it is read itself.

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Final
 
 from worker.store import durable
+from worker.store.backend import SessionStore
 from worker.store.baseline import Baseline
 from worker.store.batch_rules import check_write_size, fence_after, highest_call_after, newest_usage
-from worker.store.carried_state import plan_next_epoch
+from worker.store.carried_state import NextEpoch, plan_next_epoch
 from worker.store.creation import check_slot, make_opened_durable, sync_parents, write_first_epoch
 from worker.store.epoch_commit import switch_to_next_epoch, write_next_epoch
 from worker.store.epoch_log import key_applied_at
@@ -28,8 +29,8 @@ from worker.store.errors import (
     SessionIOError,
     quote,
 )
-from worker.store.fencing import Fence
-from worker.store.key_index import remove_stale
+from worker.store.files import Directory
+from worker.store.key_index import KeyIndex, remove_stale
 from worker.store.layout import ensure_sessions_dir, lock_existing, session_dir
 from worker.store.loader import KeyRef, SessionState, load_session, log_path
 from worker.store.lock import lock_directory, unlock_directory
@@ -41,8 +42,9 @@ from worker.store.records import (
     User,
     encode_lines,
 )
-from worker.store.records_view import RecordsView
+from worker.store.session_view import SessionView
 
+_Home = str | os.PathLike[str] | SessionStore["Session"]
 _EXISTS: Final = frozenset({errno.EEXIST})
 _WRITTEN_BY_THE_STORE: Final = frozenset({SessionStart, EpochEnd})
 _NEW_KEYS_KEPT: Final = 4096
@@ -50,7 +52,7 @@ _NEW_KEYS_KEPT: Final = 4096
 _make_durable = make_opened_durable
 
 
-class Session:
+class Session(SessionView):
     """An open session: holds the directory lock and appends to the newest epoch's log."""
 
     def __init__(self, state: SessionState, lock_fd: int, log_fd: int) -> None:
@@ -76,10 +78,10 @@ class Session:
     # -- construction ---------------------------------------------------------------
 
     @classmethod
-    def create(
-        cls, home: str | os.PathLike[str], session_id: str, baseline: Baseline, slot: int = 0
-    ) -> Session:
-        """Create a new session; SessionExists if its directory exists."""
+    def create(cls, home: _Home, session_id: str, baseline: Baseline, slot: int = 0) -> Session:
+        """Create a new session in ``home`` (or another store); SessionExists if it exists."""
+        if not isinstance(home, str | os.PathLike):
+            return home.create_session(session_id, baseline, slot)
         directory = session_dir(home, session_id)
         check_slot(slot)
         ensure_sessions_dir(os.path.dirname(directory))
@@ -96,8 +98,10 @@ class Session:
         return cls._initialize(directory, session_id, baseline, slot, lock_directory(directory))
 
     @classmethod
-    def open(cls, home: str | os.PathLike[str], session_id: str) -> Session:
+    def open(cls, home: _Home, session_id: str) -> Session:
         """Open an existing session (lock, read, check); SessionNotFound without 0.jsonl."""
+        if not isinstance(home, str | os.PathLike):
+            return home.open_session(session_id)
         directory = session_dir(home, session_id)
         lock_fd = lock_existing(directory)
         try:
@@ -116,7 +120,7 @@ class Session:
 
     @classmethod
     def open_or_create(
-        cls, home: str | os.PathLike[str], session_id: str, baseline: Baseline, slot: int = 0
+        cls, home: _Home, session_id: str, baseline: Baseline, slot: int = 0
     ) -> Session:
         """Open the session, creating it if absent or finishing a create that was cut short.
 
@@ -124,6 +128,8 @@ class Session:
         ``0.jsonl`` was renamed into place; nothing of it was ever acknowledged, so it
         is initialized afresh (stray ``*.tmp`` and baseline files are replaced).
         """
+        if not isinstance(home, str | os.PathLike):
+            return home.open_or_create(session_id, baseline, slot)
         directory = session_dir(home, session_id)
         check_slot(slot)
         if not os.path.isdir(directory):
@@ -159,69 +165,14 @@ class Session:
     # -- attributes -------------------------------------------------------------------
 
     @property
-    def id(self) -> str:
-        """The session id."""
-        return self._state.session_id
-
-    @property
-    def dir(self) -> str:
-        """The session directory ``<home>/sessions/<id>``."""
-        return self._state.directory
-
-    @property
-    def epoch(self) -> int:
-        """The current (newest) epoch number."""
-        return self._state.epoch
-
-    @property
-    def slot(self) -> int:
-        """The slot given at create; carried into every epoch."""
-        return self._state.slot
-
-    @property
-    def baseline(self) -> Baseline:
-        """The current epoch's baseline."""
-        return self._state.baseline
-
-    @property
-    def records(self) -> Sequence[Record]:
-        """The current epoch's records, SessionStart first (read-only)."""
-        return RecordsView(self._state.records)
-
-    @property
-    def carry(self) -> str | None:
-        """The previous epoch's EpochEnd summary; None in epoch 0."""
-        return self._state.carry
-
-    @property
-    def prior_users(self) -> int:
-        """How many User records the older epochs hold."""
-        return self._state.prior_users
-
-    @property
-    def prior_untrusted(self) -> int:
-        """How many untrusted User records the older epochs hold."""
-        return self._state.prior_untrusted
-
-    @property
     def log_path(self) -> str:
         """The path of the current epoch's log."""
         return self._log_path
 
     @property
-    def fence(self) -> Fence:
-        """The ownership the log records: newest token, its node, the sealing Handoff if any."""
-        return self._state.fence
-
-    @property
     def broken(self) -> str | None:
         """Why the session refuses appends after a failed write or fsync, else None."""
         return self._broken
-
-    @property
-    def epoch_closed(self) -> bool:
-        """True when the current epoch ends with EpochEnd (commit_epoch must follow)."""
-        return isinstance(self._state.records[-1], EpochEnd)
 
     def find_key(self, key: str, seen_epoch: int | None = None) -> KeyRef | None:
         """Return where the request ``key`` was applied, in any epoch of the session, or None.
@@ -239,9 +190,7 @@ class Session:
             return ref
 
         def confirm(epoch: int, line: int) -> bool:
-            if self._lock_fd is None:
-                raise SessionBroken(self._log_path, "session is closed")
-            return key_applied_at(self._lock_fd, log_path(state.directory, epoch), line, key)
+            return key_applied_at(self._files(), log_path(state.directory, epoch), line, key)
 
         found = state.key_index.find(key, confirm)
         if found is not None:
@@ -304,20 +253,38 @@ class Session:
             end = EpochEnd(next=state.epoch + 1, summary=summary, carried=plan.digest)
             self._append_durably([end])
         try:
-            start, size, crc, new_fd = write_next_epoch(state, plan, baseline)
+            start, size, crc = self._write_next_epoch(plan, baseline)
         except SessionIOError as exc:
             # What reached the disk is unknown after a failed step; the next open reads it.
             self._broken = f"epoch change to {state.epoch + 1} failed: {exc}"
             raise
-        old_fd, self._log_fd = self._log_fd, new_fd
-        if old_fd is not None:
-            durable.close(old_fd)
         switch_to_next_epoch(state, plan, start, baseline, summary, size, crc)
         self._log_path = log_path(state.directory, state.epoch)
         self._size = size
         self._last_usage = None
+        self._remove_stale(plan.index)
+
+    # -- the durable steps: the file store's, overridden by another backend ------------
+
+    def _files(self) -> Directory:
+        """The session's files to read (the locked directory's fd); SessionBroken if closed."""
+        if self._lock_fd is None:
+            raise SessionBroken(self._log_path, "session is closed")
+        return self._lock_fd
+
+    def _write_next_epoch(
+        self, plan: NextEpoch, baseline: Baseline
+    ) -> tuple[SessionStart, int, int]:
+        """Phase 2: the next epoch's files, durable; its SessionStart, log size and CRC-32."""
+        start, size, crc, new_fd = write_next_epoch(self._state, plan, baseline)
+        old_fd, self._log_fd = self._log_fd, new_fd
+        if old_fd is not None:
+            durable.close(old_fd)
+        return start, size, crc
+
+    def _remove_stale(self, index: KeyIndex) -> None:
         assert self._lock_fd is not None  # open while the log is
-        remove_stale(self._lock_fd, state.directory, plan.index)
+        remove_stale(self._lock_fd, self._state.directory, index)
 
     def _check_writable(self, *, allow_closed: bool = False) -> None:
         if self._log_fd is None:
@@ -334,23 +301,7 @@ class Session:
         data, crc = encode_lines(batch, state.log_crc)  # validates every field first
         check_write_size(self._log_path, data, len(batch), self.max_write)
         highest = highest_call_after(state, batch, self._applied)
-        fd = self._log_fd
-        assert fd is not None  # _check_writable
-        try:
-            durable.write_all(fd, data, self._log_path)
-        except SessionIOError:
-            self._cut_back(fd, "write failed and the file could not be cut back")
-            raise
-        if self.on_written is not None:
-            self.on_written(state.epoch, self._size, state.log_crc, data)
-        try:
-            durable.fdatasync(fd, self._log_path)
-        except SessionIOError as exc:
-            # fsyncgate: after a failed fsync the kernel may have dropped the dirty
-            # pages and cleared the error, so a retry could "succeed" on lost data.
-            self._broken = f"fdatasync failed: {exc}"
-            self._cut_back(fd, self._broken)
-            raise
+        self._write_group(data)
         # Durable: only now does memory learn of the records.
         first_line = len(state.records) + 1
         state.records.extend(batch)
@@ -366,6 +317,26 @@ class Session:
             elif isinstance(record, User) and record.key is not None:
                 state.keys[record.key] = KeyRef(state.epoch, first_line + offset)
                 self._new_keys.discard(record.key)
+
+    def _write_group(self, data: bytes) -> None:
+        """Append one group commit's lines to the log: write, then fdatasync."""
+        fd = self._log_fd
+        assert fd is not None  # _check_writable
+        try:
+            durable.write_all(fd, data, self._log_path)
+        except SessionIOError:
+            self._cut_back(fd, "write failed and the file could not be cut back")
+            raise
+        if self.on_written is not None:
+            self.on_written(self._state.epoch, self._size, self._state.log_crc, data)
+        try:
+            durable.fdatasync(fd, self._log_path)
+        except SessionIOError as exc:
+            # fsyncgate: after a failed fsync the kernel may have dropped the dirty
+            # pages and cleared the error, so a retry could "succeed" on lost data.
+            self._broken = f"fdatasync failed: {exc}"
+            self._cut_back(fd, self._broken)
+            raise
 
     def _cut_back(self, fd: int, why_broken: str) -> None:
         """Truncate the log to its last good length; break the session if that fails."""
