@@ -1,0 +1,189 @@
+"""A session's storage in PostgreSQL: the same named bytes as a directory, fenced by a token.
+
+``loopd_files`` holds what the file store writes whole (baselines, key index segments);
+``loopd_log_chunks`` holds each epoch's log as the group commits appended to it, in
+order of their byte offset, so a log read here is byte for byte the file store's. Every
+write is one transaction that first locks the session's row ``FOR SHARE`` and checks its
+``owner_token`` is this writer's (Temporal's RangeID): a claim by a newer owner updates
+that row, so it waits for a write in flight, and every later write of the deposed owner
+is refused in its own transaction (NotOwnerNow) before anything of it is visible.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Final
+
+from worker.store.errors import InvalidLog, NotOwnerNow, SessionIOError
+from worker.store.postgres.connection import database_error, driver
+
+if TYPE_CHECKING:
+    from worker.store.postgres.connection import Connection
+
+_LOG_NAME: Final = re.compile(r"(0|[1-9][0-9]*)\.jsonl")
+_OWNER: Final = "SELECT owner_token FROM loopd_sessions WHERE session = %s FOR SHARE"
+
+
+class PostgresBackend:
+    """One session's rows, held by the writer whose token is ``token`` (worker.store.backend)."""
+
+    def __init__(self, conn: Connection, directory: str, session_id: str, token: int) -> None:
+        """Wrap an open connection; ``directory`` names the session in messages."""
+        self.conn: Connection | None = conn
+        self.directory = directory
+        self.session_id = session_id
+        self.token = token
+        # Called inside a write's transaction, after its statements and before COMMIT
+        # (the tests cut the connection there; the rig's faults will, issue 30).
+        self.before_commit: Callable[[], None] | None = None
+
+    def _conn(self) -> Connection:
+        if self.conn is None:
+            raise SessionIOError(self.directory, errno.EBADF, "use of a closed store connection")
+        return self.conn
+
+    # -- reading ------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        """The session's file names and ``<n>.jsonl`` for each epoch with a log."""
+        rows = self._fetch(
+            "SELECT name FROM loopd_files WHERE session = %s UNION ALL "
+            "SELECT DISTINCT epoch::text || '.jsonl' FROM loopd_log_chunks WHERE session = %s",
+            (self.session_id, self.session_id),
+        )
+        return [str(row[0]) for row in rows]
+
+    def read(self, name: str, path: str) -> bytes:
+        """The bytes of ``name``: a file's, or an epoch log's chunks joined in order."""
+        if _LOG_NAME.fullmatch(name):
+            rows = self._fetch(
+                "SELECT start, data FROM loopd_log_chunks WHERE session = %s AND epoch = %s "
+                "ORDER BY start",
+                (self.session_id, int(name[: -len(".jsonl")])),
+            )
+            return _joined(path, rows)
+        rows = self._fetch(
+            "SELECT data FROM loopd_files WHERE session = %s AND name = %s",
+            (self.session_id, name),
+        )
+        if not rows:
+            raise SessionIOError(path, errno.ENOENT, "read")
+        return _bytes(rows[0][0])
+
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Read everything inside as of one moment (a REPEATABLE READ transaction)."""
+        conn = self._conn()
+        try:
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                yield
+        except driver().Error as exc:
+            raise database_error(self.directory, exc) from exc
+
+    def _fetch(self, query: str, args: tuple[object, ...]) -> list[tuple[object, ...]]:
+        try:
+            return self._conn().execute(query, args).fetchall()
+        except driver().Error as exc:
+            raise database_error(self.directory, exc) from exc
+
+    # -- writing ------------------------------------------------------------------------
+
+    def append_group(self, epoch: int, offset: int, data: bytes) -> None:
+        """Insert one group commit's bytes at ``offset`` of ``epoch``'s log, fenced, committed."""
+        with self._fenced() as conn:
+            conn.execute(
+                "INSERT INTO loopd_log_chunks (session, epoch, start, data) "
+                "VALUES (%s, %s, %s, %s)",
+                (self.session_id, epoch, offset, data),
+            )
+
+    def start_epoch(self, epoch: int, files: dict[str, bytes], first_line: bytes) -> None:
+        """Write ``files`` and epoch ``epoch``'s first line in one fenced transaction."""
+        with self._fenced() as conn:
+            for name, data in files.items():
+                conn.execute(
+                    "INSERT INTO loopd_files (session, name, data) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (session, name) DO UPDATE SET data = EXCLUDED.data",
+                    (self.session_id, name, data),
+                )
+            conn.execute(
+                "INSERT INTO loopd_log_chunks (session, epoch, start, data) VALUES (%s, %s, 0, %s)",
+                (self.session_id, epoch, first_line),
+            )
+
+    def remove(self, names: list[str]) -> None:
+        """Delete the files ``names`` (stale key index segments), fenced."""
+        if names:
+            with self._fenced() as conn:
+                conn.execute(
+                    "DELETE FROM loopd_files WHERE session = %s AND name = ANY(%s)",
+                    (self.session_id, names),
+                )
+
+    def check_fence(self) -> None:
+        """NotOwnerNow unless the session's owner token is still this writer's."""
+        with self._fenced():
+            pass
+
+    @contextmanager
+    def _fenced(self) -> Iterator[Connection]:
+        """One transaction that holds the session's row shared and checks the owner's token.
+
+        It is committed when the block ends; nothing of it is visible if the token is
+        not this writer's, if a statement fails, or if the connection is lost before
+        COMMIT. A COMMIT whose reply was lost has an unknown outcome: the error says so,
+        and the caller breaks the session (the next open reads what is there).
+        """
+        conn = self._conn()
+        psycopg = driver()
+        try:
+            with conn.transaction():
+                row = conn.execute(_OWNER, (self.session_id,)).fetchone()
+                owner = None if row is None else int(str(row[0]))
+                if owner != self.token:
+                    raise NotOwnerNow(
+                        self.directory,
+                        f"the database holds owner token {owner}, this writer's is {self.token}",
+                    )
+                yield conn
+                if self.before_commit is not None:
+                    self.before_commit()
+        except psycopg.Error as exc:
+            raise database_error(self.directory, exc) from exc
+
+    def close(self) -> None:
+        """Close the connection; idempotent."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()
+
+
+def _joined(path: str, rows: list[tuple[object, ...]]) -> bytes:
+    """A log's bytes from its chunks; InvalidLog where a chunk does not start at the end."""
+    if not rows:
+        raise SessionIOError(path, errno.ENOENT, "read")
+    parts: list[bytes] = []
+    size = 0
+    for start, data in rows:
+        if start != size:
+            joined = b"".join(parts)
+            raise InvalidLog(
+                path,
+                joined.count(b"\n") + 1,
+                f"a stored chunk starts at byte {start}, the log so far ends at byte {size}",
+            )
+        chunk = _bytes(data)
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)
+
+
+def _bytes(value: object) -> bytes:
+    """A bytea column's value (psycopg returns bytes; memoryview with other loaders)."""
+    if isinstance(value, bytes | memoryview | bytearray):
+        return bytes(value)
+    raise TypeError(f"a bytea column held {type(value).__name__}")

@@ -1,0 +1,62 @@
+"""One connection to the store's database: the driver imported only here, and only when used.
+
+``from worker import Session`` never imports psycopg: a file store needs nothing beyond
+the default install (docs/dependencies.md); a ``postgresql://`` store imports it at its
+first connection, and says in one line how to install it when it is missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Final
+
+from worker.store.postgres.errors import DatabaseUnavailable, PostgresNotInstalled
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import psycopg
+
+    Connection = psycopg.Connection[tuple[object, ...]]
+
+_INSTALL: Final = "the postgres extra is not installed: pip install 'loopd[postgres]'"
+
+
+def driver() -> ModuleType:
+    """The psycopg module, imported now; PostgresNotInstalled if it is missing."""
+    try:
+        return importlib.import_module("psycopg")
+    except ImportError as exc:
+        raise PostgresNotInstalled("postgresql", _INSTALL) from exc
+
+
+def place_of(uri: str) -> str:
+    """The store's name in messages: the URI without its password or options."""
+    conninfo = importlib.import_module("psycopg.conninfo")
+    try:
+        parts = conninfo.conninfo_to_dict(uri)
+    except driver().ProgrammingError as exc:
+        raise DatabaseUnavailable("postgresql", f"not a libpq connection string: {exc}") from exc
+    user = f"{parts['user']}@" if parts.get("user") else ""
+    host = str(parts.get("host") or "localhost")
+    port = f":{parts['port']}" if parts.get("port") else ""
+    return f"postgresql://{user}{host}{port}/{parts.get('dbname') or ''}"
+
+
+def connect(uri: str, place: str) -> Connection:
+    """A new autocommit connection to ``uri``; DatabaseUnavailable if it cannot be made."""
+    psycopg = driver()
+    try:
+        conn: Connection = psycopg.connect(uri, autocommit=True)
+    except psycopg.Error as exc:
+        raise DatabaseUnavailable(place, _one_line(exc)) from exc
+    return conn
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def database_error(place: str, exc: BaseException) -> DatabaseUnavailable:
+    """The store's error for a driver error ``exc`` (raise it ``from exc``)."""
+    return DatabaseUnavailable(place, _one_line(exc))

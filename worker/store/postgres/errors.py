@@ -1,0 +1,28 @@
+"""The PostgreSQL store's errors, in the store's family (``worker.store.errors``)."""
+
+from __future__ import annotations
+
+from worker.store.errors import PathError
+
+
+class SchemaTooNew(PathError):
+    """The database's loopd tables are of a newer version than this code knows."""
+
+    def __init__(self, path: str, version: int, known: int) -> None:
+        super().__init__(path, f"schema version {version} is newer than this loopd's ({known})")
+        self.version = version
+        self.known = known
+
+    def __reduce__(self) -> tuple[type[SchemaTooNew], tuple[str, int, int]]:
+        return (type(self), (self.path, self.version, self.known))
+
+
+class DatabaseUnavailable(PathError):
+    """A statement of the store failed in the database or on the way (the outcome unknown)."""
+
+    def __str__(self) -> str:
+        return f"{self.path}: database error: {self.why}"
+
+
+class PostgresNotInstalled(PathError):
+    """A postgresql:// store was named but the driver is missing."""

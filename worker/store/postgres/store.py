@@ -1,0 +1,159 @@
+"""A store of sessions in one PostgreSQL database: ``Session.create(PostgresStore(uri), ...)``.
+
+Each opened session has its own connection (a worker holds one session). Open claims
+the session: it raises the owner token in the database, so every write of an earlier
+owner is refused from then on (``worker.store.postgres.backend``). Ownership between
+nodes is etcd's (docs/scaling.md); a token given to ``open_session`` is that owner's.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from worker.store.baseline import Baseline
+from worker.store.creation import check_slot
+from worker.store.errors import NotOwnerNow, SessionExists, SessionNotFound
+from worker.store.layout import SESSIONS_DIR
+from worker.store.loader import baseline_path, load_session
+from worker.store.postgres.backend import PostgresBackend
+from worker.store.postgres.connection import connect, database_error, driver, place_of
+from worker.store.postgres.schema import ensure_schema
+from worker.store.postgres.session import PostgresSession
+from worker.store.records import SessionStart, encode_lines
+from worker.store.session_id import validate_session_id
+from worker.store.session_state import SessionState
+
+if TYPE_CHECKING:
+    from worker.store.postgres.connection import Connection
+
+
+class PostgresStore:
+    """The sessions of one database, named by a libpq URI (``postgresql://...``)."""
+
+    def __init__(self, uri: str) -> None:
+        """Name the database; nothing is connected until a session is made or opened."""
+        self.uri = uri
+        self.place = place_of(uri)
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self.place!r})"
+
+    def session_dir(self, session_id: str) -> str:
+        """How a session is named in messages: ``<place>/sessions/<id>``."""
+        validate_session_id(session_id)
+        return os.path.join(self.place, SESSIONS_DIR, session_id)
+
+    def ensure_schema(self) -> int:
+        """Create or migrate loopd's tables; return their version (SchemaTooNew if newer)."""
+        conn = connect(self.uri, self.place)
+        try:
+            return ensure_schema(conn, self.place)
+        finally:
+            conn.close()
+
+    def _connect(self) -> Connection:
+        conn = connect(self.uri, self.place)
+        try:
+            ensure_schema(conn, self.place)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def create_session(self, session_id: str, baseline: Baseline, slot: int = 0) -> PostgresSession:
+        """Create the session and its epoch 0 in one transaction; SessionExists if it exists."""
+        directory = self.session_dir(session_id)
+        check_slot(slot)
+        start = SessionStart(session=session_id, epoch=0, slot=slot, baseline=baseline.hash())
+        line, crc = encode_lines((start,), 0)
+        conn = self._connect()
+        try:
+            with conn.transaction():
+                made = conn.execute(
+                    "INSERT INTO loopd_sessions (session, owner_token) VALUES (%s, 1) "
+                    "ON CONFLICT DO NOTHING RETURNING owner_token",
+                    (session_id,),
+                ).fetchone()
+                if made is None:
+                    raise SessionExists(directory)
+                conn.execute(
+                    "INSERT INTO loopd_files (session, name, data) VALUES (%s, %s, %s)",
+                    (session_id, baseline_path("", 0), baseline.to_json()),
+                )
+                conn.execute(
+                    "INSERT INTO loopd_log_chunks (session, epoch, start, data) "
+                    "VALUES (%s, 0, 0, %s)",
+                    (session_id, line),
+                )
+        except driver().Error as exc:
+            conn.close()
+            raise database_error(directory, exc) from exc
+        except BaseException:
+            conn.close()
+            raise
+        state = SessionState(
+            session_id=session_id,
+            directory=directory,
+            epoch=0,
+            slot=slot,
+            baseline=baseline,
+            records=[start],
+            log_size=len(line),
+            carry=None,
+            log_crc=crc,
+        )
+        return PostgresSession(state, PostgresBackend(conn, directory, session_id, 1))
+
+    def open_session(self, session_id: str, *, token: int | None = None) -> PostgresSession:
+        """Claim the session and read it; SessionNotFound if absent.
+
+        Without ``token`` the claim takes the next token; with one (an etcd owner's) the
+        database's must not be newer (NotOwnerNow), and becomes it.
+        """
+        directory = self.session_dir(session_id)
+        conn = self._connect()
+        try:
+            claimed = _claim(conn, directory, session_id, token)
+            backend = PostgresBackend(conn, directory, session_id, claimed)
+            with backend.snapshot():
+                state = load_session(directory, session_id, dir_fd=backend)
+        except driver().Error as exc:
+            conn.close()
+            raise database_error(directory, exc) from exc
+        except BaseException:
+            conn.close()
+            raise
+        return PostgresSession(state, backend)
+
+    def open_or_create(self, session_id: str, baseline: Baseline, slot: int = 0) -> PostgresSession:
+        """Open the session, creating it if absent (a create is one transaction: none half made)."""
+        try:
+            return self.open_session(session_id)
+        except SessionNotFound:
+            pass
+        try:
+            return self.create_session(session_id, baseline, slot)
+        except SessionExists:
+            return self.open_session(session_id)  # a concurrent creator won
+
+
+def _claim(conn: Connection, directory: str, session_id: str, token: int | None) -> int:
+    """Raise the session's owner token (to ``token``, or by one); return the new token."""
+    with conn.transaction():
+        row = conn.execute(
+            "SELECT owner_token FROM loopd_sessions WHERE session = %s FOR UPDATE",
+            (session_id,),
+        ).fetchone()
+        if row is None:
+            raise SessionNotFound(directory)
+        held = int(str(row[0]))
+        if token is not None and token < held:
+            why = f"the database holds owner token {held}, newer than {token}"
+            raise NotOwnerNow(directory, why)
+        claimed = held + 1 if token is None else token
+        conn.execute(
+            "UPDATE loopd_sessions SET owner_token = %s WHERE session = %s",
+            (claimed, session_id),
+        )
+    return claimed
