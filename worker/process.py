@@ -5,9 +5,12 @@ Exit codes are part of the contract (docs/operations.md):
 ``path:line: why`` printed on stderr first); 5 session not found; 6 cannot open: the
 store failed while opening or resuming (a directory where a file must be, EACCES,
 ENOSPC while finishing an interrupted epoch change), which a restart will not fix;
-anything else is a crash (1 for an unexpected exception, 2 for bad arguments, -N for a
-signal). The reason goes to stderr and, in an ``exiting`` report, to the supervisor,
-both cut at MAX_REPORT characters so the report always fits a frame.
+7 not the owner: a session in PostgreSQL whose write the database refused (another
+owner claimed it); 8 the database was unreachable or a write's outcome is unknown (a
+restart reopens what it holds); anything else is a crash (1 for an unexpected
+exception, 2 for bad arguments, -N for a signal). The reason goes to stderr and, in an
+``exiting`` report, to the supervisor, both cut at MAX_REPORT characters so the report
+always fits a frame.
 """
 
 from __future__ import annotations
@@ -29,8 +32,11 @@ from worker.replica_fence import ReplicatedFence, replicated_fence
 from worker.replica_fence import add_arguments as add_replication_arguments
 from worker.replies import describe
 from worker.server import Server
+from worker.store.backend import SessionStore
 from worker.store.errors import (
     LOG_REFUSED,
+    NotOwnerNow,
+    SessionBroken,
     SessionError,
     SessionIOError,
     SessionLocked,
@@ -39,6 +45,7 @@ from worker.store.errors import (
 from worker.store.fencing import write_owner
 from worker.store.fork_guard import guard_selector, guard_socket
 from worker.store.layout import session_dir
+from worker.store.postgres import DatabaseUnavailable, PostgresStore
 from worker.store.records import EpochEnd
 from worker.store.refusal import refusal_kind
 from worker.store.session import Session
@@ -51,6 +58,11 @@ EXIT_LOCKED: Final = 3
 EXIT_REFUSED: Final = 4
 EXIT_NOT_FOUND: Final = 5
 EXIT_CANNOT_OPEN: Final = 6
+EXIT_NOT_OWNER: Final = 7
+EXIT_DATABASE: Final = 8
+STORE_ENV: Final = "LOOPD_STORE"
+"""The environment variable naming the worker's store (a libpq URI; absent: its home).
+Not an argument: a URI may hold a password, and a process's arguments are world-readable."""
 MAX_REPORT: Final = 2000
 """Characters of an error text sent in the exit report or printed (a frame is 1 MiB)."""
 
@@ -88,8 +100,8 @@ def _opened(args: argparse.Namespace, app: App) -> Session:
         return open_session(args, app)
     except LOG_REFUSED:
         raise  # each of these has its own exit code
-    except (SessionLocked, SessionNotFound):
-        raise
+    except (SessionLocked, SessionNotFound, DatabaseUnavailable):
+        raise  # the database's: a restart with backoff (EXIT_DATABASE)
     except SessionIOError as exc:
         if exc.errno in _TRANSIENT_OPEN:
             raise
@@ -175,14 +187,23 @@ def _poisoned(values: list[str]) -> dict[bytes, int]:
     return poisoned
 
 
+def _store(args: argparse.Namespace) -> str | SessionStore[Session]:
+    """The home, or the database named by STORE_ENV (connected here, after the fork)."""
+    uri = getattr(args, "store", None)
+    if uri is None:
+        return str(args.home)
+    return PostgresStore(uri)  # no connection yet: it is made by the open, in this process
+
+
 def open_session(args: argparse.Namespace, app: App) -> Session:
     """Lock and open (or create) the session, completing an interrupted epoch change."""
+    store = _store(args)
     if args.create:
         session = Session.open_or_create(
-            args.home, args.session, app.initial_baseline(args.session), args.slot
+            store, args.session, app.initial_baseline(args.session), args.slot
         )
     else:
-        session = Session.open(args.home, args.session)
+        session = Session.open(store, args.session)
     closing = session.records[-1]
     if isinstance(closing, EpochEnd):
         # The log ends with EpochEnd: an epoch change was cut short. Finish it before
@@ -198,6 +219,8 @@ def open_session(args: argparse.Namespace, app: App) -> Session:
 def main(argv: list[str] | None = None) -> int:
     """Run one worker; turn every outcome into the documented exit code."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    # Read once and taken out: an App's children never inherit the URI (and its password).
+    args.store = os.environ.pop(STORE_ENV, None) or None
     signal.signal(signal.SIGTERM, _on_sigterm)
     # Whatever the start method left (a forked child inherits the supervisor's
     # dispositions): a client that closes before its reply is an EPIPE on its own
@@ -253,18 +276,41 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot open: {bounded(str(exc))}", file=sys.stderr, flush=True)
         _report(channel, "cannot_open", str(exc))
         return EXIT_CANNOT_OPEN
+    except DatabaseUnavailable as exc:
+        return _database_exit(channel, exc)
+    except SessionBroken as exc:
+        cause = getattr(session, "broken_by", None)  # a session in PostgreSQL says what broke it
+        if isinstance(cause, NotOwnerNow):
+            print(bounded(str(exc)), file=sys.stderr, flush=True)
+            _report(channel, "not_owner", str(cause))
+            return EXIT_NOT_OWNER
+        if isinstance(cause, DatabaseUnavailable):
+            return _database_exit(channel, cause)
+        return _crash(channel, exc)
     except BaseException as exc:  # noqa: BLE001 - main() turns anything into an exit code
-        # Each part of the traceback is cut, not the whole: the frames stay readable
-        # when the exception's text quotes a huge value.
-        parts = traceback.format_exception(exc)
-        print("".join(bounded(part) for part in parts), end="", file=sys.stderr, flush=True)
-        _report(channel, "crash", f"{type(exc).__name__}: {exc}")
-        return EXIT_CRASH
+        return _crash(channel, exc)
     else:
         return EXIT_CLEAN
     finally:
         if session is not None:
             session.close()
+
+
+def _crash(channel: Channel, exc: BaseException) -> int:
+    """Print the traceback and report the crash; EXIT_CRASH."""
+    # Each part of the traceback is cut, not the whole: the frames stay readable when
+    # the exception's text quotes a huge value.
+    parts = traceback.format_exception(exc)
+    print("".join(bounded(part) for part in parts), end="", file=sys.stderr, flush=True)
+    _report(channel, "crash", f"{type(exc).__name__}: {exc}")
+    return EXIT_CRASH
+
+
+def _database_exit(channel: Channel, exc: DatabaseUnavailable) -> int:
+    """The database failed (unreachable, or a COMMIT's outcome unknown): one line; EXIT_DATABASE."""
+    print(bounded(str(exc)), file=sys.stderr, flush=True)
+    _report(channel, "database", str(exc))
+    return EXIT_DATABASE
 
 
 def _cluster_fence(args: argparse.Namespace, session: Session) -> LeaseFence | None:

@@ -158,6 +158,19 @@ MAX_LEASE_TTL: Final = 3600
     "replicated session's copies go to nodes in different zones while there are enough.",
 )
 @click.option(
+    "--store",
+    envvar="LOOPD_STORE",
+    default=None,
+    help="a libpq URI (postgresql://...): the sessions live in this database, not in HOME "
+    "(pip install 'loopd[postgres]'; docs/scaling.md, section 0).",
+)
+@click.option(
+    "--require-sync-replication",
+    is_flag=True,
+    help="with --store: refuse to start unless the server replicates synchronously "
+    "(synchronous_commit and synchronous_standby_names).",
+)
+@click.option(
     "--print-config",
     is_flag=True,
     help=f"print the settings (<home>/{CONFIG_NAME} under these flags) as TOML, and exit.",
@@ -200,6 +213,8 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
         lease_ttl=cast("int | None", get("lease_ttl")), apps=apps,
         replicas=cast("int | None", get("replicas")), zone=cast("str | None", get("zone")),
         listen=cast("str | None", get("listen")), tls=tls.tls_files(*map(get, tls.TLS_PARAMS)),
+        store=cast("str | None", get("store")),
+        require_sync_replication=cast(bool, get("require_sync_replication")),
     )  # fmt: skip
     try:
         code = Supervisor(config).run()

@@ -40,6 +40,8 @@ class ServeConfig:
     listen: str | None = None  # tls://HOST:PORT: the node's TLS port, registered in etcd
     zone: str | None = None  # the node's zone, registered: followers go to other zones
     tls: TlsFiles | None = None
+    store: str | None = None  # libpq URI: the sessions live in this database (docs/scaling.md)
+    require_sync_replication: bool = False  # with store: refuse a server without it
     hosting: HostingSettings = field(default_factory=HostingSettings)
     apps: dict[str, AppConfig] = field(default_factory=dict)
     """The named Apps of loopd.toml's ``[apps]`` (``loopd create ID --app NAME``)."""

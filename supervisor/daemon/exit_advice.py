@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from worker.process import EXIT_CANNOT_OPEN, EXIT_LOCKED, EXIT_NOT_FOUND, EXIT_REFUSED
+from worker.process import (
+    EXIT_CANNOT_OPEN,
+    EXIT_LOCKED,
+    EXIT_NOT_FOUND,
+    EXIT_NOT_OWNER,
+    EXIT_REFUSED,
+)
 
 
 def refused_next(kind: str | None, home: str, session: str) -> str:
@@ -77,4 +83,12 @@ def fatal_reason(
         return why
     if code == EXIT_NOT_FOUND:
         return said or "no such session"
+    if code == EXIT_NOT_OWNER:
+        # A restart would claim the session back from the process that holds it now, and
+        # the two would depose each other in turn: never restarted.
+        return (
+            f"{said or 'the database refused a write: another owner holds the session'} -- "
+            f"another process (a second serve on the same database?) claimed the session, so "
+            f"it is not restarted here. Next: stop the other, then `loopd start {session}`"
+        )
     return None

@@ -25,8 +25,9 @@ from supervisor.cluster.serving import ServingNode, WorkerCluster
 from supervisor.daemon.cluster_node import DaemonNode
 from supervisor.daemon.config import ServeConfig
 from supervisor.daemon.connection import connect
+from supervisor.daemon.database import hosted_sessions
 from supervisor.daemon.endpoints import Client, Waiter
-from supervisor.daemon.home import claim_home, existing_sessions
+from supervisor.daemon.home import claim_home
 from supervisor.daemon.hosted import HostedSession
 from supervisor.daemon.links import ClientConnection, WorkerLink, WorkerWatch
 from supervisor.daemon.listener import Listener
@@ -151,7 +152,7 @@ class Supervisor:
             # (it is handled once the loop runs, after everything below is set up).
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self.loop.add_signal_handler(sig, self._on_signal)
-            sessions = existing_sessions(self.home)
+            sessions = hosted_sessions(self.config, self.home, self.report)
             if self.config.cluster is not None:
                 sessions = self._join_cluster(self.config.cluster)
             elif self.config.listen is not None:

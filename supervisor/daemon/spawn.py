@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Final
 import psutil
 
 from worker.heartbeat import HeartbeatCell
+from worker.process import STORE_ENV
 from worker.store.errors import SessionError
 from worker.warm_up import warm_up
 
@@ -68,6 +69,13 @@ class WorkerSpec:
     poisoned: tuple[tuple[bytes, int], ...] = ()
     """Key digests of requests that were in flight at too many deaths (refused)."""
     cluster: WorkerCluster | None = None  # cluster mode: token and lease (docs/scaling.md)
+    store: str | None = None
+    """The libpq URI of the database holding the session (None: its home). It reaches the
+    worker in its environment (STORE_ENV), never its arguments; the worker connects."""
+
+    def environment(self) -> dict[str, str]:
+        """What the worker's environment gets beyond the supervisor's: the App's, the store."""
+        return {**self.extra_env, **({STORE_ENV: self.store} if self.store else {})}
 
     def argv(self, channel_fd: int, heartbeat_fd: int | None = None) -> list[str]:
         argv = [
@@ -273,7 +281,8 @@ def _fork_worker(spec: WorkerSpec, channel_fd: int, beat_fd: int, output_fd: int
             os.dup2(output_fd, 1)  # dup2 clears close-on-exec on the copies
             os.dup2(output_fd, 2)
         _close_all_but(channel_fd, beat_fd)
-        os.environ.update(spec.extra_env)
+        os.environ.pop(STORE_ENV, None)  # the spec's store or none, never one inherited
+        os.environ.update(spec.environment())
         if spec.cwd is not None:
             os.chdir(spec.cwd)
         # A fork does not read PYTHONPATH again: the App's entries go first by hand.
@@ -296,7 +305,8 @@ def _fork_worker(spec: WorkerSpec, channel_fd: int, beat_fd: int, output_fd: int
 
 def _exec_env(spec: WorkerSpec) -> dict[str, str]:
     """A fresh interpreter's environment: the supervisor's, the App's, its import path."""
-    env = {**os.environ, **spec.extra_env}
+    env = {k: v for k, v in os.environ.items() if k != STORE_ENV}
+    env.update(spec.environment())
     if spec.path:
         inherited = env.get("PYTHONPATH")
         env["PYTHONPATH"] = os.pathsep.join([*spec.path, *([inherited] if inherited else [])])

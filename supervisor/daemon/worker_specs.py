@@ -65,5 +65,5 @@ def worker_spec(
         path=app_import_dirs(named),
         start_method=config.start_method, heartbeat=hang_timeout / 4,
         request_deadline=request_deadline, capture_output=True, hang_timeout=hang_timeout,
-        max_batch=config.max_batch, cluster=cluster,
+        max_batch=config.max_batch, cluster=cluster, store=config.store,
     )  # fmt: skip

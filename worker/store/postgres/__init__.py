@@ -6,6 +6,7 @@ connection (``pip install 'loopd[postgres]'``).
 
 from __future__ import annotations
 
+from worker.store.postgres.durability import Durability
 from worker.store.postgres.errors import DatabaseUnavailable, PostgresNotInstalled, SchemaTooNew
 from worker.store.postgres.schema import SCHEMA_VERSION
 from worker.store.postgres.session import PostgresSession
@@ -14,6 +15,7 @@ from worker.store.postgres.store import PostgresStore
 __all__ = [
     "SCHEMA_VERSION",
     "DatabaseUnavailable",
+    "Durability",
     "PostgresNotInstalled",
     "PostgresSession",
     "PostgresStore",

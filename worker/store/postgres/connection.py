@@ -32,6 +32,7 @@ def driver() -> ModuleType:
 
 def place_of(uri: str) -> str:
     """The store's name in messages: the URI without its password or options."""
+    driver()  # PostgresNotInstalled in one line, before its submodule is looked for
     conninfo = importlib.import_module("psycopg.conninfo")
     try:
         parts = conninfo.conninfo_to_dict(uri)

@@ -33,6 +33,8 @@ class PostgresSession(Session):
         """Wrap a loaded session and the backend that holds it; use ``PostgresStore``."""
         super().__init__(state, _NO_FD, _NO_FD)
         self._backend: PostgresBackend | None = backend
+        # What broke the session, for the worker's exit code (refused, or outcome unknown).
+        self.broken_by: SessionError | None = None
 
     @property
     def backend(self) -> PostgresBackend:
@@ -53,7 +55,7 @@ class PostgresSession(Session):
         try:
             self.backend.append_group(self._state.epoch, self._size, data)
         except SessionError as exc:
-            self._broken = _why_broken(exc)
+            self._broken, self.broken_by = _why_broken(exc), exc
             raise
 
     def _write_next_epoch(
@@ -65,8 +67,8 @@ class PostgresSession(Session):
         files[baseline_path("", state.epoch + 1)] = baseline.to_json()
         try:
             self.backend.start_epoch(state.epoch + 1, files, line)
-        except NotOwnerNow as exc:
-            self._broken = _why_broken(exc)
+        except SessionError as exc:
+            self._broken, self.broken_by = _why_broken(exc), exc
             raise
         return start, len(line), crc
 

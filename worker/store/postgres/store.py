@@ -18,6 +18,7 @@ from worker.store.layout import SESSIONS_DIR
 from worker.store.loader import baseline_path, load_session
 from worker.store.postgres.backend import PostgresBackend
 from worker.store.postgres.connection import connect, database_error, driver, place_of
+from worker.store.postgres.durability import Durability, read_durability
 from worker.store.postgres.schema import ensure_schema
 from worker.store.postgres.session import PostgresSession
 from worker.store.records import SessionStart, encode_lines
@@ -49,6 +50,29 @@ class PostgresStore:
         conn = connect(self.uri, self.place)
         try:
             return ensure_schema(conn, self.place)
+        except driver().Error as exc:
+            raise database_error(self.place, exc) from exc
+        finally:
+            conn.close()
+
+    def session_ids(self) -> list[str]:
+        """The ids of the database's sessions, sorted (creating the tables if absent)."""
+        conn = self._connect()
+        try:
+            rows = conn.execute("SELECT session FROM loopd_sessions ORDER BY session").fetchall()
+        except driver().Error as exc:
+            raise database_error(self.place, exc) from exc
+        finally:
+            conn.close()
+        return [str(row[0]) for row in rows]
+
+    def durability(self) -> Durability:
+        """The server's synchronous replication settings, as this store's connections see them."""
+        conn = connect(self.uri, self.place)
+        try:
+            return read_durability(conn)
+        except driver().Error as exc:
+            raise database_error(self.place, exc) from exc
         finally:
             conn.close()
 
@@ -56,6 +80,9 @@ class PostgresStore:
         conn = connect(self.uri, self.place)
         try:
             ensure_schema(conn, self.place)
+        except driver().Error as exc:
+            conn.close()
+            raise database_error(self.place, exc) from exc
         except BaseException:
             conn.close()
             raise

@@ -1,0 +1,50 @@
+"""``serve --store postgresql://...``: the database checked at start, and its sessions listed.
+
+With a store the sessions live in the database; the home keeps the control socket, the
+logs, the intent and hosting files. At start serve creates or migrates the schema (a
+newer one is refused), reads what a COMMIT promises (``synchronous_commit``,
+``synchronous_standby_names``) and says it in one line, refuses a server without
+synchronous replication under ``--require-sync-replication``, and lists the sessions.
+Each of those is one short connection, closed before the first worker is forked: a
+worker connects on its own, after its fork. psycopg is imported here only with a store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from supervisor.daemon.config import ServeConfig
+from supervisor.daemon.home import existing_sessions
+from supervisor.errors import ServeError
+from worker.store.errors import PathError
+
+
+def hosted_sessions(config: ServeConfig, home: str, report: Callable[[str], None]) -> list[str]:
+    """The ids of the sessions serve hosts: the home's, or its database's (checked first)."""
+    if not config.store:
+        if config.require_sync_replication:
+            raise ServeError("--require-sync-replication needs --store postgresql://...")
+        return existing_sessions(home)
+    if config.cluster is not None:
+        raise ServeError(
+            "--store with --cluster is not supported yet: a node of a cluster keeps its "
+            "sessions in its home (docs/scaling.md, section 0)"
+        )
+    from worker.store.postgres import PostgresStore  # noqa: PLC0415 - psycopg only with a store
+
+    try:
+        store = PostgresStore(config.store)
+        version = store.ensure_schema()
+        durability = store.durability()
+        sessions = store.session_ids()
+    except PathError as exc:  # unreachable, not a URI, no driver, a newer schema
+        raise ServeError(f"--store: {exc}") from exc
+    report(f"sessions in {store.place} (schema version {version}): {durability.promise()}")
+    if config.require_sync_replication and not durability.synchronous:
+        raise ServeError(
+            f"{store.place}: --require-sync-replication: the server does not replicate "
+            f"synchronously (synchronous_commit={durability.synchronous_commit}, "
+            f"synchronous_standby_names={durability.synchronous_standby_names!r}); "
+            "set both on the primary (docs/scaling.md), or start without the flag"
+        )
+    return sessions
