@@ -49,6 +49,17 @@ def _keys(uri: str, session_id: str) -> list[str | None]:
     return [record["key"] for record in records if record["type"] == "User"]
 
 
+def _connections(uri: str) -> int:
+    """Connections to the database other than this one (pg_stat_activity)."""
+    with psycopg.connect(uri) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def _restarted(home: Path, session_id: str, old_pid: object) -> dict[str, object]:
     def check() -> dict[str, object] | None:
         row = status(home, session_id)
@@ -68,6 +79,7 @@ def test_serve_with_a_store_creates_serves_tails_and_compacts_sessions_in_the_da
         assert reply["text"] == "echo: hello"
         assert not (home / "sessions" / "s1").exists()  # the database holds it
         assert PostgresStore(uri).session_ids() == ["s1"]
+        assert _connections(uri) == 1  # the worker's; serve's own were closed at start
         tail = loopd("tail", "--home", str(home), "s1", "-n", "2")
         assert tail.returncode == 0, tail.stderr
         assert '"text":"echo: hello"' in tail.stdout
@@ -182,3 +194,15 @@ def test_an_unreachable_database_is_refused_at_start_in_one_line(tmp_path: Path)
     assert done.stderr.count("\n") == 1
     assert done.stderr.startswith("loopd serve: --store: postgresql://postgres@127.0.0.1:")
     assert "database error" in done.stderr
+
+
+def test_a_schema_newer_than_this_loopd_is_refused_at_start_in_one_line(
+    tmp_path: Path, uri: str
+) -> None:
+    PostgresStore(uri).ensure_schema()
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute("UPDATE loopd_schema SET version = 99")
+    done = loopd("serve", "--home", str(tmp_path / "h"), "--store", uri)
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1
+    assert done.stderr.endswith("schema version 99 is newer than this loopd's (1)\n")
