@@ -1,4 +1,8 @@
-"""Shared fixtures and helpers: a baseline, a home, a torn session, a no-orphans guard."""
+"""Shared fixtures and helpers: a baseline, a home, a torn session, a no-orphans guard.
+
+The run's end kills whatever the run left running, however it escaped the guard
+(``tests.leftover_reaper``, whose hooks are this conftest's).
+"""
 
 from __future__ import annotations
 
@@ -11,10 +15,11 @@ import pytest
 
 from chaos.oracle import file_digests
 from tests.etcd_server import EtcdServer
+from tests.leftover_reaper import pytest_configure, pytest_unconfigure
 from worker import Baseline, Session
 from worker.app import DefaultApp
 
-__all__ = ["file_digests"]
+__all__ = ["file_digests", "pytest_configure", "pytest_unconfigure"]
 
 HUGE_LINE = b'{"type":' + json.dumps("x" * (2 << 20)).encode() + b"}\n"
 """A log line refused as an unknown record type whose name, quoted in the error, is 2 MiB."""
