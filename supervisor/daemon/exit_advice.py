@@ -2,13 +2,40 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 from worker.process import (
     EXIT_CANNOT_OPEN,
+    EXIT_CRASH,
+    EXIT_DATABASE,
     EXIT_LOCKED,
     EXIT_NOT_FOUND,
     EXIT_NOT_OWNER,
     EXIT_REFUSED,
 )
+
+# What a worker says on its channel ("exiting") before each exit code of loopd's own.
+_SAID_FOR: Final = {
+    EXIT_LOCKED: "locked",
+    EXIT_REFUSED: "refused",
+    EXIT_NOT_FOUND: "not_found",
+    EXIT_CANNOT_OPEN: "cannot_open",
+    EXIT_NOT_OWNER: "not_owner",
+    EXIT_DATABASE: "database",
+}
+
+
+def honoured_exit(code: int, reported: object) -> int:
+    """The exit code to act on: one of loopd's own only if the worker said so first.
+
+    An App may end its worker with any code (``os._exit(4)``); taken at its word, a 4
+    would call a healthy log refused and stop restarting the session. Unannounced, such a
+    code is a crash (restarted, with the real code in ``last_error``).
+    """
+    expected = _SAID_FOR.get(code)
+    if expected is not None and reported != expected:
+        return EXIT_CRASH
+    return code
 
 
 def refused_next(kind: str | None, home: str, session: str) -> str:

@@ -12,9 +12,9 @@ from typing import Final, Protocol
 import psutil
 
 from supervisor.daemon.endpoints import Waiter, WorkerChannel
-from supervisor.daemon.exit_advice import fatal_reason
-from supervisor.daemon.handover import hand_over
+from supervisor.daemon.exit_advice import fatal_reason, honoured_exit
 from supervisor.daemon.hang import HangWatch
+from supervisor.daemon.hosted_requests import SessionRequests
 from supervisor.daemon.hosted_status import followers_seen, int_or_none, session_status
 from supervisor.daemon.lock_wait import outgoing_worker
 from supervisor.daemon.poison import DEFAULT_POISON_AFTER, PoisonLedger
@@ -22,10 +22,9 @@ from supervisor.daemon.relay import Relay
 from supervisor.daemon.spawn import WorkerProcess, WorkerSpec, describe_exit
 from supervisor.states import RestartPolicy, State, StateMachine
 from worker.process import EXIT_CLEAN, EXIT_LOCKED, EXIT_REFUSED, bounded
-from worker.wire import Message, error
+from worker.wire import Message
 
 STOP_DEADLINE: Final = 5.0
-MAX_QUEUED: Final = 1000
 MAX_LAST_ERROR: Final = 4000
 """Characters of ``last_error``: the worker's words (at most 2,000) and our next step."""
 
@@ -46,7 +45,7 @@ class Loop(Protocol):
     def wake(self, hosted: HostedSession) -> None: ...
 
 
-class HostedSession:
+class HostedSession(SessionRequests):
     """A session the supervisor hosts; every state change goes through its StateMachine."""
 
     def __init__(
@@ -76,6 +75,7 @@ class HostedSession:
         self._said: str | None = None  # why the current worker says it exits, if it said
         self._holder: int | None = None  # who holds the lock the current worker found held
         self._kind: str | None = None  # what kind of damage its refusal was, if it said
+        self._reported: object = None  # the code its "exiting" message gave, if any
         self._hang_kill = False  # the current worker was killed as hung by this daemon
         self.epoch: int | None = None
         self.records: int | None = None
@@ -115,6 +115,7 @@ class HostedSession:
         self.exit_pid = self.exit_code = None
         self.machine.move(State.STARTING)
         self._said, self._kind, self._hang_kill = None, None, False
+        self._reported = None
         poisoned = self.poison.poisoned()
         if poisoned != self.spec.poisoned:
             self.spec = dataclasses.replace(self.spec, poisoned=poisoned)
@@ -199,6 +200,7 @@ class HostedSession:
             if message.get("code") == "locked" and type(holder) is int:
                 self._holder = holder
             self._kind = kind if isinstance(kind := message.get("kind"), str) else None
+            self._reported = message.get("code")
         else:
             result = message.get("result")
             if isinstance(result, dict):
@@ -234,7 +236,7 @@ class HostedSession:
             self.hibernating = False
             self.machine.move(State.IDLE)
             if self.queued or self.ready_waiters:
-                self.loop.wake(self)  # used again while it was stopping
+                self._wake()  # used again while it was stopping
             return
         if self.state is State.STOPPING:
             self.machine.move(State.STOPPED)
@@ -245,14 +247,15 @@ class HostedSession:
                 self.restart_after_stop = False
                 self.operator_start()
             return
-        if code == EXIT_LOCKED and self._wait_for_holder():
+        acted = honoured_exit(code, self._reported)  # an App's os._exit(4) is a crash
+        if acted == EXIT_LOCKED and self._wait_for_holder():
             return
-        fatal = fatal_reason(code, said, self.spec.home, self.id, self._holder, self._kind)
+        fatal = fatal_reason(acted, said, self.spec.home, self.id, self._holder, self._kind)
         if fatal is not None:
-            if code == EXIT_REFUSED:  # the counts of a log that is refused mean nothing now
+            if acted == EXIT_REFUSED:  # the counts of a log that is refused mean nothing now
                 self.epoch = self.records = None
             self._fatal(fatal)
-        elif code == EXIT_CLEAN:
+        elif acted == EXIT_CLEAN:
             self.machine.move(State.EXITED)
             self._fail_waiting("exited", f"the worker of session {self.id} exited")
         else:
@@ -319,60 +322,8 @@ class HostedSession:
         self.machine.move(State.FATAL)
         self._fail_waiting("fatal", f"session {self.id} is FATAL: {why}")
 
-    # -- requests ------------------------------------------------------------------------
-
-    def submit(self, waiter: Waiter, request: Message) -> None:
-        """Act on a request now, queue it while the worker starts, or refuse it."""
-        if self.state is State.RUNNING:
-            self._act(waiter, request)
-        elif (
-            self.state in (State.STARTING, State.BACKOFF, State.IDLE)
-            or (self.state is State.STOPPING and (self.hibernating or self.restart_after_stop))
-        ) and len(self.queued) < MAX_QUEUED:
-            self.queued.append((waiter, request))
-            if self.state is State.IDLE:
-                self.loop.wake(self)  # on demand: the request waits for the start
-        else:
-            detail = f": {self.last_error}" if self.last_error else ""
-            why = f"session {self.id} is {self.state.value}{detail}"
-            waiter.client.reply(error(waiter.request_id, "unavailable", why))
-
-    def _act(self, waiter: Waiter, request: Message) -> None:
-        if request.get("op") == "connect":
-            self.connect(waiter)
-        else:
-            self.forward(waiter, request)
-
-    def forward(self, waiter: Waiter, request: Message) -> None:
-        """Relay a request to the worker; exactly one reply reaches the waiter."""
-        assert self.link is not None
-        self.relay.forward(self.link, waiter, request)
-
-    def connect(self, waiter: Waiter) -> None:
-        """Give the client a connection of its own to the worker (the direct data path)."""
-        assert self.link is not None
-        assert self.worker is not None
-        hand_over(self.link, waiter, self.id, self.worker.pid, self.epoch)
-
-    def _fail_in_flight(self, code: str, message: str) -> None:
-        self.relay.fail_all(code, message)
-
-    def _fail_waiting(self, code: str, message: str, *, restarting: bool = False) -> None:
-        """Fail the requests in flight; and those queued and the ready waiters unless a
-        restart keeps them for the new worker."""
-        self._fail_in_flight(code, message)
-        queued: list[tuple[Waiter, Message]] = []
-        ready: list[Waiter] = []
-        if not restarting:
-            queued, self.queued = self.queued, []
-            ready, self.ready_waiters = self.ready_waiters, []
-        for waiter in [w for w, _ in queued] + ready:
-            waiter.client.reply(error(waiter.request_id, code, message))
-
-    def _answer_stop_waiters(self) -> None:
-        waiters, self.stop_waiters = self.stop_waiters, []
-        for waiter in waiters:
-            waiter.client.reply({"id": waiter.request_id, "ok": True, "result": self.status()})
+    def _wake(self) -> None:
+        self.loop.wake(self)
 
     def _kill_worker(self) -> None:
         if self.worker is not None:
