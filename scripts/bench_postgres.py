@@ -1,0 +1,245 @@
+"""Benchmark the PostgreSQL store against bare psycopg on the same server (issue 30's goals).
+
+    python scripts/bench_postgres.py [--rounds N] [--appends N] [--records N]
+                                     [--opens N] [--no-serve] [--write-docs]
+
+It starts its own PostgreSQL (Debian's package, scripts/postgres_reference.py: a
+temporary cluster on a unix socket, ``fsync=on``, the default ``synchronous_commit``)
+and measures, in interleaved rounds whose order alternates:
+- a durable append: ``Session.append_many`` of a typical group (a request's four
+  records) on a ``PostgresStore`` session, against a bare psycopg ``INSERT`` +
+  ``COMMIT`` of the same bytes into the same table on its own connection;
+- with ``loopd serve --store`` (unless ``--no-serve``): one client's ``Client.send``
+  to a session, against the same bare ``INSERT`` + ``COMMIT`` of a request's bytes;
+- an open of a session of ``--records`` records (``Session.open``: connect, claim,
+  load), against a bare connect + ``SELECT`` of its chunks (and the ``SELECT`` alone on
+  an open connection).
+Each operation is timed alone; a side's figure is the median (and p99) of all its
+operations, a ratio is the median of the per-round ratios of medians, with their
+min-max. ``--write-docs`` replaces the PostgreSQL section of docs/benchmarks.md.
+Every process started here is stopped and its directory removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import psycopg
+from bench_data_path import _start_daemon, _stop_daemon
+from bench_postgres_report import Figures, markdown
+from bench_store import _write_section
+from postgres_reference import ReferenceServer
+
+from supervisor.client import Client, call
+from worker import Assistant, Baseline, Session, ToolResult, Usage, User
+from worker.store.postgres import PostgresStore
+from worker.store.records import Record, encode_lines
+
+HERE = Path(__file__).resolve().parent
+BASELINE = Baseline(system="bench", memory="", tools=[])
+_CALLS = itertools.count(1)  # a session's tool calls are numbered upwards
+TEXT = "x" * 40  # a request's text, as in scripts/bench_data_path.py
+_BARE_INSERT = "INSERT INTO loopd_log_chunks (session, epoch, start, data) VALUES (%s, 0, %s, %s)"
+
+
+def group(n: int) -> list[Record]:
+    """A typical request's records: the user's text, a tool's result, the answer, usage."""
+    return [
+        User(text=f"request {n} " + "u" * 40, key=f"k{n}"),
+        ToolResult(call=next(_CALLS), tool="echo", output="o" * 60, ok=True),
+        Assistant(text="a" * 80),
+        Usage(prompt_tokens=n, completion_tokens=10, context_tokens=n + 10),
+    ]
+
+
+class Bare:
+    """A bare psycopg writer: one INSERT + COMMIT per call, into a session row of its own."""
+
+    def __init__(self, uri: str, session_id: str) -> None:
+        self.conn = psycopg.connect(uri)  # not autocommit: psycopg's BEGIN, then COMMIT
+        self.session_id = session_id
+        self.offset = 0
+        with self.conn.transaction():
+            self.conn.execute(
+                "INSERT INTO loopd_sessions (session, owner_token) VALUES (%s, 1)", (session_id,)
+            )
+        self.conn.commit()
+
+    def insert(self, data: bytes) -> None:
+        self.conn.execute(_BARE_INSERT, (self.session_id, self.offset, data))
+        self.conn.commit()
+        self.offset += len(data)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def timed(run: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def interleave(
+    figures: Figures, name: str, rounds: int, count: int, sides: dict[str, Callable[[int], object]]
+) -> None:
+    """``count`` operations of each side per round, the sides' order alternating."""
+    order = list(sides)
+    done = 0
+    for r in range(rounds):
+        medians: dict[str, float] = {}
+        for side in order if r % 2 == 0 else order[::-1]:
+            run = sides[side]
+            times = [timed(partial(run, done + n)) for n in range(count)]
+            figures.times.setdefault(f"{name}:{side}", []).extend(times)
+            medians[side] = statistics.median(times)
+        done += count
+        for other in order[1:]:
+            figures.ratios.setdefault(f"{name}:{order[0]}/{other}", []).append(
+                medians[order[0]] / medians[other]
+            )
+
+
+def bench_append(figures: Figures, uri: str, rounds: int, count: int) -> None:
+    store = PostgresStore(uri)
+    session = Session.create(store, "append", BASELINE)
+    bare = Bare(uri, "bare-append")
+    sample, _crc = encode_lines(group(0), 0)
+    figures.facts["group_bytes"] = len(sample)
+    try:
+        for n in range(20):  # warm both connections and the server's caches
+            session.append_many(group(1_000_000 + n))
+            bare.insert(sample)
+        interleave(
+            figures,
+            "append",
+            rounds,
+            count,
+            {
+                "append_many": lambda n: session.append_many(group(n)),
+                "bare": lambda n: bare.insert(encode_lines(group(n), 0)[0]),
+            },
+        )
+    finally:
+        session.close()
+        bare.close()
+
+
+def bench_serve(figures: Figures, root: str, uri: str, rounds: int, count: int) -> None:
+    home = os.path.join(root, "home")
+    daemon = _start_daemon(home, "--store", uri)
+    bare = Bare(uri, "bare-serve")
+    try:
+        call(home, "create", session="one")
+        with Client(home) as client:
+            reply = client.send("one", TEXT, key="warm")
+            sample, _crc = encode_lines(
+                [User(text=TEXT, key="k" * 8), Assistant(text=f"echo: {TEXT}")], 0
+            )
+            figures.facts["request_bytes"] = len(sample)
+            assert reply is not None
+            interleave(
+                figures,
+                "serve",
+                rounds,
+                count,
+                {
+                    "send": lambda n: client.send("one", TEXT, key=f"r{n}"),
+                    "bare": lambda n: bare.insert(sample),
+                },
+            )
+    finally:
+        bare.close()
+        _stop_daemon(daemon)
+
+
+def bench_open(figures: Figures, uri: str, records: int, rounds: int, count: int) -> None:
+    store = PostgresStore(uri)
+    with Session.create(store, "big", BASELINE) as session:
+        n = 0
+        while len(session.records) < records:
+            batch = group(n)[: records - len(session.records)]
+            session.append_many(batch)
+            n += 1
+        figures.facts["open_records"] = len(session.records)
+    query = (
+        "SELECT start, data FROM loopd_log_chunks WHERE session = %s AND epoch = 0 ORDER BY start"
+    )
+    with psycopg.connect(uri) as probe:
+        row = probe.execute(
+            "SELECT count(*), sum(length(data)) FROM loopd_log_chunks WHERE session = 'big'"
+        ).fetchone()
+        assert row is not None
+        figures.facts["open_chunks"], figures.facts["open_bytes"] = int(row[0]), int(row[1])
+
+    def bare(_n: int) -> object:
+        with psycopg.connect(uri, autocommit=True) as conn:
+            return conn.execute(query, ("big",)).fetchall()
+
+    def decoded(_n: int) -> object:
+        with psycopg.connect(uri, autocommit=True) as conn:
+            rows = conn.execute(query, ("big",)).fetchall()
+        return [json.loads(line) for _start, data in rows for line in data.splitlines()]
+
+    def opened(_n: int) -> object:
+        with Session.open(store, "big") as again:
+            return len(again.records)
+
+    sides: dict[str, Callable[[int], object]] = {
+        "open": opened,
+        "select": bare,
+        "select+json": decoded,
+    }
+    interleave(figures, "open", rounds, count, sides)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--appends", type=int, default=100, help="per side per round")
+    parser.add_argument("--records", type=int, default=10_000)
+    parser.add_argument("--opens", type=int, default=5, help="per side per round")
+    parser.add_argument("--no-serve", action="store_true", help="skip loopd serve --store")
+    parser.add_argument("--dir", default=None, help="where the server and home live")
+    parser.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
+    args = parser.parse_args()
+    figures = Figures()
+    root = tempfile.mkdtemp(prefix="loopd-bench-pg-", dir=args.dir)
+    server = ReferenceServer()
+    try:
+        server.start()
+        with psycopg.connect(server.uri(), autocommit=True) as conn:
+            version = conn.execute("SHOW server_version").fetchone()
+        figures.facts["server"] = f"PostgreSQL {version[0] if version else '?'}"
+        uri = server.uri()
+        PostgresStore(uri).ensure_schema()
+        bench_append(figures, uri, args.rounds, args.appends)
+        if not args.no_serve:
+            bench_serve(figures, root, uri, args.rounds, args.appends)
+        bench_open(figures, uri, args.records, args.rounds, args.opens)
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    figures.facts["machine"] = f"{platform.machine()}, {os.cpu_count()} cores (shared)"
+    command = "python scripts/bench_postgres.py " + " ".join(sys.argv[1:])
+    section = markdown(figures, command.strip())
+    print(section)
+    if args.write_docs:
+        _write_section(HERE.parent / "docs" / "benchmarks.md", "postgres-bench", section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
