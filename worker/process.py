@@ -38,6 +38,7 @@ from worker.store.errors import (
     NotOwnerNow,
     SessionBroken,
     SessionError,
+    SessionExists,
     SessionIOError,
     SessionLocked,
     SessionNotFound,
@@ -102,6 +103,10 @@ def _opened(args: argparse.Namespace, app: App) -> Session:
         raise  # each of these has its own exit code
     except (SessionLocked, SessionNotFound, DatabaseUnavailable):
         raise  # the database's: a restart with backoff (EXIT_DATABASE)
+    except NotOwnerNow as exc:
+        if args.store is not None:
+            raise  # the database holds a newer owner's token: EXIT_NOT_OWNER
+        raise CannotOpen(exc) from exc
     except SessionIOError as exc:
         if exc.errno in _TRANSIENT_OPEN:
             raise
@@ -195,10 +200,27 @@ def _store(args: argparse.Namespace) -> str | SessionStore[Session]:
     return PostgresStore(uri)  # no connection yet: it is made by the open, in this process
 
 
+def _open_owned(store: PostgresStore, args: argparse.Namespace, app: App) -> Session:
+    """A cluster node's session in the database, claimed with etcd's owner token.
+
+    Every later write checks that token in its transaction (Temporal's RangeID): once a
+    newer owner opened the session, this worker's writes are refused (NotOwnerNow).
+    """
+    if args.create:
+        try:
+            baseline = app.initial_baseline(args.session)
+            store.create_session(args.session, baseline, args.slot).close()
+        except SessionExists:
+            pass  # a create retried, or created by a former owner
+    return store.open_session(args.session, token=args.cluster_token)
+
+
 def open_session(args: argparse.Namespace, app: App) -> Session:
     """Lock and open (or create) the session, completing an interrupted epoch change."""
     store = _store(args)
-    if args.create:
+    if isinstance(store, PostgresStore) and args.cluster_token is not None:
+        session = _open_owned(store, args, app)
+    elif args.create:
         session = Session.open_or_create(
             store, args.session, app.initial_baseline(args.session), args.slot
         )
@@ -272,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     except SessionNotFound as exc:
         _report(channel, "not_found", str(exc))
         return EXIT_NOT_FOUND
+    except NotOwnerNow as exc:  # only a session in a database: a newer owner claimed it
+        print(bounded(str(exc)), file=sys.stderr, flush=True)
+        _report(channel, "not_owner", str(exc))
+        return EXIT_NOT_OWNER
     except CannotOpen as exc:
         print(f"cannot open: {bounded(str(exc))}", file=sys.stderr, flush=True)
         _report(channel, "cannot_open", str(exc))

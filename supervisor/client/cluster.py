@@ -52,11 +52,14 @@ handed to the worker now (one that just died, say), nothing was sent; ``unavaila
 the node does not serve the session now (a node cut off and back finds it STOPPED, its
 ownership passed to a follower meanwhile), nothing was applied."""
 ATTEMPTS = 6
-"""Tries of one ``send``: each after a reroute or a connection that ended."""
+"""Tries of one ``send`` at least: each after a reroute or a connection that ended; more
+while its ``retry_for`` lasts."""
 RESEND_PAUSE = 0.05
+"""Seconds before the second try, growing by as much each try (a worker restarting)..."""
+MAX_PAUSE = 0.5
+"""...up to this: a failover takes a lease TTL, and the new owner is found within this."""
 OWNER_WATCH_SLICE = 0.5
 """Seconds of one watch of an owner key while a request waits for an owner."""
-"""Seconds before the second try, growing by as much each try (a worker restarting)."""
 
 
 def home_of(address: str) -> str:
@@ -74,14 +77,21 @@ class ClusterClient:
         timeout: float = 60.0,
         tls: TlsFiles | None = None,
         owner_wait: float = 0.0,
+        retry_for: float | None = None,
     ) -> None:
         """``owner_wait``: seconds a request to a session nobody owns now waits for an
         owner (a failover in progress: a follower's takeover), watching its owner key in
-        etcd, before NotOwner is raised; 0 (the default): raised at once."""
+        etcd, before NotOwner is raised; 0 (the default): raised at once.
+
+        ``retry_for``: seconds a ``send`` goes on retrying with its key while the owner
+        cannot be reached or nobody owns the session (a failover: the old owner's key
+        lives until its lease expires, then the next owner claims), ``timeout`` if None;
+        at least ``ATTEMPTS`` tries are made whatever it is."""
         self.tls = tls if tls is not None else tls_files_from_env()
         self.etcd = EtcdClient(url, tls=self.tls.etcd_context() if self.tls else None)
         self.timeout = timeout
         self.owner_wait = owner_wait
+        self.retry_for = timeout if retry_for is None else retry_for
         self.guard = TokenGuard()
         self._clients: dict[str, Client] = {}
         self._links: dict[str, NodeLink] = {}
@@ -130,9 +140,21 @@ class ClusterClient:
         if untrusted:
             payload["untrusted"] = True
         unacknowledged = False  # an attempt was written on the owner, not acknowledged
-        for attempt in range(ATTEMPTS):
-            found = self._route(session, fresh=attempt > 0)
+        deadline = time.monotonic() + self.retry_for
+        attempt = 0
+        while True:
+            last = attempt >= ATTEMPTS - 1 and time.monotonic() >= deadline
             this_one = False
+            try:
+                found = self._route(session, fresh=attempt > 0)
+            except NotOwner:
+                if last:
+                    raise
+                # Nobody owns it now (a failover between an owner's lease expiring and
+                # the next owner's claim): asked again after a pause.
+                attempt += 1
+                time.sleep(_pause(attempt, deadline))
+                continue
             try:
                 if found.address.startswith("unix:"):
                     client = self._client(home_of(found.address))
@@ -144,7 +166,7 @@ class ClusterClient:
                     answer = result_of(reply)
                     result = answer if isinstance(answer, dict) else {"result": answer}
             except ControlError as exc:
-                if exc.code not in REROUTE or attempt == ATTEMPTS - 1:
+                if exc.code not in REROUTE or last:
                     if unacknowledged and not this_one:  # the last answer alone misleads
                         raise ControlError(exc.code, f"{exc.message} (an earlier attempt of "
                                            f"key {key} was written on the owner and not "
@@ -158,15 +180,15 @@ class ClusterClient:
                     direct = self._directs.pop((found.address, session), None)
                     if direct is not None:
                         direct.close()
-                if attempt:
-                    time.sleep(RESEND_PAUSE * attempt)
+                attempt += 1
+                if attempt > 1:
+                    time.sleep(_pause(attempt - 1, deadline))
                 continue
             token = result.get("token")
             if type(token) is not int:
                 raise ClusterError(f"session {session}: a reply without a fencing token")
             self.guard.check(session, token)
             return result
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def status(self) -> list[object]:
         """The status rows of every live node's sessions, each with its node's name."""
@@ -262,6 +284,12 @@ class ClusterClient:
         if client is None:
             client = self._clients[home] = Client(home, timeout=self.timeout, retry_for=2.0)
         return client
+
+
+def _pause(attempt: int, deadline: float) -> float:
+    """Seconds before try ``attempt + 1``: growing, capped, never past the deadline (but
+    the minimal tries are made even after it)."""
+    return max(0.0, min(RESEND_PAUSE * attempt, MAX_PAUSE, deadline - time.monotonic()))
 
 
 def written_unacknowledged(reply: Message) -> bool:

@@ -25,6 +25,7 @@ from supervisor.cluster.keys import check_zone_name, move_key
 from supervisor.cluster.lease import LeaseTiming, NodeLease
 from supervisor.cluster.ownership import acquire, owner_of, place_new, placement_of
 from supervisor.cluster.session_files import QUARANTINE_DIR, set_aside
+from supervisor.cluster.stored import placed_on
 from worker import (
     Baseline,
     EpochClosed,
@@ -64,8 +65,12 @@ class ClusterNode:
         timing: LeaseTiming | None = None,
         address: str | None = None,
         zone: str | None = None,
+        stored: bool = False,
     ) -> None:
         self.client = client
+        # Its sessions are in a database (--store): claimed from etcd's placements, never
+        # opened here; their workers open them with the token (supervisor.cluster.stored).
+        self.stored = stored
         self.name = name
         self.home = os.fspath(home)
         # Where clients reach the node: its tls:// port, or its unix socket (one machine).
@@ -149,7 +154,10 @@ class ClusterNode:
         """Claim or quarantine every session directory in this node's home."""
         claims = Claims()
         sessions = os.path.join(self.home, SESSIONS_DIR)
-        names = sorted(os.listdir(sessions)) if os.path.isdir(sessions) else []
+        if self.stored:
+            names = placed_on(self.client, self.name)
+        else:
+            names = sorted(os.listdir(sessions)) if os.path.isdir(sessions) else []
         for session in names:
             if self.lease.stopping:
                 break  # the node is closing: its claims end with its lease
@@ -158,6 +166,9 @@ class ClusterNode:
 
     def claim(self, session: str, claims: Claims) -> None:
         """Claim one local session (token into its log) or quarantine it; record which."""
+        if self.stored:
+            self._claim_stored(session, claims)
+            return
         lease = self.lease.lease_id  # the token is given under this one
         placed = placement_of(self.client, session)
         owner = owner_of(self.client, session)
@@ -214,6 +225,31 @@ class ClusterNode:
         except SessionError as exc:
             claims.waiting[session] = str(exc)
             return
+        if not self.adopt(session, token, lease):
+            claims.waiting[session] = "the node's lease changed meanwhile"
+            return
+        claims.served[session] = token
+
+    def _claim_stored(self, session: str, claims: Claims) -> None:
+        """Claim a session in the database placed on this node: etcd's owner key only (its
+        worker opens it with the token); nothing here to quarantine if it is another's."""
+        lease = self.lease.lease_id
+        placed = placement_of(self.client, session)
+        owner = owner_of(self.client, session)
+        if placed != self.name or (owner is not None and owner.node != self.name):
+            with self._lock:
+                self.tokens.pop(session, None)
+            holder = owner.node if owner is not None else placed
+            claims.waiting[session] = f"placed on {placed}, owned by {holder}"
+            return
+        if owner is not None:
+            token = owner.token
+        else:
+            try:
+                token = acquire(self.client, session, self.name, lease)
+            except NotOwner as exc:  # a move in progress, or placed elsewhere meanwhile
+                claims.waiting[session] = exc.why
+                return
         if not self.adopt(session, token, lease):
             claims.waiting[session] = "the node's lease changed meanwhile"
             return

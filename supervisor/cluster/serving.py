@@ -82,6 +82,7 @@ class ServingNode:
         address: str | None = None,
         tls: TlsFiles | None = None,
         zone: str | None = None,
+        store: str | None = None,
     ) -> None:
         if zone is not None:
             try:
@@ -97,7 +98,9 @@ class ServingNode:
         self.tls = tls  # the node's certificate: it pulls moved sessions with it
         self.address = address
         timing = LeaseTiming(ttl=ttl) if ttl is not None else None
-        self.node = ClusterNode(self.client, name, home, timing=timing, address=address, zone=zone)
+        self.node = ClusterNode(
+            self.client, name, home, timing=timing, address=address, zone=zone, stored=bool(store)
+        )
         self.lease_file = os.path.join(home, LEASE_FILE)
         self.replication: dict[str, WorkerReplication] = {}  # read in threads, never the loop
         self._in_sync_lock = threading.Lock()

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Final, TypeVar
 
 from supervisor.cluster.errors import AlreadyPlaced, ClusterError, Cordoned, NotOwner
+from supervisor.cluster.failover_stored import StoredFailoverWatch
 from supervisor.cluster.failover_watch import FailoverWatch
 from supervisor.cluster.ownership import unplace
 from supervisor.cluster.replica_placement import same_followers
@@ -81,7 +82,8 @@ class DaemonNode:
             ) from exc
         receiver_for(self.serving.home).claimed()  # the gateway's: held until here
         interval = self.serving.node.lease.timing.ttl / 3
-        self.watch = FailoverWatch(
+        stored = self.serving.node.stored  # its sessions in a database: any node serves them
+        self.watch = (StoredFailoverWatch if stored else FailoverWatch)(
             self.serving.client, self.serving.node, interval,
             lambda session, _token: self._in_loop(self._host_promoted, session),
             lambda line: self._in_loop(self.report, line), self.serving.tls,

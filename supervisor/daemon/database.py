@@ -25,11 +25,6 @@ def hosted_sessions(config: ServeConfig, home: str, report: Callable[[str], None
         if config.require_sync_replication:
             raise ServeError("--require-sync-replication needs --store postgresql://...")
         return existing_sessions(home)
-    if config.cluster is not None:
-        raise ServeError(
-            "--store with --cluster is not supported yet: a node of a cluster keeps its "
-            "sessions in its home (docs/scaling.md, section 0)"
-        )
     from worker.store.postgres import PostgresStore  # noqa: PLC0415 - psycopg only with a store
 
     try:
@@ -47,4 +42,4 @@ def hosted_sessions(config: ServeConfig, home: str, report: Callable[[str], None
             f"synchronous_standby_names={durability.synchronous_standby_names!r}); "
             "set both on the primary (docs/scaling.md), or start without the flag"
         )
-    return sessions
+    return sessions  # a cluster node serves those etcd places on it (supervisor.cluster.stored)

@@ -206,7 +206,7 @@ class Supervisor:
             self.report_from_thread, TcpHandover(self.loop, self.sessions), url,
         )  # fmt: skip
         serving = ServingNode(
-            url, self.config.node, self.home, ttl=self.config.lease_ttl,
+            url, self.config.node, self.home, ttl=self.config.lease_ttl, store=self.config.store,
             address=self.config.listen, tls=self.config.tls, zone=self.config.zone,
         )  # fmt: skip
         self.cluster = DaemonNode(
