@@ -81,6 +81,9 @@ class RestartPolicy:
     jitter: float = 0.25
     stable_after: float = 5.0
     start_retries: int = 5
+    start_timeout: float = 60.0
+    """Seconds a start may take before the worker says ready; then it is killed (a failed
+    start: an App factory that never returns holds nobody's request for ever)."""
     _recent: deque[float] = field(default_factory=deque)
     _streak: int = 0
     _failed_starts: int = 0

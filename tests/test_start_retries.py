@@ -55,3 +55,18 @@ def test_the_default_counts_failed_starts_too_and_a_ready_worker_resets_the_coun
     with running_daemon(home2):  # the default App: every start reaches ready
         call(str(home2), "create", session="ok")
         assert status(home2, "ok")["state"] == "RUNNING"
+
+
+def test_a_start_that_never_says_ready_is_killed_at_the_start_timeout_and_counted(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    args = ("--app", "tests.slow_start_apps:never_ready_app", "--start-timeout", "2",
+            "--start-retries", "1")  # fmt: skip
+    with running_daemon(home, *args):
+        # Before, the session stayed STARTING for ever and create timed out, blaming the
+        # supervisor.
+        with pytest.raises(ControlError, match="2 starts in a row ended before the worker"):
+            call(str(home), "create", session="s1", timeout=60)
+        row = wait_state(home, "s1", "FATAL")
+        assert "not ready within 2 s (--start-timeout)" in str(row["last_error"])

@@ -62,6 +62,14 @@ MAX_LEASE_TTL: Final = 3600
     help="more starts than this in a row that never reach ready are FATAL, however slow.",
 )
 @click.option(
+    "--start-timeout",
+    type=seconds(0.1),
+    default=60.0,
+    show_default=True,
+    help="seconds a worker may take to say ready (its App's import and factory); "
+    "then it is killed, a failed start.",
+)
+@click.option(
     "--restart-window",
     type=seconds(0.0),
     default=10.0,
@@ -203,6 +211,7 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
         home=home, app=cast("str | None", get("app")), budget=cast("int | None", get("budget")),
         max_restarts=cast(int, get("max_restarts")), window=cast(float, get("restart_window")),
         start_retries=cast(int, get("start_retries")),
+        start_timeout=cast(float, get("start_timeout")),
         backoff_base=cast(float, get("backoff_base")), backoff_cap=cast(float, get("backoff_max")),
         stable_after=cast(float, get("stable_after")),
         start_method=StartMethod(cast(str, get("start_method"))),

@@ -22,6 +22,7 @@ class ServeConfig:
     budget: int | None = None
     max_restarts: int = 5
     start_retries: int = 5
+    start_timeout: float = 60.0
     window: float = 10.0
     backoff_base: float = 0.1
     backoff_cap: float = 5.0
@@ -50,5 +51,5 @@ class ServeConfig:
         return RestartPolicy(
             max_restarts=self.max_restarts, window=self.window, base=self.backoff_base,
             cap=self.backoff_cap, stable_after=self.stable_after,
-            start_retries=self.start_retries,
+            start_retries=self.start_retries, start_timeout=self.start_timeout,
         )  # fmt: skip

@@ -130,6 +130,8 @@ class HostedSession(SessionRequests):
         self.started_at = time.monotonic()
         self.hang.heard()
         self.link = self.loop.watch_worker(self, worker)
+        deadline = self.started_at + self.policy.start_timeout
+        self._timer = self.loop.call_at(deadline, self._start_overdue)
 
     def operator_start(self) -> None:
         """An explicit start: forget the restart history, then start."""
@@ -156,6 +158,7 @@ class HostedSession(SessionRequests):
         worker = self.worker
         if worker is not None:
             worker.signal_group(signal.SIGTERM)
+            self._cancel_timer()  # a start deadline gives way to the stop's
             self._timer = self.loop.call_at(time.monotonic() + STOP_DEADLINE, self._kill_worker)
 
     # -- events from the worker --------------------------------------------------------
@@ -181,6 +184,7 @@ class HostedSession(SessionRequests):
             self.epoch = int_or_none(message.get("epoch"))
             self.records = int_or_none(message.get("records"))
             if self.state is State.STARTING:
+                self._cancel_timer()  # the start deadline
                 self.policy.on_ready()
                 self.machine.move(State.RUNNING)
                 self.spec = _without_create(self.spec)
@@ -321,6 +325,15 @@ class HostedSession(SessionRequests):
         self.last_error = why
         self.machine.move(State.FATAL)
         self._fail_waiting("fatal", f"session {self.id} is FATAL: {why}")
+
+    def _start_overdue(self) -> None:
+        """The worker did not say ready within --start-timeout: a failed start."""
+        self._timer = None
+        if self.state is State.STARTING and self.worker is not None:
+            self.kill_for(
+                f"start: not ready within {self.policy.start_timeout:g} s (--start-timeout); "
+                "killed (an App import or factory that never returns?)"
+            )
 
     def _wake(self) -> None:
         self.loop.wake(self)
