@@ -40,3 +40,22 @@ def test_a_nul_in_an_apps_target_is_refused_naming_the_key(tmp_path: Path) -> No
     assert done.returncode == 1, done.stderr
     assert "[apps.x]: key 'app' holds a NUL byte" in done.stderr, done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
+
+
+@pytest.mark.parametrize(
+    "toml",
+    ['app = "team\\u0000:x"\n',
+     'metrics-listen = "127.0.0.1:0"\nmetrics-token-file = "/tmp/a\\u0000b"\n'],
+    ids=["app", "metrics-token-file"],
+)  # fmt: skip
+def test_a_nul_in_a_top_level_string_of_loopd_toml_is_refused_naming_the_key(
+    tmp_path: Path, toml: str
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "loopd.toml").write_text(toml)
+    done = loopd("serve", "--home", str(home))
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr  # was a ValueError traceback
+    assert "holds a NUL byte" in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr

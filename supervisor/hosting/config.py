@@ -63,6 +63,10 @@ class OptionSpec:
             raise ConfigError(
                 path, f"key {self.key!r} must be {_KIND_NAMES[self.kind]}, not {value!r}"
             )
+        if isinstance(value, str) and "\0" in value:
+            # No path, module name or URL holds one; the OS call that gets it would raise
+            # a ValueError naming no key.
+            raise ConfigError(path, f"key {self.key!r} holds a NUL byte")
         if self.choices and value not in self.choices:
             raise ConfigError(path, f"key {self.key!r} must be one of {', '.join(self.choices)}")
         if self.param_type is None:
