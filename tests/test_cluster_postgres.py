@@ -22,7 +22,7 @@ from supervisor.cluster.ownership import owner_of
 from supervisor.errors import ControlError
 from tests.etcd_server import EtcdServer
 from tests.postgres_server import PostgresServer
-from tests.support import Daemon, poll_until, stop
+from tests.support import Daemon, loopd, poll_until, stop
 
 TTL = 2
 MARGIN = 3.0
@@ -187,3 +187,22 @@ def test_a_deposed_owner_stopped_past_its_lease_gets_nothing_accepted_when_conti
         assert cluster.send("s1", "last", key="k3")["duplicate"] is False
     keys = _keys(_uri(nodes[other]), "s1")
     assert keys == ["k1", "k2", "k3"]
+
+
+def test_loopd_move_of_a_session_in_the_database_copies_no_file_and_serves_it_there(
+    etcd: EtcdServer, nodes: dict[str, Daemon]
+) -> None:
+    with ClusterClient(etcd.url, timeout=20, retry_for=30) as cluster:
+        cluster.create("s1")
+        cluster.send("s1", "before", key="k1")
+        old = _owner(etcd, "s1")
+        assert old is not None
+        other = "b" if old == "a" else "a"
+        moved = loopd("move", "s1", "--to", other, "--cluster", etcd.url)
+        assert moved.returncode == 0, moved.stderr
+        assert _owner(etcd, "s1") == other
+        assert cluster.send("s1", "after", key="k2")["duplicate"] is False
+        assert cluster.send("s1", "before", key="k1")["duplicate"] is True
+    for daemon in nodes.values():
+        assert not any((daemon.home / "sessions").glob("*")), "a file of the session"
+    assert _keys(_uri(nodes[other]), "s1") == ["k1", "k2"]

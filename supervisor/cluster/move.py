@@ -28,6 +28,7 @@ from supervisor.cluster.keys import (
     owner_key,
     placement_key,
 )
+from supervisor.cluster.move_stored import node_is_stored
 from supervisor.cluster.ownership import OwnerRecord, owner_of, placement_of
 from supervisor.cluster.replica_set import replicas_of
 from supervisor.cluster.session_files import (
@@ -160,6 +161,8 @@ def move_session(
         owner = owner_of(client, session)
         return MoveDone(session=session, node=target, token=owner.token if owner else 0)
     owner = owner_of(client, session)
+    if node_is_stored(client, intent.source):  # in a database: an ownership change only
+        return _move_stored(client, intent, owner, control)
     if owner is None or owner.node != target:
         hook(MoveStep.SEAL)
         control.stop(intent.source, intent.source_home, session)
@@ -179,6 +182,20 @@ def move_session(
     control.release(intent.source, intent.source_home, session)
     client.txn([value_is(move_key(session), intent.encode())], [Delete(key=move_key(session))])
     return MoveDone(session=session, node=target, token=owner.token)
+
+
+def _move_stored(
+    client: EtcdClient, intent: MoveIntent, owner: OwnerRecord | None, control: SessionControl
+) -> MoveDone:
+    """``move_stored.hand_over`` through the daemons on this machine; the intent removed."""
+    session, done = intent.session, owner
+    if done is None or done.node != intent.target:
+        control.stop(intent.source, intent.source_home, session)
+        done = take_ownership(client, intent, owner)
+    control.start(intent.target, intent.target_home, session)
+    control.release(intent.source, intent.source_home, session)
+    client.txn([value_is(move_key(session), intent.encode())], [Delete(key=move_key(session))])
+    return MoveDone(session=session, node=intent.target, token=done.token)
 
 
 def _no_hook(step: MoveStep) -> None:

@@ -79,6 +79,8 @@ class ClusterNode:
         registration: dict[str, object] = {"address": self.address, "home": self.home}
         if zone is not None:
             registration["zone"] = check_zone_name(zone)
+        if stored:  # a move of its sessions copies no file (supervisor.cluster.move_stored)
+            registration["stored"] = True
         self.lease = NodeLease(
             client,
             name,

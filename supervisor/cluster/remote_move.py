@@ -25,6 +25,7 @@ from supervisor.cluster.move import (
     start_intent,
     take_ownership,
 )
+from supervisor.cluster.move_stored import node_is_stored
 from supervisor.cluster.ownership import owner_of
 
 
@@ -54,9 +55,18 @@ def move_remote(
         owner = owner_of(client, session)
         return MoveDone(session=session, node=target, token=owner.token if owner else 0)
     owner = owner_of(client, session)
+    stored = node_is_stored(client, intent.source)  # in a database: no file is copied
     if owner is None or owner.node != target:
         hook(MoveStep.SEAL)
         call(intent.source, "stop", session)
+        if stored:
+            hook(MoveStep.OWN)
+            owner = take_ownership(client, intent, owner)
+            call(intent.target, "adopt", session)
+            call(intent.source, "forget", session)
+            client.txn([value_is(move_key(session), intent.encode())],
+                       [Delete(key=move_key(session))])  # fmt: skip
+            return MoveDone(session=session, node=target, token=owner.token)
         call(intent.source, "seal", session)
         hook(MoveStep.COPY)
         call(intent.target, "pull", session)  # copies, checks each file, installs
