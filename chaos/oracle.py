@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -19,6 +20,7 @@ from chaos.scenarios import SESSION, SLOT, Scenario
 from worker.store.errors import SessionError
 from worker.store.layout import SESSIONS_DIR
 from worker.store.loader import load_session
+from worker.store.session_state import SessionState
 
 _LOG: Final = re.compile(r"(0|[1-9][0-9]*)\.jsonl")
 
@@ -210,14 +212,35 @@ def check_final(
     result: CaseResult, scenario: Scenario, log: ClientLog, after_fault: LogsView, home: str
 ) -> None:
     """After the resume finished the scenario: the whole session, record by record."""
+    view = snapshot_logs(home)
+    check_final_view(
+        result,
+        scenario,
+        log,
+        after_fault,
+        view,
+        lambda: load_session(session_path(home), SESSION, history=True),
+    )
+    if tool_checks.drives_tools(scenario):
+        tool_checks.final(result, scenario, log.acked, home)
+
+
+def check_final_view(
+    result: CaseResult,
+    scenario: Scenario,
+    log: ClientLog,
+    after_fault: LogsView,
+    view: LogsView,
+    load: Callable[[], SessionState],
+) -> None:
+    """The final checks on ``view`` (the logs as stored) and ``load`` (the store's loader)."""
     result.checked += sorted(log.checks)
     for invariant, detail in log.problems:
         result.violate(invariant, detail)
-    view = snapshot_logs(home)
     check_requests_complete(result, scenario, view)
     result.checked.append("final-state-opens")
     try:
-        state = load_session(session_path(home), SESSION, history=True)
+        state: SessionState | None = load()
     except SessionError as exc:
         result.violate("final-state-opens", str(exc))
         state = None
@@ -232,8 +255,6 @@ def check_final(
             )
     _check_epochs(result, view)
     _check_resume(result, after_fault, view)
-    if tool_checks.drives_tools(scenario):
-        tool_checks.final(result, scenario, log.acked, home)
     if state is not None and state.epoch >= 1:
         result.checked.append("carry-is-recorded-summary")
         if state.carry != view.closing_summary(state.epoch - 1):

@@ -122,6 +122,13 @@ def _summary(results: list[CaseResult], elapsed: float) -> None:
     help="write a self-contained HTML page: violation groups, boundaries x faults, each "
     "case linked (replaced as the run goes).",
 )
+@click.option(
+    "--store",
+    default=None,
+    metavar="URI",
+    help="run the seam's faults (a COMMIT lost, slow or fenced) against this PostgreSQL "
+    "database instead of the file store's sweep; each case in a schema of its own.",
+)
 @app_option
 @dir_option
 def run(
@@ -136,6 +143,7 @@ def run(
     json_report: str | None,
     junit_report: str | None,
     html_report: str | None,
+    store: str | None,
     app: str | None,
     base: str | None,
 ) -> None:
@@ -143,6 +151,9 @@ def run(
 
     With --sample or --budget, a seeded stratified sample of them instead.
     """
+    if store is not None:
+        _run_at_seam(store)
+        return
     began = time.monotonic()
     kinds = parse_faults(faults)
     chosen = app_scenarios(app, scenarios)
@@ -204,6 +215,17 @@ def run(
     for path in (json_report, junit_report, html_report):
         if path:
             click.echo(f"report: {path}")
+    if any(r.outcome != "ok" for r in results):
+        sys.exit(EXIT_VIOLATION)
+
+
+def _run_at_seam(uri: str) -> None:
+    """Every seam fault at every fenced write of the seam's scenarios (chaos.postgres)."""
+    from chaos.postgres.sweep import run_seam_sweep  # noqa: PLC0415 - only with --store
+
+    start = time.perf_counter()
+    results = run_seam_sweep(uri, lambda r: None)
+    _summary(results, time.perf_counter() - start)
     if any(r.outcome != "ok" for r in results):
         sys.exit(EXIT_VIOLATION)
 

@@ -15,6 +15,7 @@ from typing import Final
 
 from chaos.operator_tools import TOOL_KINDS, apply_tool_op
 from worker.store import durable
+from worker.store.backend import SessionStore
 from worker.store.baseline import Baseline
 from worker.store.records import (
     Assistant,
@@ -308,8 +309,14 @@ SCENARIOS: Final = {
 }
 
 
-def apply_op(session: Session | None, home: str, op: Op, *, retry: bool) -> Session:
-    """Run one operation (idempotently when ``retry``); return the session."""
+def apply_op(
+    session: Session | None, home: str | SessionStore[Session], op: Op, *, retry: bool
+) -> Session:
+    """Run one operation (idempotently when ``retry``); return the session.
+
+    ``home`` is a directory, or another store (the PostgreSQL seam's cases, chaos.postgres)
+    for the operations that do not reach outside the session (not the operator's tools).
+    """
     if op.kind == "create":
         if session is not None:
             return session
@@ -322,6 +329,7 @@ def apply_op(session: Session | None, home: str, op: Op, *, retry: bool) -> Sess
     if op.kind in ("reserve", "finish"):
         return _tool_call(session, op)
     if op.kind in TOOL_KINDS:
+        assert isinstance(home, str), "the operator's tools run on a home directory"
         return apply_tool_op(session, home, op.kind, SESSION)
     if op.kind in ("append", "group"):
         if session.find_key(op.key) is not None:

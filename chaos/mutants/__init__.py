@@ -18,6 +18,7 @@ from chaos.mutants import (
     epochs,
     pipelining,
     reading,
+    seam,
     slow_turns,
     streaming,
     tools,
@@ -258,12 +259,29 @@ _ALL: Final = (
            quick=("slow:kill:-:40",)),
 )  # fmt: skip
 MUTANTS: Final[dict[str, Mutant]] = {m.name: m for m in _ALL}
+# The PostgreSQL backend's mutants: their cases need a database, so they are scored by the
+# seam's rig (chaos.postgres; ``quick`` holds its case ids), not by ``loopd chaos mutants``.
+SEAM_MUTANTS: Final[dict[str, Mutant]] = {
+    m.name: m
+    for m in (
+        Mutant(
+            name="fence-checked-apart",
+            bug="the owner's token is checked in a transaction of its own, before the write's",
+            patch=seam.fence_checked_apart,
+            caught_by="deposed-writes-invisible",
+            faults=(),
+            feature="the PostgreSQL seam",
+            quick=("basic:fence:1", "basic:fence:5"),
+        ),
+    )
+}
 
 
 def apply(name: str | None) -> None:
     """Break the store in this process as the mutant ``name`` says (None: leave it whole)."""
     if name is None:
         return
-    if name not in MUTANTS:
+    found = MUTANTS.get(name) or SEAM_MUTANTS.get(name)
+    if found is None:
         raise ValueError(f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}")
-    MUTANTS[name].patch()
+    found.patch()

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Final
 
 from worker.store.errors import InvalidLog, NotOwnerNow, SessionIOError
+from worker.store.postgres.boundaries import Point, reach
 from worker.store.postgres.connection import database_error, driver
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ class PostgresBackend:
         self.session_id = session_id
         self.token = token
         # Called inside a write's transaction, after its statements and before COMMIT
-        # (the tests cut the connection there; the rig's faults will, issue 30).
+        # (the tests cut the connection there; the rig's faults use boundaries.set_hook).
         self.before_commit: Callable[[], None] | None = None
 
     def _conn(self) -> Connection:
@@ -152,6 +153,8 @@ class PostgresBackend:
                 yield conn
                 if self.before_commit is not None:
                     self.before_commit()
+                reach(Point.BEFORE_COMMIT, conn.info.backend_pid)
+            reach(Point.AFTER_COMMIT, conn.info.backend_pid)
         except psycopg.Error as exc:
             raise database_error(self.directory, exc) from exc
 
