@@ -256,7 +256,22 @@ def check_importable(target: str, *, name: str | None = None, app: AppConfig | N
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
         last = lines[-1].strip() if lines else f"exit code {done.returncode}"
-        raise AppConfigError(where, f"does not import: {last[:300]}")
+        raise AppConfigError(where, f"does not import: {last[:300]}{_shadowed(paths)}")
+
+
+_LOOPD_PACKAGES: Final = ("worker", "supervisor", "chaos")
+
+
+def _shadowed(paths: list[str]) -> str:
+    """A note naming a file of the App's directories that hides one of loopd's packages
+    (they come first on the import path: a ``worker.py`` there is imported as loopd's
+    ``worker``), else nothing."""
+    for directory in paths[: paths.index(start_dir()) + 1] if start_dir() in paths else []:
+        for name in _LOOPD_PACKAGES:
+            candidate = os.path.join(directory, f"{name}.py")
+            if os.path.isfile(candidate):
+                return f" ({candidate} hides loopd's own package {name!r}: rename it)"
+    return ""
 
 
 def check_all(apps: Mapping[str, AppConfig], default: str | None) -> None:
