@@ -15,9 +15,10 @@ from typing import Final, NoReturn
 
 import click
 
-from supervisor.cli.offline_commands import EXIT_REFUSED, require_home
-from supervisor.cli.options import existing_home_option, timeout_option
+from supervisor.cli.offline_commands import EXIT_REFUSED, home_given, home_unless_store_option
+from supervisor.cli.options import timeout_option
 from supervisor.cli.removal_commands import daemon_answers
+from supervisor.cli.store_tools import backup_from_store, restore_into_store, store_option
 from supervisor.client.control import RETRYABLE, call
 from supervisor.errors import ControlError
 from supervisor.hosting.intent import IntentError, IntentFile
@@ -103,21 +104,29 @@ def _backup_one(home: str, session_id: str, dest: str, deadline: float) -> bool:
 
 
 @click.command()
-@existing_home_option
+@home_unless_store_option
+@store_option
 @timeout_option
 @click.option("--all", "every", is_flag=True, help="Back up every session of the home.")
 @click.argument("args", nargs=-1, metavar="[ID] DEST")
-def backup(home: str, timeout: float, every: bool, args: tuple[str, ...]) -> None:
+def backup(
+    home: str | None, store: str | None, timeout: float, every: bool, args: tuple[str, ...]
+) -> None:
     """Copy session ID (or --all) into DEST/ID, consistently, while it runs.
 
     Sealed epochs as they are, the newest log up to a group boundary its worker names,
     every file fsynced, and a manifest of their SHA-256 digests. Exits 1 if a copy is
-    refused by the loader (it is kept, for a look).
+    refused by the loader (it is kept, for a look). With ``--store URI`` session ID is
+    copied out of that PostgreSQL store as of one snapshot (``loopd restore`` puts it
+    into a home).
     """
-    require_home("backup", home)
-    if len(args) != (1 if every else 2):
-        _fail("backup", "expected ID DEST, or --all DEST")
+    if len(args) != (1 if every else 2) or (store is not None and every):
+        _fail("backup", "expected ID DEST, or --all DEST (a home's)")
     dest = os.path.abspath(args[-1])
+    if store is not None:
+        backup_from_store(store, args[0], dest)
+        return
+    home = home_given("backup", home)
     deadline = time.monotonic() + timeout
     if not every:
         try:
@@ -145,7 +154,8 @@ def _source(src: str, session_id: str | None) -> str:
 
 
 @click.command()
-@existing_home_option
+@home_unless_store_option
+@store_option
 @timeout_option
 @click.option("--force", is_flag=True, help="Stop the session and move it to the trash first.")
 @click.option(
@@ -158,7 +168,13 @@ def _source(src: str, session_id: str | None) -> str:
 @click.argument("src", type=click.Path(file_okay=False))
 @click.argument("session_id", metavar="[ID]", required=False)
 def restore(
-    home: str, timeout: float, force: bool, dropping: str, src: str, session_id: str | None
+    home: str | None,
+    store: str | None,
+    timeout: float,
+    force: bool,
+    dropping: str,
+    src: str,
+    session_id: str | None,
 ) -> None:
     """Put back the backup SRC (or SRC/ID of a --all backup) as a session of the home.
 
@@ -166,9 +182,18 @@ def restore(
     unless --force: then it is stopped and its directory moved to <home>/trash/. If it
     holds work acknowledged after the backup's point, restore lists those keys and
     records and refuses; --force --dropping TOKEN (the token it printed) drops exactly
-    those.
+    those. With ``--store URI`` the session is created in that PostgreSQL store (not
+    replaced: it must not be there), the way a home's session moves to a database.
     """
-    require_home("restore", home)
+    if store is not None:
+        try:
+            source = _source(src, session_id)
+            manifest = check_backup(source)
+        except SessionError as exc:
+            _fail("restore", exc)
+        restore_into_store(store, session_id or manifest.session, manifest.files, source)
+        return
+    home = home_given("restore", home)
     if dropping and not force:
         _fail("restore", "--dropping confirms what --force drops: give both")
     try:

@@ -9,8 +9,9 @@ from typing import Final
 
 import click
 
-from supervisor.cli.options import existing_home_option
+from supervisor.cli.options import HOME_ENV, existing_home_option
 from supervisor.cli.session_app import AppUnusable, initial_baseline
+from supervisor.cli.store_tools import inspect_in_store, store_option, verify_store
 from worker.app import DEFAULT_APP
 from worker.store.baseline_repair import rebuild_baseline as rebuild_baseline_file
 from worker.store.errors import InvalidSessionId, LogError, SessionError
@@ -45,6 +46,24 @@ def require_home(command: str, home: str) -> None:
         sys.exit(EXIT_NO_HOME)
 
 
+home_unless_store_option = click.option(
+    "--home",
+    envvar=HOME_ENV,
+    default=None,
+    type=click.Path(),
+    help=f"An existing loopd home directory (or ${HOME_ENV}); not with --store.",
+)
+
+
+def home_given(command: str, home: str | None) -> str:
+    """The home given, checked (exit 2 in one line without one)."""
+    if home is None:
+        click.echo(f"loopd {command}: give --home (or ${HOME_ENV}) or --store", err=True)
+        sys.exit(2)
+    require_home(command, home)
+    return home
+
+
 def _describe(found: Inspection) -> str:
     lines = [
         f"session    {found.session}",
@@ -68,20 +87,28 @@ def _describe(found: Inspection) -> str:
 
 
 @click.command()
-@existing_home_option
+@home_unless_store_option
+@store_option
 @click.argument("session_id", metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option(
     "--all", "history", is_flag=True, help="Read and check every epoch, not only the newest."
 )
-def inspect(home: str, session_id: str, as_json: bool, history: bool) -> None:
+def inspect(
+    home: str | None, store: str | None, session_id: str, as_json: bool, history: bool
+) -> None:
     """Show a session's epochs, record counts, carry and next_call (read-only).
 
     Reads the newest epoch, checked as a worker's open checks it; ``--all`` reads the
     history, checked as ``verify`` checks it (every line's canonical form too).
-    A refused log prints ``path:line: why`` on stderr and exits 1.
+    A refused log prints ``path:line: why`` on stderr and exits 1. With ``--store`` the
+    session is read from that PostgreSQL store, never claimed.
     """
-    require_home("inspect", home)
+    if store is not None:
+        found = inspect_in_store(store, session_id, history)
+        click.echo(json.dumps(found.to_json(), indent=2) if as_json else _describe(found))
+        return
+    home = home_given("inspect", home)
     try:
         found = inspect_session(home, session_id, history=history)
     except SessionError as exc:
@@ -91,15 +118,20 @@ def inspect(home: str, session_id: str, as_json: bool, history: bool) -> None:
 
 
 @click.command()
-@existing_home_option
-def verify(home: str) -> None:
+@home_unless_store_option
+@store_option
+def verify(home: str | None, store: str | None) -> None:
     """Check every session of the home, every epoch; a line each; exit 1 if any is refused.
 
     Every line must be the writer's own bytes for its record, not only carry a matching
     checksum (open trusts the checksum: docs/format.md, "What each reader checks").
     Exits 2 with one line on stderr if ``--home`` is missing or not a loopd home.
+    ``--store URI`` checks the sessions of that PostgreSQL store instead, claiming none.
     """
-    require_home("verify", home)
+    if store is not None:
+        verify_store(store)
+        return
+    home = home_given("verify", home)
     sessions = os.path.join(home, SESSIONS_DIR)
     names = sorted(os.listdir(sessions))
     refused = 0

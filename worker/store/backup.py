@@ -182,6 +182,16 @@ def _read(fd: int, directory: str, name: str) -> bytes:
     return read_file(fd, name, os.path.join(directory, name))
 
 
+def write_backup(
+    dest: str, session_id: str, point: Point, contents: dict[str, bytes]
+) -> BackupResult:
+    """Write ``contents`` (a session's files up to ``point``) as the backup ``<dest>/<id>``."""
+    target = os.path.join(dest, session_id)
+    if os.path.lexists(target):
+        raise BackupError(target, "already exists; back up to a new directory")
+    return _write(target, session_id, point, contents, 0, None)
+
+
 def _write(
     target: str,
     session_id: str,

@@ -11,6 +11,7 @@ from worker.store.layout import session_dir
 from worker.store.loader import load_session, log_path
 from worker.store.lock import lock_directory, unlock_directory
 from worker.store.records import Record
+from worker.store.session_state import SessionState
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,6 +98,19 @@ def inspect_session(
     finally:
         if lock_fd is not None:
             unlock_directory(lock_fd)
+    return summarize(state, directory, counts, writer_pid=writer_pid, writer_live=writer_live)
+
+
+def summarize(
+    state: SessionState,
+    directory: str,
+    counts: list[dict[str, int]],
+    *,
+    writer_pid: int | None = None,
+    writer_live: bool = False,
+) -> Inspection:
+    """The inspection of a loaded session; ``counts``: each epoch read's, oldest first."""
+    session_id = state.session_id
     return Inspection(
         session=session_id,
         directory=directory,

@@ -9,6 +9,8 @@ nodes is etcd's (docs/scaling.md); a token given to ``open_session`` is that own
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from worker.store.baseline import Baseline
@@ -71,6 +73,17 @@ class PostgresStore:
         conn = connect(self.uri, self.place)
         try:
             return read_durability(conn)
+        except driver().Error as exc:
+            raise database_error(self.place, exc) from exc
+        finally:
+            conn.close()
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        """A connection of the store's (its schema checked) for the block; closed after it."""
+        conn = self._connect()
+        try:
+            yield conn
         except driver().Error as exc:
             raise database_error(self.place, exc) from exc
         finally:

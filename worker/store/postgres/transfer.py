@@ -1,0 +1,103 @@
+"""A session read without claiming it, and a session's files moved in or out whole.
+
+``loopd verify/inspect --store`` read with the loader the file store's tools use, in one
+REPEATABLE READ snapshot, under no token: nothing is written, the owner is not deposed.
+``loopd restore --store`` puts a backup's files (docs/operations.md) into the database
+in one transaction; ``loopd backup --store`` takes them out as of one snapshot, so a
+session moves between a home and a database as the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
+
+from worker.store.errors import SessionExists, SessionNotFound
+from worker.store.inspection import Inspection, summarize
+from worker.store.loader import load_session
+from worker.store.postgres.backend import _LOG_NAME, PostgresBackend
+from worker.store.postgres.connection import database_error, driver
+
+if TYPE_CHECKING:
+    from worker.store.postgres.store import PostgresStore
+    from worker.store.records import Record
+    from worker.store.session_state import SessionState
+
+# A reader's backend holds no owner token: every write it tried would be refused.
+_NO_OWNER: Final = 0
+
+
+def read_session(
+    store: PostgresStore,
+    session_id: str,
+    *,
+    on_epoch: Callable[[list[Record]], None] | None = None,
+    history: bool = False,
+    canonical: bool = False,
+) -> SessionState:
+    """Load the session as ``load_session`` does, in one snapshot, without claiming it."""
+    directory = store.session_dir(session_id)
+    with store.connection() as conn:
+        backend = PostgresBackend(conn, directory, session_id, _NO_OWNER)
+        with backend.snapshot():
+            if not backend.names():
+                raise SessionNotFound(directory)
+            return load_session(
+                directory, session_id, dir_fd=backend, on_epoch=on_epoch,
+                history=history, canonical=canonical,
+            )  # fmt: skip
+
+
+def session_files(store: PostgresStore, session_id: str) -> dict[str, bytes]:
+    """Every file of the session as a home would hold it, as of one snapshot."""
+    directory = store.session_dir(session_id)
+    with store.connection() as conn:
+        backend = PostgresBackend(conn, directory, session_id, _NO_OWNER)
+        with backend.snapshot():
+            names = backend.names()
+            if not names:
+                raise SessionNotFound(directory)
+            return {name: backend.read(name, f"{directory}/{name}") for name in names}
+
+
+def put_session(store: PostgresStore, session_id: str, files: dict[str, bytes]) -> None:
+    """Create the session from ``files`` in one transaction; SessionExists if it exists."""
+    directory = store.session_dir(session_id)
+    with store.connection() as conn:
+        try:
+            with conn.transaction():
+                made = conn.execute(
+                    "INSERT INTO loopd_sessions (session, owner_token) VALUES (%s, 1) "
+                    "ON CONFLICT DO NOTHING RETURNING owner_token",
+                    (session_id,),
+                ).fetchone()
+                if made is None:
+                    raise SessionExists(directory)
+                for name, data in sorted(files.items()):
+                    if _LOG_NAME.fullmatch(name):
+                        conn.execute(
+                            "INSERT INTO loopd_log_chunks (session, epoch, start, data) "
+                            "VALUES (%s, %s, 0, %s)",
+                            (session_id, int(name[: -len(".jsonl")]), data),
+                        )
+                    else:
+                        conn.execute(
+                            "INSERT INTO loopd_files (session, name, data) VALUES (%s, %s, %s)",
+                            (session_id, name, data),
+                        )
+        except driver().Error as exc:
+            raise database_error(directory, exc) from exc
+
+
+def inspect_stored(store: PostgresStore, session_id: str, *, history: bool = False) -> Inspection:
+    """``inspect_session`` of a session in the database (``--all``: ``history``, canonical)."""
+    counts: list[dict[str, int]] = []
+
+    def count_epoch(records: list[Record]) -> None:
+        counts.append(dict(Counter(r.TYPE for r in records)))
+
+    state = read_session(
+        store, session_id, on_epoch=count_epoch, history=history, canonical=history
+    )
+    return summarize(state, store.session_dir(session_id), counts)
