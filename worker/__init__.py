@@ -2,41 +2,47 @@
 
 The session store lives in ``worker.store``; its names are re-exported here so that
 ``from worker import Session`` keeps working.
+They are imported on first use, not with the package: ``import worker.wire`` (every
+client, every CLI command) then loads the wire format alone, not the whole store.
 """
 
 from __future__ import annotations
 
-from worker.store import (
-    Assistant,
-    Baseline,
-    BaselineError,
-    ChecksumMismatch,
-    EpochClosed,
-    EpochEnd,
-    Handoff,
-    InvalidLog,
-    InvalidRecord,
-    InvalidSessionId,
-    KeyExpired,
-    LogError,
-    LogSealed,
-    NotOwnerNow,
-    Owner,
-    PathError,
-    Record,
-    Session,
-    SessionBroken,
-    SessionError,
-    SessionExists,
-    SessionIOError,
-    SessionLocked,
-    SessionNotFound,
-    SessionStart,
-    ToolResult,
-    TornLog,
-    Usage,
-    User,
-)
+import importlib
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from worker.store import (
+        Assistant,
+        Baseline,
+        BaselineError,
+        ChecksumMismatch,
+        EpochClosed,
+        EpochEnd,
+        Handoff,
+        InvalidLog,
+        InvalidRecord,
+        InvalidSessionId,
+        KeyExpired,
+        LogError,
+        LogSealed,
+        NotOwnerNow,
+        Owner,
+        PathError,
+        Record,
+        Session,
+        SessionBroken,
+        SessionError,
+        SessionExists,
+        SessionIOError,
+        SessionLocked,
+        SessionNotFound,
+        SessionStart,
+        ToolResult,
+        TornLog,
+        Usage,
+        User,
+    )
 
 __all__ = [
     "Assistant",
@@ -69,3 +75,18 @@ __all__ = [
     "Usage",
     "User",
 ]
+_SOURCES: Final = dict.fromkeys(__all__, "worker.store")
+
+
+def __getattr__(name: str) -> object:
+    """Import the module of a re-exported name on its first use, then keep the name here.
+
+    A client needs ``worker.wire``; importing the package must not load the store for it
+    (issue 32).
+    """
+    module = _SOURCES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

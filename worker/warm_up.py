@@ -26,6 +26,7 @@ from typing import Final
 from worker.app import DefaultApp
 from worker.server import Server
 from worker.store.durable import set_hook
+from worker.store.record_codecs import compile_every_codec
 from worker.store.session import Session
 from worker.store.stats import STATS
 from worker.wire import FrameReader, Message, WireError, encode
@@ -52,6 +53,9 @@ def warm_up(requests: int = REQUESTS) -> None:
             app = DefaultApp()
             Session.create(home, _SESSION, app.initial_baseline(_SESSION)).close()
             _serve(Session.open(home, _SESSION), app, requests)
+        # The codecs are compiled on first use (issue 32); the types the scratch session
+        # never wrote are compiled here too, so that no forked worker compiles its own.
+        compile_every_codec()
     finally:
         set_hook(previous)
         STATS.reset()

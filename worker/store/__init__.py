@@ -1,44 +1,50 @@
 """The session store: records, durable I/O, open/append/commit, repair and inspection.
 
 It imports nothing else of loopd (import-linter checks it): the worker process, the
-supervisor and the chaos rig build on it, never the other way round.
+supervisor and the chaos rig build on it, never the other way round. The names below
+are imported on first use: ``worker.store.errors`` alone (what the wire format needs)
+does not load the records, open and append.
 """
 
 from __future__ import annotations
 
-from worker.store.baseline import Baseline
-from worker.store.errors import (
-    BaselineError,
-    ChecksumMismatch,
-    EpochClosed,
-    InvalidLog,
-    InvalidRecord,
-    InvalidSessionId,
-    KeyExpired,
-    LogError,
-    LogSealed,
-    NotOwnerNow,
-    PathError,
-    SessionBroken,
-    SessionError,
-    SessionExists,
-    SessionIOError,
-    SessionLocked,
-    SessionNotFound,
-    TornLog,
-)
-from worker.store.records import (
-    Assistant,
-    EpochEnd,
-    Handoff,
-    Owner,
-    Record,
-    SessionStart,
-    ToolResult,
-    Usage,
-    User,
-)
-from worker.store.session import Session
+import importlib
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from worker.store.baseline import Baseline
+    from worker.store.errors import (
+        BaselineError,
+        ChecksumMismatch,
+        EpochClosed,
+        InvalidLog,
+        InvalidRecord,
+        InvalidSessionId,
+        KeyExpired,
+        LogError,
+        LogSealed,
+        NotOwnerNow,
+        PathError,
+        SessionBroken,
+        SessionError,
+        SessionExists,
+        SessionIOError,
+        SessionLocked,
+        SessionNotFound,
+        TornLog,
+    )
+    from worker.store.records import (
+        Assistant,
+        EpochEnd,
+        Handoff,
+        Owner,
+        Record,
+        SessionStart,
+        ToolResult,
+        Usage,
+        User,
+    )
+    from worker.store.session import Session
 
 __all__ = [
     "Assistant",
@@ -71,3 +77,48 @@ __all__ = [
     "Usage",
     "User",
 ]
+_SOURCES: Final = {  # each re-exported name and the module that defines it
+    "Baseline": "worker.store.baseline",
+    "BaselineError": "worker.store.errors",
+    "ChecksumMismatch": "worker.store.errors",
+    "EpochClosed": "worker.store.errors",
+    "InvalidLog": "worker.store.errors",
+    "InvalidRecord": "worker.store.errors",
+    "InvalidSessionId": "worker.store.errors",
+    "KeyExpired": "worker.store.errors",
+    "LogError": "worker.store.errors",
+    "LogSealed": "worker.store.errors",
+    "NotOwnerNow": "worker.store.errors",
+    "PathError": "worker.store.errors",
+    "SessionBroken": "worker.store.errors",
+    "SessionError": "worker.store.errors",
+    "SessionExists": "worker.store.errors",
+    "SessionIOError": "worker.store.errors",
+    "SessionLocked": "worker.store.errors",
+    "SessionNotFound": "worker.store.errors",
+    "TornLog": "worker.store.errors",
+    "Assistant": "worker.store.records",
+    "EpochEnd": "worker.store.records",
+    "Handoff": "worker.store.records",
+    "Owner": "worker.store.records",
+    "Record": "worker.store.records",
+    "SessionStart": "worker.store.records",
+    "ToolResult": "worker.store.records",
+    "Usage": "worker.store.records",
+    "User": "worker.store.records",
+    "Session": "worker.store.session",
+}
+
+
+def __getattr__(name: str) -> object:
+    """Import the module of a re-exported name on its first use, then keep the name here.
+
+    Every module of the store imports this package first; loading all of it for
+    ``worker.store.errors`` cost a client most of its start (issue 32).
+    """
+    module = _SOURCES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,4 +1,4 @@
-"""The per-type codecs of the log records, compiled from the field tables.
+"""The per-type codecs of the log records, compiled from the field tables on first use.
 
 A decoder takes the dict ``json.loads`` made of one line and returns the record, or
 None when a value or the key order does not fit (the slow path in ``records`` then
@@ -116,7 +116,42 @@ def encode(r):
     return decode, encode  # type: ignore[return-value]
 
 
-CODECS: Final = {cls.TYPE: _compile_codecs(cls) for cls in RECORD_TYPES}
-"""Each record type's compiled (decoder, encoder), by type name."""
-DECODERS: Final[dict[object, Decoder]] = {name: c[0] for name, c in CODECS.items()}
-"""Each record type's compiled decoder, by type name."""
+def _compile_into_tables(cls: type[Record]) -> tuple[Decoder, Encoder]:
+    """Compile ``cls``'s codecs and put them in ``DECODERS`` and ``ENCODERS`` for good."""
+    decode, encode = _compile_codecs(cls)
+    DECODERS[cls.TYPE] = decode
+    ENCODERS[cls.TYPE] = encode
+    return decode, encode
+
+
+def _stand_ins(cls: type[Record]) -> tuple[Decoder, Encoder]:
+    """A decoder and an encoder that compile ``cls``'s codecs on first use, then call them.
+
+    Compiling every type at import cost more than the rest of ``import worker`` (issue
+    32): an interpreter that never reads or writes a record (the CLI, a client, the
+    rig's parent) never pays it, and one that does pays once per type it meets, after
+    which the tables hold the compiled functions themselves. Two threads racing here
+    compile the same functions twice; either pair is the codec.
+    """
+
+    def decode(d: dict[str, object]) -> Record | None:
+        return _compile_into_tables(cls)[0](d)
+
+    def encode(r: Record) -> dict[str, object] | None:
+        return _compile_into_tables(cls)[1](r)
+
+    return decode, encode
+
+
+def compile_every_codec() -> None:
+    """Compile the codecs of every record type now (a process about to fork workers)."""
+    for cls in RECORD_TYPES:
+        if DECODERS[cls.TYPE] is _STAND_INS[cls.TYPE][0]:
+            _compile_into_tables(cls)
+
+
+_STAND_INS: Final = {cls.TYPE: _stand_ins(cls) for cls in RECORD_TYPES}
+DECODERS: Final[dict[object, Decoder]] = {name: c[0] for name, c in _STAND_INS.items()}
+"""Each record type's decoder, by type name (compiled on the first line of its type)."""
+ENCODERS: Final[dict[str, Encoder]] = {name: c[1] for name, c in _STAND_INS.items()}
+"""Each record type's encoder, by type name (compiled on the first record of its type)."""

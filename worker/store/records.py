@@ -26,8 +26,8 @@ from json.encoder import encode_basestring
 from typing import Final
 
 from worker.store.errors import InvalidRecord, quote
-from worker.store.record_codecs import CODECS as _CODECS
 from worker.store.record_codecs import DECODERS as _DECODERS
+from worker.store.record_codecs import ENCODERS as _ENCODERS
 from worker.store.record_fields import FIELD_KINDS, Part, why_fields_wrong
 from worker.store.record_types import (
     RECORD_TYPES,
@@ -100,7 +100,7 @@ _encode: Final = _compact_encoder()
 
 def _document(record: Record) -> dict[str, object]:
     """Return the record as the dict its line encodes; InvalidRecord if a field is wrong."""
-    document = _CODECS[record.TYPE][1](record)
+    document = _ENCODERS[record.TYPE](record)
     if document is None:
         values = {name: getattr(record, name) for name, _kind in FIELD_KINDS[record.TYPE][1]}
         raise InvalidRecord(record.TYPE, why_fields_wrong(record.TYPE, values))
