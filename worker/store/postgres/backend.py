@@ -26,6 +26,11 @@ if TYPE_CHECKING:
 
 _LOG_NAME: Final = re.compile(r"(0|[1-9][0-9]*)\.jsonl")
 _OWNER: Final = "SELECT owner_token FROM loopd_sessions WHERE session = %s FOR SHARE"
+_APPEND: Final = (
+    "INSERT INTO loopd_log_chunks (session, epoch, start, data) "
+    "SELECT session, %s, %s, %s FROM loopd_sessions "
+    "WHERE session = %s AND owner_token = %s FOR SHARE"
+)
 
 
 class PostgresBackend:
@@ -64,6 +69,7 @@ class PostgresBackend:
                 "SELECT start, data FROM loopd_log_chunks WHERE session = %s AND epoch = %s "
                 "ORDER BY start",
                 (self.session_id, int(name[: -len(".jsonl")])),
+                binary=True,  # bytea as its bytes: no hex text to send and decode
             )
             return _joined(path, rows)
         rows = self._fetch(
@@ -85,9 +91,11 @@ class PostgresBackend:
         except driver().Error as exc:
             raise database_error(self.directory, exc) from exc
 
-    def _fetch(self, query: str, args: tuple[object, ...]) -> list[tuple[object, ...]]:
+    def _fetch(
+        self, query: str, args: tuple[object, ...], *, binary: bool = False
+    ) -> list[tuple[object, ...]]:
         try:
-            return self._conn().execute(query, args).fetchall()
+            return self._conn().execute(query, args, binary=binary).fetchall()
         except driver().Error as exc:
             raise database_error(self.directory, exc) from exc
 
@@ -95,12 +103,13 @@ class PostgresBackend:
 
     def append_group(self, epoch: int, offset: int, data: bytes) -> None:
         """Insert one group commit's bytes at ``offset`` of ``epoch``'s log, fenced, committed."""
-        with self._fenced() as conn:
-            conn.execute(
-                "INSERT INTO loopd_log_chunks (session, epoch, start, data) "
-                "VALUES (%s, %s, %s, %s)",
-                (self.session_id, epoch, offset, data),
-            )
+        # The fence and the write are one statement (a round trip fewer than a SELECT,
+        # then the INSERT): it inserts only where the session's row, locked FOR SHARE,
+        # holds this writer's token; a claim in flight is waited for and re-read.
+        with self._fenced(checked=False) as conn:
+            cursor = conn.execute(_APPEND, (epoch, offset, data, self.session_id, self.token))
+            if cursor.rowcount != 1:
+                raise self._deposed(conn)
 
     def start_epoch(self, epoch: int, files: dict[str, bytes], first_line: bytes) -> None:
         """Write ``files`` and epoch ``epoch``'s first line in one fenced transaction."""
@@ -131,25 +140,23 @@ class PostgresBackend:
             pass
 
     @contextmanager
-    def _fenced(self) -> Iterator[Connection]:
+    def _fenced(self, *, checked: bool = True) -> Iterator[Connection]:
         """One transaction that holds the session's row shared and checks the owner's token.
 
         It is committed when the block ends; nothing of it is visible if the token is
         not this writer's, if a statement fails, or if the connection is lost before
         COMMIT. A COMMIT whose reply was lost has an unknown outcome: the error says so,
-        and the caller breaks the session (the next open reads what is there).
+        and the caller breaks the session (the next open reads what is there). With
+        ``checked=False`` the block's first statement is the fence (``_APPEND``).
         """
         conn = self._conn()
         psycopg = driver()
         try:
             with conn.transaction():
-                row = conn.execute(_OWNER, (self.session_id,)).fetchone()
-                owner = None if row is None else int(str(row[0]))
-                if owner != self.token:
-                    raise NotOwnerNow(
-                        self.directory,
-                        f"the database holds owner token {owner}, this writer's is {self.token}",
-                    )
+                if checked:
+                    row = conn.execute(_OWNER, (self.session_id,)).fetchone()
+                    if row is None or int(str(row[0])) != self.token:
+                        raise self._deposed(conn)
                 yield conn
                 if self.before_commit is not None:
                     self.before_commit()
@@ -157,6 +164,15 @@ class PostgresBackend:
             reach(Point.AFTER_COMMIT, conn.info.backend_pid)
         except psycopg.Error as exc:
             raise database_error(self.directory, exc) from exc
+
+    def _deposed(self, conn: Connection) -> NotOwnerNow:
+        """The refusal of a write whose fence failed, naming the token the database holds."""
+        row = conn.execute(
+            "SELECT owner_token FROM loopd_sessions WHERE session = %s", (self.session_id,)
+        ).fetchone()
+        owner = None if row is None else int(str(row[0]))
+        why = f"the database holds owner token {owner}, this writer's is {self.token}"
+        return NotOwnerNow(self.directory, why)
 
     def close(self) -> None:
         """Close the connection; idempotent."""
