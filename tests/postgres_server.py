@@ -66,6 +66,10 @@ class PostgresServer:
             os.chown(self.root, account.pw_uid, account.pw_gid)
         self.started = False
 
+    def run(self, *argv: str) -> None:
+        """Run one of the server's programs as the cluster's user; AssertionError if it fails."""
+        self._run(*argv)
+
     def _run(self, *argv: str) -> None:
         done = subprocess.run(
             [str(self.bin / argv[0]), *argv[1:]],
@@ -81,10 +85,19 @@ class PostgresServer:
             log = self.log.read_text()[-2000:] if self.log.exists() else ""
             raise AssertionError(f"{argv[0]} failed: {done.stdout}{done.stderr}{log}")
 
-    def start(self) -> None:
-        """initdb, then pg_ctl start -w (it returns once the server accepts connections)."""
+    def start(self, *settings: str) -> None:
+        """initdb, then pg_ctl start -w (it returns once the server accepts connections).
+
+        ``settings`` are more ``name=value`` server settings (a primary's
+        ``synchronous_standby_names``, tests/postgres_standby.py).
+        """
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "-E", "UTF8")
+        self.launch(*settings)
+
+    def launch(self, *settings: str) -> None:
+        """pg_ctl start -w on the data directory as it is (made by initdb or pg_basebackup)."""
         options = f"-p {self.port} -h 127.0.0.1 -k {self.root} -c fsync=on -c max_connections=50"
+        options += "".join(f" -c {setting}" for setting in settings)
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "start")
         self.started = True
 
