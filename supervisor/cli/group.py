@@ -33,6 +33,7 @@ COMMANDS: Final = {
     "salvage": "supervisor.cli.salvage_command:salvage",
     "backup": "supervisor.cli.backup_commands:backup",
     "restore": "supervisor.cli.backup_commands:restore",
+    "fork": "supervisor.cli.fork_command:fork",
     "delete": "supervisor.cli.removal_commands:delete",
     "forget": "supervisor.cli.removal_commands:forget",
     "logs": "supervisor.cli.log_commands:logs",

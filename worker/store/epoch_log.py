@@ -146,6 +146,15 @@ def check_groups(path: str, records: list[Record], framed: list[tuple[int, int, 
         )
 
 
+def session_of_sealed(following: SessionStart | None, session_id: str) -> str:
+    """The id sealed epoch n's SessionStart must name, given epoch n+1's: the same as it,
+    or the session it was forked from (``forked_from``); ``session_id`` (the directory's)
+    when epoch n+1's first line is not a SessionStart (refused when it is read itself)."""
+    if following is None:
+        return session_id
+    return following.forked_from or following.session
+
+
 def check_epoch(
     path: str, session_id: str, epoch: int, records: list[Record], *, newest: bool
 ) -> None:
@@ -160,6 +169,10 @@ def check_epoch(
     if first.session != session_id:
         raise InvalidLog(
             path, 1, f"SessionStart.session is {quote(first.session)}, directory is {session_id!r}"
+        )
+    if first.forked_from is not None and (first.forked_from == first.session or epoch == 0):
+        raise InvalidLog(
+            path, 1, f"SessionStart.forked_from is {quote(first.forked_from)}: not a fork's"
         )
     # The types once, then counted in C: a large log is checked without a Python step
     # per record, and the place of a problem is looked up only when there is one.

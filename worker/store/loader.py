@@ -32,6 +32,7 @@ from worker.store.epoch_log import (
     decode_log,
     key_applied_at,
     refuse_reused_call,
+    session_of_sealed,
 )
 from worker.store.errors import InvalidLog, quote
 from worker.store.fencing import NO_FENCE, Fence, advance
@@ -216,7 +217,12 @@ class _Reader:
         if not newest:
             self._check_sealed(path, data, epoch)
         decoded = decode_log(path, data, canonical=self.canonical)
-        check_epoch(path, self.session_id, epoch, decoded.records, newest=newest)
+        # Each epoch names the session of the next (or the one it was forked from),
+        # the newest the directory's: a fork's shared epochs name its origin.
+        session_id = self.session_id
+        if not newest:
+            session_id = session_of_sealed(self.starts[epoch + 1], self.session_id)
+        check_epoch(path, session_id, epoch, decoded.records, newest=newest)
         check_groups(path, decoded.records, decoded.framed)
         if newest:
             self.crc = decoded.crc

@@ -43,6 +43,7 @@ class SessionStart:
         ("key_index",),
         ("prior_log_size", "prior_log_crc"),
         ("fence_token", "fence_node"),
+        ("forked_from",),
     )
     # The fields the closing EpochEnd's ``carried`` digest binds: the first two blocks,
     # and the fence block when the line holds it (logs written before it bind five).
@@ -78,6 +79,10 @@ class SessionStart:
     # node, 0 and "" when none wrote one; absent in logs written before it was carried.
     fence_token: int | None = None
     fence_node: str | None = None
+    # The session this one was forked from (``loopd fork``), in the SessionStart of the
+    # first epoch the fork wrote: the epochs before it are that session's, shared with
+    # it, and name it (docs/format.md, "Forks"). Absent in every other SessionStart.
+    forked_from: str | None = None
 
     @property
     def carries_state(self) -> bool:

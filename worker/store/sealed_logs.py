@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from worker.store.epoch_log import DecodedLog, check_epoch, decode_log
+from worker.store.epoch_log import DecodedLog, check_epoch, decode_log, session_of_sealed
 from worker.store.files import Directory, open_directory, read_file
 from worker.store.line_checksums import refuse_sealed, sealed_binding, sealed_intact
 from worker.store.records import SessionStart, decode_line
@@ -58,9 +58,11 @@ def read_sealed(directory: str, epoch: int) -> DecodedLog:
     dir_fd = open_directory(directory)
     try:
         data = read_file(dir_fd, os.path.basename(path), path)
-        check_sealed(path, data, epoch, first_start(dir_fd, directory, epoch + 1))
+        following = first_start(dir_fd, directory, epoch + 1)
+        check_sealed(path, data, epoch, following)
     finally:
         os.close(dir_fd)
     decoded = decode_log(path, data)
-    check_epoch(path, os.path.basename(directory), epoch, decoded.records, newest=False)
+    session_id = session_of_sealed(following, os.path.basename(directory))
+    check_epoch(path, session_id, epoch, decoded.records, newest=False)
     return decoded

@@ -1,0 +1,162 @@
+"""``loopd fork ID NEW [--epoch E]``: a new session whose history is ID's up to epoch E.
+
+The store does the fork (worker.store.fork): ID's sealed epochs 0..E are shared with
+NEW (hard links), and NEW's epoch E+1 starts from E's recorded summary. Only sealed
+epochs are read, so a live ID is forked without asking its worker. The new epoch's
+baseline is the App's ``next_baseline`` for the session as of E, asked of the App ID
+was created with: a named App in a child interpreter set up as its workers are, the
+default (or ``--app``) App here. A daemon that serves the home is told of NEW
+(``adopt``); otherwise the intent records NEW's named App for the next ``serve``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Final, cast
+
+import click
+
+from supervisor.cli.offline_commands import EXIT_REFUSED, require_home
+from supervisor.cli.options import existing_home_option, timeout_option
+from supervisor.cli.removal_commands import daemon_answers
+from supervisor.cli.session_app import AppUnusable
+from supervisor.client.control import call
+from supervisor.errors import ControlError, SupervisorError
+from supervisor.hosting.apps import IMPORT_TIMEOUT, AppConfig, AppConfigError, app_import_path
+from supervisor.hosting.config import ConfigError, config_path, read_apps
+from supervisor.hosting.intent import IntentError, IntentFile
+from worker.app import DEFAULT_APP, DEFAULT_BUDGET, load_app
+from worker.store.baseline import Baseline
+from worker.store.errors import SessionError
+from worker.store.fork import StagedFork, abandon_fork, finish_fork, sealed_through, stage_fork
+
+if TYPE_CHECKING:
+    from worker.store.session import Session
+
+_NEXT_BASELINE: Final = """
+import json, sys
+sys.path[:] = json.loads(sys.argv[3])
+from worker.app import load_app
+from worker.store.fork import StagedSession
+from worker.store.loader import load_session
+view = StagedSession(load_session(sys.argv[4], sys.argv[5]))
+baseline = load_app(sys.argv[1], int(sys.argv[2])).next_baseline(view, sys.argv[6])
+sys.stdout.buffer.write(baseline.to_json())
+"""
+
+
+def next_baseline(staged: StagedFork, app: AppConfig | None, spec: str | None) -> Baseline:
+    """The App's ``next_baseline`` for the staged session as of epoch E, and E's summary."""
+    if app is None:
+        target = spec or DEFAULT_APP
+        try:  # the App sees the session read-only, as of the end of epoch E
+            view = cast("Session", staged.session)
+            return load_app(target).next_baseline(view, staged.summary)
+        except Exception as exc:
+            raise AppUnusable(f"--app {target}", f"{type(exc).__name__}: {exc}") from exc
+    where = f"app {app.name!r} ({app.target})"
+    budget = app.budget if app.budget is not None else DEFAULT_BUDGET
+    path = json.dumps(app_import_path(app))
+    args = [app.target, str(budget), path, staged.staging, staged.source, staged.summary]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _NEXT_BASELINE, *args],
+            cwd=app.work_dir(),
+            env=app.check_env(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=IMPORT_TIMEOUT,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AppUnusable(where, f"its next_baseline took over {IMPORT_TIMEOUT:g} s") from exc
+    except (OSError, AppConfigError) as exc:
+        raise AppUnusable(where, f"cannot be started: {exc}") from exc
+    if done.returncode != 0:
+        lines = done.stderr.decode(errors="replace").strip().splitlines()
+        last = lines[-1].strip() if lines else f"exit code {done.returncode}"
+        raise AppUnusable(where, f"next_baseline failed: {last[:300]}")
+    try:
+        return Baseline.from_json(done.stdout)
+    except ValueError as exc:
+        raise AppUnusable(where, f"its next baseline is not one: {exc}") from exc
+
+
+def _named_app(home: str, source: str) -> tuple[str | None, AppConfig | None]:
+    """The named App ``source`` was created with (intent.json), if any, and its config."""
+    intent = IntentFile(home)
+    try:
+        intent.load()
+    except IntentError as exc:
+        raise AppUnusable(intent.path, f"{exc.why}: the session's App is not known") from exc
+    name = intent.app_of(source)
+    if name is None:
+        return None, None
+    try:
+        app = read_apps(config_path(home)).get(name)
+    except (ConfigError, SupervisorError) as exc:
+        raise AppUnusable(config_path(home), str(exc)) from exc
+    if app is None:
+        raise AppUnusable(
+            f"session {source}",
+            f"was created with the App {name!r} (intent.json), and loopd.toml's [apps] does "
+            f"not name it: add [apps.{name}] back",
+        )
+    return name, app
+
+
+@click.command()
+@existing_home_option
+@timeout_option
+@click.option(
+    "--epoch",
+    type=click.IntRange(min=0),
+    default=None,
+    help="The last epoch of ID that NEW shares (sealed). Default: ID's newest sealed one.",
+)
+@click.option("--app", "spec", default=None, help="serve's --app, for a session of no named App.")
+@click.argument("source", metavar="ID")
+@click.argument("new", metavar="NEW")
+def fork(
+    home: str, timeout: float, epoch: int | None, spec: str | None, source: str, new: str
+) -> None:
+    """Make NEW a session whose history is ID's up to the end of epoch E.
+
+    ID's epochs 0..E are shared (hard-linked where the file system allows, else
+    copied); NEW's next epoch starts from E's recorded summary, with the baseline the
+    App gives for it, and records that it was forked from ID. ID may be live: only its
+    sealed epochs are read, and it is not changed. NEW is built in the trash and
+    renamed into place whole; a fork cut short leaves no NEW.
+    """
+    require_home("fork", home)
+    try:
+        name, app = _named_app(home, source)
+        staged = stage_fork(home, source, new, sealed_through(home, source, epoch))
+        try:
+            baseline = next_baseline(staged, app, spec)
+        except BaseException:
+            abandon_fork(staged)
+            raise
+        result = finish_fork(staged, baseline)
+        if daemon_answers(home, timeout):
+            call(
+                home,
+                "adopt",
+                timeout=timeout,
+                session=new,
+                **({} if name is None else {"app": name}),
+            )
+        elif name is not None:
+            intent = IntentFile(home)
+            intent.load()
+            intent.set_app(new, name)
+    except (SessionError, AppUnusable, ControlError, IntentError) as exc:
+        click.echo(f"loopd fork: {exc}", err=True)
+        sys.exit(EXIT_REFUSED)
+    click.echo(
+        f"forked {source} as {new} from epoch {result.epoch}: epochs 0..{result.epoch} "
+        f"shared ({result.linked} files linked, {result.copied} copied), epoch "
+        f"{result.epoch + 1} starts from its summary; next: loopd start {new}"
+    )
