@@ -6,6 +6,7 @@ belong to the caller's own uid: another user cannot stand in for the daemon.
 
 from __future__ import annotations
 
+import errno
 import os
 import selectors
 import socket
@@ -32,6 +33,10 @@ READ_SIZE: Final = 1 << 18
 _SMALL: Final = 32 << 10
 """Requests up to this many bytes are written with one blocking send (they fit the buffer)."""
 TIMEVAL: Final = struct.Struct("ll")
+_BACKLOG_FULL: Final = frozenset({errno.EAGAIN})
+_FIRST_CONNECT_PAUSE: Final = 0.002
+_LAST_CONNECT_PAUSE: Final = 0.05
+"""Seconds between connects while the daemon's accept backlog is full: from 2 ms, doubling."""
 STATUS_PAGE: Final = 500
 """Rows asked for per status page (the daemon also stops a page at half a frame)."""
 
@@ -52,11 +57,20 @@ def open_control(home: str, timeout: float) -> socket.socket:
         raise ControlError("bad_home", f"{shown_path(path)}: {exc.strerror}") from exc
     if problem is not None:
         raise ControlError("not_ours", f"{problem}: refusing to talk to it")
+    deadline = time.monotonic() + timeout
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
-        sock.connect(path)
+        _connect_until(sock, path, deadline)
         uid = peer_uid(sock)
+    except TimeoutError as exc:
+        sock.close()
+        raise ControlError(
+            "busy",
+            f"the supervisor at {path} did not accept the connection within {timeout:g} s: "
+            "its accept backlog stayed full (it is running but overloaded); retry later "
+            "or with a longer --timeout",
+        ) from exc
     except OSError as exc:
         sock.close()
         raise ControlError(
@@ -70,6 +84,30 @@ def open_control(home: str, timeout: float) -> socket.socket:
             "not_ours", f"{path} is served by uid {uid}, not by you: refusing to talk to it"
         )
     return sock
+
+
+def _connect_until(sock: socket.socket, path: str, deadline: float) -> None:
+    """Connect, waiting out a full accept backlog until ``deadline`` (then TimeoutError).
+
+    A Unix socket's connect fails at once with EAGAIN when the listener's backlog is full,
+    even on a socket with a timeout (it is non-blocking inside): the daemon is there but
+    busy accepting, which is no reason to say it is not running. ECONNREFUSED (nobody
+    listens) and ENOENT are not retried.
+    """
+    pause = _FIRST_CONNECT_PAUSE
+    while True:
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            if exc.errno not in _BACKLOG_FULL:
+                raise
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(exc.errno, exc.strerror) from exc
+        else:
+            return
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, _LAST_CONNECT_PAUSE)
 
 
 def shown_path(path: str, limit: int = 200) -> str:

@@ -1,4 +1,5 @@
-"""The control socket: bound 0600, accepting on the loop, surviving descriptor exhaustion."""
+"""The control socket: bound 0600, accepting on the loop, surviving descriptor exhaustion,
+and answering ``busy`` to a connection past ``MAX_CLIENTS``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from collections.abc import Callable
 from typing import Final
 
 from supervisor.control_socket import MAX_SOCKET_PATH, peer_uid, socket_path
+from supervisor.daemon.connection import MAX_CLIENTS, client_budget
 from supervisor.errors import ServeError
+from worker.wire import encode, error
 
 STAGING_SUFFIX: Final = ".new"
 BACKLOG: Final = 128
@@ -19,6 +22,15 @@ ACCEPTS_PER_WAKE: Final = 64
 RETRY_AFTER_EXHAUSTION: Final = 0.25
 _OUT_OF_DESCRIPTORS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _PEER_GAVE_UP: Final = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR})
+_REFUSAL_UNSENT: Final = frozenset({errno.EAGAIN, errno.EPIPE, errno.ECONNRESET})
+TOO_MANY: Final = encode(
+    error(
+        None,
+        "busy",
+        f"too many control connections (the limit is {MAX_CLIENTS}, each one a client "
+        "that is still connected); retry once some have ended",
+    )
+)
 
 
 class Listener:
@@ -39,6 +51,7 @@ class Listener:
         self._sock: socket.socket | None = None
         self._paused = False
         self._short = False  # in an episode of descriptor exhaustion (reported once)
+        self._crowded = False  # in an episode of refusing connections (reported once)
         self._retry: asyncio.TimerHandle | None = None
 
     def open(self) -> None:
@@ -123,7 +136,28 @@ class Listener:
                 self._short = False
                 self.report("accepting again")
             sock.setblocking(False)
+            if client_budget(self.loop).full():
+                self._refuse(sock)
+                continue
+            if self._crowded:
+                self._crowded = False
+                self.report("serving new control connections again")
             self.on_client(sock)
+
+    def _refuse(self, sock: socket.socket) -> None:
+        """Answer ``busy`` (one frame, into an empty buffer: it fits) and close."""
+        client_budget(self.loop).refused += 1
+        if not self._crowded:
+            self._crowded = True
+            self.report(f"{MAX_CLIENTS} control connections are open: refusing new ones "
+                        "with busy until some end")  # fmt: skip
+        try:
+            sock.send(TOO_MANY)
+        except OSError as exc:
+            if exc.errno not in _REFUSAL_UNSENT:
+                sock.close()
+                raise
+        sock.close()
 
     def _pause(self, exc: OSError) -> None:
         """Out of descriptors: stop accepting for a moment (the backlog waits), say so."""

@@ -14,15 +14,21 @@ table. Idle ones cannot hold those slots against a scraper either (issue 29: 16 
 connections from any local uid once reset every scrape): a request head must be whole
 within ``HEAD_TIMEOUT``, and a connection that finds every slot taken reclaims the slot
 of the one that has waited longest without a whole head (it is reset), so a scraper,
-whose head follows its connect at once, is answered. Only when every slot holds an
-answer still being written is a new connection closed at its accept.
+whose head follows its connect at once, is answered. Before a connection is reset so,
+what it has already sent is read (in an accept burst the loop accepts many connections
+before it reads any): a scraper accepted just before a flood of connections has its
+head whole in its socket's buffer, and is answered instead of reset. An answer that the
+kernel took whole frees its slot at once. Only when every slot holds an answer still
+being written is a new connection closed at its accept.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import os
+import socket
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +46,9 @@ MAX_CONNECTIONS: Final = 16
 """Scrape connections open at once; a further one takes the slot of the longest waiting
 for its head, or is closed at its accept if every slot holds an answer being written."""
 MAX_TOKEN_BYTES: Final = 4096
+DEFER_ACCEPT: Final = 1
+"""Seconds a connection that has sent nothing waits in the kernel before its accept."""
+_RESET: Final = frozenset({errno.ECONNRESET, errno.ETIMEDOUT, errno.EPIPE, errno.ENOTCONN})
 
 
 class TokenError(ValueError):
@@ -81,13 +90,14 @@ class ScrapeGate:
     def admit(self, conn: MetricsProtocol) -> bool:
         """Give ``conn`` a slot, reclaiming the one of the connection that has waited
         longest for its head if none is free; False (refused) if none can be reclaimed."""
+        for candidate in list(self.waiting):
+            if self.open < self.limit:
+                break
+            if candidate.read_ahead():  # its head is not whole even with what it sent
+                self.reclaimed += 1
+                candidate.evict()
         if self.open >= self.limit:
-            oldest = next(iter(self.waiting), None)
-            if oldest is None:
-                self.refused += 1
-                return False
-            self.reclaimed += 1
-            oldest.evict()
+            return False
         self.open += 1
         self.waiting[conn] = None
         return True
@@ -116,15 +126,42 @@ class MetricsProtocol(asyncio.Protocol):
         self.head = b""
         self.timer: asyncio.TimerHandle | None = None
         self.counted = False
+        self.answered = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
         if not self.gate.admit(self):
-            transport.abort()  # its descriptor is released now, not at a timeout
+            # No slot: answered (briefly over the limit) only if its whole head is here
+            # already, as a scraper's is once the kernel has let it be accepted.
+            if self.read_ahead():
+                self.gate.refused += 1
+                transport.abort()  # its descriptor is released now, not at a timeout
             return
         self.counted = True
-        self.transport = transport
         self.timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT, transport.abort)
+
+    def read_ahead(self) -> bool:
+        """Act on what the peer has sent and the loop has not read yet; True if this
+        connection still waits for its head (False: answered, or gone)."""
+        if self.transport is None or self.transport.is_closing():
+            return False
+        sock = self.transport.get_extra_info("socket")
+        try:
+            # os.read: the transport's socket object refuses recv; the descriptor is
+            # non-blocking, and the transport's own next read finds nothing (EAGAIN).
+            data = os.read(sock.fileno(), MAX_HEAD + 1)
+        except BlockingIOError:
+            return True  # nothing more sent: still waiting
+        except OSError as exc:
+            if exc.errno not in _RESET:
+                raise
+            data = b""
+        if not data:
+            self.evict()  # gone, or half-closed without a whole head: nothing to answer
+            return False
+        self.data_received(data)
+        return not self.answered
 
     def evict(self) -> None:
         """Give up this connection's slot to a newer one: reset it now."""
@@ -171,6 +208,7 @@ class MetricsProtocol(asyncio.Protocol):
         self, code: int, reason: str, body: bytes, length: int | None = None, extra: str = ""
     ) -> None:
         assert self.transport is not None
+        self.answered = True
         head = (
             f"HTTP/1.1 {code} {reason}\r\nContent-Type: {CONTENT_TYPE}\r\n"
             f"Content-Length: {len(body) if length is None else length}\r\n{extra}"
@@ -181,7 +219,9 @@ class MetricsProtocol(asyncio.Protocol):
         self.gate.waiting.pop(self, None)  # answered: never reclaimed while it is written
         if self.timer is not None:
             self.timer.cancel()
-        if self.transport.get_write_buffer_size():
+        if not self.transport.get_write_buffer_size():
+            self._uncount()  # the kernel took it all: the slot is free before the close
+        else:
             self.timer = asyncio.get_running_loop().call_later(ANSWER_TIMEOUT, self.transport.abort)
 
     def _uncount(self) -> None:
@@ -205,4 +245,9 @@ async def serve_metrics(
     """Listen on ``listen`` and answer scrapes with ``render()``, as ``gate`` allows."""
     host, port = parse_listen(listen)
     gate = gate or ScrapeGate()
-    return await loop.create_server(lambda: MetricsProtocol(render, gate), host, port)
+    server = await loop.create_server(lambda: MetricsProtocol(render, gate), host, port)
+    for sock in server.sockets:
+        # Linux: a connection is accepted once its first bytes arrived (or DEFER_ACCEPT
+        # seconds passed), so a scraper's head is in its buffer when it is accepted.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, DEFER_ACCEPT)
+    return server
