@@ -30,6 +30,7 @@ from supervisor.hosting.config import (
     render_config,
 )
 from supervisor.hosting.settings import hosting_options, settings_from
+from supervisor.http import open_http
 from worker.heartbeat import MAX_TURN_KEYS
 from worker.turns import DEFAULT_MAX_BATCH
 
@@ -179,6 +180,12 @@ MAX_LEASE_TTL: Final = 3600
     "(synchronous_commit and synchronous_standby_names).",
 )
 @click.option(
+    "--http",
+    default=None,
+    metavar="HOST:PORT",
+    help="serve the HTTP API (docs/http.md) at HOST:PORT, e.g. 127.0.0.1:8080.",
+)
+@click.option(
     "--print-config",
     is_flag=True,
     help=f"print the settings (<home>/{CONFIG_NAME} under these flags) as TOML, and exit.",
@@ -225,11 +232,17 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
         store=cast("str | None", get("store")),
         require_sync_replication=cast(bool, get("require_sync_replication")),
     )  # fmt: skip
+    http = None
     try:
+        # Its own thread and loop, a client of the daemon like any other (docs/http.md).
+        http = open_http(cast("str | None", get("http")), home)
         code = Supervisor(config).run()
     except (HomeLocked, ServeError) as exc:
         click.echo(f"loopd serve: {exc}", err=True)
         sys.exit(EXIT_ERROR)
+    finally:
+        if http is not None:
+            http.close()
     sys.exit(code)
 
 

@@ -1,0 +1,103 @@
+"""Blocking client calls (``supervisor.client.Client``) on a pool of threads, awaited.
+
+The client is blocking by design (kernel timeouts on its sockets); the HTTP loop must
+never block, so each call runs on one of ``THREADS`` daemon threads, each with its own
+``Client`` (a client is not shared between threads; its connections to the workers
+are kept between calls). Daemon threads: a call still waiting on a worker when serve
+exits holds nothing that needs an orderly end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Callable
+from typing import Final, TypeVar
+
+from supervisor.client import Client
+from supervisor.errors import ControlError
+
+THREADS: Final = 64
+MAX_IN_FLIGHT: Final = 256
+"""Calls running or waiting for a thread at once; one more is refused ``busy`` (429)."""
+RETRY_FOR: Final = 10.0
+"""Seconds a call retries a session whose worker restarts (``Client.retry_for``)."""
+
+_T = TypeVar("_T")
+_Job = tuple[Callable[[Client], object], asyncio.Future[object], asyncio.AbstractEventLoop]
+
+
+class ClientPool:
+    """``THREADS`` threads, each with a Client of ``home``; ``run`` awaits one call."""
+
+    def __init__(self, home: str) -> None:
+        self.home = home
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._idle = 0  # threads done with their job, free for another (under _lock)
+        self.in_flight = 0  # calls not yet answered (the loop's thread only)
+
+    async def run(self, call: Callable[[Client], _T]) -> _T:
+        """``call(client)`` on a pool thread; its result or its exception."""
+        if self.in_flight >= MAX_IN_FLIGHT:
+            raise ControlError("busy", f"{MAX_IN_FLIGHT} calls in flight; retry later")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[object] = loop.create_future()
+        self._start_one()
+        self._jobs.put((call, future, loop))
+        self.in_flight += 1
+        try:
+            return await future  # type: ignore[return-value]
+        finally:
+            self.in_flight -= 1
+
+    def close(self) -> None:
+        """Ask every thread to end after its call (not waited for: see the module)."""
+        for _ in self._threads:
+            self._jobs.put(None)
+
+    def _start_one(self) -> None:
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1  # this job is that thread's
+            elif len(self._threads) < THREADS:
+                thread = threading.Thread(target=self._serve, name="loopd-http-call", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+
+    def _serve(self) -> None:
+        with Client(self.home, retry_for=RETRY_FOR) as client:
+            while (job := self._jobs.get()) is not None:
+                call, future, loop = job
+                try:
+                    result = call(client)
+                except Exception as exc:  # noqa: BLE001 (a thread's boundary: the awaiting coroutine decides)
+                    _hand(loop, _set_exception, future, exc)
+                else:
+                    _hand(loop, _set_result, future, result)
+                with self._lock:
+                    self._idle += 1
+
+
+def _hand(
+    loop: asyncio.AbstractEventLoop,
+    setter: Callable[[asyncio.Future[object], _T], None],
+    future: asyncio.Future[object],
+    value: _T,
+) -> None:
+    try:
+        loop.call_soon_threadsafe(setter, future, value)
+    except RuntimeError:  # the loop closed (serve exits): nobody waits for it any more
+        return
+
+
+def _set_result(future: asyncio.Future[object], result: object) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _set_exception(future: asyncio.Future[object], exc: Exception) -> None:
+    if not future.done():
+        future.set_exception(exc)

@@ -1,0 +1,133 @@
+"""One HTTP/1.1 request off a connection, read as strictly as RFC 9112 asks.
+
+What is refused, each with one error and the connection closed after it (a parser that
+guessed could be desynchronised from a proxy in front of it: request smuggling):
+a request line that is not ``METHOD SP /target SP HTTP/1.1``, a head over
+``MAX_HEAD`` bytes or ``MAX_HEADERS`` lines, a header line with whitespace before its
+colon, a folded line, a control character, a missing or repeated ``Host``, any
+``Transfer-Encoding`` (no chunked bodies), more than one ``Content-Length`` or one that
+is not digits, and a body over ``MAX_BODY``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+from typing import Final
+
+MAX_HEAD: Final = 8 << 10
+"""Bytes of the request line and headers together, the final blank line included."""
+MAX_HEADERS: Final = 64
+MAX_BODY: Final = 1 << 20
+"""A request body, at most: the control socket's frame."""
+HEADER_DEADLINE: Final = 5.0
+"""Seconds from a request's first byte to the end of its head: a peer that trickles its
+headers is answered 408 and closed."""
+KEEP_ALIVE_IDLE: Final = 5.0
+"""Seconds a connection may wait for its next request's first byte; then it is closed
+without a word (no request began, so none is answered)."""
+BODY_DEADLINE: Final = 30.0
+
+_TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_TARGET: Final = re.compile(rb"/[\x21-\x7e]*")
+_VALUE: Final = re.compile(rb"[\x20-\x7e\x80-\xff\t]*")
+
+
+class HttpError(Exception):
+    """A request refused: the status, the wire protocol's code and one line why."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(status, code, message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.code}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HttpRequest:
+    """A request as read: method, target, lower-cased header names, the body."""
+
+    method: str
+    target: str
+    headers: dict[str, str]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name)
+
+    @property
+    def keep_alive(self) -> bool:
+        tokens = (self.headers.get("connection") or "").lower().split(",")
+        return "close" not in (t.strip() for t in tokens)
+
+
+async def read_request(reader: asyncio.StreamReader, first: bytes) -> HttpRequest:
+    """The request that began with the byte ``first``; HttpError if it is not strict.
+
+    The caller bounds the wait (``HEADER_DEADLINE``); ``reader``'s limit is ``MAX_HEAD``.
+    """
+    try:
+        head = first + await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError as exc:
+        raise HttpError(400, "bad_request", "the connection ended inside a request's head") from exc
+    except asyncio.LimitOverrunError as exc:
+        raise HttpError(431, "too_large", f"a request head over {MAX_HEAD} bytes") from exc
+    method, target, headers = parse_head(head)
+    length = _content_length(headers)
+    if length > MAX_BODY:
+        raise HttpError(413, "too_large", f"a body of {length} bytes (at most {MAX_BODY})")
+    try:
+        body = await asyncio.wait_for(reader.readexactly(length), BODY_DEADLINE)
+    except asyncio.IncompleteReadError as exc:
+        raise HttpError(400, "bad_request", "the connection ended inside a body") from exc
+    return HttpRequest(method=method, target=target, headers=headers, body=body)
+
+
+def parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
+    """Method, target and headers of a head ending in CRLF CRLF; HttpError if not strict."""
+    if len(head) > MAX_HEAD:
+        raise HttpError(431, "too_large", f"a request head over {MAX_HEAD} bytes")
+    lines = head[:-4].split(b"\r\n")
+    if len(lines) - 1 > MAX_HEADERS:
+        raise HttpError(431, "too_large", f"more than {MAX_HEADERS} header lines")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or not _TARGET.fullmatch(parts[1]):
+        raise HttpError(400, "bad_request", "a request line other than METHOD /target HTTP/1.1")
+    if parts[2] != b"HTTP/1.1":
+        raise HttpError(505, "bad_request", "only HTTP/1.1 is served")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon or not _TOKEN.fullmatch(name):
+            # Also a folded line (leading whitespace) and "Name : value" (RFC 9112 5.1).
+            raise HttpError(400, "bad_request", "a header line that is not Name: value")
+        value = value.strip(b" \t")
+        if not _VALUE.fullmatch(value):
+            raise HttpError(400, "bad_request", "a control character in a header value")
+        key = name.decode("ascii").lower()
+        if key in headers and key in _SINGLE:
+            raise HttpError(400, "bad_request", f"more than one {key} header")
+        text = value.decode("latin-1")
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    if "transfer-encoding" in headers:
+        raise HttpError(400, "bad_request", "Transfer-Encoding is refused: send Content-Length")
+    if "host" not in headers:
+        raise HttpError(400, "bad_request", "no Host header")
+    return parts[0].decode("ascii"), parts[1].decode("ascii"), headers
+
+
+_SINGLE: Final = frozenset({"content-length", "host", "idempotency-key", "last-event-id"})
+"""Headers that appear once or not at all (a second is refused, never merged)."""
+
+
+def _content_length(headers: dict[str, str]) -> int:
+    value = headers.get("content-length")
+    if value is None:
+        return 0
+    if not value.isascii() or not value.isdigit() or len(value) > 19:
+        raise HttpError(400, "bad_request", "a Content-Length that is not one number")
+    return int(value)

@@ -1,0 +1,70 @@
+"""Responses: status lines, JSON bodies, errors as one object, the wire codes' statuses."""
+
+from __future__ import annotations
+
+import json
+from http import HTTPStatus
+from typing import Final
+
+STATUS_OF_CODE: Final = {
+    "bad_request": 400,
+    "bad_frame": 400,
+    "not_found": 404,
+    "exists": 409,
+    "intent": 409,
+    "unknown_app": 400,
+    "too_large": 413,
+    "busy": 429,
+    "unavailable": 503,
+    "no_daemon": 503,
+    "closed": 503,
+    "worker_died": 503,
+    "not_ours": 503,
+    "not_owner": 503,
+    "timeout": 504,
+}
+"""The HTTP status of each wire protocol error code; any other code is a 500."""
+
+
+def status_of(code: str) -> int:
+    return STATUS_OF_CODE.get(code, 500)
+
+
+def json_body(document: object) -> bytes:
+    """A JSON document as sent; a value JSON lacks (bytes from msgpack) becomes its repr."""
+    return json.dumps(document, ensure_ascii=False, default=repr).encode("utf-8")
+
+
+def error_document(code: str, message: str) -> dict[str, object]:
+    return {"error": {"code": code, "message": message}}
+
+
+def response(
+    status: int,
+    body: bytes,
+    *,
+    content_type: str = "application/json",
+    keep_alive: bool = True,
+    extra: tuple[tuple[str, str], ...] = (),
+) -> bytes:
+    """The whole response: status line, headers with Content-Length, body."""
+    reason = HTTPStatus(status).phrase
+    lines = [
+        f"HTTP/1.1 {status} {reason}",
+        f"Content-Type: {content_type}",
+        f"Content-Length: {len(body)}",
+        "Connection: keep-alive" if keep_alive else "Connection: close",
+        *(f"{name}: {value}" for name, value in extra),
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def error_response(status: int, code: str, message: str, *, keep_alive: bool = True) -> bytes:
+    return response(status, json_body(error_document(code, message)), keep_alive=keep_alive)
+
+
+EVENT_STREAM_HEAD: Final = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\n"
+    b"Connection: close\r\n\r\n"
+)
+"""An event stream's head: no length, the body ends when the connection closes."""

@@ -1,0 +1,196 @@
+"""The endpoints: each request to its answer (docs/http.md; openapi.json describes them)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import uuid
+from importlib import resources
+from typing import Final
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from supervisor.client import Client
+from supervisor.errors import ControlError
+from supervisor.http.calls import ClientPool
+from supervisor.http.parser import HttpError, HttpRequest
+from supervisor.http.responses import error_response, json_body, response, status_of
+from supervisor.http.sse import Turn, Turns
+from supervisor.http.streaming import start_or_join, write_events
+
+MAX_KEY: Final = 256
+"""Characters of an Idempotency-Key: a request id's bound on the wire."""
+_KEY: Final = re.compile(r"[\x21-\x7e]{1,256}")
+ROUTES: Final = (
+    ("POST", "/v1/sessions"),
+    ("GET", "/v1/sessions/{id}"),
+    ("POST", "/v1/sessions/{id}/requests"),
+    ("GET", "/v1/sessions/{id}/records"),
+    ("GET", "/v1/openapi.json"),
+)
+"""Every (method, path) served; a test checks openapi.json lists exactly these."""
+
+
+def openapi_document() -> bytes:
+    """The OpenAPI document kept beside this module, as served."""
+    return resources.files("supervisor.http").joinpath("openapi.json").read_bytes()
+
+
+class Api:
+    """Answers the requests of every connection; its clients are the pool's."""
+
+    def __init__(self, pool: ClientPool) -> None:
+        self.pool = pool
+        self.turns = Turns()
+        self._openapi = openapi_document()
+
+    async def answer(self, request: HttpRequest, writer: asyncio.StreamWriter) -> bool:
+        """Write the answer to ``request``; whether the connection may serve another."""
+        keep = request.keep_alive
+        try:
+            return await self._route(request, writer, keep)
+        except HttpError as exc:
+            writer.write(error_response(exc.status, exc.code, exc.message, keep_alive=keep))
+        except ControlError as exc:
+            status = status_of(exc.code)
+            writer.write(error_response(status, exc.code, exc.message, keep_alive=keep))
+        return keep
+
+    async def _route(self, request: HttpRequest, writer: asyncio.StreamWriter, keep: bool) -> bool:
+        parts = urlsplit(request.target)
+        segments = [unquote(s) for s in parts.path.split("/")[1:]]
+        method = request.method
+        if segments == ["v1", "openapi.json"]:
+            _allow(method, "GET")
+            writer.write(response(200, self._openapi, keep_alive=keep))
+        elif segments == ["v1", "sessions"]:
+            _allow(method, "POST")
+            body = _json_object(request)
+            session = _string(body, "id")
+            fields: dict[str, object] = {"session": session}
+            if "app" in body:
+                fields["app"] = _string(body, "app")
+            result = await self.pool.run(lambda c: c.call("create", **fields))
+            writer.write(response(201, json_body(_row(result, session)), keep_alive=keep))
+        elif len(segments) == 3 and segments[:2] == ["v1", "sessions"]:
+            _allow(method, "GET")
+            rows = await self.pool.run(lambda c: c.call("status", session=segments[2]))
+            row = rows[0] if isinstance(rows, list) and rows else rows
+            writer.write(response(200, json_body(row), keep_alive=keep))
+        elif segments[:2] == ["v1", "sessions"] and segments[3:] == ["records"]:
+            _allow(method, "GET")
+            page = await self._records(segments[2], parse_qs(parts.query))
+            writer.write(response(200, json_body(page), keep_alive=keep))
+        elif (
+            len(segments) == 4 and segments[:2] == ["v1", "sessions"] and segments[3] == "requests"
+        ):
+            _allow(method, "POST")
+            return await self._send(segments[2], request, writer, keep)
+        else:
+            raise HttpError(404, "not_found", f"no endpoint {parts.path}")
+        return keep
+
+    async def _records(self, session: str, query: dict[str, list[str]]) -> object:
+        since = _number(query, "since", 0)
+        limit = _number(query, "limit", 1000)
+        epoch = _number(query, "epoch", -1)
+
+        def read(client: Client) -> object:
+            return client.records(session, since=since, epoch=None if epoch < 0 else epoch)
+
+        page = await self.pool.run(read)
+        if isinstance(page, dict) and isinstance(page.get("records"), list):
+            records = page["records"][: max(1, limit)]
+            page = {**page, "records": records, "next": since + len(records)}
+        return page
+
+    async def _send(
+        self, session: str, request: HttpRequest, writer: asyncio.StreamWriter, keep: bool
+    ) -> bool:
+        body = _json_object(request)
+        text = _string(body, "text")
+        untrusted = body.get("untrusted", False)
+        if not isinstance(untrusted, bool):
+            raise HttpError(400, "bad_request", "field 'untrusted' must be true or false")
+        key = request.header("idempotency-key")
+        if key is None:
+            key = f"auto-{uuid.uuid4().hex}"
+        elif not _KEY.fullmatch(key):
+            raise HttpError(400, "bad_request", f"an Idempotency-Key of 1 to {MAX_KEY} visible "
+                            "ASCII characters")  # fmt: skip
+        if "text/event-stream" in (request.header("accept") or ""):
+            last_id = _last_event_id(request.header("last-event-id"))
+            turn = await start_or_join(self.pool, self.turns, session, text, key, untrusted,
+                                       last_id)  # fmt: skip
+            await write_events(turn, writer, last_id)
+            return False  # an event stream ends with its connection
+        joined = self.turns.get(session, key)
+        if joined is not None:  # a stream of this key runs: its reply is this answer
+            await write_events_as_json(joined, writer, keep)
+            return keep
+        result = await self.pool.run(lambda c: c.send(session, text, key=key, untrusted=untrusted))
+        writer.write(response(200, json_body({**result, "key": key}), keep_alive=keep))
+        return keep
+
+
+async def write_events_as_json(turn: Turn, writer: asyncio.StreamWriter, keep: bool) -> None:
+    """The final event of a registered turn, as a plain JSON answer."""
+    last = 0
+    while True:
+        _dropped, events = await turn.follow(last)
+        for event in events:
+            last = event.id
+            if event.kind == "reply":
+                writer.write(response(200, event.data.encode(), keep_alive=keep))
+                return
+            if event.kind == "error":
+                error = json.loads(event.data)["error"]
+                status = status_of(str(error["code"]))
+                writer.write(response(status, event.data.encode(), keep_alive=keep))
+                return
+
+
+def _allow(method: str, allowed: str) -> None:
+    if method != allowed:
+        raise HttpError(405, "bad_request", f"{method} is not served here; {allowed} is")
+
+
+def _json_object(request: HttpRequest) -> dict[str, object]:
+    kind = (request.header("content-type") or "application/json").split(";")[0].strip()
+    if kind.lower() != "application/json":
+        raise HttpError(415, "bad_request", "the body must be application/json")
+    try:
+        document = json.loads(request.body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise HttpError(400, "bad_request", f"the body is not JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise HttpError(400, "bad_request", "the body must be a JSON object")
+    return document
+
+
+def _string(body: dict[str, object], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str):
+        raise HttpError(400, "bad_request", f"field {name!r} must be a string")
+    return value
+
+
+def _number(query: dict[str, list[str]], name: str, default: int) -> int:
+    values = query.get(name)
+    if values is None:
+        return default
+    if len(values) != 1 or not values[0].isascii() or not values[0].isdigit():
+        raise HttpError(400, "bad_request", f"query {name!r} must be one number")
+    return int(values[0][:19])
+
+
+def _last_event_id(value: str | None) -> int:
+    if value is None or value == "":
+        return 0
+    if not value.isascii() or not value.isdigit() or len(value) > 18:
+        raise HttpError(400, "bad_request", "a Last-Event-ID that is not an event's id")
+    return int(value)
+
+
+def _row(result: object, session: str) -> object:
+    return result if isinstance(result, dict) else {"session": session, "result": result}

@@ -1,0 +1,175 @@
+"""The HTTP port: its own thread and asyncio loop, connections kept alive within bounds.
+
+The daemon's loop is not this one: the server talks to the daemon only as a client
+(``calls.ClientPool``), so nothing here can stall the daemon, and nothing of the daemon
+is touched from this thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import sys
+import threading
+from typing import Final
+
+from supervisor.errors import ServeError
+from supervisor.http.calls import ClientPool
+from supervisor.http.parser import (
+    HEADER_DEADLINE,
+    KEEP_ALIVE_IDLE,
+    MAX_HEAD,
+    HttpError,
+    read_request,
+)
+from supervisor.http.responses import error_response
+from supervisor.http.routes import Api
+
+MAX_CONNECTIONS: Final = 512
+"""Connections at once; one more is answered 503 and closed."""
+MAX_REQUESTS_PER_CONNECTION: Final = 1000
+LINGER: Final = 2.0
+"""Seconds an answered refusal waits for the peer's unread bytes (at most
+``LINGER_BYTES``) before closing: closing with unread input sends a reset, which can
+destroy the refusal before the peer reads it."""
+LINGER_BYTES: Final = 4 << 20
+BACKLOG: Final = 128
+
+
+class HttpServer:
+    """``loopd serve --http HOST:PORT``: listens at ``open``, stops at ``close``."""
+
+    def __init__(self, address: str, home: str) -> None:
+        self.address = address
+        self.host, self.port = parse_address(address)
+        self.pool = ClientPool(home)
+        self.connections = 0
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopped: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    def open(self) -> None:
+        """Bind and listen (ServeError in one line if the port cannot be had), then serve."""
+        try:
+            sock = socket.create_server((self.host, self.port), backlog=BACKLOG)
+        except OSError as exc:
+            raise ServeError(f"--http {self.address}: {exc.strerror or exc}") from exc
+        sock.setblocking(False)
+        self._sock = sock
+        self.port = sock.getsockname()[1]
+        ready = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(ready,), name="loopd-http", daemon=True
+        )
+        self._thread.start()
+        ready.wait()
+
+    def close(self) -> None:
+        """Stop accepting, end every connection, join the thread."""
+        if self._loop is not None and self._stopped is not None:
+            with contextlib.suppress(RuntimeError):  # its loop already ended
+                self._loop.call_soon_threadsafe(self._stopped.set)
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.pool.close()
+
+    def _run(self, ready: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._serve(ready))
+        finally:
+            loop.close()
+
+    async def _serve(self, ready: threading.Event) -> None:
+        self._stopped = asyncio.Event()
+        assert self._sock is not None
+        api = Api(self.pool)
+        server = await asyncio.start_server(
+            lambda r, w: self._connection(api, r, w), sock=self._sock, limit=MAX_HEAD
+        )
+        ready.set()
+        try:
+            await self._stopped.wait()
+        finally:
+            server.close()
+            tasks = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _connection(
+        self, api: Api, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.connections += 1
+        try:
+            if self.connections > MAX_CONNECTIONS:
+                writer.write(error_response(503, "busy", "too many connections", keep_alive=False))
+                await _linger(reader, writer)
+                return
+            await self._requests(api, reader, writer)
+        except (ConnectionError, TimeoutError):
+            pass  # the peer went away or stalled: its connection ends here
+        finally:
+            self.connections -= 1
+            writer.transport.abort()
+
+    async def _requests(
+        self, api: Api, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        for _ in range(MAX_REQUESTS_PER_CONNECTION):
+            try:
+                first = await asyncio.wait_for(reader.read(1), KEEP_ALIVE_IDLE)
+            except TimeoutError:
+                return  # no request began: closed without a word
+            if not first:
+                return
+            try:
+                request = await asyncio.wait_for(read_request(reader, first), HEADER_DEADLINE)
+            except TimeoutError:
+                why = f"no whole request head within {HEADER_DEADLINE:g} s"
+                writer.write(error_response(408, "timeout", why, keep_alive=False))
+                await writer.drain()
+                return
+            except HttpError as exc:
+                writer.write(error_response(exc.status, exc.code, exc.message, keep_alive=False))
+                await _linger(reader, writer)
+                return
+            keep = await api.answer(request, writer)
+            await writer.drain()
+            if not keep:
+                return
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Send what was written, end our side, and read the peer's rest for a moment."""
+    await writer.drain()
+    if writer.can_write_eof():
+        writer.write_eof()
+    taken = 0
+    with contextlib.suppress(TimeoutError, ConnectionError):
+        async with asyncio.timeout(LINGER):
+            while taken < LINGER_BYTES and (data := await reader.read(1 << 16)):
+                taken += len(data)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """HOST:PORT (``[::1]:PORT`` for IPv6); ServeError in one line if not."""
+    host, colon, port = address.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not colon or not host or not port.isdigit() or int(port) > 65535:
+        raise ServeError(f"--http {address}: expected HOST:PORT, e.g. 127.0.0.1:8080")
+    return host, int(port)
+
+
+def open_http(address: str | None, home: str) -> HttpServer | None:
+    """The HTTP port, listening, or None without ``--http``."""
+    if address is None:
+        return None
+    server = HttpServer(address, home)
+    server.open()
+    print(f"loopd serve: http at {server.host}:{server.port}", file=sys.stderr, flush=True)
+    return server
