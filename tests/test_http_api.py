@@ -253,3 +253,22 @@ def test_a_head_slower_than_the_deadline_is_answered_408_and_closed(served: Api)
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 408 ")
     assert served.ask("GET", "/v1/sessions/s")[0] == 200
+
+
+def test_a_worker_death_mid_stream_is_a_restart_event_then_the_partials_again(
+    tmp_path: Path,
+) -> None:
+    port = _free_port()
+    args = ("--http", f"127.0.0.1:{port}", "--app", "tests.slow_apps:DyingStreamApp")
+    with running_daemon(tmp_path / "home", *args):
+        api = Api(port)
+        api.ask("POST", "/v1/sessions", {"id": "s"})
+        events = api.events("/v1/sessions/s/requests", {"text": "x"}, {"Idempotency-Key": "d"})
+        api.conn.close()
+    kinds = [(k, d.get("text")) for _i, k, d in events[:-1]]
+    assert kinds == [
+        ("partial", "first"), ("partial", "second"), ("restart", None),
+        ("partial", "first"), ("partial", "second"),
+    ]  # fmt: skip
+    assert [i for i, _k, _d in events] == [str(n) for n in range(1, 7)]
+    assert (events[-1][1], events[-1][2]["duplicate"]) == ("reply", False)
