@@ -15,8 +15,8 @@ from supervisor.errors import ControlError
 from supervisor.http.calls import ClientPool
 from supervisor.http.parser import HttpError, HttpRequest
 from supervisor.http.responses import error_response, json_body, response, status_of
-from supervisor.http.sse import Turn, Turns
-from supervisor.http.streaming import start_or_join, write_events
+from supervisor.http.sse import Turns
+from supervisor.http.streaming import start_or_join, write_events, write_final_as_json
 
 MAX_KEY: Final = 256
 """Characters of an Idempotency-Key: a request id's bound on the wire."""
@@ -126,28 +126,11 @@ class Api:
             return False  # an event stream ends with its connection
         joined = self.turns.get(session, key)
         if joined is not None:  # a stream of this key runs: its reply is this answer
-            await write_events_as_json(joined, writer, keep)
+            await write_final_as_json(joined, writer, keep)
             return keep
         result = await self.pool.run(lambda c: c.send(session, text, key=key, untrusted=untrusted))
         writer.write(response(200, json_body({**result, "key": key}), keep_alive=keep))
         return keep
-
-
-async def write_events_as_json(turn: Turn, writer: asyncio.StreamWriter, keep: bool) -> None:
-    """The final event of a registered turn, as a plain JSON answer."""
-    last = 0
-    while True:
-        _dropped, events = await turn.follow(last)
-        for event in events:
-            last = event.id
-            if event.kind == "reply":
-                writer.write(response(200, event.data.encode(), keep_alive=keep))
-                return
-            if event.kind == "error":
-                error = json.loads(event.data)["error"]
-                status = status_of(str(error["code"]))
-                writer.write(response(status, event.data.encode(), keep_alive=keep))
-                return
 
 
 def _allow(method: str, allowed: str) -> None:

@@ -1,14 +1,15 @@
-"""A send answered as an event stream: start the turn or join it, write its events."""
+"""A streamed send: start its turn or join it, write its events (or its final one as JSON)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Final
 
 from supervisor.client import Client
 from supervisor.errors import ControlError
 from supervisor.http.calls import ClientPool
-from supervisor.http.responses import EVENT_STREAM_HEAD
+from supervisor.http.responses import EVENT_STREAM_HEAD, response, status_of
 from supervisor.http.sse import Turn, Turns
 
 IDLE_COMMENT: Final = 15.0
@@ -96,3 +97,20 @@ async def write_events(turn: Turn, writer: asyncio.StreamWriter, last_id: int) -
         await writer.drain()
         if turn.finished and not turn.after(last_id)[1]:
             return
+
+
+async def write_final_as_json(turn: Turn, writer: asyncio.StreamWriter, keep: bool) -> None:
+    """The final event of a registered turn, as a plain JSON answer."""
+    last = 0
+    while True:
+        _dropped, events = await turn.follow(last)
+        for event in events:
+            last = event.id
+            if event.kind == "reply":
+                writer.write(response(200, event.data.encode(), keep_alive=keep))
+                return
+            if event.kind == "error":
+                error = json.loads(event.data)["error"]
+                status = status_of(str(error["code"]))
+                writer.write(response(status, event.data.encode(), keep_alive=keep))
+                return
