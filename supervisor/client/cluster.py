@@ -58,6 +58,10 @@ RESEND_PAUSE = 0.05
 """Seconds before the second try, growing by as much each try (a worker restarting)..."""
 MAX_PAUSE = 0.5
 """...up to this: a failover takes a lease TTL, and the new owner is found within this."""
+NODE_RETRY_FOR = MAX_PAUSE
+"""Seconds a request to a node on this machine (``unix:``) retries on that node's socket
+before the owner is looked up again: 2 s made a failover take the lease TTL plus 2 s
+whenever the owner key outlived the first 2 s of retries (4.1 s with a 2 s TTL)."""
 OWNER_WATCH_SLICE = 0.5
 """Seconds of one watch of an owner key while a request waits for an owner."""
 
@@ -282,7 +286,12 @@ class ClusterClient:
     def _client(self, home: str) -> Client:
         client = self._clients.get(home)
         if client is None:
-            client = self._clients[home] = Client(home, timeout=self.timeout, retry_for=2.0)
+            # A short retry of its own (a worker restarting under a live daemon): a dead
+            # node's socket refusing is retried here, by a fresh look at the owner, not
+            # against that socket for seconds past the owner key's expiry (issue 30).
+            client = self._clients[home] = Client(
+                home, timeout=self.timeout, retry_for=NODE_RETRY_FOR
+            )
         return client
 
 
