@@ -100,8 +100,15 @@ def _all_idle(home: Path) -> bool:
     return {row["state"] for row in rows} == {"IDLE"}
 
 
-def _clients(home: Path) -> int:
-    status = call(str(home), "ping", timeout=30)
+def _clients(home: Path) -> int | None:
+    """The daemon's count of control clients (this ping's included); None while it
+    refuses the ping as one too many (the previous ping's close not yet seen)."""
+    try:
+        status = call(str(home), "ping", timeout=30)
+    except ControlError as exc:
+        if exc.code != "busy":
+            raise
+        return None
     assert isinstance(status, dict)
     clients = status["clients"]
     assert isinstance(clients, int)
