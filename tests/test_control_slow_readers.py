@@ -59,7 +59,7 @@ def test_slow_readers_grow_the_daemon_by_a_bounded_amount_while_ping_is_answered
             call(str(home), "create", session=f"s{n}", timeout=60)
         # Hibernated, a session's status row is cheap to make: the flood costs memory
         # quickly rather than CPU.
-        poll_until(lambda: _all_idle(home), timeout=30, what="every session to hibernate")
+        poll_until(lambda: _all_idle(home), timeout=60, what="every session to hibernate")
         serve = psutil.Process(daemon.proc.pid)
         before = _rss(serve)
         frames = _status_frames(FRAMES_EACH)
@@ -90,7 +90,7 @@ def test_slow_readers_grow_the_daemon_by_a_bounded_amount_while_ping_is_answered
                 with contextlib.suppress(OSError):
                     sock.close()
         poll_until(
-            lambda: _clients(home) == 1, timeout=30, what="the slow readers' connections to end"
+            lambda: _clients(home) == 1, timeout=60, what="the slow readers' connections to end"
         )
 
 
