@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import click
 
+from chaos.app_loading import CleanRunFailed
 from chaos.cases import Case, CaseResult
 from chaos.cli_options import (
     EXIT_VIOLATION,
@@ -23,7 +24,6 @@ from chaos.cli_options import (
 )
 from chaos.parallel import case_workdir, run_cases
 from chaos.run_report import RunReport
-from chaos.runner import CleanRunFailed
 from chaos.sampling import Pick, Plan, plan_sample
 from chaos.sweep import ALL_FAULTS, build_cases
 from chaos.violation_groups import group_violations

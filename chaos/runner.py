@@ -8,16 +8,15 @@ the files to the oracle.
 from __future__ import annotations
 
 import copy
-import functools
 import os
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass, replace
 from typing import Final
 
 from chaos.api_state import check_api_state
 from chaos.app_contract import check_app_contract, learned_shapes
+from chaos.app_loading import CleanRunFailed, import_app, last_line
 from chaos.cases import Case, CaseResult
 from chaos.crash_states import Mark, StateCache, state_key
 from chaos.damage_case import run_damage_case
@@ -36,7 +35,6 @@ from chaos.probes import run_probes
 from chaos.scenarios import SCENARIOS, SESSION, Scenario
 from chaos.torn import describe, expected_torn_place, torn_refusal_checked
 from chaos.worker_run import ChildRun, fork_child
-from supervisor.hosting.apps import AppConfigError, app_import_path, check_importable
 from worker.store.errors import SessionError
 from worker.store.repair import repair_torn_tail
 
@@ -309,30 +307,6 @@ _CLEAN_STEPS: dict[tuple[str, str | None], list[dict[str, object]]] = {}
 _SHAPES: dict[tuple[str, str], tuple[tuple[str, tuple[str, ...]], ...]] = {}
 
 
-class CleanRunFailed(RuntimeError):
-    """A scenario's run with no fault failed: nothing can be faulted against it (most
-    often the App itself fails); ``str()`` is one line with the worker's last words."""
-
-    def __init__(self, scenario: str, app: str | None, code: int | None, last: str) -> None:
-        super().__init__(scenario, app, code, last)
-        self.scenario, self.app, self.code, self.last = scenario, app, code, last
-
-    def __str__(self) -> str:
-        who = f" through {self.app}" if self.app else ""
-        said = f": {self.last}" if self.last else ""
-        return f"the clean run of {self.scenario}{who} (no fault) exited with {self.code}{said}"
-
-
-def _last_line(path: str) -> str:
-    """The last non-blank line a worker printed (its error, most often), at most 300 chars."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = [line.strip() for line in f.read()[-8192:].splitlines() if line.strip()]
-    except OSError:
-        return ""
-    return lines[-1][:300] if lines else ""
-
-
 class AppScenarioError(ValueError):
     """A scenario that cannot host a user's App (it drives the store, not a worker)."""
 
@@ -354,32 +328,6 @@ def scenario_for(name: str, app: str | None) -> Scenario:
     return replace(spec, app=app, contract=True, shapes=_SHAPES.get((name, app), ()))
 
 
-def import_app(app: str) -> None:
-    """Load the App as ``loopd serve`` does: checked once in a child interpreter, then
-    imported by each worker after its fork, from where serve imports it
-    (``app_import_path``: the working directory first, then PYTHONPATH).
-
-    The rig never imports the App itself: its workers are forked from the rig, and an
-    App imported before the fork would run without what its import made that a fork
-    does not copy (a client's thread), unlike under serve. ImportError if it does not
-    import (the check's one line).
-    """
-    module_name, sep, attribute = app.partition(":")
-    if not sep or not module_name or not attribute:
-        raise ValueError(f"an app is given as module:attribute, not {app!r}")
-    sys.path[:] = app_import_path()
-    _check_importable(app)
-
-
-@functools.cache
-def _check_importable(app: str) -> None:
-    """serve's own import check of ``app``, once per rig (its forks inherit the verdict)."""
-    try:
-        check_importable(app)
-    except AppConfigError as exc:
-        raise ImportError(exc.why) from exc
-
-
 def clean_steps(scenario: str, workdir: str, *, app: str | None = None) -> list[dict[str, object]]:
     """The boundaries of a clean run of ``scenario`` (counted once per process)."""
     if (scenario, app) not in _CLEAN_STEPS:
@@ -392,7 +340,7 @@ def clean_steps(scenario: str, workdir: str, *, app: str | None = None) -> list[
         output = os.path.join(root, "clean-run.out")
         run = fork_child(home, spec, ClientLog(), resume=False, output=output)
         if run.code != 0:
-            raise CleanRunFailed(scenario, app, run.code, _last_line(output))
+            raise CleanRunFailed(scenario, app, run.code, last_line(output))
         if app is not None:
             _SHAPES[(scenario, app)] = learned_shapes(snapshot_logs(home))
         _CLEAN_STEPS[(scenario, app)] = run.steps
