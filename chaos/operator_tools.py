@@ -25,7 +25,7 @@ import os
 from typing import Final
 
 from worker.store import durable, restore  # restore's functions through it: mutants patch them
-from worker.store.backup import PARTIAL, BackupError, Point, backup_session
+from worker.store.backup import PARTIAL, BackupError, Point, backup_session, finish_backup
 from worker.store.index_repair import rebuild_key_index
 from worker.store.layout import session_dir
 from worker.store.repair import make_dirs
@@ -85,7 +85,10 @@ def _backup(session: Session, home: str, session_id: str) -> None:
         except BackupError:
             _move_aside(target)  # not one to count on: take a new one
         else:
-            return  # taken before the crash, and whole
+            # Taken before the crash and whole, its rename perhaps not yet durable: the
+            # tool's rerun finishes it, as `loopd backup` run again does before it refuses.
+            finish_backup(target)
+            return
     if os.path.lexists(target + PARTIAL):
         _move_aside(target + PARTIAL)  # "left from a backup cut short; move it aside first"
     # The point a live worker names: between batches its log's length is a group
@@ -109,7 +112,10 @@ def _restore(home: str, session_id: str) -> None:
     directory = session_dir(scratch, session_id)
     there = os.path.lexists(directory)
     if there and store_files(directory) == store_files(source):
-        return  # restored before the crash
+        # Restored before the crash, its rename perhaps not yet durable: the tool's rerun
+        # finishes it, as `loopd restore` run again does before it says the session exists.
+        restore.finish_restore(scratch, session_id)
+        return
     restore.restore_session(scratch, source, session_id, replace=there)
 
 

@@ -33,6 +33,11 @@ CASES = [
     "operator-tools:power:names:174",
     "operator-tools:power:drop:192",
     "operator-tools:kill:-:186:pend",
+    # A tool killed between its rename and the directory's fsync, then a power loss after
+    # the rerun that found its result there: the rerun must make that name durable (the
+    # restore's copy, then the backup, were gone).
+    "operator-tools:kill:-:174:p21",
+    "operator-tools:io:eio:121:p4",
 ]
 
 

@@ -114,6 +114,9 @@ def backup_session(
     directory = session_dir(home, session_id)
     target = os.path.join(dest, session_id)
     if os.path.lexists(target):
+        # A rerun after a backup cut short between its rename and the directory's fsync
+        # finds it there: its name is made durable before the refusal says it exists.
+        finish_backup(target)
         raise BackupError(target, "already exists; back up to a new directory")
     fd = open_directory(directory)
     try:
@@ -228,3 +231,9 @@ def _write(
         refused = str(exc)
     size = sum(len(d) for d in contents.values())
     return BackupResult(target, point, len(files), size, refused, left)
+
+
+def finish_backup(target: str) -> None:
+    """Make a backup directory's name durable: the last step of a backup, which a crash
+    can cut off after the rename; a rerun that finds the backup there does it."""
+    durable.fsync_dir(os.path.dirname(target) or ".")

@@ -135,6 +135,9 @@ def restore_session(
     home = os.fspath(home)
     directory = session_dir(home, wanted)
     if os.path.lexists(directory) and not replace:
+        # A rerun after a restore cut short between its rename and the directory's fsync
+        # finds it there: its name is made durable before the refusal says it exists.
+        finish_restore(home, wanted)
         raise BackupError(
             directory, "already exists; --force moves it to the trash first, then restores"
         )
@@ -172,3 +175,11 @@ def restore_session(
     durable.fsync_dir(os.path.dirname(directory))
     durable.fsync_dir(os.path.dirname(staging))
     return RestoreResult(directory, manifest, replaced, dropped)
+
+
+def finish_restore(home: str | os.PathLike[str], session_id: str) -> None:
+    """Make a restored session's name durable: the last step of a restore, which a crash
+    can cut off after the rename; an operator's rerun, which finds it there, does it."""
+    directory = session_dir(home, session_id)
+    durable.fsync_dir(os.path.dirname(directory))
+    durable.fsync_dir(os.fspath(home))
