@@ -188,3 +188,12 @@ def stopped(*targets: int | subprocess.Popen[Any]) -> Iterator[None]:
                 os.kill(pid, signal.SIGCONT)
         if resumed:  # chained to whatever the block raised
             raise AssertionError(f"a stopped process was resumed while the test ran: {resumed}")
+
+
+def kill_node(daemon: Daemon) -> None:
+    """SIGKILL a node's serve and every worker of it at once, and reap them."""
+    procs = [psutil.Process(daemon.proc.pid), *daemon.workers()]
+    for proc in procs:
+        proc.kill()
+    daemon.proc.wait(10)
+    psutil.wait_procs(procs, timeout=10)

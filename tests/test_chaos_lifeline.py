@@ -7,11 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import psutil
+
+from tests.support import poll_until
 
 MARK = "LOOPD_TEST_LIFELINE"
 
@@ -39,6 +40,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _pool_at_work(rig: subprocess.Popen[bytes]) -> bool:
+    assert rig.poll() is None, "the rig ended before its pool was seen"
+    children = psutil.Process(rig.pid).children()
+    return len(children) >= 2 and any(c.children() for c in children)
+
+
 def test_a_chaos_run_killed_with_sigkill_leaves_none_of_its_processes_running(
     tmp_path: Path,
 ) -> None:
@@ -52,22 +59,13 @@ def test_a_chaos_run_killed_with_sigkill_leaves_none_of_its_processes_running(
     try:
         # Mid-run: the pool's two processes are up and at least one of them has forked a
         # case of its own (a grandchild of the rig).
-        deadline = time.monotonic() + 60
-        while True:
-            assert rig.poll() is None, "the rig ended before its pool was seen"
-            children = psutil.Process(rig.pid).children()
-            if len(children) >= 2 and any(c.children() for c in children):
-                break
-            assert time.monotonic() < deadline, "the rig's pool and a case never started"
-            time.sleep(0.05)
+        poll_until(lambda: _pool_at_work(rig), timeout=60, what="the rig's pool and a case")
         started = _marked(mark)
         assert len(started) >= 4  # the rig, its two pool processes, a case
         rig.send_signal(signal.SIGKILL)
         rig.wait(timeout=30)
-        deadline = time.monotonic() + 30
-        while (left := _marked(mark)) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert left == [], f"still running 30 s after the rig's SIGKILL: {left}"
+        poll_until(lambda: _marked(mark) == [], timeout=30,
+                   what="every process of the rig to end after its SIGKILL")  # fmt: skip
     finally:
         for pid in _marked(mark):  # nothing left behind, even when the check failed
             with contextlib.suppress(ProcessLookupError):

@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import psycopg
 import pytest
 
@@ -22,7 +21,7 @@ from supervisor.cluster.ownership import owner_of
 from supervisor.errors import ControlError
 from tests.etcd_server import EtcdServer
 from tests.postgres_server import PostgresServer
-from tests.support import Daemon, loopd, poll_until, stop
+from tests.support import Daemon, kill_node, loopd, poll_until, stop
 
 TTL = 2
 MARGIN = 3.0
@@ -78,15 +77,6 @@ def _owner(etcd: EtcdServer, session: str) -> str | None:
     return None if owner is None else owner.node
 
 
-def _kill_node(daemon: Daemon) -> None:
-    """SIGKILL the node's serve and every worker of it at once, and reap them."""
-    procs = [psutil.Process(daemon.proc.pid), *daemon.workers()]
-    for proc in procs:
-        proc.kill()
-    daemon.proc.wait(10)
-    psutil.wait_procs(procs, timeout=10)
-
-
 class KeyedLoad:
     """One client sending keyed requests in a thread; each key's outcome recorded."""
 
@@ -137,7 +127,7 @@ def test_a_killed_node_s_session_is_served_by_another_from_the_database_with_eve
     with KeyedLoad(etcd.url, "s1") as load:
         poll_until(lambda: len(load.acknowledged) >= 20 or load.failures, what="keyed load")
         killed_at = time.monotonic()
-        _kill_node(nodes[old])
+        kill_node(nodes[old])
         poll_until(
             lambda: any(t > first_token for _, t in load.served_by) or load.failures,
             timeout=TTL + MARGIN + 20,

@@ -30,8 +30,7 @@ from supervisor.cluster.ownership import owner_of
 from supervisor.cluster.routing import live_nodes
 from tests.etcd_server import EtcdServer
 from tests.postgres_server import PostgresServer
-from tests.support import Daemon, poll_until
-from tests.test_cluster_postgres import TTL, _kill_node
+from tests.support import Daemon, kill_node, poll_until
 from worker.store.postgres.store import PostgresStore
 from worker.store.postgres.transfer import read_session
 from worker.store.record_types import Record, User
@@ -40,6 +39,7 @@ SEED: Final = 30
 KILLS: Final = 100
 NODES: Final = ("a", "b", "c")
 SESSIONS: Final = tuple(f"s{i}" for i in range(6))
+TTL: Final = 2  # the lease TTL of every node here, as in test_cluster_postgres.py
 GOAL: Final = TTL + 1.0
 """Seconds from a kill within which each of its sessions is served again (the p99 goal)."""
 SERVED_DEADLINE: Final = TTL + 30.0
@@ -190,7 +190,7 @@ def _kill_run(cluster: Cluster, kills: int, bound: float) -> None:
                 tokens = {s: o.token for s, o in owners.items() if o and o.node == victim}
                 schedule.append(f"{victim}:{','.join(sorted(tokens))}")
                 killed_at = time.monotonic()
-                _kill_node(cluster.nodes[victim])
+                kill_node(cluster.nodes[victim])
 
                 def done(tokens: dict[str, int] = tokens, victim: str = victim) -> bool:
                     served = all(loads[s].first_reply_above(t) for s, t in tokens.items())
