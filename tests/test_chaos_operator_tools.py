@@ -18,26 +18,31 @@ from chaos.tool_checks import BACKUP_WHOLE, INDEX, RERUN
 
 # A kill or a power loss in each tool: the backup's copy (87), its manifest's rename
 # (118) and its directory's (120); the restore's copy (150) and its rename into place
-# (173); the lost index file's move (180); the rebuild (186); power after the backup's
-# rename was made durable (121), after the restore (174), after the rebuild was
-# acknowledged (192); a kill in the rebuild, then a power loss once the resume finished.
+# (174); the lost index file's move (182); the rebuild (188); power after the backup's
+# rename was made durable (121), after the restore's rename (175), after the rebuild was
+# acknowledged (194); a kill in the rebuild, then a power loss once the resume finished.
 CASES = [
     "operator-tools:kill:-:87",
     "operator-tools:kill:-:118",
     "operator-tools:kill:-:120",
     "operator-tools:kill:-:150",
-    "operator-tools:kill:-:173",
-    "operator-tools:kill:-:180",
-    "operator-tools:kill:-:186",
+    "operator-tools:kill:-:174",
+    "operator-tools:kill:-:182",
+    "operator-tools:kill:-:188",
     "operator-tools:power:drop:121",
-    "operator-tools:power:names:174",
-    "operator-tools:power:drop:192",
-    "operator-tools:kill:-:186:pend",
+    "operator-tools:power:names:175",
+    "operator-tools:power:drop:194",
+    "operator-tools:kill:-:188:pend",
     # A tool killed between its rename and the directory's fsync, then a power loss after
     # the rerun that found its result there: the rerun must make that name durable (the
     # restore's copy, then the backup, were gone).
-    "operator-tools:kill:-:174:p21",
-    "operator-tools:io:eio:121:p4",
+    "operator-tools:kill:-:175:pend",
+    "operator-tools:io:eio:121:pend",
+    # The fsync that makes a new sessions/ durable failed (or the tool was killed there);
+    # the rerun found sessions/ and never fsynced its parent again, so a power loss took
+    # the restored copy away.
+    "operator-tools:io:eio:173:pend",
+    "operator-tools:kill:-:173:pend",
 ]
 
 

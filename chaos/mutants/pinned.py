@@ -12,7 +12,7 @@ from typing import Final
 PINNED: Final[dict[str, tuple[str, ...]]] = {
     "backup-manifest-before-fsync": (
         "operator-tools:power:names:101",
-        "operator-tools:power:names:193",
+        "operator-tools:power:names:195",
     ),
     "baseline-after-log": ("basic:kill:-:31", "basic:kill:-:55"),
     "call-numbers-per-epoch": ("basic:kill:-:1", "basic:kill:-:56"),
@@ -23,8 +23,8 @@ PINNED: Final[dict[str, tuple[str, ...]]] = {
     "held-lock-taken-as-stale": ("basic:kill:-:1", "basic:kill:-:56"),
     "incomplete-group-accepted": ("basic:torn:lines:17", "basic:torn:lines:39"),
     "index-rebuild-without-fsync": (
-        "operator-tools:power:drop:192",
-        "operator-tools:power:names:193",
+        "operator-tools:power:drop:194",
+        "operator-tools:power:names:195",
     ),
     "key-index-current-epoch-only": ("requests:kill:-:20", "requests:kill:-:54"),
     "lock-released-after-open": ("basic:kill:-:14", "basic:kill:-:56"),
@@ -44,7 +44,7 @@ PINNED: Final[dict[str, tuple[str, ...]]] = {
     "rename-before-data-fsync": ("basic:power:names:13", "basic:power:names:55"),
     "rename-error-ignored": ("basic:io:eio:8", "basic:io:erofs:50"),
     "restore-skips-manifest-check": ("operator-tools:kill:-:87", "operator-tools:kill:-:114"),
-    "restore-without-staging": ("operator-tools:kill:-:129", "operator-tools:kill:-:169"),
+    "restore-without-staging": ("operator-tools:kill:-:130", "operator-tools:kill:-:170"),
     "resume-recomputes-summary": ("operator:kill:-:20", "operator:kill:-:71"),
     "second-epoch-end-on-resume": ("basic:kill:-:22", "basic:kill:-:55"),
     "short-write-not-looped": ("basic:short:fsize:6", "basic:short:fsize:39"),

@@ -223,7 +223,7 @@ def _write(
     text = json.dumps(manifest, indent=1, sort_keys=True).encode() + b"\n"
     durable.write_file_atomic(os.path.join(partial, MANIFEST), text)
     durable.rename(partial, target)
-    durable.fsync_dir(os.path.dirname(target) or ".")
+    finish_backup(target)
     refused = None
     try:
         load_session(target, session_id, history=True)
@@ -235,5 +235,11 @@ def _write(
 
 def finish_backup(target: str) -> None:
     """Make a backup directory's name durable: the last step of a backup, which a crash
-    can cut off after the rename; a rerun that finds the backup there does it."""
-    durable.fsync_dir(os.path.dirname(target) or ".")
+    can cut off after the rename; a rerun that finds the backup there does it.
+
+    The destination's own name is fsynced in its parent too: a backup cut short after it
+    made the destination leaves one that the rerun finds and never makes again.
+    """
+    dest = os.path.dirname(os.path.abspath(target))
+    durable.fsync_dir(dest)
+    durable.fsync_dir(os.path.dirname(dest))

@@ -172,14 +172,20 @@ def restore_session(
             raise
     make_dirs(os.path.join(home, SESSIONS_DIR))
     durable.rename(staging, directory)
-    durable.fsync_dir(os.path.dirname(directory))
     durable.fsync_dir(os.path.dirname(staging))
+    finish_restore(home, wanted)
     return RestoreResult(directory, manifest, replaced, dropped)
 
 
 def finish_restore(home: str | os.PathLike[str], session_id: str) -> None:
     """Make a restored session's name durable: the last step of a restore, which a crash
-    can cut off after the rename; an operator's rerun, which finds it there, does it."""
+    can cut off after the rename; an operator's rerun, which finds it there, does it.
+
+    Every name on the way is fsynced, ``sessions/`` in the home as well as the session in
+    ``sessions/``, as ``Session.create`` does: a restore cut short after it made
+    ``sessions/`` and before its parent's fsync leaves a ``sessions/`` that the rerun
+    finds and never makes again, whose name a power loss could still take away.
+    """
     directory = session_dir(home, session_id)
     durable.fsync_dir(os.path.dirname(directory))
     durable.fsync_dir(os.fspath(home))
