@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 from typing import Final
 
+from chaos.salvage_tool import SALVAGE, salvage_victim
 from worker.store import durable, restore  # restore's functions through it: mutants patch them
 from worker.store.backup import PARTIAL, BackupError, Point, backup_session, finish_backup
 from worker.store.index_repair import rebuild_key_index
@@ -35,7 +36,7 @@ BACKUP: Final = "backup"
 RESTORE: Final = "restore"
 LOSE_INDEX: Final = "lose-index"
 REBUILD_INDEX: Final = "rebuild-index"
-TOOL_KINDS: Final = frozenset({BACKUP, RESTORE, LOSE_INDEX, REBUILD_INDEX})
+TOOL_KINDS: Final = frozenset({BACKUP, RESTORE, LOSE_INDEX, REBUILD_INDEX, SALVAGE})
 
 BACKUPS: Final = "backups"  # the backup's DEST, in the home
 ASIDE: Final = "aside"  # in DEST: backups cut short or refused, moved aside for a new one
@@ -72,6 +73,8 @@ def apply_tool_op(session: Session, home: str, kind: str, session_id: str) -> Se
         _lose_index(home, session_id)
     elif kind == REBUILD_INDEX:
         rebuild_key_index(restored_home(home), session_id)
+    elif kind == SALVAGE:
+        salvage_victim(home)  # the damaged session beside it (chaos.salvage_tool)
     else:
         raise ValueError(f"unknown tool {kind!r}")
     return session

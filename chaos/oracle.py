@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from chaos import tool_checks
+from chaos import salvage_checks, tool_checks
 from chaos.cases import CaseResult
 from chaos.scenarios import SESSION, SLOT, Scenario
 from worker.store.errors import SessionError
@@ -171,6 +171,8 @@ def check_after_fault(
         )
     if tool_checks.drives_tools(scenario) and view.home:
         tool_checks.after_fault(result, scenario, log.acked, view.home)
+    if salvage_checks.drives_salvage(scenario) and view.home:
+        salvage_checks.after_fault(result, scenario, log.acked, view.home)
 
 
 def check_requests_complete(
@@ -223,6 +225,8 @@ def check_final(
     )
     if tool_checks.drives_tools(scenario):
         tool_checks.final(result, scenario, log.acked, home)
+    if salvage_checks.drives_salvage(scenario):
+        salvage_checks.final(result, home)
 
 
 def check_final_view(

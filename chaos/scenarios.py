@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from chaos.operator_tools import TOOL_KINDS, apply_tool_op
+from chaos.salvage_tool import prepare_damaged
 from worker.store import durable
 from worker.store.backend import SessionStore
 from worker.store.baseline import Baseline
@@ -232,6 +233,14 @@ SCENARIOS: Final = {
                 Op("rebuild-index"),
                 Op("group", key="t7"),
             ),
+            skip_faults=("damage",),
+        ),
+        Scenario(
+            name="salvage",
+            doc="a damaged session beside the worker's (a changed byte in its sealed "
+            "epoch-1 log) salvaged with the real tool between two requests",
+            ops=(Op("create"), Op("group", key="s1"), Op("salvage"), Op("group", key="s2")),
+            prepare=prepare_damaged,
             skip_faults=("damage",),
         ),
         Scenario(

@@ -38,6 +38,7 @@ from chaos.operator_tools import (
     restored_home,
     store_files,
 )
+from chaos.salvage_tool import SALVAGE
 from chaos.scenarios import SESSION, Scenario
 from worker.store.backup import PARTIAL, BackupError
 from worker.store.errors import SessionError
@@ -53,7 +54,7 @@ NEVER_SENT: Final = "never-sent-to-this-session"
 
 
 def drives_tools(scenario: Scenario) -> bool:
-    return any(op.kind in TOOL_KINDS for op in scenario.ops)
+    return any(op.kind in TOOL_KINDS - {SALVAGE} for op in scenario.ops)
 
 
 def _keys_before(scenario: Scenario, kind: str) -> set[str]:
@@ -67,7 +68,7 @@ def _keys_before(scenario: Scenario, kind: str) -> set[str]:
     return keys
 
 
-def _acknowledged(scenario: Scenario, kind: str, acked: set[str]) -> bool:
+def acknowledged(scenario: Scenario, kind: str, acked: set[str]) -> bool:
     """Whether a request sent after the ``kind`` operation was acknowledged."""
     after = False
     for op in scenario.ops:
@@ -98,7 +99,7 @@ def after_fault(result: CaseResult, scenario: Scenario, acked: set[str], home: s
     mutant = Case.parse(result.case).mutant
     backup = _check_backup(result, scenario, acked, home, mutant)
     _check_restored(result, scenario, acked, home, backup, final=False)
-    if _acknowledged(scenario, REBUILD_INDEX, acked):
+    if acknowledged(scenario, REBUILD_INDEX, acked):
         _check_index(result, home, backup)
 
 
@@ -126,7 +127,7 @@ def _check_backup(
                 f"{sorted(wanted - _log_keys(taken))}",
             )
     if not os.path.lexists(target):
-        if _acknowledged(scenario, BACKUP, acked):
+        if acknowledged(scenario, BACKUP, acked):
             result.violate(BACKUP_WHOLE, f"the acknowledged backup {target} is gone")
         return None
     try:
@@ -179,7 +180,7 @@ def _check_restored(
     result.checked.append(RERUN)
     directory = session_dir(restored_home(home), SESSION)
     if not os.path.lexists(directory):
-        if final or _acknowledged(scenario, RESTORE, acked):
+        if final or acknowledged(scenario, RESTORE, acked):
             result.violate(RERUN, f"the acknowledged restore left no session at {directory}")
         return
     if backup is None:

@@ -73,6 +73,7 @@ def fork_child(
     that what the App writes there is seen (``chaos.app_contract``).
     """
     scratch = outside_dir(home) if scenario.contract else None
+    log.checks.add(STORE_ERRORS)
     # Forked first, so that it holds none of this worker's pipes: their ends must close
     # when the worker dies.
     effects = EffectsService.start(home) if scenario.contract else None
@@ -115,6 +116,8 @@ def fork_child(
                                    acknowledged=frozenset(log.acked),
                                    probe_open=mutant is not None)  # fmt: skip
             events.flush()
+        except Exception as exc:  # noqa: BLE001 - any escape is the finding: a tool would print a traceback
+            events.send({"e": "crash", "why": f"{type(exc).__name__}: {exc}"}, flush=True)
         finally:
             os._exit(code)
     os.close(event_w)
@@ -177,6 +180,12 @@ def _on_event(
         log.ack(str(event.get("key") or ""), int(str(event.get("epoch", 0))))
     elif kind == "refused":
         run.refused = event
+    elif kind == "crash":
+        log.problem(
+            STORE_ERRORS,
+            f"the store raised {event.get('why')}, not a SessionError: a tool would end in a "
+            "traceback instead of one line naming what failed",
+        )
     elif kind == "opened" and go_w is not None:
         run.intruders = _second_writers_getting_in(home)
         if event.get("second_open") or (mutant is None and second_open_gets_in(home)):
@@ -199,6 +208,9 @@ def _refused(run: ChildRun, event: dict[str, object]) -> None:
     run.refused = event
 
 
+# Every failure of a store operation is a SessionError (the CLI's one line), never
+# another exception escaping from the store.
+STORE_ERRORS: Final = "store-errors-are-session-errors"
 _READY_STATE: Final = ("epoch", "records", "slot")  # what a worker's ready message reports
 _PROBE_LOCKS: Final = ((fcntl.LOCK_EX, "an exclusive flock"), (fcntl.LOCK_SH, "a shared flock"))
 

@@ -46,6 +46,8 @@ PINNED: Final[dict[str, tuple[str, ...]]] = {
     "restore-skips-manifest-check": ("operator-tools:kill:-:87", "operator-tools:kill:-:114"),
     "restore-without-staging": ("operator-tools:kill:-:130", "operator-tools:kill:-:170"),
     "resume-recomputes-summary": ("operator:kill:-:20", "operator:kill:-:71"),
+    "salvage-quarantine-name-not-synced": ("salvage:kill:-:18:p28", "salvage:io:eio:20:pend"),
+    "salvage-truncates-before-quarantine": ("salvage:kill:-:40", "salvage:kill:-:43"),
     "second-epoch-end-on-resume": ("basic:kill:-:22", "basic:kill:-:55"),
     "short-write-not-looped": ("basic:short:fsize:6", "basic:short:fsize:39"),
     "silent-torn-tail-repair": ("basic:torn:1byte:15", "basic:torn:allbutlast:41"),

@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
-from worker.store import backup, durable, index_repair, restore
+from worker.store import backup, durable, index_repair, restore, salvage
 from worker.store.files import open_directory, read_file
 from worker.store.key_index import Segment
 from worker.store.layout import session_dir
@@ -115,3 +115,36 @@ def index_rebuild_without_fsync() -> None:
             durable.rename(path + durable.TMP_SUFFIX, path)
 
     index_repair.write_segments = write_segments  # type: ignore[attr-defined]
+
+
+def salvage_truncates_before_quarantine() -> None:
+    real = durable  # the module salvage writes through
+    pending: list[tuple[str, bytes]] = []
+
+    class Reordered:
+        """The store's durable module, but the cut lines' write waits for the truncation."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        @staticmethod
+        def write_file_atomic(path: str, data: bytes, **options: bool) -> None:
+            if path.endswith(".jsonl.cut"):
+                pending.append((path, data))
+                return
+            real.write_file_atomic(path, data, **options)
+
+        @staticmethod
+        def truncate(fd: int, length: int, path: str) -> None:
+            real.truncate(fd, length, path)
+            # The bug: the cut lines reach the quarantine only after the log lost them.
+            while pending:
+                real.write_file_atomic(*pending.pop(0))
+
+    salvage.durable = Reordered()  # type: ignore[attr-defined,assignment]
+
+
+def salvage_quarantine_name_not_synced() -> None:
+    # The bug: only the new directories' names are fsynced (make_dirs); a quarantine/
+    # a cut-short run made is found by the rerun and never made durable.
+    salvage._sync_quarantine = lambda *_args, **_options: None

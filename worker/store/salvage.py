@@ -33,7 +33,14 @@ from typing import Final
 
 from worker.store import durable
 from worker.store.backup import index_names, last_group_end
-from worker.store.errors import KeyIndexFileError, LogError, PathError, SessionError, SessionLocked
+from worker.store.errors import (
+    KeyIndexFileError,
+    LogError,
+    PathError,
+    SessionError,
+    SessionIOError,
+    SessionLocked,
+)
 from worker.store.files import read_file
 from worker.store.key_index import write_segments
 from worker.store.layout import lock_existing, session_dir
@@ -110,6 +117,10 @@ def _refusal(directory: str, session_id: str, *, index_files: bool = True) -> Lo
 def _salvage_locked(home: str, directory: str, session_id: str, dir_fd: int) -> SalvageResult:
     first = _refusal(directory, session_id)
     if first is None:
+        # A rerun of a salvage that finished all but making its last steps durable (a
+        # failed fsync, a crash) makes them durable before it says there is nothing to do.
+        _sync_quarantine(home, session_id, every=True)
+        durable.fsync_dir(directory)
         raise SalvageRefused(
             directory,
             "the session opens cleanly: nothing to salvage" + _last_salvage(home, session_id),
@@ -156,6 +167,7 @@ def _finish(
     move the plan beside what it cut. The session must open afterwards."""
     target = os.path.join(home, QUARANTINE_DIR, plan.session, plan.target)
     make_dirs(target)
+    _sync_quarantine(home, plan.session)
     for name in plan.moves:
         source = os.path.join(directory, name)
         # After a power loss a moved file may show under both names (the quarantine's
@@ -209,6 +221,23 @@ def _rebuild_index(home: str, directory: str, plan: SalvagePlan, newest: bytes) 
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     write_segments(directory, state.key_index.segments)
+
+
+def _sync_quarantine(home: str, session_id: str, *, every: bool = False) -> None:
+    """fsync every name on the way to the session's quarantine (and, with ``every``, its
+    salvages' directories): a run cut short after it made ``quarantine/`` and before
+    its parent's fsync leaves a directory the rerun finds and never makes again, and a
+    power loss could take it away with all that was moved into it."""
+    root = os.path.join(home, QUARANTINE_DIR)
+    mine = os.path.join(root, session_id)
+    if not os.path.isdir(mine):
+        return
+    durable.fsync_dir(home)
+    durable.fsync_dir(root)
+    durable.fsync_dir(mine)
+    for name in sorted(os.listdir(mine)) if every else ():
+        if name.endswith("-salvage") and os.path.isdir(os.path.join(mine, name)):
+            durable.fsync_dir(os.path.join(mine, name))
 
 
 def _last_salvage(home: str, session_id: str) -> str:
@@ -279,19 +308,26 @@ def _is_store_file(name: str) -> bool:
 
 
 def _build(scratch: str, directory: str, epoch: int, newest: bytes) -> None:
-    """The candidate: the files kept, hard-linked (copied across filesystems), and the cut log."""
+    """The candidate: the files kept, hard-linked (copied across filesystems), and the cut log.
+
+    A failure to write it (a full disk, a quota) is the store's SessionIOError, naming
+    the candidate: nothing of the session has changed when it is built.
+    """
     shutil.rmtree(scratch, ignore_errors=True)
-    os.makedirs(scratch)
-    for name in _kept_names(directory, epoch, newest):
-        source = os.path.join(directory, name)
-        if name == f"{epoch}.jsonl" or not os.path.exists(source):
-            continue
-        try:
-            os.link(source, os.path.join(scratch, name))
-        except OSError:
-            shutil.copyfile(source, os.path.join(scratch, name))
-    with open(os.path.join(scratch, f"{epoch}.jsonl"), "wb") as f:
-        f.write(newest)
+    try:
+        os.makedirs(scratch)
+        for name in _kept_names(directory, epoch, newest):
+            source = os.path.join(directory, name)
+            if name == f"{epoch}.jsonl" or not os.path.exists(source):
+                continue
+            try:
+                os.link(source, os.path.join(scratch, name))
+            except OSError:
+                shutil.copyfile(source, os.path.join(scratch, name))
+        with open(os.path.join(scratch, f"{epoch}.jsonl"), "wb") as f:
+            f.write(newest)
+    except OSError as exc:
+        raise SessionIOError(scratch, exc.errno or 0, "building salvage's candidate") from exc
 
 
 def _describe_cuts(logs: dict[int, bytes], epoch: int, size: int) -> tuple[Cut, ...]:
