@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import resource
 import socket
 import sys
 import threading
@@ -26,8 +27,10 @@ from supervisor.http.parser import (
 from supervisor.http.responses import error_response
 from supervisor.http.routes import Api
 
-MAX_CONNECTIONS: Final = 512
-"""Connections at once; one more is answered 503 and closed."""
+MAX_CONNECTIONS: Final = 2048
+"""Connections at once; one more is answered 503 and closed. Each holds at most its
+reader's buffer (twice ``MAX_HEAD``) and its transport's (64 KiB, then it is drained):
+about 160 MiB for all of them."""
 MAX_REQUESTS_PER_CONNECTION: Final = 1000
 LINGER: Final = 2.0
 """Seconds an answered refusal waits for the peer's unread bytes (at most
@@ -57,6 +60,7 @@ class HttpServer:
         except OSError as exc:
             raise ServeError(f"--http {self.address}: {exc.strerror or exc}") from exc
         sock.setblocking(False)
+        _enough_descriptors()
         self._sock = sock
         self.port = sock.getsockname()[1]
         ready = threading.Event()
@@ -173,3 +177,15 @@ def open_http(address: str | None, home: str) -> HttpServer | None:
     server.open()
     print(f"loopd serve: http at {server.host}:{server.port}", file=sys.stderr, flush=True)
     return server
+
+
+def _enough_descriptors() -> None:
+    """Raise the soft limit on open files to what ``MAX_CONNECTIONS`` need, within the
+    hard limit (a systemd service's soft limit is 1,024 by default): past it, accepting
+    fails for want of a descriptor instead of the 503 a client can read."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = MAX_CONNECTIONS + 1024  # the daemon's own: its sessions' channels, logs
+    if hard != resource.RLIM_INFINITY:
+        want = min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))

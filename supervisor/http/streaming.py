@@ -94,7 +94,9 @@ async def write_events(turn: Turn, writer: asyncio.StreamWriter, last_id: int) -
         for event in events:
             writer.write(event.encode())
             last_id = event.id
-        await writer.drain()
+            # Drained event by event: a reconnect that asks for a whole turn's events
+            # from a slow reader holds the transport's 64 KiB, not the turn's 1 MiB.
+            await writer.drain()
         if turn.finished and not turn.after(last_id)[1]:
             return
 
