@@ -85,19 +85,43 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         target = COMMANDS.get(cmd_name)
-        if target is not None:
-            module, _, attribute = target.partition(":")
-            command = getattr(importlib.import_module(module), attribute)
-        else:
-            from importlib.metadata import entry_points  # noqa: PLC0415 - slow: a plugin only
+        try:
+            if target is not None:
+                module, _, attribute = target.partition(":")
+                command = getattr(importlib.import_module(module), attribute)
+            else:
+                from importlib.metadata import entry_points  # noqa: PLC0415 - a plugin only
 
-            found = [e for e in entry_points(group=PLUGIN_GROUP) if e.name == cmd_name]
-            if not found:
-                return None
-            command = found[0].load()
+                found = [e for e in entry_points(group=PLUGIN_GROUP) if e.name == cmd_name]
+                if not found:
+                    return None
+                target = found[0].value
+                command = found[0].load()
+        except Exception as exc:  # noqa: BLE001 - any failure to load is reported the same way
+            return _unloadable(cmd_name, target or cmd_name, exc)
         if not isinstance(command, click.Command):
-            raise TypeError(f"{cmd_name} does not name a click command")
+            return _unloadable(cmd_name, target or cmd_name, TypeError("not a click command"))
         return command
+
+
+def _unloadable(name: str, target: str, exc: BaseException) -> click.Command:
+    """A command whose module does not load (a broken plugin, a damaged install): listed
+    by ``loopd --help`` with why, and one line on stderr, exit 1, when it is run; the
+    other commands are untouched."""
+    why = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+    def refuse() -> None:
+        click.echo(f"loopd {name}: the command does not load ({target}): {why}", err=True)
+        sys.exit(1)
+
+    return click.Command(
+        name,
+        callback=refuse,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        help=f"(does not load: {why})",
+        short_help=f"(does not load: {why})"[:80],
+        add_help_option=False,
+    )
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
