@@ -116,8 +116,13 @@ def fork_child(
                                    acknowledged=frozenset(log.acked),
                                    probe_open=mutant is not None)  # fmt: skip
             events.flush()
-        except Exception as exc:  # noqa: BLE001 - any escape is the finding: a tool would print a traceback
-            events.send({"e": "crash", "why": f"{type(exc).__name__}: {exc}"}, flush=True)
+        except Exception as exc:  # noqa: BLE001 - reported, with the acknowledgements made
+            # A store-level child runs the store's functions as a tool does: an exception
+            # other than SessionError is a traceback for the operator. (A worker-level
+            # child's last words go to a file the short fault limits too, unlike serve's
+            # pipe: its exit is judged by the worker's own checks.)
+            crash = {"e": "crash", "why": f"{type(exc).__name__}: {exc}"}
+            events.send(crash if theirs is None else {"e": "flush"}, flush=True)
         finally:
             os._exit(code)
     os.close(event_w)
