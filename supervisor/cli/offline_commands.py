@@ -83,6 +83,11 @@ def _describe(found: Inspection) -> str:
     for e in found.epochs:
         counts = ", ".join(f"{name} {n}" for name, n in sorted(e.counts.items()))
         lines.append(f"  {e.epoch:>4}  {e.size:>10} bytes  {counts}")
+    lines.append(f"scheduled  {len(found.schedules)} pending" + (":" if found.schedules else ""))
+    for pending in found.schedules:
+        text = str(pending["text"])
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        lines.append(f"  {pending['at']}  {pending['key']}  {shown!r}")
     return "\n".join(lines)
 
 

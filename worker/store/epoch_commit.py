@@ -13,6 +13,7 @@ from worker.store.baseline import Baseline
 from worker.store.carried_state import NextEpoch
 from worker.store.key_index import write_segments
 from worker.store.records import SessionStart, encode_lines
+from worker.store.schedules import carried_schedules
 from worker.store.session_state import SessionState, baseline_path, log_path
 
 
@@ -37,9 +38,17 @@ def write_next_epoch(
 def next_start(
     state: SessionState, plan: NextEpoch, baseline: Baseline
 ) -> tuple[SessionStart, bytes, int]:
-    """The next epoch's SessionStart, its line and the line's CRC-32 (every backend's)."""
+    """The next epoch's SessionStart, its first lines and their CRC-32 (every backend's).
+
+    After the SessionStart come the schedules pending in ``state``'s epoch, carried over
+    unchanged (``worker.store.schedules``): one atomic file holds them all.
+    """
     start = plan.start(state, baseline.hash())
     line, crc = encode_lines((start,), 0)
+    carried = carried_schedules(state.records)
+    if carried:
+        more, crc = encode_lines(carried, crc)
+        line += more
     return start, line, crc
 
 
@@ -53,6 +62,7 @@ def switch_to_next_epoch(
     crc: int,
 ) -> None:
     """Make ``state`` the new epoch's, once its files are durable."""
+    carried = carried_schedules(state.records)  # what next_start wrote after ``start``
     state.prior_users = plan.prior_users
     state.prior_untrusted = plan.prior_untrusted
     state.next_call = plan.next_call
@@ -63,7 +73,7 @@ def switch_to_next_epoch(
     state.key_index = plan.index
     state.epoch = start.epoch
     state.baseline = baseline
-    state.records = [start]
+    state.records = [start, *carried]
     state.carry = summary
     state.log_size = size
     state.log_crc = crc

@@ -11,6 +11,7 @@ from worker.store.layout import session_dir
 from worker.store.loader import load_session, log_path
 from worker.store.lock import lock_directory, unlock_directory
 from worker.store.records import Record
+from worker.store.schedules import pending_schedules
 from worker.store.session_state import SessionState
 
 
@@ -41,6 +42,8 @@ class Inspection:
     writer_pid: int | None
     writer_live: bool
     epochs: list[EpochSummary] = field(default_factory=list)
+    # The pending schedules, soonest first: {key, at, text, untrusted} each.
+    schedules: list[dict[str, object]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
         """Return a JSON-ready dict of the inspection."""
@@ -61,6 +64,7 @@ class Inspection:
                 {"epoch": e.epoch, "path": e.path, "size": e.size, "counts": e.counts}
                 for e in self.epochs
             ],
+            "schedules": self.schedules,
         }
 
 
@@ -127,5 +131,9 @@ def summarize(
         epochs=[
             EpochSummary(epoch=n, path=log_path(directory, n), size=size, counts=counts[i])
             for i, (n, size) in enumerate(enumerate(state.epoch_sizes, start=state.first_read))
+        ],
+        schedules=[
+            {"key": s.key, "at": s.at, "text": s.text, "untrusted": s.untrusted}
+            for s in sorted(pending_schedules(state.records).values(), key=lambda s: s.at)
         ],
     )

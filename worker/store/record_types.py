@@ -179,7 +179,38 @@ class Handoff:
     token: int
 
 
-Record = SessionStart | User | Assistant | ToolResult | Usage | EpochEnd | Owner | Handoff
+# -- durable timers (docs/format.md, "Schedules") ---------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Schedule:
+    """A request to apply at or after ``at`` (the records' time format), under key ``key``.
+
+    Pending while no request with ``key`` was applied and no ``Unschedule`` cancelled it;
+    an epoch commit carries every pending one into the next epoch's log, unchanged.
+    """
+
+    TYPE: ClassVar[str] = "Schedule"
+    time: str = field(default_factory=utc_now)
+    key: str
+    at: str
+    text: str
+    untrusted: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unschedule:
+    """The pending ``Schedule`` with ``key`` is cancelled: it is never delivered."""
+
+    TYPE: ClassVar[str] = "Unschedule"
+    time: str = field(default_factory=utc_now)
+    key: str
+
+
+Record = (
+    SessionStart | User | Assistant | ToolResult | Usage | EpochEnd | Owner | Handoff
+    | Schedule | Unschedule
+)  # fmt: skip
 RECORD_TYPES: Final[tuple[type[Record], ...]] = (
     SessionStart,
     User,
@@ -189,4 +220,6 @@ RECORD_TYPES: Final[tuple[type[Record], ...]] = (
     EpochEnd,
     Owner,
     Handoff,
+    Schedule,
+    Unschedule,
 )
