@@ -31,7 +31,7 @@ from worker.store.records import (
 )
 from worker.store.request_records import request_records
 from worker.store.session import Session
-from worker.turn import progress, stream
+from worker.turn import progress, schedule, stream
 from worker.wire import Message, WireError, field, optional_field
 
 DEFAULT_APP: Final = "worker.app:DefaultApp"
@@ -332,6 +332,7 @@ __all__ = [  # the App author's imports: docs/apps.md lists exactly these
     "field",
     "optional_field",
     "progress",
+    "schedule",
     "stream",
     "utc_now",
 ]

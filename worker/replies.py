@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from worker.peer import Peer
+from worker.schedule_book import book_of
 from worker.store.errors import KeyExpired, LogSealed, NotOwnerNow, SessionError
 from worker.store.session import Session
 from worker.turns import PoisonRequest
@@ -18,6 +19,7 @@ def describe(session: Session) -> Message:
         "epoch": session.epoch,
         "records": len(session.records),
         "slot": session.slot,
+        "schedules": book_of(session).summary(),  # [pending, next due or None]
     }
 
 

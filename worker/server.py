@@ -119,6 +119,11 @@ class Server:
                 for late in self.acceptor.expire(time.monotonic()):
                     self.selector.unregister(late.sock)
         finally:
+            if self._report_due is not None and not self.control.closed:
+                # Stopped (SIGTERM) before the report was due: the supervisor still hears
+                # the final state (the schedules it delivers) before the end of stream.
+                self._report_due = 0.0
+                self._report_state()
             for peer in list(self.peers.values()):
                 peer.flush()  # what the sockets take now: the replies of the last batch
             for peer in list(self.peers.values()):

@@ -23,6 +23,8 @@ from worker import turn
 from worker.app import App, DefaultApp
 from worker.heartbeat import MAX_TURN_KEYS, HeartbeatCell, key_digest
 from worker.peer import Peer
+from worker.schedule_book import book_of
+from worker.schedule_requests import ScheduledChunk
 from worker.store.errors import SessionError
 from worker.store.session import Session
 from worker.wire import Message, WireError
@@ -144,18 +146,29 @@ class TurnRunner:
         self._targets: dict[int, Target] = {}
         self._current: Target | None = None
         self._alarm = 0.0  # the deadline progress() re-arms, 0: none running
+        self.book = book_of(session)
+        # What turn.schedule() staged joins the App's next group commit, whichever of
+        # append and append_many it calls (append calls append_many): the schedule is in
+        # the log exactly when the request's records are (docs/apps.md, "Schedules").
+        plain_append_many = session.append_many
+        session.append_many = lambda records: plain_append_many(  # type: ignore[method-assign] # the one seam every App's commit goes through
+            self.book.with_staged(records)
+        )
         turn.install(self)
 
     def chunk_size(self) -> int:
         return self.sizer.size()
 
-    def run(self, chunk: list[tuple[Target, Message]]) -> list[Result]:
+    def run(self, given: list[tuple[Target, Message]]) -> list[Result]:
         """Apply one chunk in order; each request's result or its error."""
         started = time.monotonic()
+        # Schedule operations done, due deliveries expanded, early ones refused first.
+        scheduled = ScheduledChunk(self.book, given, most=self.sizer.limit)
+        chunk = scheduled.items
         results: list[Result | None] = [None] * len(chunk)
         todo: list[int] = []
         for index, (_target, payload) in enumerate(chunk):
-            refused = self._poison(payload)
+            refused = scheduled.decided.get(index) or self._poison(payload)
             if refused is not None:
                 results[index] = refused
             else:
@@ -188,7 +201,7 @@ class TurnRunner:
             raise
         self._end()
         self.sizer.took(time.monotonic() - started, len(chunk))
-        return [r if r is not None else WireError("no result") for r in results]
+        return scheduled.results([r if r is not None else WireError("no result") for r in results])
 
     def _one(self, payload: Message) -> Result:
         try:
@@ -224,6 +237,7 @@ class TurnRunner:
             signal.setitimer(signal.ITIMER_REAL, self._alarm)
 
     def _disarm(self) -> None:
+        self.book.staged.clear()  # staged by a turn that wrote nothing: not scheduled
         self._targets = {}
         self._current = None
         if self._alarm:
@@ -250,6 +264,12 @@ class TurnRunner:
             self.cell.beat()
         if self._alarm and self.request_deadline is not None:
             signal.setitimer(signal.ITIMER_REAL, self.request_deadline)
+
+    def schedule(self, at: object, text: object, key: object, untrusted: object) -> str:
+        self._check_thread("schedule")
+        if not self._targets:
+            raise RuntimeError("schedule() is called while handle() runs a request")
+        return self.book.stage(at, text, key, untrusted)
 
     def stream(self, text: str, request: Message | None) -> None:
         self._check_thread("stream")

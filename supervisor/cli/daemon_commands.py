@@ -31,7 +31,7 @@ MAX_SLOT: Final = (1 << 63) - 1
 """A slot is stored in the log as a JSON integer; past int64 no other reader takes it."""
 STATUS_COLUMNS: Final = (
     "session", "state", "pid", "epoch", "records", "restarts", "uptime_s", "rss_bytes", "cpu_s",
-    "last_error",
+    "scheduled", "next_due", "last_error",
 )  # fmt: skip
 
 

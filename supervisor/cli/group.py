@@ -20,6 +20,7 @@ COMMANDS: Final = {
     "serve": "supervisor.cli.serve_command:serve",
     "create": "supervisor.cli.create_command:create",
     "send": "supervisor.cli.daemon_commands:send",
+    "schedule": "supervisor.cli.schedule_command:schedule",
     "compact": "supervisor.cli.daemon_commands:compact",
     "start": "supervisor.cli.daemon_commands:start",
     "stop": "supervisor.cli.daemon_commands:stop",

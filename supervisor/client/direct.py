@@ -35,6 +35,10 @@ from supervisor.client.control import (
     result_of,
     timed_out,
 )
+from supervisor.client.outcomes import outcome_of as _outcome
+from supervisor.client.outcomes import result_or_raise as _result_or_raise
+from supervisor.client.outcomes import take_replies as _take
+from supervisor.client.outcomes import unanswered as _unanswered
 from supervisor.client.streaming import Stream
 from supervisor.errors import ControlError
 from worker.wire import FrameReader, Message, WireError, encode
@@ -123,6 +127,36 @@ class Client:
         self._link(session, time.monotonic() + self.retry_for)
         request = Request(text=text, key=key or _made_up_key(), untrusted=untrusted)
         return Stream(self, session, _payload(request))
+
+    def schedule(
+        self,
+        session: str,
+        at: str,
+        text: str,
+        *,
+        key: str | None = None,
+        untrusted: bool = False,
+    ) -> Message:
+        """Schedule request ``text`` for ``session``, delivered once at or after ``at``.
+
+        ``at``: ISO 8601 with a zone. The schedule is keyed (one is made up when None):
+        the same key again is answered ``"duplicate": true``; a key a request already
+        used is refused. Returns ``{"key", "at", "duplicate"}`` (docs/operations.md).
+        """
+        spec: Message = {"at": at, "text": text, "untrusted": untrusted}
+        payload: Message = {"key": key or _made_up_key(), "schedule": spec}
+        self._link(session, time.monotonic() + self.retry_for)
+        return _result_or_raise(self._send_payloads(session, [payload])[0])
+
+    def cancel_schedule(self, session: str, key: str) -> Message:
+        """Cancel ``session``'s pending schedule ``key``: ``{"cancelled": bool, "key", ...}``.
+
+        Not pending (delivered, cancelled before, never scheduled) is ``"cancelled":
+        false`` with ``"why"``; a cancel may be sent again freely.
+        """
+        payload: Message = {"key": _made_up_key(), "unschedule": key}
+        self._link(session, time.monotonic() + self.retry_for)
+        return _result_or_raise(self._send_payloads(session, [payload])[0])
 
     def records(self, session: str, *, since: int = 0, epoch: int | None = None) -> Message:
         """A page of the current epoch's records, from the worker's memory.
@@ -316,14 +350,6 @@ class Client:
             sock.close()
 
 
-def _take(replies: list[Message], frames: dict[int, bytes], answers: dict[int, Message]) -> None:
-    """Record each reply to one of ``frames`` as its request's answer."""
-    for reply in replies:
-        request_id = reply.get("id")
-        if type(request_id) is int and request_id in frames:
-            answers[request_id] = reply
-
-
 def _round_trip(sock: socket.socket, frame: bytes, reader: FrameReader) -> Message:
     """Send one frame and read one reply on a blocking socket; ConnectionError at its end.
 
@@ -359,38 +385,3 @@ def _payload(request: Request) -> Message:
     if request.untrusted:
         payload["untrusted"] = True
     return payload
-
-
-def _outcome(reply: Message, key: object) -> Message:
-    """A request's outcome from its reply (``send_many``'s docstring)."""
-    try:
-        result = result_of(reply)
-    except ControlError as exc:
-        failure = reply.get("error")
-        before_write = isinstance(failure, dict) and failure.get("before_write") is True
-        # A not_owner sent after the fsync (or by a worker that does not say when) may be
-        # of a durable request: unknown, to be sent again by key at the session's owner.
-        known = exc.code != "not_owner" or before_write
-        return {
-            "outcome": "refused" if known else "unanswered",
-            "key": key,
-            "error": {"code": exc.code, "message": exc.message},
-        }
-    outcome: Message = dict(result) if isinstance(result, dict) else {"result": result}
-    outcome.setdefault("key", key)
-    outcome["outcome"] = "duplicate" if outcome.get("duplicate") is True else "applied"
-    return outcome
-
-
-def _unanswered(failure: ControlError, key: object) -> Message:
-    error = {"code": failure.code, "message": failure.message}
-    return {"outcome": "unanswered", "key": key, "error": error}
-
-
-def _result_or_raise(outcome: Message) -> Message:
-    """``send``'s answer from an outcome: the worker's result, or its error raised."""
-    if outcome["outcome"] in ("refused", "unanswered"):
-        error = outcome["error"]
-        assert isinstance(error, dict)
-        raise ControlError(str(error["code"]), str(error["message"]))
-    return {k: v for k, v in outcome.items() if k != "outcome"}

@@ -20,6 +20,7 @@ from supervisor.daemon.lock_wait import outgoing_worker
 from supervisor.daemon.poison import DEFAULT_POISON_AFTER, PoisonLedger
 from supervisor.daemon.relay import Relay
 from supervisor.daemon.spawn import WorkerProcess, WorkerSpec, describe_exit
+from supervisor.scheduling.files import reported_summary
 from supervisor.states import RestartPolicy, State, StateMachine
 from worker.process import EXIT_CLEAN, EXIT_LOCKED, EXIT_REFUSED, bounded
 from worker.wire import Message
@@ -79,6 +80,8 @@ class HostedSession(SessionRequests):
         self._hang_kill = False  # the current worker was killed as hung by this daemon
         self.epoch: int | None = None
         self.records: int | None = None
+        # The worker's [pending, next due], as it last said, or as the daemon's file says.
+        self.schedules: object = reported_summary(spec.home, spec.session)
         self.relay = Relay(spec.session)
         self.queued: list[tuple[Waiter, Message]] = []
         self.ready_waiters: list[Waiter] = []
@@ -181,8 +184,7 @@ class HostedSession(SessionRequests):
                 self.worker.replication = followers_seen(message.get("stats"))
             self.loop.on_report(self, message)
         elif op == "ready":
-            self.epoch = int_or_none(message.get("epoch"))
-            self.records = int_or_none(message.get("records"))
+            self._take_state(message)
             if self.state is State.STARTING:
                 self._cancel_timer()  # the start deadline
                 self.policy.on_ready()
@@ -358,6 +360,7 @@ class HostedSession(SessionRequests):
         if isinstance(state, dict):
             self.epoch = int_or_none(state.get("epoch"))
             self.records = int_or_none(state.get("records"))
+            self.schedules = state.get("schedules")
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

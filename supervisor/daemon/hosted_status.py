@@ -40,6 +40,8 @@ class StatusSource(Protocol):
     def restarts(self) -> int: ...
     @property
     def last_error(self) -> str | None: ...
+    @property
+    def schedules(self) -> object: ...
 
 
 def session_status(hosted: StatusSource) -> Message:
@@ -61,8 +63,17 @@ def session_status(hosted: StatusSource) -> Message:
         "rss_bytes": worker.rss_bytes() if worker is not None else None,
         "cpu_s": worker.cpu_seconds() if worker is not None else None,
         "last_error": hosted.last_error,
+        **scheduled(hosted.schedules),
         **({} if lag is None else {"lag": lag.now(time.monotonic())}),
     }
+
+
+def scheduled(summary: object) -> Message:
+    """``scheduled`` (pending requests) and ``next_due`` of a worker's summary; None if
+    unknown (not started since the daemon started, and no file: nothing was reported)."""
+    if isinstance(summary, list) and len(summary) == 2 and type(summary[0]) is int:
+        return {"scheduled": summary[0], "next_due": summary[1]}
+    return {"scheduled": None, "next_due": None}
 
 
 @dataclass(frozen=True, slots=True)

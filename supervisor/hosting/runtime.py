@@ -25,6 +25,7 @@ from supervisor.hosting.sd_notify import Notifier
 from supervisor.hosting.session_actions import Hosted, hibernate, restart_for_memory
 from supervisor.hosting.settings import HostingSettings
 from supervisor.hosting.worker_logs import WorkerLogs
+from supervisor.scheduling.timers import ScheduleTimers
 from supervisor.states import State
 
 _LIVE: Final = frozenset({State.STARTING, State.RUNNING, State.STOPPING})
@@ -72,6 +73,7 @@ class Hosting:
         )
         self._exits: dict[str, tuple[int, int]] = {}  # session -> (pid, code) of its last exit
         self.logs = WorkerLogs(loop, home, settings, report)
+        self.timers = ScheduleTimers(loop, home, sessions, report)  # scheduled requests
         self._requests: dict[str, int] = {}
         self._why: dict[str, str] = {}
         self._capped: set[int] = set()  # workers killed for their RSS, not yet reaped
@@ -119,7 +121,8 @@ class Hosting:
                         "reach it may scrape")  # fmt: skip
 
     def begin(self) -> None:
-        """Start the slow timers (after the socket listens)."""
+        """Start the slow timers and the schedules' (after the socket listens)."""
+        self.timers.begin()
         interval = self.notifier.watchdog_interval()
         if interval is not None:
             self._every("watchdog", interval, self.notifier.watchdog)
@@ -141,6 +144,7 @@ class Hosting:
             self._metrics_server.close()
         for timer in self._timers.values():
             timer.cancel()
+        self.timers.close()
         self.hibernation.close()
         self.logs.close()
         self.notifier.close()
@@ -181,6 +185,7 @@ class Hosting:
         if new is State.RUNNING and hosted.epoch is not None:
             self._epochs[hosted.id] = hosted.epoch  # as opened: later changes count
         self.hibernation.on_move(hosted, old, new)
+        self.timers.on_move(hosted, old, new)
         now = time.monotonic()
         if self._ready_sent and now - self._last_status >= STATUS_GAP:
             self._last_status = now
@@ -201,6 +206,7 @@ class Hosting:
 
     def on_report(self, hosted: Hosted, message: Mapping[str, object]) -> None:
         """A worker's state report (after requests) carried its state and counters."""
+        self.timers.on_report(hosted, message)
         stats = message.get("stats")
         if isinstance(stats, dict):
             self.metrics.on_report(hosted.id, stats)

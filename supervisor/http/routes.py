@@ -26,6 +26,7 @@ ROUTES: Final = (
     ("GET", "/v1/sessions/{id}"),
     ("POST", "/v1/sessions/{id}/requests"),
     ("GET", "/v1/sessions/{id}/records"),
+    ("POST", "/v1/sessions/{id}/schedules"),
     ("GET", "/v1/openapi.json"),
 )
 """Every (method, path) served; a test checks openapi.json lists exactly these."""
@@ -81,6 +82,10 @@ class Api:
             _allow(method, "GET")
             page = await self._records(segments[2], parse_qs(parts.query))
             writer.write(response(200, json_body(page), keep_alive=keep))
+        elif segments[:2] == ["v1", "sessions"] and segments[3:] == ["schedules"]:
+            _allow(method, "POST")
+            result = await self._schedule(segments[2], request)
+            writer.write(response(200, json_body(result), keep_alive=keep))
         elif (
             len(segments) == 4 and segments[:2] == ["v1", "sessions"] and segments[3] == "requests"
         ):
@@ -103,6 +108,18 @@ class Api:
             records = page["records"][: max(1, limit)]
             page = {**page, "records": records, "next": since + len(records)}
         return page
+
+    async def _schedule(self, session: str, request: HttpRequest) -> object:
+        """``{"at", "text"[, "key", "untrusted"]}``: ``Client.schedule``'s answer."""
+        body = _json_object(request)
+        at, text = _string(body, "at"), _string(body, "text")
+        key = _string(body, "key") if "key" in body else None
+        untrusted = body.get("untrusted", False)
+        if not isinstance(untrusted, bool):
+            raise HttpError(400, "bad_request", "field 'untrusted' must be true or false")
+        return await self.pool.run(
+            lambda c: c.schedule(session, at, text, key=key, untrusted=untrusted)
+        )
 
     async def _send(
         self, session: str, request: HttpRequest, writer: asyncio.StreamWriter, keep: bool

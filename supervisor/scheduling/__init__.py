@@ -1,0 +1,1 @@
+"""Durable timers: which sessions have requests scheduled, and their delivery."""

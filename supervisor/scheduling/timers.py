@@ -1,0 +1,215 @@
+"""The daemon's timers for scheduled requests: one per session with something pending.
+
+Fed by the hosted sessions' state changes and their workers' reports (each carries the
+worker's ``[pending, next due]``), kept durable in the derived files (``files``), and
+armed again from them at start. When a session's next schedule is due, the daemon sends
+it ``DELIVER_DUE`` through the ordinary request path (an IDLE session is woken by it, a
+starting one holds it until ready) and arms the next timer from the answer; a delivery
+that fails (the worker died, the session is unavailable) is tried again with a pause
+that doubles up to ``RETRY_MOST``. A STOPPED or FATAL session is not started for it:
+its due schedules are delivered when it runs again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from supervisor.scheduling.delivery import (
+    DELIVER_DUE,
+    RETRY_FIRST,
+    RETRY_MOST,
+    failed_keys,
+    next_after,
+)
+from supervisor.scheduling.files import (
+    Derived,
+    derived_of,
+    derived_sessions,
+    read_derived,
+    write_derived,
+)
+from supervisor.states import State
+from worker.store.errors import SessionError
+from worker.store.schedules import parse_time
+from worker.wire import Message
+
+
+class Hosted(Protocol):
+    """What the timers see of a hosted session."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def state(self) -> State: ...
+    @property
+    def exit_code(self) -> int | None: ...
+
+
+@dataclass(slots=True)
+class DeliveryWaiter:
+    """The waiter of a delivery: the fields of the daemon's ``Waiter`` that a relayed
+    request uses (the daemon layer is above this one)."""
+
+    client: _Answer
+    request_id: object
+    sock: None = None
+
+
+@runtime_checkable
+class Deliverable(Protocol):
+    """A hosted session that takes requests (``HostedSession.submit``)."""
+
+    def submit(self, waiter: DeliveryWaiter, request: Message) -> None: ...
+
+
+class _Answer:
+    """Where the answer to a delivery goes: back to the timers (a Waiter's client)."""
+
+    def __init__(self, on_answer: Callable[[Message], None]) -> None:
+        self._on_answer = on_answer
+
+    def reply(self, message: Message) -> None:
+        self._on_answer(message)
+
+    def reply_relayed(self, message: Message) -> None:
+        self._on_answer(message)
+
+    def reply_with_fd(self, message: Message, fd: int) -> bool:
+        return False
+
+
+class ScheduleTimers:
+    """One per daemon: which sessions have schedules, and a timer for each."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        home: str,
+        sessions: Mapping[str, Hosted],
+        report: Callable[[str], None],
+    ) -> None:
+        self.loop = loop
+        self.home = home
+        self.sessions = sessions
+        self.report = report
+        self.known: dict[str, Derived] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._busy: set[str] = set()  # a delivery is in flight
+        self._pause: dict[str, float] = {}  # the next retry's pause, after a failure
+        self.delivered = 0  # requests delivered (applied or found applied)
+
+    def begin(self) -> None:
+        """Arm a timer for every derived file (a live one: at once); the sessions are
+        hosted before the loop runs, so each timer finds its session."""
+        for session_id in derived_sessions(self.home):
+            derived = read_derived(self.home, session_id)
+            if derived is not None:
+                self.known[session_id] = derived
+                self._arm(session_id, 0.0 if derived.live else None)
+
+    def close(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+
+    def summary(self, session_id: str) -> list[object]:
+        """``[pending, next due]`` as the daemon knows them (status)."""
+        known = self.known.get(session_id)
+        return [0, None] if known is None else [known.pending, known.next]
+
+    # -- what the daemon hears ---------------------------------------------------------
+
+    def on_move(self, hosted: Hosted, old: State, new: State) -> None:
+        session_id = hosted.id
+        # What the worker said last (its ready, a reply, the stop's answer) comes first:
+        # a stop can overtake the worker's state report.
+        self.seen(session_id, getattr(hosted, "schedules", None))
+        known = self.known.get(session_id, Derived(live=False, pending=0, next=None))
+        if new is State.STARTING and not known.live:
+            # From now on its worker may change the schedules faster than it reports.
+            self._store(session_id, Derived(live=True, pending=known.pending, next=known.next))
+        elif old is State.STOPPING and new in (State.IDLE, State.STOPPED):
+            if hosted.exit_code == 0 and known.live:  # its last answer carried the final state
+                self._store(session_id, Derived(live=False, pending=known.pending, next=known.next))
+        elif new is State.RUNNING and session_id in self.known:
+            self._arm(session_id)  # a session that was stopped or FATAL when its time came
+
+    def on_report(self, hosted: Hosted, message: Mapping[str, object]) -> None:
+        state = message.get("state")
+        if isinstance(state, dict):
+            self.seen(hosted.id, state.get("schedules"))
+
+    def seen(self, session_id: str, summary: object) -> None:
+        """A worker's ``[pending, next due]``: stored if it changed, the timer armed."""
+        known = self.known.get(session_id)
+        derived = derived_of(summary, live=True if known is None else known.live)
+        if derived is None or derived == known:
+            return
+        self._store(session_id, derived)
+        if session_id not in self._busy:
+            self._arm(session_id)
+
+    # -- delivery ------------------------------------------------------------------------
+
+    def _store(self, session_id: str, derived: Derived) -> None:
+        try:
+            write_derived(self.home, session_id, derived)
+        except SessionError as exc:
+            # The timer still runs from memory; a restart before the next write finds
+            # the old file (a live one wakes the session, which reports the truth).
+            self.report(f"session {session_id}: schedules file not written: {exc}")
+        if derived.pending or derived.live:
+            self.known[session_id] = derived
+        else:
+            self.known.pop(session_id, None)
+
+    def _arm(self, session_id: str, delay: float | None = None) -> None:
+        timer = self._timers.pop(session_id, None)
+        if timer is not None:
+            timer.cancel()
+        if delay is None:
+            known = self.known.get(session_id)
+            when = parse_time(known.next) if known is not None and known.next else None
+            if when is None:
+                return
+            delay = max(0.0, when - time.time())
+        self._timers[session_id] = self.loop.call_later(delay, self._fire, session_id)
+
+    def _fire(self, session_id: str) -> None:
+        self._timers.pop(session_id, None)
+        hosted = self.sessions.get(session_id)
+        if session_id in self._busy or not isinstance(hosted, Deliverable):
+            return
+        if self.sessions[session_id].state in (State.STOPPED, State.FATAL):
+            return  # armed again when it runs (on_move)
+        self._busy.add(session_id)
+        answer = _Answer(lambda message: self._answered(session_id, message))
+        request: Message = {"op": "request", "request": dict(DELIVER_DUE)}
+        hosted.submit(DeliveryWaiter(answer, f"deliver-{session_id}"), request)
+
+    def _answered(self, session_id: str, message: Message) -> None:
+        self._busy.discard(session_id)
+        result = message.get("result") if message.get("ok") is True else None
+        if not isinstance(result, dict):
+            self._retry(session_id)
+            return
+        delivered = result.get("delivered")
+        count = len(delivered) if isinstance(delivered, list) else 0
+        self.delivered += count
+        self.seen(session_id, [result.get("pending"), result.get("next")])
+        upcoming = next_after(result)
+        stuck = not count and upcoming is not None and upcoming <= time.time()
+        if failed_keys(result) or stuck:
+            self._retry(session_id)  # still pending: tried again after a pause
+            return
+        self._pause.pop(session_id, None)
+        self._arm(session_id)
+
+    def _retry(self, session_id: str) -> None:
+        pause = min(RETRY_MOST, self._pause.get(session_id, RETRY_FIRST / 2) * 2)
+        self._pause[session_id] = pause
+        self._arm(session_id, pause)
