@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from chaos import salvage_checks, tool_checks
+from chaos import salvage_checks, schedule_checks, tool_checks
 from chaos.cases import CaseResult
 from chaos.scenarios import SESSION, SLOT, Scenario
 from worker.store.errors import SessionError
@@ -160,7 +160,9 @@ def check_after_fault(
     lost = sorted(log.acked - on_disk)
     if lost:
         result.violate("acknowledged-on-disk", f"acknowledged keys lost by the crash: {lost}")
-    unasked = sorted(on_disk - log.acked - log.in_flight)
+    # A delivered schedule's key was asked for by its Schedule record (chaos.schedule_checks).
+    asked = log.acked | log.in_flight | schedule_checks.scheduled_keys(view.epochs)
+    unasked = sorted(on_disk - asked)
     if unasked:
         result.violate("on-disk-acknowledged-or-in-flight", f"keys nobody sent: {unasked}")
     newest = max(view.epochs) if view.epochs else -1
@@ -259,6 +261,8 @@ def check_final_view(
             )
     _check_epochs(result, view)
     _check_resume(result, after_fault, view)
+    if schedule_checks.drives_schedules(scenario):
+        schedule_checks.final(result, scenario, log.acked, view.epochs)
     if state is not None and state.epoch >= 1:
         result.checked.append("carry-is-recorded-summary")
         if state.carry != view.closing_summary(state.epoch - 1):

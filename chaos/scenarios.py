@@ -9,15 +9,21 @@ rig can resume by running the whole scenario again in a fresh worker.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final
 
 from chaos.operator_tools import TOOL_KINDS, apply_tool_op
 from chaos.salvage_tool import prepare_damaged
+from chaos.scenario_types import (
+    RETRY_SUMMARY,
+    SESSION,
+    SLOT,
+    Op,
+    Scenario,
+    baseline_for,
+)
+from chaos.schedule_ops import SCHEDULE_KINDS, SCHEDULES, apply_schedule_op
 from worker.store import durable
 from worker.store.backend import SessionStore
-from worker.store.baseline import Baseline
 from worker.store.records import (
     Assistant,
     EpochEnd,
@@ -32,78 +38,16 @@ from worker.store.records import (
 )
 from worker.store.session import Session
 
-SESSION: Final = "chaos"
-SLOT: Final = 7
-RETRY_SUMMARY: Final = "summary given on retry"
-# The records one keyed request appends: a group commit of four, or a single User.
-GROUP_SHAPE: Final = ("User", "ToolResult", "Assistant", "Usage")
-SINGLE_SHAPE: Final = ("User",)
-
-
-def baseline_for(memory: str) -> Baseline:
-    """The deterministic baseline of an epoch whose carried memory is ``memory``."""
-    return Baseline(system="chaos scenario", memory=memory, tools=[{"name": "echo"}])
-
-
-@dataclass(frozen=True, slots=True)
-class Op:
-    """One client operation: create, append (one record), group (four), commit, open."""
-
-    kind: str
-    key: str = ""
-    epoch: int = 0
-    summary: str = ""
-    name: str = ""  # reserve/finish: the tool call whose number is reserved (not a key)
-
-
-@dataclass(frozen=True, slots=True)
-class Scenario:
-    """A named scenario: how its pre-state is built and what the client asks, in order."""
-
-    name: str
-    ops: tuple[Op, ...]
-    doc: str
-    prepare: Callable[[str], None] | None = None
-    requests: tuple[tuple[str, str], ...] = ()  # (key, text) for the worker-level scenario
-    budget: int = 0
-    app: str | None = None  # the worker's app (module:attribute), else the default app
-    compact: tuple[str, str] | None = None  # (after which key, the operator's summary)
-    contract: bool = False  # the app is a user's: its workers are checked against the contract
-    # A user's App: the record types each request key appends, learned from a clean run.
-    shapes: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    # The checks run once the resume finished (chaos.probes): "retry" sends every key
-    # again through the real client; "cluster" runs workers as a cluster node's.
-    probes: tuple[str, ...] = ()
-    extra_faults: tuple[str, ...] = ()  # the fault kinds beyond the five that apply here
-    # The fault kinds of the five it does not take: ``damage`` finds the session from
-    # the path of the step, and an operator tool's steps are outside its directory.
-    skip_faults: tuple[str, ...] = ()
-    # Pipelined batches of request keys (a key may be in one twice), each sent in one
-    # write on a connection of the client's own (chaos.batch_client); ``stream`` asks
-    # for partials.
-    batches: tuple[tuple[str, ...], ...] = ()
-    stream: bool = False
-    worker_args: tuple[str, ...] = ()  # more flags of its worker (a deadline, chunk sizes)
-    burst: bool = False  # every request sent in one write, then again (chaos.slow_client)
-
-    @property
-    def worker_level(self) -> bool:
-        return bool(self.requests)
-
-    @property
-    def hosts_apps(self) -> bool:
-        """Whether a user's App can run in it (the probes' scenarios run the rig's app)."""
-        return self.worker_level and not self.probes and not self.batches
-
-    def shape(self, key: str) -> tuple[str, ...]:
-        """The record types the request ``key`` appends, User first, in one group."""
-        for known, shape in self.shapes:
-            if known == key:
-                return shape
-        for op in self.ops:
-            if op.key == key and op.kind == "append":
-                return SINGLE_SHAPE
-        return GROUP_SHAPE  # groups, the default app's requests, and prepared keys
+__all__ = [  # the scenario types are re-exported: the rig imports them from here
+    "RETRY_SUMMARY",
+    "SCENARIOS",
+    "SESSION",
+    "SLOT",
+    "Op",
+    "Scenario",
+    "apply_op",
+    "baseline_for",
+]
 
 
 def _prepare_interrupted(home: str) -> None:
@@ -314,6 +258,7 @@ SCENARIOS: Final = {
             worker_args=("--request-deadline", "0.1", "--hang-timeout", "1", "--max-batch", "8"),
             burst=True,
         ),
+        SCHEDULES,
     )
 }
 
@@ -337,6 +282,8 @@ def apply_op(
     assert session is not None
     if op.kind in ("reserve", "finish"):
         return _tool_call(session, op)
+    if op.kind in SCHEDULE_KINDS:
+        return apply_schedule_op(session, op)
     if op.kind in TOOL_KINDS:
         assert isinstance(home, str), "the operator's tools run on a home directory"
         return apply_tool_op(session, home, op.kind, SESSION)

@@ -18,6 +18,7 @@ from chaos.mutants import (
     epochs,
     pipelining,
     reading,
+    schedules,
     seam,
     slow_turns,
     streaming,
@@ -60,6 +61,7 @@ _FAMILIES: Final = {
     unseen.__name__: "the store",
     streaming.__name__: "streaming",
     pipelining.__name__: "batches and pipelines",
+    schedules.__name__: "scheduled requests",
 }
 
 
@@ -265,6 +267,15 @@ _ALL: Final = (
            patch=slow_turns.poison_death_counted_twice, caught_by="poison-refused-after-deaths",
            scenarios=("slow",), feature="slow turns",
            quick=("slow:kill:-:40",)),
+    # Scheduled requests (issue 33), each caught only by the schedules scenario's check.
+    Mutant(name="carried-schedules-forgotten",
+           bug="an epoch commit carries no pending schedule into the next epoch",
+           patch=schedules.carried_schedules_forgotten,
+           caught_by="schedule-delivered-once-not-early", scenarios=("schedules",)),
+    Mutant(name="delivered-without-waiting",
+           bug="delivery takes every pending schedule as due, whatever its time",
+           patch=schedules.delivered_without_waiting,
+           caught_by="schedule-delivered-once-not-early", scenarios=("schedules",)),
 )  # fmt: skip
 MUTANTS: Final[dict[str, Mutant]] = {m.name: m for m in _ALL}
 # The PostgreSQL backend's mutants: their cases need a database, so they are scored by the

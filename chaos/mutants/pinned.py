@@ -16,6 +16,8 @@ PINNED: Final[dict[str, tuple[str, ...]]] = {
     ),
     "baseline-after-log": ("basic:kill:-:31", "basic:kill:-:55"),
     "call-numbers-per-epoch": ("basic:kill:-:1", "basic:kill:-:56"),
+    "carried-schedules-forgotten": ("schedules:kill:-:1", "schedules:kill:-:60"),
+    "delivered-without-waiting": ("schedules:kill:-:1", "schedules:kill:-:60"),
     "directory-fsync-error-ignored": ("basic:io:eio:3:p1", "basic:io:eio:56:p1"),
     "epoch-end-not-fsynced": ("basic:power:names:32", "basic:power:names:56"),
     "fsync-after-memory": ("basic:io:eio:15", "basic:io:edquot:20"),

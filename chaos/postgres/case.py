@@ -31,7 +31,7 @@ from worker.store.records import EpochEnd
 from worker.store.session import Session
 
 MAX_RESUMES: Final = 4
-SEAM_SCENARIOS: Final = ("basic",)  # the store-level scenarios whose ops reach no files
+SEAM_SCENARIOS: Final = ("basic", "schedules")  # the store-level ones whose ops reach no files
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
