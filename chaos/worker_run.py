@@ -121,7 +121,7 @@ def fork_child(
             # other than SessionError is a traceback for the operator. (A worker-level
             # child's last words go to a file the short fault limits too, unlike serve's
             # pipe: its exit is judged by the worker's own checks.)
-            crash = {"e": "crash", "why": f"{type(exc).__name__}: {exc}"}
+            crash: dict[str, object] = {"e": "crash", "why": f"{type(exc).__name__}: {exc}"}
             events.send(crash if theirs is None else {"e": "flush"}, flush=True)
         finally:
             os._exit(code)
