@@ -22,6 +22,8 @@ from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
 
 REPO = Path(__file__).resolve().parent.parent
+TEMPLATE_NAME = "loopd-template"
+"""The process name of an App's template (supervisor/templates/template_main.py)."""
 T = TypeVar("T")
 
 
@@ -122,11 +124,19 @@ class Daemon:
         return True
 
     def workers(self) -> list[psutil.Process]:
+        """Its workers (and what they forked), not its Apps' templates."""
+        return [p for p in self._descendants() if _name(p) != TEMPLATE_NAME]
+
+    def templates(self) -> list[psutil.Process]:
+        """Its Apps' template processes (docs/templates.md)."""
+        return [p for p in self._descendants() if _name(p) == TEMPLATE_NAME]
+
+    def _descendants(self) -> list[psutil.Process]:
         return psutil.Process(self.proc.pid).children(recursive=True)
 
     def stop(self) -> int:
-        """SIGTERM, a deadline, SIGKILL; reap; kill any worker still alive."""
-        workers = self.workers() if self.proc.poll() is None else []
+        """SIGTERM, a deadline, SIGKILL; reap; kill any worker or template still alive."""
+        workers = self._descendants() if self.proc.poll() is None else []
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
@@ -138,6 +148,13 @@ class Daemon:
         for proc in alive:
             proc.kill()
         return code
+
+
+def _name(proc: psutil.Process) -> str | None:
+    try:
+        return str(proc.name())
+    except psutil.NoSuchProcess:
+        return None
 
 
 @contextmanager
@@ -192,7 +209,7 @@ def stopped(*targets: int | subprocess.Popen[Any]) -> Iterator[None]:
 
 def kill_node(daemon: Daemon) -> None:
     """SIGKILL a node's serve and every worker of it at once, and reap them."""
-    procs = [psutil.Process(daemon.proc.pid), *daemon.workers()]
+    procs = [psutil.Process(daemon.proc.pid), *daemon.workers(), *daemon.templates()]
     for proc in procs:
         proc.kill()
     daemon.proc.wait(10)

@@ -33,14 +33,15 @@ from supervisor.daemon.links import ClientConnection, WorkerLink, WorkerWatch
 from supervisor.daemon.listener import Listener
 from supervisor.daemon.local_sessions import adopt_local, forget_local
 from supervisor.daemon.lock_wait import HolderWait
-from supervisor.daemon.spawn import WorkerProcess, WorkerSpec, prepare_forks
+from supervisor.daemon.spawn import WorkerProcess, WorkerSpec
 from supervisor.daemon.tcp_handover import TcpHandover
 from supervisor.daemon.tls_gateway import TlsGateway, open_gateway
-from supervisor.daemon.worker_specs import UnknownApp, worker_spec
+from supervisor.daemon.worker_specs import UnknownApp, prepare_workers, worker_spec
 from supervisor.errors import ServeError
 from supervisor.hosting.intent import IntentError, IntentFile
 from supervisor.hosting.runtime import Hosting
 from supervisor.states import State
+from supervisor.templates.pool import close_templates
 from worker.store.layout import SESSIONS_DIR
 from worker.wire import Message, error
 
@@ -157,9 +158,7 @@ class Supervisor:
                 sessions = self._join_cluster(self.config.cluster)
             elif self.config.listen is not None:
                 raise ServeError("--listen needs --cluster URL and --node NAME")
-            skipped = prepare_forks(self.config.start_method)
-            if skipped is not None:
-                self.report(skipped)
+            prepare_workers(self.config, self.loop, self.report)  # warm-up, templates
             self._listener.open()
             self.hosting.open_metrics()
             self.hosting.begin()
@@ -172,6 +171,7 @@ class Supervisor:
             if self.gateway is not None:  # its thread reports into the loop: ended first
                 self.gateway.close()
             self.hosting.close()
+            close_templates()  # after the workers: each template killed and reaped
             self._listener.close()
             for client in list(self.clients):
                 client.abort()

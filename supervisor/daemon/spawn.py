@@ -5,19 +5,21 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno
-import gc
 import os
-import resource
 import signal
 import socket
 import subprocess
 import sys
-import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 import psutil
 
+from supervisor.templates import reaper
+from supervisor.templates.order import CHANNEL_FD, HEARTBEAT_FD, AppIdentity, ForkOrder
+from supervisor.templates.pool import templates
+from supervisor.templates.worker_child import become_worker, flush_std_streams
+from worker.app import DEFAULT_APP
 from worker.heartbeat import HeartbeatCell
 from worker.process import STORE_ENV
 from worker.store.errors import SessionError
@@ -37,11 +39,14 @@ class StartMethod(enum.Enum):
     channel. FORK forks the already warm, single-threaded supervisor and runs the worker
     in the child: no interpreter start-up and no imports, so restarts are several times
     faster; the child closes every inherited descriptor but its channel and the standard
-    streams, and never returns into supervisor code.
+    streams, and never returns into supervisor code. TEMPLATE forks the worker from its
+    App's template, a child of the supervisor that imported the App once
+    (supervisor/templates/, docs/templates.md); until that template is ready, as FORK.
     """
 
     EXEC = "exec"
     FORK = "fork"
+    TEMPLATE = "template"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,6 +148,10 @@ class WorkerProcess:
                     cwd=spec.cwd,
                 )
                 self.pid = self._popen.pid
+            elif spec.start_method is StartMethod.TEMPLATE:
+                self.pid = _from_template(spec, child.fileno(), beat_fd, output_w) or (
+                    _fork_worker(spec, child.fileno(), beat_fd, output_w)
+                )
             else:
                 self.pid = _fork_worker(spec, child.fileno(), beat_fd, output_w)
         except BaseException:
@@ -156,6 +165,7 @@ class WorkerProcess:
             os.close(beat_fd)  # the mapping stays; the worker has its own descriptor
             if output_w is not None:
                 os.close(output_w)
+        reaper.claim(self.pid)  # waited for here, never reaped as a stray (a subreaper's)
         self.pidfd = os.pidfd_open(self.pid)
         try:
             self.create_time: float | None = psutil.Process(self.pid).create_time()
@@ -204,6 +214,8 @@ class WorkerProcess:
         else:
             _pid, status = os.waitpid(self.pid, 0)
             self.returncode = os.waitstatus_to_exitcode(status)
+        reaper.release(self.pid)
+        reaper.reap_strays()  # what its App left behind and the kill above ended, if ours
         return self.returncode
 
     def in_request(self) -> bool:
@@ -245,7 +257,7 @@ def prepare_forks(method: StartMethod) -> str | None:
     pages that running it writes are written in the supervisor and shared by every
     worker forked afterwards. Nothing for exec. Returns why it was skipped, if it was
     (the workers start the same either way, only with less memory shared)."""
-    if method is not StartMethod.FORK:
+    if method is StartMethod.EXEC:
         return None
     try:
         warm_up()
@@ -256,51 +268,38 @@ def prepare_forks(method: StartMethod) -> str | None:
 
 def _fork_worker(spec: WorkerSpec, channel_fd: int, beat_fd: int, output_fd: int | None) -> int:
     """Fork; in the child, become the worker and exit with its code. Return the child pid."""
-    for stream in (sys.stdout, sys.stderr):
-        # Anything still buffered would otherwise be written twice, once by the child.
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
+    flush_std_streams()
     pid = os.fork()
     if pid:
         return pid
-    code = 1
-    try:
-        os.setsid()  # its own session and process group, for killpg
-        _name_process(f"loopd:{spec.session}")
-        signal.set_wakeup_fd(-1)
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
-            signal.signal(signum, signal.SIG_DFL)
-        # As a fresh interpreter has it (exec): a peer gone before its reply is EPIPE.
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        # Objects of the supervisor that own descriptors must never be finalized here:
-        # their fd numbers are closed below and will be reused by the worker's files.
-        gc.freeze()
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        if output_fd is not None:
-            os.dup2(output_fd, 1)  # dup2 clears close-on-exec on the copies
-            os.dup2(output_fd, 2)
-        _close_all_but(channel_fd, beat_fd)
-        os.environ.pop(STORE_ENV, None)  # the spec's store or none, never one inherited
-        os.environ.update(spec.environment())
-        if spec.cwd is not None:
-            os.chdir(spec.cwd)
-        # A fork does not read PYTHONPATH again: the App's entries go first by hand.
-        extra = [e for e in spec.extra_env.get("PYTHONPATH", "").split(os.pathsep) if e]
-        sys.path[:0] = [*spec.path, *extra]
-        from worker.process import main  # noqa: PLC0415 - only the child runs the worker
+    become_worker(_order(spec, channel_fd, beat_fd), channel_fd, beat_fd, output_fd, on_path=False)
 
-        code = main(spec.argv(channel_fd, beat_fd)[3:])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - nothing may unwind into the supervisor's code
-        traceback.print_exc()
-        code = 1
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                stream.flush()
-        os._exit(code)
+
+def _order(spec: WorkerSpec, channel_fd: int, beat_fd: int) -> ForkOrder:
+    return ForkOrder(
+        session=spec.session,
+        argv=tuple(spec.argv(channel_fd, beat_fd)[3:]),
+        env=spec.environment(),
+        cwd=spec.cwd,
+        path=spec.path,
+    )
+
+
+def _from_template(
+    spec: WorkerSpec, channel_fd: int, beat_fd: int, output_fd: int | None
+) -> int | None:
+    """The pid of the worker its App's template forked; None: none is ready (fork plainly)."""
+    fds = [channel_fd, beat_fd, *([output_fd] if output_fd is not None else [])]
+    order = _order(spec, CHANNEL_FD, HEARTBEAT_FD)
+    return templates().fork_worker(app_identity(spec), order, fds)
+
+
+def app_identity(spec: WorkerSpec) -> AppIdentity:
+    """The template a worker of ``spec`` is forked from: its App and where it imports it."""
+    env = {k: v for k, v in spec.extra_env.items() if k != STORE_ENV}
+    return AppIdentity(
+        app=spec.app or DEFAULT_APP, path=spec.path, cwd=spec.cwd, env=tuple(sorted(env.items()))
+    )
 
 
 def _exec_env(spec: WorkerSpec) -> dict[str, str]:
@@ -311,33 +310,6 @@ def _exec_env(spec: WorkerSpec) -> dict[str, str]:
         inherited = env.get("PYTHONPATH")
         env["PYTHONPATH"] = os.pathsep.join([*spec.path, *([inherited] if inherited else [])])
     return env
-
-
-def _close_all_but(*keep: int) -> None:
-    """Close every descriptor from 3 up, except ``keep`` (the worker's own)."""
-    low = 3
-    for fd in sorted(keep):
-        os.closerange(low, fd)
-        low = fd + 1
-    os.closerange(low, _max_fd())
-
-
-def _name_process(name: str) -> None:
-    """Set the name ps -o comm, top and pgrep show (the kernel keeps 15 bytes of it).
-
-    One os.write: the io stack of ``open()`` cost a forked child about 0.4 ms here.
-    """
-    with contextlib.suppress(OSError):
-        comm = os.open("/proc/self/comm", os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.write(comm, name[:15].encode())
-        finally:
-            os.close(comm)
-
-
-def _max_fd() -> int:
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return soft if soft != resource.RLIM_INFINITY else 65536
 
 
 def describe_exit(code: int) -> str:

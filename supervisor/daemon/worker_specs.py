@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from supervisor.daemon.config import ServeConfig
-from supervisor.daemon.spawn import WorkerSpec
+from supervisor.daemon.spawn import StartMethod, WorkerSpec, app_identity, prepare_forks
 from supervisor.hosting.apps import app_import_dirs
+from supervisor.templates.pool import open_templates
 
 if TYPE_CHECKING:
     from supervisor.cluster.serving import WorkerCluster
@@ -67,3 +70,20 @@ def worker_spec(
         request_deadline=request_deadline, capture_output=True, hang_timeout=hang_timeout,
         max_batch=config.max_batch, cluster=cluster, store=config.store,
     )  # fmt: skip
+
+
+def prepare_workers(
+    config: ServeConfig, loop: asyncio.AbstractEventLoop, report: Callable[[str], None]
+) -> None:
+    """Before the first worker: warm the supervisor up for forks (``prepare_forks``; if it
+    was skipped, ``report`` says why) and, with templates, start one per App serve hosts
+    (``--app`` and each of ``[apps]``), so that their imports overlap with serve's start."""
+    skipped = prepare_forks(config.start_method)
+    if skipped is not None:
+        report(skipped)
+    if config.start_method is StartMethod.TEMPLATE:
+        specs = [
+            worker_spec(config, "template"),
+            *(worker_spec(config, "template", app=name) for name in config.apps),
+        ]
+        open_templates([app_identity(spec) for spec in specs], loop, report)

@@ -1,0 +1,1 @@
+"""App templates: one process per App that imports it once and forks that App's workers."""

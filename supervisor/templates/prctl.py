@@ -1,0 +1,33 @@
+"""The two prctl(2) settings templates need, through the C library (ctypes, stdlib)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from typing import Final
+
+_PR_SET_PDEATHSIG: Final = 1
+_PR_SET_CHILD_SUBREAPER: Final = 36
+
+
+def _prctl(option: int, value: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, value, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl({option}, {value}): {os.strerror(err)}")
+
+
+def become_subreaper(*, on: bool = True) -> None:
+    """Make this process the reaper of its orphaned descendants (Linux 3.4+).
+
+    A worker forked by a template's short-lived intermediate is then reparented here,
+    not to init: the supervisor waits for it and sees its real exit status. Not
+    inherited by a fork, so a template is no subreaper.
+    """
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1 if on else 0)
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when the thread that forked it ends (the supervisor's)."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

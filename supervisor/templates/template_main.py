@@ -1,0 +1,212 @@
+"""The template process: import one App, then fork its workers on order, until told to end.
+
+It is forked from the warm supervisor, so it starts with the worker's code imported and
+warmed (worker/warm_up.py); it adds the App's import, once. Each order is a double fork:
+an intermediate child forks the worker and exits at once, so the worker is orphaned and
+reparented to the supervisor (a subreaper, prctl.py), which waits for it and sees its
+real exit status. The worker's pid is said only after the intermediate is reaped: by
+then the worker is the supervisor's child already (a zombie one if it died at once).
+
+The template is single-threaded when it forks: an App whose import started a thread is
+refused (THREADS) rather than forked with a lock some thread held; its workers are then
+forked from the supervisor and import the App themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import gc
+import importlib
+import os
+import signal
+import socket
+import sys
+import threading
+import traceback
+from typing import Final, NoReturn
+
+from supervisor.templates.order import (
+    CHANNEL_FD,
+    HEARTBEAT_FD,
+    MAX_MESSAGE,
+    ORDER_FDS,
+    AppIdentity,
+    ForkOrder,
+    OrderError,
+    Said,
+    SaidKind,
+)
+from supervisor.templates.prctl import die_with_parent
+from supervisor.templates.worker_child import (
+    become_worker,
+    close_all_but,
+    flush_std_streams,
+    name_process,
+)
+from worker.process import STORE_ENV, bounded
+
+PROCESS_NAME: Final = "loopd-template"
+_ABOVE: Final = 10
+"""Descriptors are moved above this before they are put at their numbers."""
+
+
+def run_template(sock: socket.socket, identity: AppIdentity, parent: int) -> NoReturn:
+    """The forked template's whole life; ``parent`` is the supervisor's pid."""
+    code = 0
+    try:
+        _become_template(sock, identity, parent)
+        before = set(sys.modules)
+        said = _import_app(identity)
+        sock.send(said.encode())
+        if said.kind is SaidKind.READY:
+            _take_orders(sock, _source_files(set(sys.modules) - before))
+        else:
+            code = 1
+    except BaseException:  # noqa: BLE001 - nothing may unwind into the supervisor's code
+        traceback.print_exc()
+        code = 1
+    finally:
+        flush_std_streams()
+        os._exit(code)
+
+
+def _become_template(sock: socket.socket, identity: AppIdentity, parent: int) -> None:
+    os.setsid()  # out of the supervisor's group: a terminal's Ctrl-C is the supervisor's
+    name_process(PROCESS_NAME)
+    die_with_parent()
+    if os.getppid() != parent:  # the supervisor died before the line above took effect
+        os._exit(0)
+    signal.set_wakeup_fd(-1)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    gc.freeze()  # the supervisor's objects own descriptors closed below: never finalized
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    close_all_but(sock.fileno())  # stdout and stderr stay the supervisor's output
+    os.environ.pop(STORE_ENV, None)  # each order brings the store; the template holds none
+    os.environ.update(dict(identity.env))
+    if identity.cwd is not None:
+        os.chdir(identity.cwd)
+    extra = [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
+    sys.path[:0] = [*identity.path, *extra]
+
+
+def _import_app(identity: AppIdentity) -> Said:
+    """Import the module and resolve the factory (not called: that is the worker's)."""
+    module_name, _, attribute = identity.app.partition(":")
+    try:
+        target: object = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            target = getattr(target, part)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the App's, reported
+        return Said(kind=SaidKind.FAILED, text=bounded(f"{type(exc).__name__}: {exc}"))
+    threads = _other_threads()
+    if threads:
+        return Said(kind=SaidKind.THREADS, text=", ".join(threads))
+    return Said(kind=SaidKind.READY)
+
+
+def _other_threads() -> list[str]:
+    """Threads besides this one, C threads included (/proc counts every task)."""
+    names = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
+    try:
+        tasks = len(os.listdir("/proc/self/task"))
+    except OSError:
+        tasks = 1
+    unnamed = tasks - 1 - len(names)
+    return names + [f"{unnamed} thread(s) not started by threading"] * (unnamed > 0)
+
+
+def _source_files(modules: set[str]) -> dict[str, int]:
+    """The file of each module the App's import added, and its mtime (ns)."""
+    files = {}
+    for name in modules:
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if isinstance(path, str):
+            with contextlib.suppress(OSError):
+                files[path] = os.stat(path).st_mtime_ns
+    return files
+
+
+def _changed(files: dict[str, int]) -> str | None:
+    """The first of ``files`` changed or gone since the import (a new App version)."""
+    for path, mtime in files.items():
+        try:
+            if os.stat(path).st_mtime_ns != mtime:
+                return path
+        except OSError:
+            return path
+    return None
+
+
+def _take_orders(sock: socket.socket, files: dict[str, int]) -> None:
+    while True:
+        data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, ORDER_FDS)
+        if not data:
+            return  # the supervisor closed its end, or died: the template ends
+        # Each worker runs the App's code as it is on disk now, as one that imports it
+        # itself does: a template whose App changed forks nothing more (one stat a file).
+        changed = _changed(files)
+        try:
+            if changed is not None:
+                said = Said(kind=SaidKind.STALE, text=changed)
+            else:
+                said = _fork(ForkOrder.decode(data), fds)
+        except (OSError, OrderError) as exc:
+            said = Said(kind=SaidKind.FORK_FAILED, text=str(exc))
+        finally:
+            for fd in fds:
+                os.close(fd)
+        sock.send(said.encode())
+        if changed is not None:
+            return
+
+
+def _fork(order: ForkOrder, fds: list[int]) -> Said:
+    """Double fork: the worker is the intermediate's child, reparented at its exit."""
+    if len(fds) not in (2, 3):
+        raise OrderError(f"an order carries 2 or 3 descriptors, this one {len(fds)}")
+    flush_std_streams()
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    try:
+        middle = os.fork()
+        if middle == 0:
+            _intermediate(order, fds, write_end)
+        os.close(write_end)
+        write_end = -1
+        data = b""
+        while chunk := os.read(read_end, 16):
+            data += chunk
+        _pid, status = os.waitpid(middle, 0)
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+    if os.waitstatus_to_exitcode(status) != 0 or not data:
+        raise OSError(f"the intermediate child failed to fork the worker (status {status})")
+    return Said(kind=SaidKind.FORKED, pid=int(data.decode()))
+
+
+def _intermediate(order: ForkOrder, fds: list[int], write_end: int) -> NoReturn:
+    code = 1
+    try:
+        worker = os.fork()
+        if worker == 0:
+            os.close(write_end)
+            _worker(order, fds)
+        os.write(write_end, str(worker).encode())
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def _worker(order: ForkOrder, fds: list[int]) -> NoReturn:
+    """Put the descriptors where the order's argv says, then become the worker."""
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, _ABOVE) for fd in fds]
+    os.dup2(moved[0], CHANNEL_FD)
+    os.dup2(moved[1], HEARTBEAT_FD)
+    output = moved[2] if len(moved) > 2 else None
+    become_worker(order, CHANNEL_FD, HEARTBEAT_FD, output, on_path=True)
