@@ -17,8 +17,6 @@ violations, each one line with the evidence; an empty list means the invariant h
   had already accepted for that session.
 - ``logs-verify``: every final log opens and verifies (``loopd verify``), and every
   session with an acknowledged key has a final owner holding its log.
-- ``acked-by-owner`` and ``copies-are-prefixes``: the replication checks
-  (``chaos/cluster_replicas.py``).
 """
 
 from __future__ import annotations
@@ -28,15 +26,12 @@ from collections.abc import Callable
 from typing import Final
 
 from chaos.cluster_history import History, Request, SessionLog
-from chaos.cluster_replicas import acked_by_owner, copies_are_prefixes
 
 INVARIANTS: Final = (
     "acknowledged-once",
     "one-owner-at-a-time",
     "client-tokens-grow",
     "logs-verify",
-    "acked-by-owner",
-    "copies-are-prefixes",
 )
 
 
@@ -205,8 +200,6 @@ CHECKS: Final[dict[str, Callable[[History], list[str]]]] = {
     "one-owner-at-a-time": one_owner_at_a_time,
     "client-tokens-grow": client_tokens_grow,
     "logs-verify": logs_verify,
-    "acked-by-owner": acked_by_owner,
-    "copies-are-prefixes": copies_are_prefixes,
 }
 
 

@@ -13,8 +13,7 @@ import click
 
 from chaos.cli_options import EXIT_VIOLATION
 from chaos.cluster_checker import INVARIANTS
-from chaos.cluster_faults import KINDS, OWNER_KINDS
-from chaos.cluster_replicas import percentiles
+from chaos.cluster_faults import KINDS
 from chaos.cluster_run import Options, Report, Stopped, prerequisites, run_cluster
 from chaos.netns_hosts import HarnessError
 
@@ -30,7 +29,6 @@ def replay_line(options: Options) -> str:
     return (f"loopd chaos cluster --seed {options.seed} {bound}{both} --hosts {options.hosts} "
             f"--etcd-members {options.etcd_members} --sessions {options.sessions} "
             f"--clients {options.clients}" + ("" if options.moves else " --no-moves")
-            + (f" --replicas {options.replicas}" if options.replicas > 1 else "")
             + f" --lease-ttl {options.lease_ttl:g}"
             + (f" --faults {','.join(options.only)}" if options.only else ""))  # fmt: skip
 
@@ -41,12 +39,6 @@ def summary(report: Report) -> list[str]:
     lines.append(f"faults:   {faults or 'none'}")
     outcomes = ", ".join(f"{o} {report.outcomes.get(o, 0)}" for o in ("ack", "refused", "unknown"))
     lines.append(f"requests: {outcomes}")
-    if report.failover or report.unserved:
-        shares = percentiles(report.failover)
-        lines.append(f"failover: {len(report.failover)} owner-host kills served again by "
-                     f"another node, SIGKILL to its first acknowledgement p50 {shares['p50']} s "
-                     f"p99 {shares['p99']} s; {len(report.unserved)} not served again")  # fmt: skip
-        lines += [f"  {line}" for line in report.unserved[:20]]
     for name in INVARIANTS:
         found = report.violations.get(name, [])
         lines.append(f"{'held    ' if not found else 'VIOLATED'} {name}"
@@ -105,13 +97,6 @@ def summary(report: Report) -> list[str]:
     help="move sessions between nodes among the faults.",
 )
 @click.option(
-    "--replicas",
-    type=click.IntRange(min=1, max=9),
-    default=1,
-    show_default=True,
-    help="copies of each session (above 1: the owner's host is killed and cut off).",
-)
-@click.option(
     "--lease-ttl",
     type=click.FloatRange(min=1),
     default=3.0,
@@ -135,8 +120,8 @@ def summary(report: Report) -> list[str]:
 @click.option(
     "--require-served",
     is_flag=True,
-    help="also exit 3 when a session stalled or a session of a killed owner host was "
-    "not served again (availability; by default a finding, not a failure).",
+    help="also exit 3 when a session stalled: none of its requests acknowledged at the "
+    "end of the load (availability; by default a finding, not a failure).",
 )
 def cluster(
     seed: int | None,
@@ -147,7 +132,6 @@ def cluster(
     sessions: int,
     clients: int,
     moves: bool,
-    replicas: int,
     lease_ttl: float,
     only: str,
     json_report: str | None,
@@ -165,14 +149,6 @@ def cluster(
     if unknown:
         raise click.BadParameter(f"no fault kind {unknown[0]!r} (known: {', '.join(KINDS)})",
                                  param_hint="--faults")  # fmt: skip
-    wrong = [k for k in kinds if (k in OWNER_KINDS) == (replicas == 1) and k in
-             (*OWNER_KINDS, "move")]  # fmt: skip
-    if wrong:
-        need = "--replicas above 1" if wrong[0] in OWNER_KINDS else "--replicas 1"
-        raise click.BadParameter(f"fault {wrong[0]!r} needs {need}", param_hint="--faults")
-    if replicas > hosts:
-        raise click.BadParameter(f"{replicas} replicas need as many hosts (--hosts {hosts})",
-                                 param_hint="--replicas")  # fmt: skip
     problem = prerequisites()
     if problem is not None:
         click.echo(f"loopd chaos cluster: cannot run: {problem}", err=True)
@@ -183,8 +159,8 @@ def cluster(
         steps = DEFAULT_STEPS
     options = Options(seed=seed, hosts=hosts, etcd_members=int(etcd_members), steps=steps,
                       duration=duration, sessions=sessions, clients=clients, moves=moves,
-                      keep=Path(keep) if keep else None, replicas=replicas,
-                      lease_ttl=lease_ttl, only=kinds)  # fmt: skip
+                      keep=Path(keep) if keep else None, lease_ttl=lease_ttl,
+                      only=kinds)  # fmt: skip
     again = replay_line(options)
     click.echo(f"seed: {seed}  (replay: {again})")
     try:
@@ -220,11 +196,9 @@ def cluster(
 
 def exit_code(report: Report, *, require_served: bool) -> int:
     """1 if an invariant was violated; else, with ``require_served``, 3 if a session
-    stalled or a killed owner host's session was not served again (a kill too close to
-    the end of the load to be measured counts for nothing); else 0."""
+    stalled; else 0."""
     if any(report.violations.values()):
         return EXIT_VIOLATION
-    unserved = [line for line in report.unserved if "not measured" not in line]
-    if require_served and (report.stalled or unserved):
+    if require_served and report.stalled:
         return EXIT_UNSERVED
     return 0

@@ -9,12 +9,7 @@ on a node's link. ``kill-host`` SIGKILLs every process of a node's host, then st
 process of a node's host for longer than its lease, then SIGCONTs them.
 ``kill-etcd-member`` (three members only) SIGKILLs one member's host and starts it again
 on its data. ``move`` moves a session to another node (``loopd move`` from the client
-host). With replicated sessions (``--replicas`` above 1) two faults lose the host that
-owns a session, as etcd names it when the fault is applied: ``kill-owner-host``
-(SIGKILL of every process of that host, held past the lease so that a follower takes
-over, then ``loopd serve`` started again) and ``isolate-owner-host`` (its link down for
-as long); ``move`` is left out (a replicated session is not moved). Every fault is
-picked from the run's seeded random generator.
+host). Every fault is picked from the run's seeded random generator.
 """
 
 from __future__ import annotations
@@ -42,11 +37,7 @@ KINDS: Final = (
     "pause-node",
     "kill-etcd-member",
     "move",
-    "kill-owner-host",
-    "isolate-owner-host",
 )
-OWNER_KINDS: Final = ("kill-owner-host", "isolate-owner-host")
-"""Faults of the host owning a session (replicated sessions only)."""
 
 
 def run(argv: list[str]) -> None:
@@ -124,9 +115,6 @@ class Rig:
     move: Callable[[str, str], dict[str, Any]]
     sessions: list[str]
     lease_ttl: float
-    owner_of: Callable[[str], str | None] = lambda _session: None
-    """The node etcd names the owner of a session now (None: no owner)."""
-    replicas: int = 1
     only: tuple[str, ...] = ()
     """The kinds to draw from (empty: every kind this cluster can take)."""
     netem: bool = True
@@ -164,10 +152,6 @@ def kinds_for(rig: Rig) -> list[str]:
         kinds = [k for k in kinds if k not in ("partition-node-node", "move")]
     if len(rig.etcd) < 3:
         kinds.remove("kill-etcd-member")
-    if rig.replicas > 1:
-        kinds.remove("move")
-    else:
-        kinds = [k for k in kinds if k not in OWNER_KINDS]
     if rig.only:
         kinds = [k for k in kinds if k in rig.only]
     return kinds
@@ -197,18 +181,7 @@ def pick(rng: random.Random, rig: Rig) -> Fault:
         return Fault(kind, [f"etcd{rng.randrange(len(rig.etcd))}"], hold)
     if kind == "move":
         return Fault(kind, [rng.choice(rig.sessions), node], 0.0)
-    if kind in OWNER_KINDS:  # past the lease and a follower's takeover
-        return Fault(kind, [rng.choice(rig.sessions)], rig.lease_ttl + rng.uniform(1.5, 3.0))
     return Fault(kind, [node], hold)
-
-
-def owner_host(fault: Fault, rig: Rig) -> str:
-    """The node owning the fault's session now (kept in ``detail["node"]``)."""
-    node = rig.owner_of(fault.targets[0])
-    if node is None or node not in rig.nodes:
-        raise HarnessError(f"{fault.targets[0]}: etcd names no owner node ({node!r})")
-    fault.detail["node"] = node
-    return node
 
 
 def _pairs(fault: Fault, rig: Rig) -> list[tuple[Host, Host]]:
@@ -238,14 +211,6 @@ def apply(fault: Fault, rig: Rig) -> None:
     elif kind == "kill-host":
         fault.detail["killed"] = signal_host(rig.nodes[fault.targets[0]], signal.SIGKILL)
         rig.nodes[fault.targets[0]].kill_all()
-    elif kind in OWNER_KINDS:
-        host = rig.nodes[owner_host(fault, rig)]
-        fault.applied = time.monotonic()  # after the owner's lookup
-        if kind == "kill-owner-host":
-            fault.detail["killed"] = signal_host(host, signal.SIGKILL)
-            host.kill_all()
-        else:
-            run([IP, "-n", host.netns, "link", "set", host.interface, "down"])
     elif kind == "pause-node":
         host = rig.nodes[fault.targets[0]]
         fault.detail["stopped"] = signal_host(host, signal.SIGSTOP)
@@ -275,11 +240,6 @@ def heal(fault: Fault, rig: Rig) -> None:
         run([IP, "netns", "exec", host.netns, TC, "qdisc", "del", "dev", host.interface, "root"])
     elif kind == "kill-host":
         rig.restart_node(fault.targets[0])
-    elif kind == "kill-owner-host" and "node" in fault.detail:
-        rig.restart_node(fault.detail["node"])
-    elif kind == "isolate-owner-host" and "node" in fault.detail:
-        host = rig.nodes[fault.detail["node"]]
-        run([IP, "-n", host.netns, "link", "set", host.interface, "up"])
     elif kind == "pause-node":
         signal_host(rig.nodes[fault.targets[0]], signal.SIGCONT)
     elif kind == "kill-etcd-member":

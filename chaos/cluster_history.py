@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Final
 
 from worker.store.layout import SESSIONS_DIR
-from worker.store.replica_roles import REPLICAS_DIR
 
 OUTCOMES: Final = ("ack", "refused", "unknown")
 STALLED_AFTER: Final = 30.0
@@ -81,8 +80,6 @@ class History:
     logs: dict[tuple[str, str], SessionLog] = field(default_factory=dict)
     """(node, session) -> its copy on that node's disk."""
     faults: list[dict[str, Any]] = field(default_factory=list)
-    copies: dict[tuple[str, str], SessionLog] = field(default_factory=dict)
-    """(node, session) -> the follower's copy on that node (``<home>/replicas``)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -90,14 +87,13 @@ class History:
             "placement": self.placement,
             "logs": [asdict(log) for log in self.logs.values()],
             "faults": self.faults,
-            "copies": [asdict(log) for log in self.copies.values()],
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> History:
         requests = [Request(**{**r, "errors": tuple(r["errors"])}) for r in data["requests"]]
         return cls(requests=requests, placement=data["placement"], logs=_logs(data["logs"]),
-                   faults=data["faults"], copies=_logs(data.get("copies", [])))  # fmt: skip
+                   faults=data["faults"])  # fmt: skip
 
 
 def _logs(raws: list[dict[str, Any]]) -> dict[tuple[str, str], SessionLog]:
@@ -156,11 +152,6 @@ def verify_home(home: Path) -> dict[str, str]:
         if len(words) >= 2 and words[0] in ("ok", "REFUSED"):
             verdicts[os.path.basename(words[1].rstrip(":"))] = line.strip()
     return verdicts
-
-
-def read_copies(node: str, home: Path) -> list[SessionLog]:
-    """Every follower's copy on ``node`` (``<home>/replicas``, itself laid out as a home)."""
-    return read_node(node, home / REPLICAS_DIR)
 
 
 def read_node(node: str, home: Path) -> list[SessionLog]:

@@ -3,10 +3,8 @@
     python -m chaos.cluster_load setup PLAN    # wait for the cluster, create the sessions
     python -m chaos.cluster_load load PLAN     # keyed sends until SIGTERM (one process)
     python -m chaos.cluster_load final PLAN    # each session's placement and owner
-    python -m chaos.cluster_load owner PLAN    # the owner node of the plan's "session"
 
-PLAN is JSON: ``{"etcd": URL, "nodes": [...], "sessions": [...], "process": N, "seed": S,
-"replicas": R}`` (the sessions are created with R replicas);
+PLAN is JSON: ``{"etcd": URL, "nodes": [...], "sessions": [...], "process": N, "seed": S}``;
 the certificate is the host's (``$LOOPD_TLS_*``). ``load`` sends, through one
 ``ClusterClient``, requests each with a key of its own to sessions picked at random; a
 request that fails is sent again with the same key (a fresh route each time) until it is
@@ -97,9 +95,8 @@ def wait_up(plan: dict[str, Any]) -> None:
 def setup(plan: dict[str, Any]) -> None:
     wait_up(plan)
     with ClusterClient(plan["etcd"], timeout=CALL_TIMEOUT * 5) as cluster:
-        replicas = int(plan.get("replicas", 1))
         for session in plan["sessions"]:
-            cluster.create(session, replicas=replicas if replicas > 1 else None)
+            cluster.create(session)
     emit({"ev": "setup", "sessions": plan["sessions"]})
 
 
@@ -170,10 +167,8 @@ def load(plan: dict[str, Any]) -> None:
 
 
 def final(plan: dict[str, Any]) -> None:
-    """Each session's placement and owner as etcd holds them: once the nodes are up, or,
-    with ``"stopped": true`` in the plan, now (the nodes are stopped)."""
-    if not plan.get("stopped"):
-        wait_up(plan)
+    """Each session's placement and owner as etcd holds them, once the nodes are up."""
+    wait_up(plan)
     files = _files()
     with EtcdClient(plan["etcd"], timeout=2.0, tls=files.etcd_context()) as etcd:
         placed = {s: placement_of(etcd, s) for s in plan["sessions"]}
@@ -184,18 +179,10 @@ def final(plan: dict[str, Any]) -> None:
     emit({"ev": "final", "placement": placed, "owners": owners})
 
 
-def owner(plan: dict[str, Any]) -> None:
-    """The node etcd names the owner of ``plan["session"]`` now (null: none)."""
-    files = _files()
-    with EtcdClient(plan["etcd"], timeout=2.0, tls=files.etcd_context()) as etcd:
-        found = owner_of(etcd, plan["session"])
-    emit({"ev": "owner", "node": None if found is None else found.node})
-
-
 def main() -> None:
-    modes = {"setup": setup, "load": load, "final": final, "owner": owner}
+    modes = {"setup": setup, "load": load, "final": final}
     if len(sys.argv) != 3 or sys.argv[1] not in modes:
-        raise SystemExit("usage: python -m chaos.cluster_load setup|load|final|owner PLAN")
+        raise SystemExit("usage: python -m chaos.cluster_load setup|load|final PLAN")
     modes[sys.argv[1]](json.loads(sys.argv[2]))
 
 

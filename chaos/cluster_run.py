@@ -29,8 +29,7 @@ from typing import Any, Final
 from chaos import cluster_faults
 from chaos.cluster_certs import OpensslCertificates
 from chaos.cluster_checker import check
-from chaos.cluster_history import History, read_copies, read_node, read_requests, stalled
-from chaos.cluster_replicas import failover_times, percentiles
+from chaos.cluster_history import History, read_node, read_requests, stalled
 from chaos.netns_cluster import (
     LEASE_TTL,
     host_certificates,
@@ -60,7 +59,6 @@ class Options:
     clients: int = 3
     moves: bool = True
     keep: Path | None = None
-    replicas: int = 1
     lease_ttl: float = float(LEASE_TTL)
     only: tuple[str, ...] = ()
     """The fault kinds to draw from (empty: all)."""
@@ -78,16 +76,10 @@ class Report:
     stalled: list[str] = field(default_factory=list)
     """Sessions that answered nothing for the end of the load (availability, not safety)."""
     history: History = field(default_factory=History)
-    failover: list[float] = field(default_factory=list)
-    """Seconds from each owner-host kill to the first acknowledgement by another node."""
-    unserved: list[str] = field(default_factory=list)
-    """Owner-host kills after which no other node acknowledged a write of the session."""
 
     def to_json(self) -> dict[str, Any]:
         return {"seed": self.seed, "steps": self.steps, "elapsed": round(self.elapsed, 1),
                 "faults": dict(self.faults), "outcomes": dict(self.outcomes),
-                "failover": {"seconds": [round(t, 3) for t in self.failover],
-                             **percentiles(self.failover), "unserved": self.unserved},
                 "invariants": {name: {"held": not found, "violations": found}
                                for name, found in self.violations.items()},
                 "notes": self.notes, "stalled": self.stalled,
@@ -161,14 +153,10 @@ class ClusterRun:
 
     def plan(self, process: int = 0) -> str:
         return json.dumps({"etcd": self.url, "nodes": sorted(self.nodes), "process": process,
-                           "sessions": self.sessions, "seed": self.options.seed,
-                           "replicas": self.options.replicas})  # fmt: skip
+                           "sessions": self.sessions, "seed": self.options.seed})  # fmt: skip
 
-    def on_client(self, mode: str, *, timeout: float, session: str | None = None,
-                  stopped: bool = False) -> subprocess.CompletedProcess[str]:  # fmt: skip
-        more = {"session": session, "stopped": stopped}
-        plan = json.dumps({**json.loads(self.plan()), **more})
-        argv = self.client.python("-m", "chaos.cluster_load", mode, plan)
+    def on_client(self, mode: str, *, timeout: float) -> subprocess.CompletedProcess[str]:
+        argv = self.client.python("-m", "chaos.cluster_load", mode, self.plan())
         return self.client.run(self.client_argv(*argv), timeout=timeout,
                                copy=self.client.root / "certs")  # fmt: skip
 
@@ -206,19 +194,6 @@ class ClusterRun:
     def restart_node(self, name: str) -> None:
         start_node(self.nodes[name], name, self.url, None, lease_ttl=self.options.lease_ttl)
 
-    def owner_of(self, session: str) -> str | None:
-        """The node etcd names the owner of ``session`` now (asked from the client host:
-        the machine's own namespace cannot reach etcd)."""
-        try:
-            done = self.on_client("owner", timeout=30, session=session)
-        except subprocess.TimeoutExpired:
-            raise HarnessError(f"{session}: etcd's owner lookup timed out") from None
-        if done.returncode != 0:
-            raise HarnessError(f"{session}: etcd's owner lookup failed: "
-                               f"{done.stderr.strip()[-300:]}")  # fmt: skip
-        node = json.loads(done.stdout.splitlines()[-1])["node"]
-        return None if node is None else str(node)
-
     def revive(self) -> None:
         """Start again a node whose ``loopd serve`` exited on its own, as a service
         manager would (``Restart=on-failure``): e.g. one that could not reach etcd when
@@ -236,8 +211,7 @@ class ClusterRun:
         rig = cluster_faults.Rig(
             nodes=self.nodes, etcd=self.etcd, client=self.client,
             restart_node=self.restart_node, restart_etcd=self.restart_etcd, move=self.move,
-            sessions=self.sessions, lease_ttl=self.options.lease_ttl, owner_of=self.owner_of,
-            replicas=self.options.replicas, only=self.options.only,
+            sessions=self.sessions, lease_ttl=self.options.lease_ttl, only=self.options.only,
         )  # fmt: skip
         problem = cluster_faults.netem_problem(self.client)
         if problem is not None:
@@ -294,26 +268,13 @@ class ClusterRun:
             requests, notes = read_requests(self.root / f"load-{n}.jsonl")
             history.requests += requests
             self.report.notes += [f"client {n}: {note}" for note in notes[:5]]
-        # Every node stopped at once, then the placement read again: a follower may take
-        # over a session from a node stopped before it (what is on the disks follows it).
         stop_hosts(list(self.nodes.values()))
-        done = self.on_client("final", timeout=60, stopped=True)
-        if done.returncode != 0:
-            raise HarnessError(f"reading the final placement failed: {done.stderr[-500:]}")
-        last = json.loads(done.stdout.splitlines()[-1])["placement"]
-        if last != history.placement:
-            self.report.notes.append(f"placement changed as the nodes stopped: "
-                                     f"{history.placement} then {last}")  # fmt: skip
-            history.placement = last
         for name, host in self.nodes.items():
             assert host.disk is not None
             for log in read_node(name, host.disk / "home"):
                 history.logs[(name, log.session)] = log
-            for log in read_copies(name, host.disk / "home"):
-                history.copies[(name, log.session)] = log
         self.report.outcomes = Counter(r.outcome for r in history.requests)
         self.report.violations = check(history)
-        self.report.failover, self.report.unserved = failover_times(history)
         self.report.stalled = stalled(history)
 
 

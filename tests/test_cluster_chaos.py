@@ -90,7 +90,7 @@ def test_a_slice_of_the_cluster_chaos_run_holds_and_its_history_catches_planted_
     )
     report = json.loads(out.read_text())
     assert held(report) == dict.fromkeys(held(report), True)
-    assert len(held(report)) == 6
+    assert len(held(report)) == 4
     assert [f["kind"] for f in report["history"]["faults"]] == SLICE_KINDS
     assert [f["error"] for f in report["history"]["faults"]] == [None] * 6, report["notes"]
     assert report["outcomes"]["ack"] > 50
@@ -128,80 +128,6 @@ def test_a_slice_of_the_cluster_chaos_run_holds_and_its_history_catches_planted_
     other = next(r for r in acked if r.node != first.node)
     stolen = replace(other, node=first.node, token=other.token, key="planted2")
     assert "one-owner-at-a-time" in caught(replace(history, requests=[*history.requests, stolen]))
-
-
-REPLICATED_SEED = 18
-"""Three owner-host kills of one session (one, so that every client's requests measure
-each failover)."""
-
-
-def replicated_run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str],
-                                                          dict[str, Any]]:  # fmt: skip
-    """A three-step run of one session with three replicas and a 2 s lease."""
-    out = tmp_path / "report.json"
-    done = chaos_cluster("--seed", str(REPLICATED_SEED), "--steps", "3", "--replicas", "3",
-                         "--lease-ttl", "2", "--sessions", "1", "--clients", "2",
-                         "--json-report", str(out), *args, timeout=220)  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done, json.loads(out.read_text())
-
-
-@pytest.mark.timeout(240)
-def test_a_replicated_slice_survives_the_loss_of_owner_hosts(tmp_path: Path) -> None:
-    """Three replicas, a 2 s lease: the owner's host SIGKILLed whole three times; every
-    invariant held, each kill served again by another node, the followers' copies read
-    and checked; a planted stale copy and a planted answer from a dead host caught."""
-    require_rig()
-    done, report = replicated_run(tmp_path, "--faults", "kill-owner-host")
-    assert "--replicas 3 --lease-ttl 2 --faults kill-owner-host" in done.stdout
-    assert held(report) == dict.fromkeys(held(report), True)
-    assert len(held(report)) == 6
-    faults = report["history"]["faults"]
-    assert [(f["kind"], f["targets"]) for f in faults] == [("kill-owner-host", ["s0"])] * 3
-    assert [f["error"] for f in faults] == [None] * 3, report["notes"]
-    assert all(f["detail"]["node"] in ("n0", "n1", "n2") for f in faults)
-    assert report["failover"]["unserved"] == []
-    assert len(report["failover"]["seconds"]) == 3, report["failover"]
-    assert "failover: 3 owner-host kills served again by another node" in done.stdout
-
-    history = History.from_json(report["history"])
-    acked = [r for r in history.requests if r.outcome == "ack"]
-    for fault in faults:  # each lost owner's session answered by another node afterwards
-        later = {r.node for r in acked if r.end > fault["applied"]}
-        assert later - {fault["detail"]["node"]}, fault
-    assert history.copies, "no follower's copy was read"
-    assert all(copy.verified for copy in history.copies.values())
-    # A follower's copy holding a record its owner's log does not have.
-    (node, session), copy = next(iter(history.copies.items()))
-    ahead = replace(copy, entries=[*copy.entries, LogEntry("user", key="planted")])
-    assert "copies-are-prefixes" in caught(
-        replace(history, copies={**history.copies, (node, session): ahead})
-    )
-    # An acknowledgement from the killed owner while its host was down.
-    kill = faults[0]
-    zombie = replace(acked[0], node=kill["detail"]["node"], key="planted",
-                     start=kill["applied"] + 0.5, end=kill["applied"] + 1.0)  # fmt: skip
-    assert "acked-by-owner" in caught(replace(history, requests=[*history.requests, zombie]))
-
-
-@pytest.mark.cluster_hosts
-@pytest.mark.timeout(240)
-def test_a_session_is_served_again_after_its_owner_was_cut_off_then_killed(
-    tmp_path: Path,
-) -> None:
-    """The owner cut off past its lease (a follower takes over), then the new owner's host
-    killed: no other node serves the session again before that host is back, because
-    neither old owner is in sync again by then (``unavailable`` answers of an old owner
-    that finds the session STOPPED are rerouted now; what remains is the re-copy's time)."""
-    require_rig()
-    _done, report = replicated_run(tmp_path, "--faults", "kill-owner-host,isolate-owner-host")
-    kinds = [f["kind"] for f in report["history"]["faults"]]
-    assert kinds == ["kill-owner-host", "isolate-owner-host", "kill-owner-host"]
-    assert all(held(report).values()), report["invariants"]
-    if report["failover"]["unserved"]:  # every safety check held: only the time is short
-        pytest.xfail("when the new owner's host is killed, no follower is back in sync yet "
-                     "(the old owners are still being copied again): nobody may take over "
-                     f"until it restarts: {report['failover']['unserved']}")  # fmt: skip
 
 
 @pytest.mark.timeout(120)
@@ -258,29 +184,6 @@ def test_the_long_cluster_chaos_run_with_three_etcd_members_holds(tmp_path: Path
     report = json.loads(out.read_text())
     assert all(held(report).values()), report["invariants"]
     assert "kill-etcd-member" in report["faults"]
-
-
-@pytest.mark.cluster_chaos
-@pytest.mark.timeout(2700)
-def test_a_hundred_owner_host_kills_lose_no_acknowledged_key(tmp_path: Path) -> None:
-    """The issue's goal: three replicas, a 2 s lease, the owner's host SIGKILLed whole
-    100 times; every invariant held and each kill served again by another node."""
-    require_rig()
-    out = tmp_path / "report.json"
-    done = chaos_cluster("--seed", "2026", "--steps", "100", "--replicas", "3", "--lease-ttl",
-                         "2", "--faults", "kill-owner-host", "--sessions", "2",
-                         "--json-report", str(out), timeout=2600)  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    report = json.loads(out.read_text())
-    assert all(held(report).values()), report["invariants"]
-    assert report["faults"] == {"kill-owner-host": 100}
-    # A kill finds no owner while the session waits for its dead owner's restart (no
-    # follower in sync): that step kills nothing.
-    applied = [f for f in report["history"]["faults"] if f["error"] is None]
-    assert len(applied) >= 90, report["notes"]
-    unserved = [line for line in report["failover"]["unserved"] if "not measured" not in line]
-    assert unserved == []
-    assert report["stalled"] == []
 
 
 def test_a_report_in_a_missing_directory_is_refused_before_the_run(tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import socket
 import ssl
 import struct
@@ -23,22 +22,19 @@ import pytest
 
 from supervisor.client.tcp_direct import DirectLink
 from supervisor.cluster.peer_link import NodeLink
-from supervisor.cluster.transport import REPLICA_PREAMBLE, Role, TlsFiles, direct_preamble
+from supervisor.cluster.transport import Role, TlsFiles, direct_preamble
 from supervisor.errors import ControlError
 from tests.support import log_user_keys, poll_until
 from tests.test_cluster_direct_tcp import Node, start_node
-from tests.test_store_replica import BASELINE, _request
 from tests.tls_certs import Certificates
-from worker import Owner, Session
-from worker.catch_up import ShipFailed
-from worker.follower_tls import TlsFollower, node_context
-from worker.store.replica import Replica
-from worker.store.replica_roles import replicas_root
-from worker.store.replica_source import steps_after
-from worker.tls_roles import load_context, server_context
+from worker import Baseline, Session, User
+from worker.tls_roles import load_context
 from worker.wire import FrameReader, Message, encode
 
 pytestmark = pytest.mark.timeout(90)
+
+BASELINE = Baseline(system="s", memory="", tools=[])
+T = "2026-11-29T20:17:57.123456Z"
 
 
 class _AfterTheReset(ssl.SSLContext):
@@ -100,23 +96,6 @@ def test_a_node_that_resets_after_the_preamble_is_one_line_and_no_leak(tmp_path:
     assert leaked == []
 
 
-def test_an_owner_whose_follower_resets_at_once_leaks_no_socket(tmp_path: Path) -> None:
-    files = Certificates(tmp_path / "certs").issue("a", Role.NODE)
-    listener, port = _resetting_node()
-    follower = TlsFollower("b", f"tls://127.0.0.1:{port}", _late_context(files))
-    opened = len(os.listdir("/proc/self/fd"))
-    try:
-        with pytest.raises(ShipFailed) as failed:
-            follower.position("s")
-        # The failure is still held (its traceback too): the socket is closed already.
-        assert len(os.listdir("/proc/self/fd")) == opened
-    finally:
-        follower.close()
-        listener.close()
-    assert "b at tls://127.0.0.1" in str(failed.value)
-    assert "\n" not in str(failed.value)
-
-
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[Node]:
     yield from start_node(tmp_path)
@@ -153,23 +132,17 @@ def test_idle_connections_at_the_cap_do_not_keep_a_client_out(node: Node) -> Non
     assert "closed for a newer handshake" in node.daemon.log_path.read_text()
 
 
-def test_a_peer_that_never_reads_its_replies_does_not_grow_the_node(
-    node: Node, tmp_path: Path
-) -> None:
-    """The TLS thread answers a node's replica ops itself; ``replica_line_ends`` answers a
-    few bytes with a line end of every line of the copy. A node certificate asking it
-    1,500 times (27 MB of replies) without reading must stop being read, not buffer every reply."""
-    owner_home = tmp_path / "owner"
-    with Session.create(owner_home, "s", BASELINE) as owner:
-        owner.append(Owner(node="b", token=3))
+def test_a_peer_that_never_reads_its_replies_does_not_grow_the_node(node: Node) -> None:
+    """The TLS thread answers a node's ``file`` op itself (a chunk of a session's file, for
+    a move's pull). A node certificate asking for a 20 KB file 1,500 times (30 MB of
+    replies) without reading must stop being read, not buffer every reply."""
+    with Session.create(node.home, "big", BASELINE) as big:
         for n in range(100):
-            _request(owner, n, size=20)
+            big.append(User(time=T, text="x" * 200, key=f"k{n}"))
+    size = (node.home / "sessions" / "big" / "0.jsonl").stat().st_size
+    assert size > 20_000, size
     files = node.certs.issue("b", Role.NODE)
-    steps = steps_after(owner_home, "s", None, 3)  # the copy, written where the node keeps it
-    with Replica.create(replicas_root(str(node.home)), steps[0]) as copy:
-        for step in steps[1:]:
-            copy.apply(step)
-    ask = encode({"id": 1, "op": "replica_line_ends", "session": "s", "epoch": 0})
+    ask = encode({"id": 1, "op": "file", "session": "big", "name": "0.jsonl", "offset": 0})
     daemon = psutil.Process(node.daemon.proc.pid)
     before = daemon.memory_info().rss
     host, port = node.address.removeprefix("tls://").split(":")
@@ -187,7 +160,7 @@ def test_a_peer_that_never_reads_its_replies_does_not_grow_the_node(
         while len(replies) < 10:  # and the replies come, once the peer reads
             replies += reader.feed(peer.recv(1 << 16))
     results = [reply["result"] for reply in replies]
-    assert all(isinstance(r, dict) and len(r["ends"]) > 2000 for r in results), replies[0]
+    assert all(isinstance(r, dict) and len(r["data"]) == size for r in results), replies[0]
 
 
 def test_a_forbidden_op_of_any_length_is_one_short_line(node: Node) -> None:
@@ -205,55 +178,6 @@ def test_a_forbidden_op_of_any_length_is_one_short_line(node: Node) -> None:
     )
     assert len(lines) == 1
     assert len(lines[0]) < 400, len(lines[0])
-
-
-def _answering_follower(certs: Certificates, reply: Message) -> tuple[socket.socket, int]:
-    """A TLS server with follower b's certificate that reads the replication channel's
-    preamble, then answers one request with ``reply``."""
-    files = certs.issue("b", Role.NODE)
-    context = server_context(files.ca, files.cert, files.key)
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def serve() -> None:
-        conn, _ = listener.accept()
-        conn.settimeout(10)
-        preamble = b""
-        while len(preamble) < len(REPLICA_PREAMBLE) and (
-            chunk := conn.recv(len(REPLICA_PREAMBLE) - len(preamble))
-        ):
-            preamble += chunk
-        assert preamble == REPLICA_PREAMBLE, preamble
-        with context.wrap_socket(conn, server_side=True) as tls:
-            reader = FrameReader()
-            while not reader.feed(tls.recv(1 << 16)):
-                pass
-            tls.sendall(encode(reply))
-            tls.recv(1)  # until the owner closes
-
-    threading.Thread(target=serve, daemon=True).start()
-    return listener, listener.getsockname()[1]
-
-
-@pytest.mark.parametrize("ends", [[["x", 1]], [[None, 1]], [[1.5, 2]], [[1, 2], 7]])
-def test_an_owner_refuses_a_followers_bad_line_ends_in_one_line(
-    tmp_path: Path, ends: list[object]
-) -> None:
-    certs = Certificates(tmp_path / "certs")
-    listener, port = _answering_follower(
-        certs, {"id": 1, "ok": True, "result": {"epoch": 0, "ends": ends}}
-    )
-    owner = certs.issue("a", Role.NODE)
-    follower = TlsFollower(
-        "b", f"tls://127.0.0.1:{port}", node_context(owner.ca, owner.cert, owner.key)
-    )
-    try:
-        with pytest.raises(ShipFailed) as caught:
-            follower.line_ends("s", 0)
-    finally:
-        follower.close()
-        listener.close()
-    assert "b: a bad line_ends reply" in str(caught.value)
-    assert "\n" not in str(caught.value)
 
 
 def test_a_bad_frame_on_the_relayed_path_is_answered_before_the_end(node: Node) -> None:

@@ -63,7 +63,6 @@ def test_a_session_hibernates_through_stopping_and_wakes_only_by_starting() -> N
 class _Worker:
     """A worker between batches, its last one ended at ``ended`` (its heartbeat cell's)."""
 
-    replication = None
     pid = 1
 
     def __init__(self, ended: float | None) -> None:

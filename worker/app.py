@@ -186,8 +186,6 @@ class DefaultApp:
                         duplicate["answer_error"] = str(exc)
                     batch.results[index] = duplicate
                     continue
-            if batch.would_exceed(session.max_write, text):
-                batch.flush()  # a replicated write is bounded: the group ends before this one
             call = session.next_call()
             reply = f"echo: {text}"
             prompt, completion = _tokens(text), _tokens(reply)
@@ -252,19 +250,8 @@ class _Batch:
         self.keys: set[str] = set()
         self._records: list[Record] = []
         self._waiting: list[int] = []
-        self._estimate = 0  # bytes the waiting records may encode to, at most
-
-    def would_exceed(self, bound: int | None, text: str) -> bool:
-        """True if a request of ``text`` added to what waits could make the group larger
-        than ``bound`` bytes: each of its three text fields counted at six bytes a
-        character (JSON's longest escape), so the estimate is never below the truth."""
-        if bound is None or not self._records:
-            return False
-        return self._estimate + _estimate(text) > bound
 
     def add(self, index: int, key: str | None, records: list[Record], result: Message) -> None:
-        text = records[0].text if records and isinstance(records[0], User) else ""
-        self._estimate += _estimate(text)
         self._records += records
         self._waiting.append(index)
         self.results[index] = result
@@ -288,13 +275,7 @@ class _Batch:
                     result["group"] = len(self._waiting)  # requests that shared the fsync
         self._records = []
         self._waiting = []
-        self._estimate = 0
         self.keys.clear()
-
-
-def _estimate(text: str) -> int:
-    """The most bytes a default App request's four records of ``text`` can encode to."""
-    return 3 * 6 * len(text) + 1024
 
 
 MOVED_WARNING: Final = r"worker\.\w+ is deprecated and goes in the next release"

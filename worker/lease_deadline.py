@@ -69,16 +69,6 @@ class LeaseFence:
                 self.path, f"lease {self.lease:x} is not proven within its renew deadline"
             )
 
-    def idle(self) -> float | None:
-        """Between batches: when (``time.monotonic()``) the worker's loop should call again,
-        None if never (an unreplicated session has nothing to do between its writes)."""
-        return None
-
-    def progressed(self) -> bool:
-        """True once after work between batches the supervisor should hear of (a follower
-        being caught up); never for an unreplicated session."""
-        return False
-
     def close(self) -> None:
         """Close the file."""
         os.close(self._fd)

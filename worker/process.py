@@ -28,8 +28,6 @@ from typing import Final
 from worker.app import DEFAULT_APP, DEFAULT_BUDGET, App, load_app
 from worker.heartbeat import HeartbeatCell
 from worker.lease_deadline import LeaseFence
-from worker.replica_fence import ReplicatedFence, replicated_fence
-from worker.replica_fence import add_arguments as add_replication_arguments
 from worker.replies import describe
 from worker.server import Server
 from worker.store.backend import SessionStore
@@ -139,7 +137,6 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cluster-token", type=int, default=None)
     parser.add_argument("--cluster-lease", type=int, default=0)
     parser.add_argument("--lease-file", default=None)
-    add_replication_arguments(parser)  # a replicated session's followers (docs/scaling.md)
     # The node's certificate (--listen tls://): the worker makes the TLS handshake of each
     # TCP connection handed to it (the direct data path, worker/tls_peer.py).
     parser.add_argument("--tls-ca", default=None)
@@ -276,8 +273,6 @@ def main(argv: list[str] | None = None) -> int:
         # Its clients' sockets (all in its selector) are never held by an App's forked
         # child: a client sees the end of stream when the worker dies (issue 29).
         guard_selector(server.selector)
-        if isinstance(fence, ReplicatedFence):  # its in-sync followers hold the log first;
-            fence.shipper.start()  # one out of sync is caught up between batches (idle)
         signal.signal(signal.SIGTERM, server.on_sigterm)  # stops at the next turn
         server.run()
     except (StopRequested, BrokenPipeError, ConnectionResetError):
@@ -347,8 +342,7 @@ def _cluster_fence(args: argparse.Namespace, session: Session) -> LeaseFence | N
         write_owner(session, args.cluster_node, args.cluster_token)
     except SessionError as exc:  # a newer token in the log, or sealed by a move
         raise CannotOpen(exc) from exc
-    fence = LeaseFence(args.lease_file, args.cluster_lease, args.cluster_token)
-    return replicated_fence(args, session, fence)
+    return LeaseFence(args.lease_file, args.cluster_lease, args.cluster_token)
 
 
 def _tls_files(args: argparse.Namespace) -> tuple[str, str, str] | None:

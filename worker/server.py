@@ -73,7 +73,6 @@ class Server:
         self.acceptor = TlsAcceptor(tls)  # TCP connections handed over: CA, cert, key
         STATS.reset()  # count this worker's own work, not what opening it or a parent did
         self._report_due: float | None = None
-        self._fence_due = None if fence is None else time.monotonic()  # rejoins from turn 1 on
 
     def on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         """SIGTERM: stop at the loop's next turn; never inside a batch or a write.
@@ -112,9 +111,6 @@ class Server:
                     self._update(peer)
                 if self.heartbeat_cell is not None:
                     self.heartbeat_cell.beat()  # a store to shared memory: it wakes no one
-                self._fence_due = None if self.fence is None else self.fence.idle()
-                if self.fence is not None and self.fence.progressed():
-                    self._state_changed()  # a follower's copy grew: the status says where
                 self._report_state()
                 for late in self.acceptor.expire(time.monotonic()):
                     self.selector.unregister(late.sock)
@@ -379,9 +375,9 @@ class Server:
             self._report_due = time.monotonic() + STATE_REPORT_DELAY
 
     def _timeout(self) -> float | None:
-        """Turn at each heartbeat, report due, handshake deadline and fence's next call."""
+        """Turn at each heartbeat, report due and handshake deadline."""
         due = [] if self.heartbeat is None else [self.heartbeat]
-        for when in (self._report_due, self.acceptor.next_deadline(), self._fence_due):
+        for when in (self._report_due, self.acceptor.next_deadline()):
             if when is not None:
                 due.append(max(0.0, when - time.monotonic()))
         return min(due) if due else None

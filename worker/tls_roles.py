@@ -19,12 +19,6 @@ HANDSHAKE_TIMEOUT: Final = 10.0
 """Seconds a node (its TLS thread, or a worker) waits for a peer's TLS handshake."""
 
 
-REPLICA_PREAMBLE: Final = b"loopd-replica\n"
-"""An owner's link to a follower node opens with this line, in plaintext, then starts TLS:
-the node serves it in a thread of its own, for the replication ops only (docs/scaling.md,
-"The follower"). Like the direct path's preamble, its first byte is never 0x16."""
-
-
 class Role(enum.Enum):
     """What a certificate may do, from the OU of its subject."""
 

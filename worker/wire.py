@@ -16,11 +16,6 @@ import msgpack
 from worker.store.errors import SessionError
 
 MAX_FRAME: Final = 1 << 20
-REPLICA_MAX_FRAME: Final = 64 << 20
-"""The largest frame of a replication link (an owner's ``replicate`` to a follower, node
-certificates at both ends): a step is cut at group ends into 256 KiB, but one group
-commit is never cut, and a request under ``MAX_FRAME`` can make a group several times
-its size (the default App's request, tool result and reply each carry the text)."""
 MAX_REQUEST_ID: Final = 256
 """The longest string a request id may be: a reply must never outgrow its request."""
 SHORT_FIELD: Final = 256

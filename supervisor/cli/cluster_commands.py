@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 import json
-import sys
-from typing import Final, cast
+from typing import Final
 
 import click
 
@@ -20,9 +19,6 @@ from supervisor.cluster.keys import check_node_name, move_key
 from supervisor.cluster.move import MoveDone, MoveIntent, abort_move, move_session, node_home
 from supervisor.cluster.peer_link import NodeLink
 from supervisor.cluster.remote_move import NodeBusy, abort_remote, move_remote
-from supervisor.cluster.replica_grow import move_follower
-from supervisor.cluster.replica_move import abort_replicated, move_replicated
-from supervisor.cluster.replica_set import replicas_of
 from supervisor.cluster.routing import node_address
 from supervisor.cluster.takeover import take_over
 from supervisor.cluster.takeover_remote import take_over_remote
@@ -125,12 +121,6 @@ def _move_source(client: EtcdClient, session: str) -> str:
     return MoveIntent.decode(session, kv.value).source
 
 
-def _replicated_move(client: EtcdClient, session: str) -> bool:
-    """True if the move of ``session`` in progress is a replicated handover."""
-    kv = client.get(move_key(session))
-    return kv is not None and MoveIntent.decode(session, kv.value).replicated
-
-
 def _fail(exc: ClusterError) -> None:
     raise click.ClickException(str(exc)) from exc
 
@@ -153,67 +143,32 @@ def _check_names(session: str | None, *nodes: str | None) -> None:
 @click.argument("session_id", metavar="ID")
 @click.option("--to", "target", default=None, help="the node to move the session to.")
 @click.option("--abort", is_flag=True, help="undo an interrupted move (before the target owns it).")
-@click.option("--follower", "source", default=None, metavar="FROM",
-              help="a replicated session: move the copy FROM follows to --to NODE.")  # fmt: skip
-def move(url: str, session_id: str, target: str | None, abort: bool, source: str | None) -> None:
+def move(url: str, session_id: str, target: str | None, abort: bool) -> None:
     """Move a session to another node (a rerun finishes an interrupted move)."""
     if (target is None) == (not abort):
         raise click.UsageError("give exactly one of --to NODE and --abort")
-    if source is not None and target is None:
-        raise click.UsageError("--follower FROM needs --to NODE")
-    _check_names(session_id, target, source)
-    if source is not None:
-        _move_follower(url, session_id, source, cast(str, target))
-        return
+    _check_names(session_id, target)
     try:
         with etcd_client(url) as client:
             remote = _remote(client, target or _move_source(client, session_id))
             if target is None and remote is not None:
                 try:
-                    if _replicated_move(client, session_id):
-                        done = abort_replicated(client, session_id, remote)
-                    else:
-                        done = abort_remote(client, session_id, remote)
+                    done = abort_remote(client, session_id, remote)
                 finally:
                     remote.close()
             elif target is None:
                 done = abort_move(client, session_id)
             elif remote is not None:
                 try:
-                    if replicas_of(client, session_id) is not None:
-                        done = move_replicated(client, session_id, target, remote)
-                    else:
-                        done = move_remote(client, session_id, target, remote)
+                    done = move_remote(client, session_id, target, remote)
                 finally:
                     remote.close()
-            elif replicas_of(client, session_id) is not None:
-                raise ClusterError(f"session {session_id} is replicated: it moves between "
-                                   f"tls:// nodes only, and {target} is not registered at a "
-                                   "tls:// address (is it running?)")  # fmt: skip
             else:
                 done = move_session(client, session_id, target, control=DaemonControl())
     except ClusterError as exc:
         _fail(exc)
     else:
         click.echo(json.dumps({"session": done.session, "node": done.node, "token": done.token}))
-
-
-def _move_follower(url: str, session: str, source: str, target: str) -> None:
-    """A follower's copy moved: ``target`` added and in sync, then ``source`` out."""
-    try:
-        with etcd_client(url) as client:
-            remote = _remote(client, target)
-            if remote is None:
-                raise ClusterError(f"node {target} is not at a tls:// address: replicated "
-                                   "sessions are followed over TLS")  # fmt: skip
-            try:
-                move_follower(client, session, source, target, remote)
-            finally:
-                remote.close()
-    except ClusterError as exc:
-        _fail(exc)
-    else:
-        click.echo(json.dumps({"session": session, "follower": target, "from": source}))
 
 
 @click.command()
@@ -234,24 +189,17 @@ def drain(url: str, node: str) -> None:
                     return move_remote(client, session, target, calls)
 
             try:
-                drained = drain_node(client, node, control=DaemonControl(), mover=mover,
-                                     calls=remote)  # fmt: skip
+                drained = drain_node(client, node, control=DaemonControl(), mover=mover)
             finally:
                 if remote is not None:
                     remote.close()
     except ClusterError as exc:
         _fail(exc)
     else:
-        for done in drained.moved:
+        for done in drained:
             click.echo(
                 json.dumps({"session": done.session, "node": done.node, "token": done.token})
             )
-        for session, follower in drained.followed:
-            click.echo(json.dumps({"session": session, "follower": follower, "from": node}))
-        for line in drained.refused:  # the others were moved: each refusal is one line
-            click.echo(f"loopd drain: {line}", err=True)
-        if drained.refused:
-            sys.exit(1)
 
 
 @click.command("cordon")

@@ -19,8 +19,7 @@ from supervisor.cli.daemon_commands import (
 from supervisor.cli.options import (
     client_home_option,
     cluster_option,
-    refuse_replicas_without_cluster,
-    replicas_option,
+    retired_replicas_option,
     timeout_option,
 )
 from supervisor.cluster.errors import ClusterError
@@ -34,7 +33,7 @@ from supervisor.errors import ControlError
 @timeout_option
 @click.argument("session_id", metavar="ID")
 @click.option("--slot", type=click.IntRange(0, MAX_SLOT), default=0, show_default=True)
-@replicas_option
+@retired_replicas_option
 @click.option(
     "--app",
     "app",
@@ -48,13 +47,11 @@ def create(
     timeout: float,
     session_id: str,
     slot: int,
-    replicas: int | None,
     app: str | None,
 ) -> None:
     """Create session ID and start its worker (with --cluster: on the least loaded node)."""
     if _home_or_cluster(home, cluster) is not None:
         assert home is not None
-        refuse_replicas_without_cluster(replicas)
         _print_status([_call(home, "create", timeout, session=session_id, slot=slot, app=app)])
         return
     if app is not None:
@@ -63,7 +60,7 @@ def create(
     assert cluster is not None
     try:
         with tls.cluster_client(cluster, timeout=timeout) as client:
-            row = client.create(session_id, slot=slot, replicas=replicas)
+            row = client.create(session_id, slot=slot)
     except (ClusterError, ControlError) as exc:
         _cluster_fail("create", exc)
     _print_status([row])

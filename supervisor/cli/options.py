@@ -70,19 +70,29 @@ client_home_option = click.option(
     help=f"The loopd home directory (or ${HOME_ENV}); not with --cluster.",
 )
 
-replicas_option = click.option(
-    "--replicas",
-    type=click.IntRange(1, 9),
-    default=None,
-    help="with --cluster: copies of the session's log on as many nodes, a majority in sync "
-    "for writes (default: the node's `replicas`, else 1; docs/scaling.md, Replication).",
+EXIT_USAGE: Final = 2
+REPLICAS_RETIRED: Final = (
+    "--replicas is retired: loopd no longer copies logs between hosts; put sessions in "
+    "PostgreSQL with --store postgresql://... (docs/scaling.md)"
 )
 
 
-def refuse_replicas_without_cluster(replicas: int | None) -> None:
-    """``--replicas`` above 1 with ``--home``: a usage error (a home holds one copy)."""
-    if replicas not in (None, 1):
-        raise click.UsageError("--replicas needs --cluster: a home holds one copy")
+def _refuse_replicas(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    """Any ``--replicas``: one line saying what replaced it, exit 2 (before anything runs)."""
+    if value is not None:
+        click.echo(f"loopd {ctx.info_name}: {REPLICAS_RETIRED}", err=True)
+        ctx.exit(EXIT_USAGE)
+
+
+retired_replicas_option = click.option(
+    "--replicas",
+    hidden=True,
+    is_eager=True,
+    expose_value=False,
+    default=None,
+    callback=_refuse_replicas,
+    help="retired: loopd no longer copies logs between hosts (docs/scaling.md).",
+)
 
 
 cluster_option = click.option(

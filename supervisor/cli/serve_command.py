@@ -13,6 +13,7 @@ from supervisor.cli.daemon_commands import EXIT_ERROR
 from supervisor.cli.options import (
     ETCD_URL,
     home_option,
+    retired_replicas_option,
 )
 from supervisor.daemon.loop import ServeConfig, Supervisor
 from supervisor.daemon.poison import DEFAULT_POISON_AFTER
@@ -154,19 +155,7 @@ MAX_LEASE_TTL: Final = 3600
     help="seconds of the node's etcd lease (default 10); writes stop after 2/3 of it "
     "without a renewal.",
 )
-@click.option(
-    "--replicas",
-    type=click.IntRange(1, 9),
-    default=None,
-    help="with --cluster: the copies of a session created on this node whose create does "
-    "not say (default 1; docs/scaling.md, Replication).",
-)
-@click.option(
-    "--zone",
-    default=None,
-    help="with --cluster: this node's zone (a rack, a data centre), registered with it: a "
-    "replicated session's copies go to nodes in different zones while there are enough.",
-)
+@retired_replicas_option
 @click.option(
     "--store",
     envvar="LOOPD_STORE",
@@ -198,7 +187,7 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
     Every option may also be set in HOME/loopd.toml (key: the flag without its dashes);
     flags given here win.
     """
-    specs = option_specs(serve, exclude=frozenset({"home", "print_config"}))
+    specs = option_specs(serve, exclude=frozenset({"home", "print_config", "replicas"}))
     try:
         merged = merge_config(ctx, params, specs, config_path(home))
         apps = read_apps(config_path(home))
@@ -228,7 +217,6 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
         max_batch=cast(int, get("max_batch")), poison_after=cast(int, get("poison_after")),
         cluster=cast("str | None", get("cluster")), node=cast("str | None", get("node")),
         lease_ttl=cast("int | None", get("lease_ttl")), apps=apps,
-        replicas=cast("int | None", get("replicas")), zone=cast("str | None", get("zone")),
         listen=cast("str | None", get("listen")), tls=tls.tls_files(*map(get, tls.TLS_PARAMS)),
         store=cast("str | None", get("store")),
         require_sync_replication=cast(bool, get("require_sync_replication")),

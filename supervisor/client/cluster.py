@@ -28,8 +28,6 @@ from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import owner_key
 from supervisor.cluster.ownership import placement_of
 from supervisor.cluster.peer_link import NodeLink, result_of
-from supervisor.cluster.replica_placement import node_zones, zones_cell
-from supervisor.cluster.replica_set import replicas_of
 from supervisor.cluster.routing import (
     Route,
     TokenGuard,
@@ -50,7 +48,7 @@ the same key: what was applied is answered from the log); ``closed``: a TLS conn
 to a node or a worker that restarted or went away; ``busy``: the connection could not be
 handed to the worker now (one that just died, say), nothing was sent; ``unavailable``:
 the node does not serve the session now (a node cut off and back finds it STOPPED, its
-ownership passed to a follower meanwhile), nothing was applied."""
+ownership passed to another node meanwhile), nothing was applied."""
 ATTEMPTS = 6
 """Tries of one ``send`` at least: each after a reroute or a connection that ended; more
 while its ``retry_for`` lasts."""
@@ -84,7 +82,7 @@ class ClusterClient:
         retry_for: float | None = None,
     ) -> None:
         """``owner_wait``: seconds a request to a session nobody owns now waits for an
-        owner (a failover in progress: a follower's takeover), watching its owner key in
+        owner (a failover in progress: another node's takeover), watching its owner key in
         etcd, before NotOwner is raised; 0 (the default): raised at once.
 
         ``retry_for``: seconds a ``send`` goes on retrying with its key while the owner
@@ -121,7 +119,7 @@ class ClusterClient:
         self._directs.clear()
         self.etcd.close()
 
-    def create(self, session: str, *, slot: int = 0, replicas: int | None = None) -> object:
+    def create(self, session: str, *, slot: int = 0) -> object:
         """Create ``session`` on the live node holding the fewest sessions.
 
         An id placed already goes to its node: that node answers ``exists`` if it holds
@@ -132,8 +130,7 @@ class ClusterClient:
         address = node_address(self.etcd, node)
         if address is None:
             raise NotOwner(session, f"node {node} left the cluster")
-        more = {"replicas": replicas} if replicas is not None else {}  # else the node's default
-        return self._call(node, address, "create", session=session, slot=slot, **more)
+        return self._call(node, address, "create", session=session, slot=slot)
 
     def send(
         self, session: str, text: str, *, key: str | None = None, untrusted: bool = False
@@ -197,25 +194,12 @@ class ClusterClient:
     def status(self) -> list[object]:
         """The status rows of every live node's sessions, each with its node's name."""
         rows: list[object] = []
-        zones = node_zones(self.etcd)
         for node, address in sorted(live_nodes(self.etcd).items()):
             result = self._call(node, address, "status")
             for row in result if isinstance(result, list) else []:
                 if isinstance(row, dict):
-                    shown = self._replicas(row.get("session"), node, zones)
-                    rows.append({**row, "node": node, **shown})
+                    rows.append({**row, "node": node})
         return rows
-
-    def _replicas(self, session: object, node: str, zones: dict[str, str]) -> dict[str, object]:
-        """A replicated session's followers and in-sync set, from etcd (else nothing), and
-        its copies' zones where nodes name zones."""
-        found = replicas_of(self.etcd, session) if isinstance(session, str) else None
-        if found is None:
-            return {}
-        followers, in_sync = ",".join(found.followers), ",".join(found.in_sync)
-        shown: dict[str, object] = {"followers": followers or None, "in_sync": in_sync or None}
-        spread = zones_cell(zones, node, found)
-        return shown if spread is None else {**shown, "zones": spread}
 
     def _route(self, session: str, *, fresh: bool) -> Route:
         found = None if fresh else self._routes.get(session)
@@ -303,7 +287,7 @@ def _pause(attempt: int, deadline: float) -> float:
 
 def written_unacknowledged(reply: Message) -> bool:
     """True for a ``not_owner`` answer sent after the write (no ``before_write``): the
-    request may be durable on the owner (and some followers) without being acknowledged."""
+    request may be durable on the owner without being acknowledged."""
     failure = reply.get("error") if reply.get("ok") is not True else None
     return (
         isinstance(failure, dict)

@@ -17,7 +17,7 @@ def status_lines(
     table = [list(columns)]
     for row in rows:
         if isinstance(row, dict):
-            cells = ["-" if row.get(c) is None else _cell(c, row.get(c)) for c in columns]
+            cells = ["-" if row.get(c) is None else str(row.get(c)) for c in columns]
             table.append([cell[:clip] for cell in cells] if clip else cells)
     widths = [max(len(line[i]) for line in table) for i in range(len(columns) - 1)]
     return [
@@ -79,36 +79,6 @@ def _by_count(item: tuple[str, int]) -> tuple[int, str]:
 def with_node_column(columns: Sequence[str], rows: Sequence[object]) -> Sequence[str]:
     """``columns`` with ``node`` after the first when any row names its node (a cluster's
     status, ``loopd status --cluster``)."""
-    if any(isinstance(row, dict) and "followers" in row for row in rows):
-        # A replicated session's followers and in-sync set (docs/scaling.md, Replication).
-        lag = ("lag",) if any(isinstance(row, dict) and "lag" in row for row in rows) else ()
-        zones = ("zones",) if any(isinstance(row, dict) and "zones" in row for row in rows) else ()
-        columns = (columns[0], "followers", "in_sync", *zones, *lag, *columns[1:])
     if any(isinstance(row, dict) and "node" in row for row in rows):
         return (columns[0], "node", *columns[1:])
     return columns
-
-
-def _cell(column: str, value: object) -> str:
-    return lag_cell(value) if column == "lag" and isinstance(value, list) else str(value)
-
-
-def lag_cell(followers: Sequence[object]) -> str:
-    """``b:0B/0g/0.2s,c:4096B/12g/8.1s``: each follower's lag behind the owner's durable
-    log end (bytes, group commits) and its last acknowledgement's age; ``?`` where the
-    owner has no acknowledgement from it since its worker started; ``d:catching-up@0:1048576``
-    for a copy being caught up (epoch and size of its copy so far)."""
-    cells = []
-    for follower in followers:
-        if not isinstance(follower, dict):
-            continue
-        lag, groups, age = (follower.get(k) for k in ("lag_bytes", "lag_groups", "ack_age_s"))
-        known = isinstance(lag, int) and isinstance(groups, int) and isinstance(age, int | float)
-        at = follower.get("copy_at")
-        if isinstance(at, list) and len(at) >= 2:
-            cells.append(f"{follower.get('node')}:catching-up@{at[0]}:{at[1]}")
-            continue
-        cells.append(
-            f"{follower.get('node')}:" + (f"{lag}B/{groups}g/{age:.1f}s" if known else "?")
-        )
-    return ",".join(cells)

@@ -24,14 +24,6 @@ def check_node_name(name: object) -> str:
         raise ValueError(f"invalid node name {name!r}: {exc.why}") from exc
 
 
-def check_zone_name(name: object) -> str:
-    """Return ``name`` if it is a valid zone name (the node-name rule), else ValueError."""
-    try:
-        return validate_session_id(name)
-    except InvalidSessionId as exc:
-        raise ValueError(f"invalid zone name {name!r}: {exc.why}") from exc
-
-
 def node_key(node: str) -> str:
     """``/loopd/nodes/<node>``: the node is alive (bound to its lease) and its address."""
     return f"{PREFIX}nodes/{check_node_name(node)}"

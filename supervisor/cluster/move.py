@@ -30,7 +30,6 @@ from supervisor.cluster.keys import (
 )
 from supervisor.cluster.move_stored import node_is_stored
 from supervisor.cluster.ownership import OwnerRecord, owner_of, placement_of
-from supervisor.cluster.replica_set import replicas_of
 from supervisor.cluster.session_files import (
     copy_session,
     file_hashes,
@@ -93,8 +92,6 @@ class MoveIntent:
     token: int
     source_home: str
     target_home: str
-    replicated: bool = False  # a replicated session's owner handed over (replica_move)
-    drop_source: bool = False  # ... and the old owner's copy leaves (a copy was added)
 
     def encode(self) -> bytes:
         value: dict[str, object] = {
@@ -104,9 +101,6 @@ class MoveIntent:
             "from_home": self.source_home,
             "to_home": self.target_home,
         }
-        if self.replicated:
-            value["replicated"] = True
-            value["drop_source"] = self.drop_source
         return encode_value(value)
 
     @classmethod
@@ -119,8 +113,6 @@ class MoveIntent:
             token=int(str(value["token"])),
             source_home=str(value["from_home"]),
             target_home=str(value["to_home"]),
-            replicated=value.get("replicated") is True,
-            drop_source=value.get("drop_source") is True,
         )
 
 
@@ -218,10 +210,6 @@ def start_intent(client: EtcdClient, session: str, target: str) -> MoveIntent | 
     placed = placement_of(client, session)
     if placed == target:
         return None
-    if replicas_of(client, session) is not None:  # replica_move.move_replicated moves it
-        raise MoveFailed(session, "intent", "a replicated session is not moved by copying its "
-                         "files (its followers hold copies): it is moved one replica at a time "
-                         "between tls:// nodes; nothing was changed")  # fmt: skip
     owner = owner_of(client, session)
     if placed is None or owner is None or owner.node != placed:
         raise MoveFailed(

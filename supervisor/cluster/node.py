@@ -4,8 +4,7 @@ At start (and after its lease was lost and renewed) a node looks at every sessio
 its disk: one placed on it and owned by nobody or by itself it claims, with a token it
 writes into the log as ``Owner``; any other copy (placed elsewhere, owned by another
 node, or holding a newer token than etcd gives it) is quarantined, never served
-(docs/scaling.md section 5), except a replicated session's copy on a node etcd names
-its follower: that becomes a follower's copy (``failover_return``).
+(docs/scaling.md section 5).
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ from typing import Final
 
 from supervisor.cluster.errors import NotOwner
 from supervisor.cluster.etcd import EtcdClient
-from supervisor.cluster.failover_return import rejoin_as_follower
-from supervisor.cluster.keys import check_zone_name, move_key
+from supervisor.cluster.keys import move_key
 from supervisor.cluster.lease import LeaseTiming, NodeLease
 from supervisor.cluster.ownership import acquire, owner_of, place_new, placement_of
 from supervisor.cluster.session_files import QUARANTINE_DIR, set_aside
@@ -36,8 +34,7 @@ from worker import (
     SessionLocked,
 )
 from worker.store.fencing import write_owner
-from worker.store.layout import SESSIONS_DIR, session_dir
-from worker.store.replica_roles import replicas_root
+from worker.store.layout import SESSIONS_DIR
 
 LEASE_FILE: Final = "cluster.lease"
 """``<home>/cluster.lease``: the lease deadline the node publishes to its workers."""
@@ -50,7 +47,6 @@ class Claims:
     served: dict[str, int] = field(default_factory=dict)
     quarantined: dict[str, str] = field(default_factory=dict)  # session -> why
     waiting: dict[str, str] = field(default_factory=dict)  # session -> why (e.g. a move)
-    demoted: dict[str, str] = field(default_factory=dict)  # session -> what was kept
 
 
 class ClusterNode:
@@ -64,7 +60,6 @@ class ClusterNode:
         *,
         timing: LeaseTiming | None = None,
         address: str | None = None,
-        zone: str | None = None,
         stored: bool = False,
     ) -> None:
         self.client = client
@@ -75,10 +70,7 @@ class ClusterNode:
         self.home = os.fspath(home)
         # Where clients reach the node: its tls:// port, or its unix socket (one machine).
         self.address = address or f"unix:{os.path.join(self.home, 'loopd.sock')}"
-        self.zone = zone  # where placement spreads a session's copies (docs/scaling.md 9.2)
         registration: dict[str, object] = {"address": self.address, "home": self.home}
-        if zone is not None:
-            registration["zone"] = check_zone_name(zone)
         if stored:  # a move of its sessions copies no file (supervisor.cluster.move_stored)
             registration["stored"] = True
         self.lease = NodeLease(
@@ -147,11 +139,6 @@ class ClusterNode:
             self.tokens[session] = (token, lease)
         return True
 
-    def drop(self, session: str) -> None:
-        """Serve ``session`` no more (its copy left ``sessions/``: a follower's now)."""
-        with self._lock:
-            self.tokens.pop(session, None)
-
     def claim_local_sessions(self) -> Claims:
         """Claim or quarantine every session directory in this node's home."""
         claims = Claims()
@@ -185,23 +172,7 @@ class ClusterNode:
             return
         if placed != self.name or (owner is not None and owner.node != self.name):
             holder = owner.node if owner is not None else placed
-            kept = rejoin_as_follower(self.client, self.home, self.name, session)
-            if kept is None:
-                self._quarantine(session, claims, f"placed on {placed}, owned by {holder}")
-            else:  # a replicated session's old owner: a follower now (failover_return)
-                with self._lock:
-                    self.tokens.pop(session, None)
-                claims.demoted[session] = kept
-            return
-        if (
-            owner is not None
-            and self.held(session) is None
-            and os.path.isdir(session_dir(replicas_root(self.home), session))
-        ):
-            # Taken over here from a follower's copy not promoted yet (this node killed in
-            # between): that copy holds every acknowledged write, this one an earlier
-            # ownership's. The failover watch quarantines this one and serves that one.
-            claims.waiting[session] = "a follower's copy taken over is beside it"
+            self._quarantine(session, claims, f"placed on {placed}, owned by {holder}")
             return
         if owner is not None:
             token = owner.token
@@ -220,7 +191,7 @@ class ClusterNode:
         except SessionLocked:
             pass  # its worker runs: restarted with this token, it writes the Owner itself
         except EpochClosed:
-            # An epoch change cut short (its EpochEnd shipped, the next epoch's files not:
+            # An epoch change cut short (its EpochEnd written, the next epoch's files not:
             # the owner died between them); no newer token is in the log. The worker
             # completes the change with the recorded summary, then writes its Owner.
             pass

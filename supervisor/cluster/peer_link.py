@@ -19,7 +19,6 @@ import ssl
 import time
 
 from supervisor.cluster.transport import (
-    REPLICA_PREAMBLE,
     TlsFiles,
     TransportError,
     check_node_certificate,
@@ -27,7 +26,7 @@ from supervisor.cluster.transport import (
     refusal,
 )
 from supervisor.errors import ControlError
-from worker.wire import MAX_FRAME, REPLICA_MAX_FRAME, FrameReader, Message, WireError, encode
+from worker.wire import MAX_FRAME, FrameReader, Message, WireError, encode
 
 READ_SIZE = 1 << 18
 
@@ -45,11 +44,8 @@ def result_of(reply: Message) -> object:
 class NodeLink:
     """A persistent TLS connection to one node, made on first use and after a failure."""
 
-    def __init__(
-        self, address: str, node: str, files: TlsFiles, *, timeout: float, preamble: bytes = b""
-    ) -> None:
+    def __init__(self, address: str, node: str, files: TlsFiles, *, timeout: float) -> None:
         self.address = address
-        self.preamble = preamble  # sent in plaintext before the handshake (the channel)
         self.node = node
         self.files = files
         self.timeout = timeout
@@ -69,9 +65,7 @@ class NodeLink:
         request: Message = {"id": request_id, "op": op}
         request.update({k: v for k, v in fields.items() if v is not None})
         try:
-            # A replication link carries a group commit whole, whatever its size.
-            replica = self.preamble == REPLICA_PREAMBLE
-            frame = encode(request, REPLICA_MAX_FRAME if replica else MAX_FRAME)
+            frame = encode(request, MAX_FRAME)
         except WireError as exc:
             raise ControlError("too_large", str(exc)) from exc
         sock = self._connect()
@@ -121,9 +115,6 @@ class NodeLink:
             raise ControlError("no_daemon", f"cannot reach node {self.node} at "
                                f"{self.address}: {exc.strerror or exc}") from exc  # fmt: skip
         try:
-            if self.preamble:  # the line, then the ClientHello at once (no Nagle wait)
-                raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                raw.sendall(self.preamble)
             sock = self._context.wrap_socket(raw, server_hostname=self.node)
         except (ssl.SSLError, OSError) as exc:
             raw.close()

@@ -4,8 +4,8 @@ A node holds no copy of such a session: any node may serve it once etcd makes it
 owner, and its worker opens it from the database with the owner's token, which every
 write transaction checks (docs/scaling.md section 0.3). So a node claims the sessions
 placed on it (``placed_on``) without opening anything, and a session whose node's lease
-expired is taken over by another node in one transaction (``take_over_stored``): no
-copy, no catch-up, no in-sync set.
+expired is taken over by another node in one transaction (``take_over_stored``):
+nothing is copied.
 """
 
 from __future__ import annotations

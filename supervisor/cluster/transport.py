@@ -28,7 +28,6 @@ from worker.store.errors import InvalidSessionId
 from worker.store.session_id import MAX_LENGTH, validate_session_id
 from worker.tls_roles import (
     HANDSHAKE_TIMEOUT,
-    REPLICA_PREAMBLE,
     Role,
     TlsSetupError,
     describe,
@@ -39,8 +38,7 @@ from worker.tls_roles import (
 )
 
 __all__ = [
-    "ALLOWED", "DIRECT_PREAMBLE", "ENV", "HANDSHAKE_TIMEOUT", "MAX_PREAMBLE", "REPLICA_PREAMBLE",
-    "Role",
+    "ALLOWED", "DIRECT_PREAMBLE", "ENV", "HANDSHAKE_TIMEOUT", "MAX_PREAMBLE", "Role",
     "TlsFiles", "TransportError", "check_node_certificate", "describe", "direct_preamble",
     "dns_names", "own_certificate_problem", "parse_preamble",
     "parse_tls_address", "refusal", "role_of", "tls_files_from_env",
@@ -57,14 +55,10 @@ ENV: Final = {"ca": "LOOPD_TLS_CA", "cert": "LOOPD_TLS_CERT", "key": "LOOPD_TLS_
 
 
 CLIENT_OPS: Final = frozenset({"ping", "status", "create", "send"})
-NODE_OPS: Final = frozenset(
-    {"ping", "files", "file", "replicate", "replica_position", "replica_line_ends",
-     "replica_rewind"}
-)  # fmt: skip
+NODE_OPS: Final = frozenset({"ping", "files", "file"})
 OPERATOR_OPS: Final = frozenset(
     {"ping", "status", "create", "send", "compact", "start", "stop", "restart", "adopt",
-     "forget", "metrics", "seal", "pull", "release", "discard", "receive", "install",
-     "demote", "promote", "refollow", "unfollow"}
+     "forget", "metrics", "seal", "pull", "release", "discard", "receive", "install"}
 )  # fmt: skip
 ALLOWED: Final[Mapping[Role, frozenset[str]]] = {
     Role.CLIENT: CLIENT_OPS,

@@ -15,18 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final, TypeVar
 
 from supervisor.cluster.errors import AlreadyPlaced, ClusterError, Cordoned, NotOwner
 from supervisor.cluster.failover_stored import StoredFailoverWatch
-from supervisor.cluster.failover_watch import FailoverWatch
 from supervisor.cluster.ownership import unplace
-from supervisor.cluster.replica_placement import same_followers
-from supervisor.cluster.replica_receiver import receiver_for
-from supervisor.cluster.replica_watch import ReplicaWatch
 from supervisor.cluster.serving import ServingNode, WorkerCluster
 from supervisor.daemon.endpoints import Waiter
 from supervisor.daemon.hosted import HostedSession
@@ -62,8 +57,7 @@ class DaemonNode:
         self.stopping = stopping
         self.on_idle = on_idle  # a job ended while the daemon stops: it may be done now
         self.pending: set[str] = set()  # sessions with an etcd job waiting or running
-        self.watch: FailoverWatch | None = None  # takes over followed sessions (failover)
-        self.followers: ReplicaWatch | None = None  # keeps workers' followers etcd's
+        self.watch: StoredFailoverWatch | None = None  # takes over sessions in a database
         # How the daemon hosts a session under its worker arguments (set by the loop).
         self.host: Callable[[str, WorkerCluster], HostedSession] | None = None
         self.intent: IntentFile | None = None  # the node's intent file (set by the loop)
@@ -80,33 +74,24 @@ class DaemonNode:
             raise ServeError(
                 f"cannot join the cluster at {self.serving.client.url}: {exc}"
             ) from exc
-        receiver_for(self.serving.home).claimed()  # the gateway's: held until here
-        interval = self.serving.node.lease.timing.ttl / 3
-        stored = self.serving.node.stored  # its sessions in a database: any node serves them
-        self.watch = (StoredFailoverWatch if stored else FailoverWatch)(
-            self.serving.client, self.serving.node, interval,
-            lambda session, _token: self._in_loop(self._host_promoted, session),
-            lambda line: self._in_loop(self.report, line), self.serving.tls,
-        )  # fmt: skip
-        self.watch.start()
-        self.followers = ReplicaWatch(
-            self.serving, lambda session: self._in_loop(self._followers_changed, session),
-            lambda line: self._in_loop(self.report, line),
-        )  # fmt: skip
-        self.followers.start()
+        if self.serving.node.stored:  # its sessions in a database: any node serves them
+            self.watch = StoredFailoverWatch(
+                self.serving.client, self.serving.node, self.serving.node.lease.timing.ttl / 3,
+                lambda session, _token: self._in_loop(self._host_taken, session),
+                lambda line: self._in_loop(self.report, line),
+            )  # fmt: skip
+            self.watch.start()
         return served
 
     def close(self) -> None:
         """Wait for the etcd jobs (each ends by its deadline), then revoke the lease."""
         if self.watch is not None:
             self.watch.close()
-        if self.followers is not None:
-            self.followers.close()
         self._executor.shutdown(wait=True, cancel_futures=True)
         self.serving.close()
 
-    def _host_promoted(self, session: str) -> None:
-        """A follower's copy promoted here by the failover watch: claim it, serve it."""
+    def _host_taken(self, session: str) -> None:
+        """A session taken over here by the failover watch: claim it, serve it."""
         if self.host is None or self.stopping():
             return
         host = self.host
@@ -131,9 +116,7 @@ class DaemonNode:
         waiter.client.reply(error(waiter.request_id, "busy", why))
         return True
 
-    def place(
-        self, waiter: Waiter, session: str, then: Callable[[WorkerCluster], None], replicas: int = 1
-    ) -> None:
+    def place(self, waiter: Waiter, session: str, then: Callable[[WorkerCluster], None]) -> None:
         """Place and own a new session in etcd off the loop; ``then`` hosts it, in the loop."""
 
         def placed(args: WorkerCluster | None, exc: Exception | None) -> None:
@@ -149,32 +132,7 @@ class DaemonNode:
             else:
                 then(args)
 
-        self._run(session, lambda: self.serving.place(session, replicas), placed)
-
-    def in_sync_change(self, waiter: Waiter, session: str, node: str, in_sync: bool) -> None:
-        """A replicated session's worker saw a follower fail or catch up: etcd's in-sync set
-        is changed in a thread (under the session's token); the worker waits for the reply
-        before it acknowledges anything without the follower (docs/scaling.md)."""
-
-        def job() -> None:
-            try:
-                self.serving.change_in_sync(session, node, in_sync)
-            except (ClusterError, ValueError) as exc:  # ValueError: no longer a follower
-                why = f"{session}: in-sync set not changed for {node}: {exc}"
-                code = "unavailable" if isinstance(exc, ClusterError) else "not_follower"
-                self._in_loop(self._answer, waiter, error(waiter.request_id, code, why))
-            else:
-                what = "back in" if in_sync else "out of"
-                when = f"at {time.monotonic():.3f}, CLOCK_MONOTONIC"
-                self._in_loop(self.report, f"{session}: follower {node} {what} the in-sync set "
-                              f"({when})")  # fmt: skip
-                self._in_loop(self._answer, waiter, ok(waiter.request_id, {"in_sync": in_sync}))
-
-        self.loop.run_in_executor(self._executor, job)
-
-    @staticmethod
-    def _answer(waiter: Waiter, reply: Message) -> None:
-        waiter.client.reply(reply)
+        self._run(session, lambda: self.serving.place(session), placed)
 
     def adopt(
         self, waiter: Waiter, session: str, host: Callable[[WorkerCluster], HostedSession]
@@ -255,46 +213,9 @@ class DaemonNode:
                 code = "move_failed" if isinstance(exc, ClusterError) else "io_error"
                 waiter.client.reply(error(waiter.request_id, code, str(exc)))
             else:
-                if op == "refollow" and result is not None:  # whether its worker restarted
-                    result = {**result, "refollowed": self._refollow(session)}
                 waiter.client.reply(ok(waiter.request_id, result))
 
         self._run(session, lambda: self.serving.move_step(op, session, dict(fields)), stepped)
-
-    def _refollow(self, session: str, *, wake: bool = True) -> bool:
-        """The session's followers changed (a replicated move): its worker restarts with
-        them (and catches a new one up between its batches); True if it was (re)started.
-        A worker started with these followers already (the replica watch saw the change
-        first, or the mover's ``refollow`` did) is not restarted again."""
-        hosted = self.sessions.get(session)
-        args = self.worker_args(session)
-        if hosted is None or args is None:
-            return False
-        before = hosted.spec.cluster
-        hosted.spec = dataclasses.replace(hosted.spec, cluster=args)
-        if hosted.worker is not None:
-            if before is not None and same_followers(before.replication, args.replication):
-                return False
-            hosted.stop(restart=True)
-            return True
-        if wake and hosted.state is State.IDLE:  # hibernated: woken to catch the follower up
-            hosted.start()
-            return True
-        # STOPPED (an operator's stop), FATAL: left so; the new follower is caught up
-        # when it is started again, and the mover says it was not caught up in time.
-        return False
-
-    def _followers_changed(self, session: str) -> None:
-        """The replica watch found etcd's followers of ``session`` other than its worker's
-        (a mover killed before its ``refollow``): a running worker restarts with them; a
-        hibernated one starts with them when it wakes."""
-        if self.stopping() or not self._refollow(session, wake=False):
-            return
-        args = self.worker_args(session)
-        replication = args.replication if args is not None else None
-        names = ", ".join(n for n, _a in replication.followers) if replication else "none"
-        self.report(f"{session}: its followers in etcd are {names}, not its worker's: "
-                    "its worker restarts with them")  # fmt: skip
 
     def _unplace(self, session: str, args: WorkerCluster) -> None:
         """Undo a placement made for a create the daemon will not host (it is stopping)."""
@@ -358,18 +279,6 @@ def _code(exc: Exception | None) -> str:
     if isinstance(exc, NotOwner):
         return "not_owner"
     return "unavailable"  # etcd did not answer, or badly; a file error of a claim
-
-
-def in_sync_change(node: DaemonNode | None, waiter: Waiter, session: str, message: Message) -> None:
-    """The ``in_sync`` request of a replicated session's worker (``worker/replica_fence.py``)."""
-    follower, in_sync = message.get("node"), message.get("in_sync")
-    if node is None:
-        waiter.client.reply(error(waiter.request_id, "bad_request", "not a cluster node"))
-    elif not isinstance(follower, str) or not isinstance(in_sync, bool):
-        why = "fields 'node' (a string) and 'in_sync' (a boolean) are needed"
-        waiter.client.reply(error(waiter.request_id, "bad_request", why))
-    else:
-        node.in_sync_change(waiter, session, follower, in_sync)
 
 
 class _Reported:

@@ -37,9 +37,7 @@ class ServeConfig:
     cluster: str | None = None  # etcd URL: serve as a node of a cluster (docs/scaling.md)
     node: str | None = None
     lease_ttl: int | None = None
-    replicas: int | None = None  # copies of a session created here when its create says none
     listen: str | None = None  # tls://HOST:PORT: the node's TLS port, registered in etcd
-    zone: str | None = None  # the node's zone, registered: followers go to other zones
     tls: TlsFiles | None = None
     store: str | None = None  # libpq URI: the sessions live in this database (docs/scaling.md)
     require_sync_replication: bool = False  # with store: refuse a server without it

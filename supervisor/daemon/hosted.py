@@ -15,7 +15,7 @@ from supervisor.daemon.endpoints import Waiter, WorkerChannel
 from supervisor.daemon.exit_advice import fatal_reason, honoured_exit
 from supervisor.daemon.hang import HangWatch
 from supervisor.daemon.hosted_requests import SessionRequests
-from supervisor.daemon.hosted_status import followers_seen, int_or_none, session_status
+from supervisor.daemon.hosted_status import int_or_none, session_status
 from supervisor.daemon.lock_wait import outgoing_worker
 from supervisor.daemon.poison import DEFAULT_POISON_AFTER, PoisonLedger
 from supervisor.daemon.relay import Relay
@@ -180,8 +180,6 @@ class HostedSession(SessionRequests):
         op = message.get("op")
         if op == "state":
             self._take_state(message.get("state"))
-            if self.worker is not None:  # a replicated session's followers, as it sees them
-                self.worker.replication = followers_seen(message.get("stats"))
             self.loop.on_report(self, message)
         elif op == "ready":
             self._take_state(message)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Protocol
 
 from supervisor.states import State
@@ -17,8 +16,6 @@ class RunningWorker(Protocol):
     def pid(self) -> int: ...
     def rss_bytes(self) -> int | None: ...
     def cpu_seconds(self) -> float | None: ...
-    @property
-    def replication(self) -> FollowersSeen | None: ...
 
 
 class StatusSource(Protocol):
@@ -45,13 +42,11 @@ class StatusSource(Protocol):
 
 
 def session_status(hosted: StatusSource) -> Message:
-    """State, pid, epoch, records, restarts, uptime, rss, cpu and last error of a session;
-    and ``lag``, its followers' (a replicated session's owner, once its worker reported)."""
+    """State, pid, epoch, records, restarts, uptime, rss, cpu and last error of a session."""
     worker = hosted.worker
     running = hosted.state in (State.RUNNING, State.STARTING, State.STOPPING)
     started = hosted.started_at
     uptime = time.monotonic() - started if running and started else None
-    lag = worker.replication if worker is not None else None
     return {
         "session": hosted.id,
         "state": hosted.state.value,
@@ -64,7 +59,6 @@ def session_status(hosted: StatusSource) -> Message:
         "cpu_s": worker.cpu_seconds() if worker is not None else None,
         "last_error": hosted.last_error,
         **scheduled(hosted.schedules),
-        **({} if lag is None else {"lag": lag.now(time.monotonic())}),
     }
 
 
@@ -74,35 +68,6 @@ def scheduled(summary: object) -> Message:
     if isinstance(summary, list) and len(summary) == 2 and type(summary[0]) is int:
         return {"scheduled": summary[0], "next_due": summary[1]}
     return {"scheduled": None, "next_due": None}
-
-
-@dataclass(frozen=True, slots=True)
-class FollowersSeen:
-    """A replicated session's followers as its worker last reported them
-    (``worker.replication.Shipper.report``): each one's node, whether it is in the
-    worker's in-sync set, its lag in bytes and group commits, its last ack's age."""
-
-    at: float  # time.monotonic() at the report
-    followers: tuple[Message, ...]
-
-    def now(self, now: float) -> list[Message]:
-        """The followers, each last acknowledgement's age brought up to ``now``."""
-        rows = []
-        for follower in self.followers:
-            age = follower.get("ack_age_s")
-            if isinstance(age, int | float):
-                age = round(age + max(0.0, now - self.at), 3)
-            rows.append({**follower, "ack_age_s": age if isinstance(age, float) else None})
-        return rows
-
-
-def followers_seen(stats: object) -> FollowersSeen | None:
-    """The followers of a worker's state report's counters, if it reports any."""
-    replication = stats.get("replication") if isinstance(stats, dict) else None
-    followers = replication.get("followers") if isinstance(replication, dict) else None
-    if not isinstance(followers, list):
-        return None
-    return FollowersSeen(time.monotonic(), tuple(f for f in followers if isinstance(f, dict)))
 
 
 def int_or_none(value: object) -> int | None:

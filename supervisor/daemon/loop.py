@@ -203,11 +203,11 @@ class Supervisor:
             raise ServeError("--cluster needs --node NAME")
         self.gateway = open_gateway(
             self.config.listen, self.config.tls, self.config.node, self._listener.path,
-            self.report_from_thread, TcpHandover(self.loop, self.sessions), url,
+            self.report_from_thread, TcpHandover(self.loop, self.sessions),
         )  # fmt: skip
         serving = ServingNode(
             url, self.config.node, self.home, ttl=self.config.lease_ttl, store=self.config.store,
-            address=self.config.listen, tls=self.config.tls, zone=self.config.zone,
+            address=self.config.listen, tls=self.config.tls,
         )  # fmt: skip
         self.cluster = DaemonNode(
             self.loop, serving, self.sessions, self.report, lambda: self._shutting_down,
@@ -300,9 +300,8 @@ class Supervisor:
     # -- used by operations -------------------------------------------------------------
 
     def create_session(
-        self, waiter: Waiter, session_id: str, slot: int, app: str | None = None,
-        replicas: int | None = None,
-    ) -> None:  # fmt: skip
+        self, waiter: Waiter, session_id: str, slot: int, app: str | None = None
+    ) -> None:
         directory = os.path.join(self.home, SESSIONS_DIR, session_id)
         if session_id in self.sessions or os.path.exists(directory):
             waiter.client.reply(
@@ -319,7 +318,6 @@ class Supervisor:
                 waiter,
                 session_id,
                 lambda args: self._create_hosted(waiter, session_id, slot, args, app),
-                replicas or self.config.replicas or 1,  # the create's, else this node's
             )
 
     def _create_hosted(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Final, Protocol
 
-from supervisor.daemon.cluster_node import DaemonNode, in_sync_change
+from supervisor.daemon.cluster_node import DaemonNode
 from supervisor.daemon.endpoints import Client, Waiter
 from supervisor.daemon.hosted import HostedSession
 from supervisor.states import State
@@ -29,11 +29,7 @@ STATUS_PAGE_BYTES: Final = MAX_FRAME // 2
 a page always fits the frame with room for the reply around it."""
 
 MAX_APP_NAME: Final = 64
-MAX_REPLICAS: Final = 9  # copies of a replicated session (docs/scaling.md, "Replication")
-MOVE_STEPS: Final = frozenset(
-    {"seal", "pull", "release", "discard", "receive", "install", "demote", "promote", "refollow",
-     "unfollow"}
-)  # fmt: skip
+MOVE_STEPS: Final = frozenset({"seal", "pull", "release", "discard", "receive", "install"})
 """A cluster node's own part of a move or takeover between hosts (docs/scaling.md 6, 7)."""
 
 
@@ -45,9 +41,8 @@ class Daemon(Protocol):
     @property
     def sessions(self) -> dict[str, HostedSession]: ...
     def create_session(
-        self, waiter: Waiter, session_id: str, slot: int, app: str | None = None,
-        replicas: int | None = None,
-    ) -> None: ...  # fmt: skip
+        self, waiter: Waiter, session_id: str, slot: int, app: str | None = None
+    ) -> None: ...
     def forget_pending_start(self, hosted: HostedSession) -> None: ...
     def statuses(self) -> list[Message]: ...
     def daemon_status(self) -> Message: ...
@@ -90,12 +85,10 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
             slot = optional_field(message, "slot", int) or 0
             if slot < 0:
                 raise WireError("field 'slot' must be >= 0")
-            replicas = optional_field(message, "replicas", int)
-            if replicas is not None and not 1 <= replicas <= MAX_REPLICAS:
-                raise WireError(f"field 'replicas' must be 1 to {MAX_REPLICAS}")
-            daemon.create_session(waiter, session_id, slot, _app(message), replicas)
-        elif op == "in_sync":  # a replicated session's worker (docs/scaling.md, Replication)
-            in_sync_change(daemon.cluster, waiter, _session_id(message), message)
+            if optional_field(message, "replicas", int) not in (None, 1):  # an older client's
+                raise WireError("field 'replicas' is retired: loopd no longer copies logs "
+                                "between hosts (docs/scaling.md)")  # fmt: skip
+            daemon.create_session(waiter, session_id, slot, _app(message))
         elif op == "connect":
             _hosted(daemon, message).submit(waiter, {"op": "connect"})
         elif op in ("send", "compact"):

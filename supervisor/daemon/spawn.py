@@ -27,7 +27,6 @@ from worker.warm_up import warm_up
 
 if TYPE_CHECKING:
     from supervisor.cluster.serving import WorkerCluster
-    from supervisor.daemon.hosted_status import FollowersSeen
 
 _GONE: Final = frozenset({errno.ESRCH})
 
@@ -120,8 +119,6 @@ class WorkerProcess:
     def __init__(self, spec: WorkerSpec) -> None:
         """Start the worker without a shell, in its own process group."""
         self.heartbeat, beat_fd = HeartbeatCell.create()
-        # A replicated session's latest report of its followers (hosted_status.py).
-        self.replication: FollowersSeen | None = None
         try:
             parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         except BaseException:

@@ -8,17 +8,12 @@ its first byte (0x16 opens every TLS handshake), reads the line and nothing afte
 hand the raw socket to the session's worker (``tcp_handover``). When that cannot be
 done, the thread makes the handshake itself and answers one error frame, so the client
 always gets its reason in one line over TLS.
-
-An owner's link to this node as a follower opens with ``transport.REPLICA_PREAMBLE``
-instead: ``read_preamble`` answers ``Channel.REPLICATION`` and the gateway hands the
-socket to a thread of its own (``replica_link``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import socket
 import ssl
 from collections.abc import Callable
@@ -28,7 +23,6 @@ from supervisor.cluster.transport import (
     DIRECT_PREAMBLE,
     HANDSHAKE_TIMEOUT,
     MAX_PREAMBLE,
-    REPLICA_PREAMBLE,
     TransportError,
     parse_preamble,
     refusal,
@@ -47,21 +41,14 @@ class HandsOver(Protocol):
     ) -> None: ...
 
 
-class Channel(enum.Enum):
-    """A preamble that names no session: the channel it asks for."""
-
-    REPLICATION = "replication"
-
-
 class Refused(Exception):
     """A connection closed before it was served; the message is the log line's reason."""
 
 
-async def read_preamble(conn: socket.socket) -> str | Channel | None:
+async def read_preamble(conn: socket.socket) -> str | None:
     """The session a direct connection's preamble names (the line consumed, nothing after
-    it), or Channel.REPLICATION for an owner's replication link's; None for a client that
-    starts TLS at once (nothing consumed). Refused if it is none of these, or says nothing
-    within HANDSHAKE_TIMEOUT."""
+    it); None for a client that starts TLS at once (nothing consumed). Refused if it is
+    neither, or says nothing within HANDSHAKE_TIMEOUT."""
     deadline = asyncio.get_running_loop().time() + HANDSHAKE_TIMEOUT
     line = b""
     while True:
@@ -78,11 +65,7 @@ async def read_preamble(conn: socket.socket) -> str | Channel | None:
         # Only the preamble's bytes are taken: what follows its newline is the TLS
         # handshake, left in the socket for the worker.
         line += conn.recv(end + 1 if end >= 0 else len(data))
-        if line == REPLICA_PREAMBLE:
-            return Channel.REPLICATION
-        if not DIRECT_PREAMBLE.startswith(line[: len(DIRECT_PREAMBLE)]) and not (
-            REPLICA_PREAMBLE.startswith(line)
-        ):
+        if not DIRECT_PREAMBLE.startswith(line[: len(DIRECT_PREAMBLE)]):
             raise Refused(f"neither TLS nor a loopd preamble: {line[:40]!r}")
         if end >= 0:
             try:

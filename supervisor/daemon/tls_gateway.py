@@ -8,10 +8,6 @@ requests are checked against its role (``transport.ALLOWED``) and relayed, frame
 frame, to the node's own control socket, whose replies go back unchanged: what a remote
 client may ask is exactly what a local one may, less what its certificate forbids.
 
-A connection that opens with the replication channel's preamble (an owner's link to
-this node as a follower, ``transport.REPLICA_PREAMBLE``) is handed, raw, to a thread of
-its own (``replica_link``): the handshake, the apply and the reply are made there.
-
 A connection that opens with the plaintext preamble of the direct data path
 (``transport.DIRECT_PREAMBLE`` and a session's id) is not served here: once the
 preamble is read, the raw socket goes to the session's worker (``tcp_handover``), which
@@ -32,9 +28,6 @@ from collections.abc import Callable, Iterator
 from typing import Final
 
 from supervisor.cluster.move_node import answer_files
-from supervisor.cluster.replica_receiver import OPS as REPLICA_OPS
-from supervisor.cluster.replica_receiver import receiver_for
-from supervisor.cluster.replica_sender import SenderCheck
 from supervisor.cluster.transport import (
     ALLOWED,
     Role,
@@ -47,9 +40,7 @@ from supervisor.cluster.transport import (
     refusal,
     role_of,
 )
-from supervisor.daemon.replica_link import ReplicaLinks, answer_replica
 from supervisor.daemon.tls_direct import (
-    Channel,
     HandsOver,
     Refused,
     accept_tls,
@@ -58,7 +49,7 @@ from supervisor.daemon.tls_direct import (
     read_preamble,
 )
 from supervisor.errors import ServeError
-from worker.wire import MAX_FRAME, REPLICA_MAX_FRAME, FrameReader, Message, WireError, encode, error
+from worker.wire import MAX_FRAME, FrameReader, WireError, encode, error
 
 BACKLOG: Final = 128
 MAX_HANDSHAKES: Final = 32
@@ -101,13 +92,7 @@ class TlsGateway:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopped: asyncio.Event | None = None
-        self.replicas = receiver_for(os.path.dirname(control_path))  # follower copies
-        self.senders: SenderCheck | None = None  # who may write them: etcd's owner
         self._tasks: set[asyncio.Task[None]] = set()
-        self.links = ReplicaLinks(self.context, self._replica, report)  # replica_link
-
-    def _replica(self, message: Message, names: list[str]) -> Message:
-        return answer_replica(self.replicas, self.senders, message, names)
 
     @property
     def handshaking(self) -> int:
@@ -169,8 +154,6 @@ class TlsGateway:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self.links.close()
-        self.replicas.close()
 
     def _run(self, ready: threading.Event) -> None:
         loop = asyncio.new_event_loop()
@@ -232,15 +215,8 @@ class TlsGateway:
             except asyncio.CancelledError:  # closed for a newer one, or the node is ending
                 conn.close()
                 raise
-            if session is Channel.REPLICATION:
-                if self.links.start(conn, peer):
-                    return  # the link's own thread serves it (replica_link)
-                self.report(f"tls: {peer}: {self.links.limit} replication links served "
-                            "by threads already (the limit): this one by the loop")  # fmt: skip
-            if session is None or session is Channel.REPLICATION:  # TLS at once: served here
-                await self._serve_one(
-                    conn, peer, REPLICA_MAX_FRAME if session is Channel.REPLICATION else MAX_FRAME
-                )
+            if session is None:  # TLS at once: served here
+                await self._serve_one(conn, peer)
             else:
                 await self._direct(conn, peer, session)
         finally:
@@ -262,7 +238,7 @@ class TlsGateway:
         if problem is not None:
             self._refuse(peer, problem)
 
-    async def _serve_one(self, conn: socket.socket, peer: str, max_frame: int) -> None:
+    async def _serve_one(self, conn: socket.socket, peer: str) -> None:
         try:
             with self._handshake(peer):
                 reader, writer = await accept_tls(conn, self.context)
@@ -276,7 +252,7 @@ class TlsGateway:
             writer.transport.abort()
             return
         try:
-            await self._relay(reader, writer, role, f"{peer} ({describe(cert)})", cert, max_frame)
+            await self._relay(reader, writer, role, f"{peer} ({describe(cert)})", cert)
         except (OSError, asyncio.IncompleteReadError):
             pass  # the peer or the daemon went away: the connection ends
         finally:
@@ -289,7 +265,6 @@ class TlsGateway:
         role: Role,
         peer: str,
         cert: dict[str, object],
-        max_frame: int,
     ) -> None:
         try:
             daemon_reader, daemon_writer = await asyncio.open_unix_connection(self.control_path)
@@ -298,7 +273,7 @@ class TlsGateway:
             await writer.drain()
             return
         back = asyncio.ensure_future(_copy(daemon_reader, writer))
-        frames = FrameReader(max_frame)
+        frames = FrameReader(MAX_FRAME)
         allowed = ALLOWED[role]
         names = dns_names(cert)
         try:
@@ -320,8 +295,6 @@ class TlsGateway:
                                      "certificate")  # fmt: skip
                         answer = error(message.get("id"), "forbidden",
                             f"a {role.value} certificate may not ask {op!r:.80}")  # fmt: skip
-                    elif op in REPLICA_OPS:  # a follower's copy, written here (replica_receiver)
-                        answer = await asyncio.to_thread(self._replica, message, names)
                     elif op in ("files", "file"):  # a moved session's files, read here
                         home = os.path.dirname(self.control_path)
                         answer = await asyncio.to_thread(answer_files, home, message, names)
@@ -356,7 +329,6 @@ def open_gateway(
     control_path: str,
     report: Callable[[str], None],
     handover: HandsOver | None = None,
-    url: str | None = None,
 ) -> TlsGateway | None:
     """The node's TLS port, listening, or None without ``--listen``; ServeError (one line)
     if it is given without its certificate, or with one that is not this node's."""
@@ -372,8 +344,5 @@ def open_gateway(
     if problem is not None:
         raise ServeError(problem)
     gateway = TlsGateway(listen, tls, control_path, report, handover)
-    if url is not None:
-        gateway.senders = SenderCheck.for_cluster(url, tls)
-        gateway.replicas.hold()  # until the node's claims (a returning owner's copy demoted)
     gateway.open()
     return gateway

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 import psutil
 
 from supervisor.hosting.metrics import HistogramValue, Registry
-from supervisor.hosting.replica_metrics import ReplicaMetrics
 from worker.wire import Message
 
 
@@ -67,17 +66,14 @@ class DaemonMetrics:
         self.wakeups = 0
         self.memory_restarts = 0
         self.events = 0
-        self.replicas = ReplicaMetrics()
         self._me = psutil.Process(os.getpid())
 
     def on_report(self, session: str, stats: object) -> None:
         """A worker's state report carried its counters."""
         if isinstance(stats, dict):
             self._latest[session] = stats
-            self.replicas.on_report(session, stats)
 
     def on_worker_gone(self, session: str) -> None:
-        self.replicas.on_worker_gone(session)
         last = self._latest.pop(session, None)
         if last is not None:
             self._departed.add(last)
@@ -124,7 +120,6 @@ class DaemonMetrics:
             "loopd_request_seconds", "Time from a request's arrival in its worker to its reply."
         )
         latency.histograms[()] = totals.latency
-        self.replicas.add_to(registry)
         return registry.render()
 
 

@@ -3,22 +3,13 @@ hibernate it, or restart it for its memory."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence, Sized
+from collections.abc import Sized
 from typing import Protocol
 
 from supervisor.states import State
 
 
-class Followers(Protocol):
-    """A replicated session's followers as its worker last reported them (rows)."""
-
-    @property
-    def followers(self) -> Sequence[Mapping[str, object]]: ...
-
-
 class Worker(Protocol):
-    @property
-    def replication(self) -> Followers | None: ...
     @property
     def pid(self) -> int: ...
     def rss_bytes(self) -> int | None: ...
@@ -63,14 +54,7 @@ def is_busy(hosted: Hosted) -> bool:
     if hosted.in_flight or hosted.queued or hosted.ready_waiters:
         return True
     worker = hosted.worker
-    if worker is not None and catching_up(worker.replication):
-        return True  # a follower's copy being caught up (its worker's last report)
     return worker is not None and worker.in_request()
-
-
-def catching_up(seen: Followers | None) -> bool:
-    """True if a replicated session's worker last reported a follower being caught up."""
-    return seen is not None and any(row.get("copy_at") is not None for row in seen.followers)
 
 
 def hibernate(hosted: Hosted) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from worker.store.errors import InvalidRecord, LogSealed, WriteTooLarge, quote
+from worker.store.errors import InvalidRecord, LogSealed, quote
 from worker.store.fencing import Fence, advance
 from worker.store.records import Handoff, Owner, Record, ToolResult, Usage, User
 from worker.store.session_state import SessionState
@@ -56,14 +56,3 @@ def newest_usage(records: list[Record]) -> Usage | None:
         if isinstance(record, Usage):
             return record
     return None
-
-
-def check_write_size(path: str, data: bytes, records: int, bound: int | None) -> None:
-    """WriteTooLarge if the group commit ``data`` (of ``records`` records) is past
-    ``bound`` bytes (``Session.max_write``; None: no bound)."""
-    if bound is not None and len(data) > bound:
-        raise WriteTooLarge(
-            path,
-            f"a group commit of {len(data)} bytes ({records} records) is larger than "
-            f"the {bound} bytes one replicated write may be; nothing was written",
-        )

@@ -221,11 +221,6 @@ class KeyExpired(SessionError):
         )
 
 
-class WriteTooLarge(PathError):
-    """A group commit larger than the session may write (``Session.max_write``: what one
-    replication frame carries), refused before a byte of it was written."""
-
-
 class InvalidRecord(SessionError, ValueError):
     """A record handed to ``append`` cannot be written as a valid log line."""
 

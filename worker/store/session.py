@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from types import TracebackType
 from typing import Final
 
 from worker.store import durable
 from worker.store.backend import SessionStore
 from worker.store.baseline import Baseline
-from worker.store.batch_rules import check_write_size, fence_after, highest_call_after, newest_usage
+from worker.store.batch_rules import fence_after, highest_call_after, newest_usage
 from worker.store.carried_state import NextEpoch, plan_next_epoch
 from worker.store.creation import check_slot, make_opened_durable, sync_parents, write_first_epoch
 from worker.store.epoch_commit import switch_to_next_epoch, write_next_epoch
@@ -68,12 +68,6 @@ class Session(SessionView):
         # Keys find_key found in no epoch: only this session writes, so they stay new
         # until it appends them, and append need not look them up again (bounded).
         self._new_keys: set[str] = set()
-        # Called after a group's write, before its fdatasync, with (epoch, offset, CRC-32
-        # of the log before it, bytes): a replicated owner ships while it syncs. It must
-        # not raise (the bytes are written, memory does not know them yet).
-        self.on_written: Callable[[int, int, int, bytes], None] | None = None
-        # Bytes one group commit may be at most (a replicated owner's: one frame's).
-        self.max_write: int | None = None
 
     # -- construction ---------------------------------------------------------------
 
@@ -299,7 +293,6 @@ class Session(SessionView):
         state = self._state
         fence = fence_after(state.fence, batch, self._log_path)
         data, crc = encode_lines(batch, state.log_crc)  # validates every field first
-        check_write_size(self._log_path, data, len(batch), self.max_write)
         highest = highest_call_after(state, batch, self._applied)
         self._write_group(data)
         # Durable: only now does memory learn of the records.
@@ -327,8 +320,6 @@ class Session(SessionView):
         except SessionIOError:
             self._cut_back(fd, "write failed and the file could not be cut back")
             raise
-        if self.on_written is not None:
-            self.on_written(self._state.epoch, self._size, self._state.log_crc, data)
         try:
             durable.fdatasync(fd, self._log_path)
         except SessionIOError as exc:

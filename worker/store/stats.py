@@ -8,7 +8,6 @@ histograms bucket by bucket, which is why the bounds are fixed here, once.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -38,8 +37,6 @@ class WorkerStats:
     bytes_written: int = 0
     fsync: Histogram = field(default_factory=Histogram)
     request_latency: Histogram = field(default_factory=Histogram)
-    replication: Callable[[], dict[str, object]] | None = None
-    """A replicated session's followers and their lag (``worker.replication``), or None."""
 
     def reset(self) -> None:
         """Start counting from zero (a forked worker inherits its parent's counts)."""
@@ -50,9 +47,7 @@ class WorkerStats:
 
     def snapshot(self) -> dict[str, object]:
         """The counters as a wire-ready map (sent with each state report)."""
-        extra = {} if self.replication is None else {"replication": self.replication()}
         return {
-            **extra,
             "requests": self.requests,
             "bytes_written": self.bytes_written,
             "fsync_counts": list(self.fsync.counts),
