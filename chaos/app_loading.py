@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import functools
-import importlib
-import json
-import os
 import sys
 
 from supervisor.hosting.apps import AppConfigError, app_import_path, check_importable
-from supervisor.templates.template_main import other_threads
 
 
 class CleanRunFailed(RuntimeError):
@@ -37,21 +33,20 @@ def last_line(path: str) -> str:
 
 
 def import_app(app: str) -> None:
-    """Load the App as ``loopd serve`` does: checked once in a child interpreter, from
-    where serve imports it (``app_import_path``: the working directory first, then
-    PYTHONPATH), then as serve's template loads it (supervisor.templates): imported once
-    here, before the rig forks its workers, so that they share what the import made, as
-    the workers a template forks do; unless the import starts a thread, which a fork
-    does not copy (an SDK's client), in which case serve gives the App no template and
-    each worker imports it after its fork, and so do the rig's. ImportError if it does
-    not import (the check's one line).
+    """Load the App as ``loopd serve`` does: checked once in a child interpreter, then
+    imported by each worker after its fork, from where serve imports it
+    (``app_import_path``: the working directory first, then PYTHONPATH).
+
+    The rig never imports the App itself: its workers are forked from the rig, and an
+    App imported before the fork would run without what its import made that a fork
+    does not copy (a client's thread), unlike under serve. ImportError if it does not
+    import (the check's one line).
     """
     module_name, sep, attribute = app.partition(":")
     if not sep or not module_name or not attribute:
         raise ValueError(f"an app is given as module:attribute, not {app!r}")
     sys.path[:] = app_import_path()
     _check_importable(app)
-    _load_as_template(app)
 
 
 @functools.cache
@@ -61,41 +56,3 @@ def _check_importable(app: str) -> None:
         check_importable(app)
     except AppConfigError as exc:
         raise ImportError(exc.why) from exc
-
-
-@functools.cache
-def _load_as_template(app: str) -> bool:
-    """Import ``app`` in this process if its template would (no thread left running by
-    its import, judged in a forked child as the template judges it); whether it did."""
-    if import_threads(app):
-        return False  # serve forks its workers from itself: each imports the App
-    module_name, _, attribute = app.partition(":")
-    target: object = importlib.import_module(module_name)
-    for part in attribute.split("."):
-        target = getattr(target, part)
-    return True
-
-
-def import_threads(app: str) -> list[str]:
-    """The threads importing ``app`` leaves running, seen in a forked child (this
-    process stays single-threaded whatever the App does)."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        code = 1
-        try:
-            os.close(read_end)
-            module_name, _, attribute = app.partition(":")
-            target: object = importlib.import_module(module_name)
-            for part in attribute.split("."):
-                target = getattr(target, part)
-            os.write(write_end, json.dumps(other_threads()).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        said = pipe.read()
-    os.waitpid(pid, 0)
-    threads = json.loads(said) if said else []
-    return [str(name) for name in threads]

@@ -1,7 +1,5 @@
-"""The rig loads an App as `loopd serve` does: checked in a child interpreter, imported
-once before the workers are forked (as its template imports it), or by each worker after
-its fork when its import starts a thread (serve gives such an App no template); an App
-that fails with no fault stops the rig in one line."""
+"""The rig loads an App as `loopd serve` does: checked in a child interpreter, imported by
+each worker after its fork; an App that fails with no fault stops the rig in one line."""
 
 from __future__ import annotations
 
@@ -16,10 +14,8 @@ from tests.support import REPO, running_daemon
 TRAP = "tests.import_trap_apps:ThreadAtImportApp"
 
 
-def _rig(
-    tmp_path: Path, app: str, *, cwd: Path = REPO, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+def _rig(tmp_path: Path, app: str, *, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
         [sys.executable, "-m", "supervisor", "chaos", "run", "--app", app, "--scenario",
          "requests", "--faults", "kill", "--sample", "3", "--seed", "1", "--jobs", "1",
@@ -41,19 +37,6 @@ def test_an_app_whose_client_thread_starts_at_import_passes_the_rig_as_serve_hos
     # the client but not its thread, and the clean run failed (a traceback).
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
     assert "0 violations" in ran.stderr or " 0 " in ran.stdout
-
-
-def test_an_app_without_import_time_threads_is_imported_once_as_its_template_imports_it(
-    tmp_path: Path,
-) -> None:
-    # serve's template imports the App once and forks its workers; the rig's workers
-    # must come from one import too (the import check in its own interpreter, the
-    # thread check in a forked child, then the rig itself: three at most), not one each.
-    counter = tmp_path / "imports"
-    ran = _rig(tmp_path, "tests.template_apps:HeavyApp", env={"LOOPD_TEST_IMPORTS": str(counter)})
-    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
-    pids = counter.read_text().split()
-    assert 1 <= len(pids) <= 3, pids  # the clean run and three cases: four workers at least
 
 
 def test_an_app_that_fails_every_request_stops_the_rig_in_one_line_with_its_error(

@@ -103,13 +103,13 @@ def _import_app(identity: AppIdentity) -> Said:
             target = getattr(target, part)
     except Exception as exc:  # noqa: BLE001 - any import failure is the App's, reported
         return Said(kind=SaidKind.FAILED, text=bounded(f"{type(exc).__name__}: {exc}"))
-    threads = other_threads()
+    threads = _other_threads()
     if threads:
         return Said(kind=SaidKind.THREADS, text=", ".join(threads))
     return Said(kind=SaidKind.READY)
 
 
-def other_threads() -> list[str]:
+def _other_threads() -> list[str]:
     """Threads besides this one, C threads included (/proc counts every task)."""
     names = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
     try:
