@@ -16,6 +16,7 @@ from tests.support import REPO, Daemon, poll_until, running_daemon, status, wait
 
 pytestmark = pytest.mark.timeout(180)
 
+TEMPLATE = ("--start-method", "template")  # opt-in: fork is the default
 HEAVY = "tests.template_apps:HeavyApp"
 
 
@@ -51,7 +52,7 @@ def test_workers_of_a_heavy_app_come_from_its_template_and_never_import_it(
 ) -> None:
     home, counter = tmp_path / "home", tmp_path / "imports"
     env = {"LOOPD_TEST_IMPORTS": str(counter)}
-    with running_daemon(home, "--app", HEAVY, env=env) as daemon:
+    with running_daemon(home, *TEMPLATE, "--app", HEAVY, env=env) as daemon:
         [template] = _ready_templates(daemon)
         workers = _create_and_answer(home, "s1", "s2", "s3")
         assert template in _importers(counter)
@@ -76,7 +77,7 @@ def test_a_killed_template_is_replaced_at_the_next_start_and_its_workers_run_on(
 ) -> None:
     home, counter = tmp_path / "home", tmp_path / "imports"
     env = {"LOOPD_TEST_IMPORTS": str(counter)}
-    daemon = Daemon(home, "--app", HEAVY, env=env)
+    daemon = Daemon(home, *TEMPLATE, "--app", HEAVY, env=env)
     try:
         [first] = _ready_templates(daemon)
         [s1] = _create_and_answer(home, "s1")
@@ -104,7 +105,7 @@ def test_an_app_that_no_longer_imports_is_fatal_after_its_retries_and_serve_live
 ) -> None:
     home, marker = tmp_path / "home", tmp_path / "broken"
     env = {"LOOPD_TEST_BROKEN": str(marker)}
-    with running_daemon(home, "--app", HEAVY, "--start-retries", "2", env=env) as daemon:
+    with running_daemon(home, *TEMPLATE, "--app", HEAVY, "--start-retries", "2", env=env) as daemon:
         [template] = _ready_templates(daemon)
         marker.touch()  # the App's code broke on disk after serve checked it
         psutil.Process(template).kill()  # the next template imports it again, and fails
@@ -121,7 +122,7 @@ def test_an_app_that_no_longer_imports_is_fatal_after_its_retries_and_serve_live
 
 def test_exit_statuses_of_template_forked_workers_reach_serve_exactly(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    with running_daemon(home, "--app", "tests.exit_code_apps:ExitingApp") as daemon:
+    with running_daemon(home, *TEMPLATE, "--app", "tests.exit_code_apps:ExitingApp") as daemon:
         _ready_templates(daemon)
         [pid] = _create_and_answer(home, "s1")
         psutil.Process(pid).kill()
@@ -148,7 +149,8 @@ def test_an_app_that_starts_a_thread_at_import_gets_no_template_and_still_answer
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "home"
-    with running_daemon(home, "--app", "tests.import_trap_apps:ThreadAtImportApp") as daemon:
+    trap = "tests.import_trap_apps:ThreadAtImportApp"
+    with running_daemon(home, *TEMPLATE, "--app", trap) as daemon:
         poll_until(lambda: "import started threads (import-time client)"
                    in daemon.log_path.read_text(errors="replace"),
                    timeout=60, what="the template to be refused")  # fmt: skip
@@ -180,7 +182,7 @@ def test_a_worker_started_after_its_app_changed_on_disk_runs_the_new_version(
     home, source = tmp_path / "home", tmp_path / "versioned_app.py"
     _write_app(source, "v1", 1_000_000_000_000_000_000)
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
-    with running_daemon(home, "--app", "versioned_app:VersionedApp", env=env) as daemon:
+    with running_daemon(home, *TEMPLATE, "--app", "versioned_app:VersionedApp", env=env) as daemon:
         _ready_templates(daemon)
         with Client(str(home), timeout=60) as client:
             call(str(home), "create", session="s1")
@@ -199,7 +201,7 @@ def test_a_worker_started_after_its_app_changed_on_disk_runs_the_new_version(
 def test_what_an_app_left_behind_is_reaped_by_serve_not_left_a_zombie(tmp_path: Path) -> None:
     """serve is the subreaper of its workers: an App's orphan comes to it, and is reaped."""
     home = tmp_path / "home"
-    with running_daemon(home, "--app", "tests.forking_apps:ForkingApp") as daemon:
+    with running_daemon(home, *TEMPLATE, "--app", "tests.forking_apps:ForkingApp") as daemon:
         _ready_templates(daemon)
         call(str(home), "create", session="s")
         with Client(str(home), timeout=60, retry_for=30) as client:

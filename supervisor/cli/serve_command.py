@@ -132,7 +132,7 @@ MAX_LEASE_TTL: Final = 3600
 @click.option(
     "--start-method",
     type=click.Choice([m.value for m in StartMethod]),
-    default=StartMethod.TEMPLATE.value,
+    default=StartMethod.FORK.value,
     show_default=True,
     help="template: workers fork from their App's template, a child that imported the "
     "App once (docs/templates.md); fork: workers fork from the warm supervisor and import "
