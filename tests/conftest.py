@@ -16,6 +16,7 @@ import pytest
 from chaos.oracle import file_digests
 from tests.etcd_server import EtcdServer
 from tests.leftover_reaper import pytest_configure, pytest_unconfigure
+from tests.postgres_server import PostgresServer
 from worker import Baseline, Session
 from worker.app import DefaultApp
 
@@ -61,6 +62,18 @@ def torn_session(home: Path, session_id: str, tail: bytes = b'{"type":"User","ti
     with log.open("ab") as f:
         f.write(tail)
     return log
+
+
+@pytest.fixture(scope="module")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server for one test module (tests.postgres_server: skipped where
+    Debian's package is not installed, a failure under CI)."""
+    pg = PostgresServer()
+    try:
+        pg.start()
+        yield pg
+    finally:
+        pg.stop()
 
 
 @pytest.fixture

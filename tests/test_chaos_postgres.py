@@ -6,8 +6,6 @@ change, and the seam mutant's pinned cases); every fault at every write with -m 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from chaos.mutants import SEAM_MUTANTS
@@ -20,13 +18,8 @@ SLICE_WRITES = (3, 5)
 
 
 @pytest.fixture(scope="module")
-def database() -> Iterator[str]:
-    pg = PostgresServer()
-    try:
-        pg.start()
-        yield pg.new_database()
-    finally:
-        pg.stop()
+def database(postgres_server: PostgresServer) -> str:
+    return postgres_server.new_database()
 
 
 @pytest.mark.parametrize("fault", SEAM_FAULTS, ids=[f.value for f in SEAM_FAULTS])

@@ -6,7 +6,6 @@ pinned cases by tests/test_chaos_mutants.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -66,13 +65,8 @@ def test_the_delivery_check_finds_a_schedule_missing_doubled_early_or_cancelled(
 
 
 @pytest.fixture(scope="module")
-def database() -> Iterator[str]:
-    pg = PostgresServer()
-    try:
-        pg.start()
-        yield pg.new_database()
-    finally:
-        pg.stop()
+def database(postgres_server: PostgresServer) -> str:
+    return postgres_server.new_database()
 
 
 @pytest.mark.timeout(600)

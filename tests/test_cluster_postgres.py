@@ -29,13 +29,8 @@ MARGIN = 3.0
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[PostgresServer]:
-    pg = PostgresServer()
-    try:
-        pg.start()
-        yield pg
-    finally:
-        pg.stop()
+def server(postgres_server: PostgresServer) -> PostgresServer:
+    return postgres_server
 
 
 @pytest.fixture

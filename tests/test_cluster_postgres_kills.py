@@ -47,13 +47,8 @@ SERVED_DEADLINE: Final = TTL + 30.0
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[PostgresServer]:
-    pg = PostgresServer()
-    try:
-        pg.start()
-        yield pg
-    finally:
-        pg.stop()
+def server(postgres_server: PostgresServer) -> PostgresServer:
+    return postgres_server
 
 
 class Cluster:

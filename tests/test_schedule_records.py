@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -62,13 +61,8 @@ def test_a_schedule_is_pending_until_its_key_is_applied_or_it_is_cancelled() -> 
 
 
 @pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    pg = PostgresServer()
-    try:
-        pg.start()
-        yield pg
-    finally:
-        pg.stop()
+def postgres(postgres_server: PostgresServer) -> PostgresServer:
+    return postgres_server
 
 
 def _home(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> object:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -24,13 +23,8 @@ from worker.store.postgres import PostgresStore
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[PostgresServer]:
-    pg = PostgresServer()
-    try:
-        pg.start()
-        yield pg
-    finally:
-        pg.stop()
+def server(postgres_server: PostgresServer) -> PostgresServer:
+    return postgres_server
 
 
 @pytest.fixture

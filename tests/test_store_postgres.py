@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 import types
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,13 +23,8 @@ _FIXED_NS = 1_790_000_000_123_456_000
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[PostgresServer]:
-    pg = PostgresServer()
-    try:
-        pg.start()
-        yield pg
-    finally:
-        pg.stop()
+def server(postgres_server: PostgresServer) -> PostgresServer:
+    return postgres_server
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -16,13 +15,8 @@ from worker.store.postgres import PostgresStore
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[PostgresServer]:
-    pg = PostgresServer()
-    try:
-        pg.start()
-        yield pg
-    finally:
-        pg.stop()
+def server(postgres_server: PostgresServer) -> PostgresServer:
+    return postgres_server
 
 
 def _token(uri: str, session_id: str) -> int:
