@@ -27,6 +27,7 @@ ROUTES: Final = (
     ("POST", "/v1/sessions/{id}/requests"),
     ("GET", "/v1/sessions/{id}/records"),
     ("POST", "/v1/sessions/{id}/schedules"),
+    ("DELETE", "/v1/sessions/{id}/schedules/{key}"),
     ("GET", "/v1/openapi.json"),
 )
 """Every (method, path) served; a test checks openapi.json lists exactly these."""
@@ -85,6 +86,13 @@ class Api:
         elif segments[:2] == ["v1", "sessions"] and segments[3:] == ["schedules"]:
             _allow(method, "POST")
             result = await self._schedule(segments[2], request)
+            writer.write(response(200, json_body(result), keep_alive=keep))
+        elif (
+            len(segments) == 5 and segments[:2] == ["v1", "sessions"] and segments[3] == "schedules"
+        ):
+            _allow(method, "DELETE")
+            session, key = segments[2], segments[4]
+            result = await self.pool.run(lambda c: c.cancel_schedule(session, key))
             writer.write(response(200, json_body(result), keep_alive=keep))
         elif (
             len(segments) == 4 and segments[:2] == ["v1", "sessions"] and segments[3] == "requests"
