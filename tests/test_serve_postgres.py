@@ -200,3 +200,46 @@ def test_a_schema_newer_than_this_loopd_is_refused_at_start_in_one_line(
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1
     assert done.stderr.endswith("schema version 99 is newer than this loopd's (1)\n")
+
+
+@pytest.mark.timeout(180)
+def test_a_database_out_for_longer_than_the_restart_window_is_waited_for_not_fatal(
+    tmp_path: Path,
+) -> None:
+    """The server stopped (as a primary is lost before its standby is promoted): the
+    session is started again and again, past --max-restarts, and never FATAL; once the
+    server is back, the same key is applied once and the session runs on."""
+    own = PostgresServer()  # stopped and started again here: not the module's server
+    try:
+        own.start()
+        uri = own.new_database()
+        home = tmp_path / "home"
+        with running_daemon(home, "--store", uri, "--max-restarts", "2",
+                            "--restart-window", "60", "--start-retries", "2"):  # fmt: skip
+            call(str(home), "create", session="s1")
+            call(str(home), "send", session="s1", text="before", key="before")
+            own.run("pg_ctl", "-D", str(own.data), "-m", "immediate", "-w", "stop")
+
+            def many_restarts() -> dict[str, object] | None:
+                row = status(home, "s1")
+                assert row["state"] != "FATAL", row["last_error"]
+                return row if int(str(row["restarts"])) > 4 else None
+
+            with pytest.raises(ControlError):
+                call(str(home), "send", session="s1", text="during", key="during")
+            row = poll_until(many_restarts, timeout=90, what="restarts past --max-restarts")
+            assert "waiting for the database" in str(row["last_error"])
+            own.launch()
+
+            def applied() -> object:
+                try:
+                    return call(str(home), "send", session="s1", text="during", key="during")
+                except ControlError:
+                    return None
+
+            poll_until(applied, timeout=60, what="the session served again")
+            assert wait_state(home, "s1", "RUNNING")["state"] == "RUNNING"
+        assert _keys(uri, "s1").count("during") == 1
+        assert _keys(uri, "s1").count("before") == 1
+    finally:
+        own.stop()

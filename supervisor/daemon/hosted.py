@@ -22,7 +22,7 @@ from supervisor.daemon.relay import Relay
 from supervisor.daemon.spawn import WorkerProcess, WorkerSpec, describe_exit
 from supervisor.scheduling.files import reported_summary
 from supervisor.states import RestartPolicy, State, StateMachine
-from worker.process import EXIT_CLEAN, EXIT_LOCKED, EXIT_REFUSED, bounded
+from worker.process import EXIT_CLEAN, EXIT_DATABASE, EXIT_LOCKED, EXIT_REFUSED, bounded
 from worker.wire import Message
 
 STOP_DEADLINE: Final = 5.0
@@ -262,6 +262,15 @@ class HostedSession(SessionRequests):
         elif acted == EXIT_CLEAN:
             self.machine.move(State.EXITED)
             self._fail_waiting("exited", f"the worker of session {self.id} exited")
+        elif acted == EXIT_DATABASE:
+            # The store is out (a primary lost before its standby is promoted): every
+            # session of the node meets it, and none is at fault. Started again until
+            # the database answers, never FATAL for it (docs/scaling.md).
+            said = f"worker {how}" + (f": {said}" if said else "")
+            self.last_error = f"{said} -- waiting for the database: started again until it answers"
+            self.restarts += 1
+            self.machine.move(State.BACKOFF)
+            self._timer = self.loop.call_at(now + self.policy.database_delay(self.rng), self.start)
         else:
             # Only this worker's words: the previous exits' are not chained on, or the
             # text would grow with every restart.
