@@ -31,7 +31,7 @@ from supervisor.hosting.config import (
     render_config,
 )
 from supervisor.hosting.settings import hosting_options, settings_from
-from supervisor.http import open_http
+from supervisor.http import bind_http
 from worker.heartbeat import MAX_TURN_KEYS
 from worker.turns import DEFAULT_MAX_BATCH
 
@@ -224,8 +224,11 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
     http = None
     try:
         # Its own thread and loop, a client of the daemon like any other (docs/http.md).
-        http = open_http(cast("str | None", get("http")), home)
-        code = Supervisor(config).run()
+        # Bound first (a port in use is said before anything starts), listening only once
+        # the control socket does: a call let in earlier would be answered no_daemon.
+        http = bind_http(cast("str | None", get("http")), home)
+        daemon = Supervisor(config)
+        code = daemon.run() if http is None else daemon.run(on_listening=http.listen)
     except (HomeLocked, ServeError) as exc:
         click.echo(f"loopd serve: {exc}", err=True)
         sys.exit(EXIT_ERROR)

@@ -141,7 +141,7 @@ class Supervisor:
 
     # -- running -----------------------------------------------------------------------
 
-    def run(self) -> int:
+    def run(self, on_listening: Callable[[], None] = lambda: None) -> int:
         """Serve until SIGTERM or SIGINT; then stop every worker and return 0."""
         try:
             home_fd = claim_home(self.home)
@@ -160,6 +160,7 @@ class Supervisor:
                 raise ServeError("--listen needs --cluster URL and --node NAME")
             prepare_workers(self.config, self.loop, self.report)  # warm-up, templates
             self._listener.open()
+            on_listening()  # serve's HTTP port: no call reaches it before this socket listens
             self.hosting.open_metrics()
             self.hosting.begin()
             self._host_existing(sessions)

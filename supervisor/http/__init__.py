@@ -10,6 +10,6 @@ endpoints) and ``server`` (the listening thread, connections, keep-alive).
 
 from __future__ import annotations
 
-from supervisor.http.server import HttpServer, open_http
+from supervisor.http.server import HttpServer, bind_http
 
-__all__ = ["HttpServer", "open_http"]
+__all__ = ["HttpServer", "bind_http"]

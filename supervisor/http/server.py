@@ -41,7 +41,8 @@ BACKLOG: Final = 128
 
 
 class HttpServer:
-    """``loopd serve --http HOST:PORT``: listens at ``open``, stops at ``close``."""
+    """``loopd serve --http HOST:PORT``: bound at ``bind``, listening from ``listen`` (once
+    the daemon's control socket listens), stopped at ``close``."""
 
     def __init__(self, address: str, home: str) -> None:
         self.address = address
@@ -53,31 +54,51 @@ class HttpServer:
         self._stopped: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
 
-    def open(self) -> None:
-        """Bind and listen (ServeError in one line if the port cannot be had), then serve."""
+    def bind(self) -> None:
+        """Take the port (ServeError in one line if it cannot be had), not listening yet.
+
+        A bound socket that does not listen refuses connections (ECONNREFUSED), so a
+        client waiting for the port is not let in before ``listen``: every call it made
+        before the daemon's control socket listened would be answered ``503 no_daemon``.
+        """
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # as create_server's
         try:
-            sock = socket.create_server((self.host, self.port), backlog=BACKLOG)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
         except OSError as exc:
+            sock.close()
             raise ServeError(f"--http {self.address}: {exc.strerror or exc}") from exc
-        sock.setblocking(False)
-        _enough_descriptors()
         self._sock = sock
         self.port = sock.getsockname()[1]
+
+    def listen(self) -> None:
+        """Listen on the bound port and serve it on its own thread (ServeError if not)."""
+        assert self._sock is not None, "bind() first"
+        try:
+            self._sock.listen(BACKLOG)
+        except OSError as exc:
+            raise ServeError(f"--http {self.address}: {exc.strerror or exc}") from exc
+        self._sock.setblocking(False)
+        _enough_descriptors()
         ready = threading.Event()
         self._thread = threading.Thread(
             target=self._run, args=(ready,), name="loopd-http", daemon=True
         )
         self._thread.start()
         ready.wait()
+        print(f"loopd serve: http at {self.host}:{self.port}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        """Stop accepting, end every connection, join the thread."""
+        """Stop accepting (or close the port never listened on), end every connection,
+        join the thread."""
         if self._loop is not None and self._stopped is not None:
             with contextlib.suppress(RuntimeError):  # its loop already ended
                 self._loop.call_soon_threadsafe(self._stopped.set)
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        elif self._sock is not None:  # bound, never served: the loop did not take it
+            self._sock.close()
         self.pool.close()
 
     def _run(self, ready: threading.Event) -> None:
@@ -92,9 +113,10 @@ class HttpServer:
         self._stopped = asyncio.Event()
         assert self._sock is not None
         api = Api(self.pool)
-        server = await asyncio.start_server(
-            lambda r, w: self._connection(api, r, w), sock=self._sock, limit=MAX_HEAD
-        )
+        server = await asyncio.start_server(  # which listens again: with our backlog
+            lambda r, w: self._connection(api, r, w), sock=self._sock, limit=MAX_HEAD,
+            backlog=BACKLOG,
+        )  # fmt: skip
         ready.set()
         try:
             await self._stopped.wait()
@@ -169,13 +191,13 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def open_http(address: str | None, home: str) -> HttpServer | None:
-    """The HTTP port, listening, or None without ``--http``."""
+def bind_http(address: str | None, home: str) -> HttpServer | None:
+    """The HTTP port, bound and not listening (``listen`` opens it), or None without
+    ``--http``."""
     if address is None:
         return None
     server = HttpServer(address, home)
-    server.open()
-    print(f"loopd serve: http at {server.host}:{server.port}", file=sys.stderr, flush=True)
+    server.bind()
     return server
 
 

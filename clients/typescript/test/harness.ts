@@ -59,9 +59,9 @@ export class Serve {
         throw new Error(`loopd serve exited with ${proc.exitCode}: ${readFileSync(log, "utf8")}`);
       }
       try {
-        // The port listens before the daemon's control socket does: ready once a status
-        // call reaches the daemon (404 for a session that does not exist, not 503).
-        return (await fetch(`${serve.url}/v1/sessions/ready-probe`)).status === 404;
+        // Serve's port listens only once its daemon's control socket does: any answer
+        // means a call would reach the daemon.
+        return (await fetch(`${serve.url}/v1/openapi.json`)).ok;
       } catch {
         return false;
       }
