@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from typing import Final
 
 import psutil
 import psycopg
 
 from tests.postgres_server import PostgresServer
+from tests.support import poll_until
 
 STANDBY_NAME: Final = "standby1"
 SYNC_TIMEOUT: Final = 60.0
@@ -49,18 +49,16 @@ class ReplicatedPostgres:
         self._wait_synchronous()
 
     def _wait_synchronous(self) -> None:
-        deadline = time.monotonic() + SYNC_TIMEOUT
-        while True:
-            with psycopg.connect(self.primary.uri(), autocommit=True) as conn:
+        with psycopg.connect(self.primary.uri(), autocommit=True) as conn:
+
+            def synchronous() -> bool:
                 row = conn.execute(
                     "SELECT sync_state FROM pg_stat_replication WHERE application_name = %s",
                     (STANDBY_NAME,),
                 ).fetchone()
-            if row is not None and row[0] == "sync":
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the standby is not synchronous after {SYNC_TIMEOUT} s")
-            time.sleep(0.05)
+                return row is not None and row[0] == "sync"
+
+            poll_until(synchronous, timeout=SYNC_TIMEOUT, what="the standby to be synchronous")
 
     def uri(self, dbname: str) -> str:
         """Both servers, the one that accepts writes chosen (libpq's target_session_attrs)."""

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from chaos.runner import clean_steps
 from chaos.sampling import RECOVERY, SINGLE, THEN_POWER, compound_shape, plan_sample
 from chaos.sweep import ALL_FAULTS, build_cases, faults_for
 from chaos.violation_groups import group_violations
+from tests.support import poll_until
 
 ROOT = Path(__file__).resolve().parents[1]
 # Caught by one-epoch-end-last under kills of scenario basic (its quick selection).
@@ -172,12 +172,13 @@ def test_the_json_report_is_valid_while_the_run_goes_and_survives_a_sigkill(
          "--html-report", str(html)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
+
+    def written() -> bool:
+        assert run.poll() is None, "the run ended before it wrote a report"
+        return report.exists()
+
     try:
-        deadline = time.monotonic() + 90
-        while not report.exists():
-            assert run.poll() is None, "the run ended before it wrote a report"
-            assert time.monotonic() < deadline, "no report after 90 s"
-            time.sleep(0.1)
+        poll_until(written, timeout=90, what="the run's first JSON report")
         data = json.loads(report.read_text())
         assert data["status"] == "running"
         assert data["cases_done"] >= 1
