@@ -30,7 +30,8 @@ def replay_line(options: Options) -> str:
             f"--etcd-members {options.etcd_members} --sessions {options.sessions} "
             f"--clients {options.clients}" + ("" if options.moves else " --no-moves")
             + f" --lease-ttl {options.lease_ttl:g}"
-            + (f" --faults {','.join(options.only)}" if options.only else ""))  # fmt: skip
+            + (f" --faults {','.join(options.only)}" if options.only else "")
+            + (f" --store {options.store}" if options.store != "files" else ""))  # fmt: skip
 
 
 def summary(report: Report) -> list[str]:
@@ -110,6 +111,14 @@ def summary(report: Report) -> list[str]:
     help=f"comma-separated fault kinds to draw from (default: all; of {', '.join(KINDS)}).",
 )
 @click.option(
+    "--store",
+    type=click.Choice(["files", "postgres"]),
+    default="files",
+    show_default=True,
+    help="where sessions live: each node's disk, or a PostgreSQL primary and its "
+    "synchronous standby that the run starts on two hosts of their own (and kills).",
+)
+@click.option(
     "--json-report",
     type=click.Path(dir_okay=False, writable=True),
     default=None,
@@ -134,13 +143,15 @@ def cluster(
     moves: bool,
     lease_ttl: float,
     only: str,
+    store: str,
     json_report: str | None,
     keep: str | None,
     require_served: bool,
 ) -> None:
     """A TLS cluster across network namespaces under keyed load and network faults
-    (partitions, netem, host kills, pauses past the lease, etcd member loss, moves);
-    the whole history checked. Needs root, iproute2, openssl and etcd. Exit 1 on a
+    (partitions, netem, host kills, pauses past the lease, etcd member loss, moves; with
+    --store postgres the database primary killed and its standby promoted); the whole
+    history checked. Needs root, iproute2, openssl and etcd (and PostgreSQL). Exit 1 on a
     violation, 2 if it cannot run, 3 with --require-served if a session was not served."""
     if json_report is not None and not os.path.isdir(os.path.dirname(json_report) or "."):
         raise click.BadParameter(f"{json_report}: no such directory", param_hint="--json-report")
@@ -149,7 +160,7 @@ def cluster(
     if unknown:
         raise click.BadParameter(f"no fault kind {unknown[0]!r} (known: {', '.join(KINDS)})",
                                  param_hint="--faults")  # fmt: skip
-    problem = prerequisites()
+    problem = prerequisites(store)
     if problem is not None:
         click.echo(f"loopd chaos cluster: cannot run: {problem}", err=True)
         sys.exit(EXIT_CANNOT_RUN)
@@ -160,7 +171,7 @@ def cluster(
     options = Options(seed=seed, hosts=hosts, etcd_members=int(etcd_members), steps=steps,
                       duration=duration, sessions=sessions, clients=clients, moves=moves,
                       keep=Path(keep) if keep else None, lease_ttl=lease_ttl,
-                      only=kinds)  # fmt: skip
+                      only=kinds, store=store)  # fmt: skip
     again = replay_line(options)
     click.echo(f"seed: {seed}  (replay: {again})")
     try:

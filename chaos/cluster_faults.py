@@ -9,7 +9,9 @@ on a node's link. ``kill-host`` SIGKILLs every process of a node's host, then st
 process of a node's host for longer than its lease, then SIGCONTs them.
 ``kill-etcd-member`` (three members only) SIGKILLs one member's host and starts it again
 on its data. ``move`` moves a session to another node (``loopd move`` from the client
-host). Every fault is picked from the run's seeded random generator.
+host). With ``--store postgres``, ``kill-db-primary`` and ``kill-db-standby`` SIGKILL a
+database server's host (``chaos/cluster_database.py`` heals them: a promotion, a
+restart). Every fault is picked from the run's seeded random generator.
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from chaos.netns_hosts import IP, HarnessError, Host
 from chaos.proc_states import all_stopped
+
+if TYPE_CHECKING:
+    from chaos.cluster_database import ReplicatedDatabase
 
 TC: Final = "tc"
 KINDS: Final = (
@@ -37,7 +42,10 @@ KINDS: Final = (
     "pause-node",
     "kill-etcd-member",
     "move",
+    "kill-db-primary",
+    "kill-db-standby",
 )
+DATABASE_KINDS: Final = ("kill-db-primary", "kill-db-standby")
 
 
 def run(argv: list[str]) -> None:
@@ -119,6 +127,8 @@ class Rig:
     """The kinds to draw from (empty: every kind this cluster can take)."""
     netem: bool = True
     """The kernel has ``sch_netem``; without it a ``tbf`` rate limit stands in."""
+    database: ReplicatedDatabase | None = None
+    """The sessions' PostgreSQL primary and standby (``--store postgres``), else None."""
 
 
 def qdisc(detail: dict[str, Any]) -> list[str]:
@@ -152,6 +162,8 @@ def kinds_for(rig: Rig) -> list[str]:
         kinds = [k for k in kinds if k not in ("partition-node-node", "move")]
     if len(rig.etcd) < 3:
         kinds.remove("kill-etcd-member")
+    if rig.database is None:
+        kinds = [k for k in kinds if k not in DATABASE_KINDS]
     if rig.only:
         kinds = [k for k in kinds if k in rig.only]
     return kinds
@@ -181,6 +193,11 @@ def pick(rng: random.Random, rig: Rig) -> Fault:
         return Fault(kind, [f"etcd{rng.randrange(len(rig.etcd))}"], hold)
     if kind == "move":
         return Fault(kind, [rng.choice(rig.sessions), node], 0.0)
+    if kind in DATABASE_KINDS:
+        assert rig.database is not None
+        db = rig.database
+        return Fault(kind, [db.name(db.primary if kind == "kill-db-primary" else db.standby)],
+                     hold)  # fmt: skip
     return Fault(kind, [node], hold)
 
 
@@ -223,6 +240,15 @@ def apply(fault: Fault, rig: Rig) -> None:
         member.kill_all()
     elif kind == "move":
         fault.detail.update(rig.move(fault.targets[0], fault.targets[1]))
+    elif kind in DATABASE_KINDS:
+        host = _database_host(fault, rig)
+        fault.detail["killed"] = signal_host(host, signal.SIGKILL)
+        host.kill_all()
+
+
+def _database_host(fault: Fault, rig: Rig) -> Host:
+    assert rig.database is not None
+    return next(h for h in rig.database.hosts if h.name == fault.targets[0])
 
 
 def heal(fault: Fault, rig: Rig) -> None:
@@ -244,4 +270,10 @@ def heal(fault: Fault, rig: Rig) -> None:
         signal_host(rig.nodes[fault.targets[0]], signal.SIGCONT)
     elif kind == "kill-etcd-member":
         rig.restart_etcd(int(fault.targets[0].removeprefix("etcd")))
+    elif kind == "kill-db-primary":
+        assert rig.database is not None
+        fault.detail.update(rig.database.promote())
+    elif kind == "kill-db-standby":
+        assert rig.database is not None
+        fault.detail.update(rig.database.restart_standby())
     fault.healed = time.monotonic()

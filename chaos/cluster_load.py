@@ -3,8 +3,10 @@
     python -m chaos.cluster_load setup PLAN    # wait for the cluster, create the sessions
     python -m chaos.cluster_load load PLAN     # keyed sends until SIGTERM (one process)
     python -m chaos.cluster_load final PLAN    # each session's placement and owner
+    python -m chaos.cluster_load dump PLAN     # the sessions' files out of the database
 
-PLAN is JSON: ``{"etcd": URL, "nodes": [...], "sessions": [...], "process": N, "seed": S}``;
+PLAN is JSON: ``{"etcd": URL, "nodes": [...], "sessions": [...], "process": N, "seed": S,
+"store": URI or null, "out": DIR}``;
 the certificate is the host's (``$LOOPD_TLS_*``). ``load`` sends, through one
 ``ClusterClient``, requests each with a key of its own to sessions picked at random; a
 request that fails is sent again with the same key (a fresh route each time) until it is
@@ -24,6 +26,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
 from supervisor.client.cluster import ClusterClient
@@ -34,6 +37,7 @@ from supervisor.cluster.peer_link import NodeLink
 from supervisor.cluster.routing import live_nodes
 from supervisor.cluster.transport import TlsFiles, tls_files_from_env
 from supervisor.errors import ControlError
+from worker.store.layout import SESSIONS_DIR
 
 RETRY_FOR: Final = 20.0
 """How long one request is sent again after errors before its outcome is unknown."""
@@ -179,10 +183,33 @@ def final(plan: dict[str, Any]) -> None:
     emit({"ev": "final", "placement": placed, "owners": owners})
 
 
+def dump(plan: dict[str, Any]) -> None:
+    """Each session's files as one snapshot of the database holds them, written as a home
+    holds them (``<out>/home/sessions/<id>/``), for the checker and ``loopd verify``."""
+    from worker.store.errors import SessionNotFound  # noqa: PLC0415 - the driver, here only
+    from worker.store.postgres.store import PostgresStore  # noqa: PLC0415
+    from worker.store.postgres.transfer import session_files  # noqa: PLC0415
+
+    store = PostgresStore(plan["store"])
+    home = Path(plan["out"]) / "home"
+    found = []
+    for session in plan["sessions"]:
+        try:
+            files = session_files(store, session)
+        except SessionNotFound:
+            continue
+        for name, data in files.items():
+            path = home / SESSIONS_DIR / session / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        found.append(session)
+    emit({"ev": "dump", "sessions": found})
+
+
 def main() -> None:
-    modes = {"setup": setup, "load": load, "final": final}
+    modes = {"setup": setup, "load": load, "final": final, "dump": dump}
     if len(sys.argv) != 3 or sys.argv[1] not in modes:
-        raise SystemExit("usage: python -m chaos.cluster_load setup|load|final PLAN")
+        raise SystemExit("usage: python -m chaos.cluster_load setup|load|final|dump PLAN")
     modes[sys.argv[1]](json.loads(sys.argv[2]))
 
 

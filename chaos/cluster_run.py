@@ -1,12 +1,14 @@
 """``loopd chaos cluster``: a TLS cluster across namespaced hosts under load and faults.
 
 The hosts (``chaos/netns_hosts.py``): one per etcd member (1 or 3), one per node, one
-for the clients, on one bridge; certificates by ``openssl`` (``chaos/cluster_certs.py``).
-The client host runs the sessions' setup, then several load processes
-(``chaos/cluster_load.py``); meanwhile the seeded faults (``chaos/cluster_faults.py``)
-are applied and healed one after another. Then the load stops, every failed move is run
-again as an operator would, etcd's final placement is read, the nodes are stopped, their
-disks read and verified, and the history checked (``chaos/cluster_checker.py``).
+for the clients, and with ``--store postgres`` two for the database (a primary and its
+synchronous standby, ``chaos/cluster_database.py``), on one bridge; certificates by
+``openssl`` (``chaos/cluster_certs.py``). The client host runs the sessions' setup, then
+several load processes (``chaos/cluster_load.py``); meanwhile the seeded faults
+(``chaos/cluster_faults.py``) are applied and healed one after another. Then the load
+stops, every failed move is run again as an operator would, etcd's final placement is
+read, the nodes are stopped, their disks (or the database, copied out by the client
+host) read and verified, and the history checked (``chaos/cluster_checker.py``).
 Everything is torn down at the end, on a failure and on SIGTERM or Ctrl-C.
 """
 
@@ -29,6 +31,7 @@ from typing import Any, Final
 from chaos import cluster_faults
 from chaos.cluster_certs import OpensslCertificates
 from chaos.cluster_checker import check
+from chaos.cluster_database import ReplicatedDatabase, database_problem
 from chaos.cluster_history import History, read_node, read_requests, stalled
 from chaos.netns_cluster import (
     LEASE_TTL,
@@ -62,6 +65,8 @@ class Options:
     lease_ttl: float = float(LEASE_TTL)
     only: tuple[str, ...] = ()
     """The fault kinds to draw from (empty: all)."""
+    store: str = "files"
+    """Where the sessions' logs are: each node's disk, or ``postgres`` (the run's own)."""
 
 
 @dataclass
@@ -90,9 +95,9 @@ class Stopped(Exception):
     """SIGTERM reached the run: tear down and exit."""
 
 
-def prerequisites() -> str | None:
+def prerequisites(store: str = "files") -> str | None:
     """The first missing prerequisite, in one line, or None."""
-    problem = namespaces_problem()
+    problem = namespaces_problem() or (database_problem() if store == "postgres" else None)
     if problem is not None:
         return problem
     for tool in ("tc", "openssl"):
@@ -128,6 +133,8 @@ class ClusterRun:
         self.failed_moves: dict[str, list[str]] = {}
         """session -> the targets of its moves that failed, oldest first."""
         self.url = ""
+        self.database: ReplicatedDatabase | None = None
+        self.node_options: tuple[str, ...] = ()
 
     def client_argv(self, *argv: str) -> list[str]:
         return ["env", *tls_env(private_files(self.client)), *argv]
@@ -137,9 +144,15 @@ class ClusterRun:
         for n in range(self.options.hosts):
             self.nodes[f"n{n}"] = self.hosts.add(f"n{n}", disk=True)
         self.client = self.hosts.add("client")
+        if self.options.store == "postgres":
+            servers = [self.hosts.add(f"pg{n}", disk=True, traversable=True) for n in (0, 1)]
+            self.database = ReplicatedDatabase(servers, f"10.{self.hosts.net}.0.0/24")
+            self.database.start()
+            self.node_options = ("--store", self.database.uri(), "--require-sync-replication")
         self.url = start_etcd_members(self.etcd, self.certs, self.binary)
         for name, host in self.nodes.items():
-            start_node(host, name, self.url, self.certs, lease_ttl=self.options.lease_ttl)
+            start_node(host, name, self.url, self.certs, lease_ttl=self.options.lease_ttl,
+                       extra=self.node_options)  # fmt: skip
         host_certificates(self.certs, self.client, "chaos-client", Role.OPERATOR)
         done = self.on_client("setup", timeout=150)
         if done.returncode != 0:
@@ -152,8 +165,10 @@ class ClusterRun:
         ]  # fmt: skip
 
     def plan(self, process: int = 0) -> str:
+        store = self.database.uri() if self.database is not None else None
         return json.dumps({"etcd": self.url, "nodes": sorted(self.nodes), "process": process,
-                           "sessions": self.sessions, "seed": self.options.seed})  # fmt: skip
+                           "sessions": self.sessions, "seed": self.options.seed,
+                           "store": store, "out": str(self.client.root / "database")})  # fmt: skip
 
     def on_client(self, mode: str, *, timeout: float) -> subprocess.CompletedProcess[str]:
         argv = self.client.python("-m", "chaos.cluster_load", mode, self.plan())
@@ -192,7 +207,8 @@ class ClusterRun:
                     break
 
     def restart_node(self, name: str) -> None:
-        start_node(self.nodes[name], name, self.url, None, lease_ttl=self.options.lease_ttl)
+        start_node(self.nodes[name], name, self.url, None, lease_ttl=self.options.lease_ttl,
+                   extra=self.node_options)  # fmt: skip
 
     def revive(self) -> None:
         """Start again a node whose ``loopd serve`` exited on its own, as a service
@@ -212,6 +228,7 @@ class ClusterRun:
             nodes=self.nodes, etcd=self.etcd, client=self.client,
             restart_node=self.restart_node, restart_etcd=self.restart_etcd, move=self.move,
             sessions=self.sessions, lease_ttl=self.options.lease_ttl, only=self.options.only,
+            database=self.database,
         )  # fmt: skip
         problem = cluster_faults.netem_problem(self.client)
         if problem is not None:
@@ -269,13 +286,38 @@ class ClusterRun:
             history.requests += requests
             self.report.notes += [f"client {n}: {note}" for note in notes[:5]]
         stop_hosts(list(self.nodes.values()))
+        if self.database is not None:
+            self.read_database()
         for name, host in self.nodes.items():
             assert host.disk is not None
             for log in read_node(name, host.disk / "home"):
                 history.logs[(name, log.session)] = log
+        resumed(history)
         self.report.outcomes = Counter(r.outcome for r in history.requests)
         self.report.violations = check(history)
         self.report.stalled = stalled(history)
+
+    def read_database(self) -> None:
+        """Every session's files copied out of the database by the client host, read and
+        verified as a home's; each is the log of the session's final owner."""
+        done = self.on_client("dump", timeout=150)
+        if done.returncode != 0:
+            raise HarnessError(f"reading the database failed: {done.stderr[-500:]}")
+        history = self.report.history
+        for log in read_node("database", self.client.root / "database" / "home"):
+            log.node = history.placement.get(log.session) or "database"
+            history.logs[(log.node, log.session)] = log
+
+
+def resumed(history: History) -> None:
+    """For each promotion of the database's standby, the seconds from it to the first
+    acknowledgement that ended after it, into the fault's detail (``resumed_s``)."""
+    ends = sorted(r.end for r in history.requests if r.outcome == "ack")
+    for fault in history.faults:
+        at = fault["detail"].get("promoted_at")
+        if fault["kind"] == "kill-db-primary" and at is not None:
+            after = [end for end in ends if end > at]
+            fault["detail"]["resumed_s"] = round(after[0] - at, 3) if after else None
 
 
 def stop_host(host: Host) -> None:

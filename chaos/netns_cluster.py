@@ -156,10 +156,17 @@ def node_address(host: Host) -> str:
 
 
 def start_node(
-    host: Host, name: str, etcd_url: str, certs: Issuer | None, *, lease_ttl: float = LEASE_TTL
+    host: Host,
+    name: str,
+    etcd_url: str,
+    certs: Issuer | None,
+    *,
+    lease_ttl: float = LEASE_TTL,
+    extra: tuple[str, ...] = (),
 ) -> subprocess.Popen[bytes]:
     """``loopd serve`` as node ``name`` on ``host``: home and certificates in its tmpfs
-    (or the home on its disk); ``certs`` None: the certificates issued before, again."""
+    (or the home on its disk); ``certs`` None: the certificates issued before, again;
+    ``extra``: more of serve's options (``--store URI``)."""
     copy = host.root / "certs" if certs is None else host_certificates(certs, host, name,
                                                                        Role.NODE)  # fmt: skip
     return host.spawn(
@@ -178,6 +185,7 @@ def start_node(
             "--listen",
             node_address(host),
             *tls_args(private_files(host)),
+            *extra,
         ),
         log=host.root / "serve.log",
         copy=copy,

@@ -41,7 +41,7 @@ NSENTER: Final = shutil.which("nsenter") or "/usr/bin/nsenter"
 PRIVATE: Final = "private"
 """The directory of a host that its mount namespace covers with a tmpfs."""
 _MOUNT_AND_EXEC: Final = (
-    'set -e; mount -t tmpfs -o mode=0700 loopd-host "$0"; '
+    'set -e; mount -t tmpfs -o "mode=${LOOPD_HOST_MODE:-0700}" loopd-host "$0"; '
     'for p in $(echo "$LOOPD_HOST_COPY" | tr ":" " "); do cp -r "$p" "$0/"; done; '
     'if [ -n "$LOOPD_HOST_DISK" ]; then mkdir "$0/disk"; mount --bind "$LOOPD_HOST_DISK" '
     '"$0/disk"; mount -t tmpfs -o mode=0700 loopd-disks "$LOOPD_HOST_DISKS"; fi; exec "$@"'
@@ -113,6 +113,9 @@ class Host:
     """The host's disk as the machine sees it (``disk=True``), else None."""
     interface: str = ""
     """The host's end of its veth pair, inside its namespace."""
+    traversable: bool = False
+    """Its tmpfs may be passed through by other users (a server that drops root, such as
+    PostgreSQL, reaching its data directory on the host's disk): mode 0711, not 0700."""
 
     @property
     def private(self) -> Path:
@@ -173,6 +176,7 @@ class Host:
 
     def _env(self, copy: Path | None) -> dict[str, str]:
         env = {**os.environ, "PYTHONPATH": str(REPO), "LOOPD_HOST_COPY": str(copy or "")}
+        env["LOOPD_HOST_MODE"] = "0711" if self.traversable else "0700"
         if self.disk is not None:
             env |= {"LOOPD_HOST_DISK": str(self.disk), "LOOPD_HOST_DISKS": str(self.disk.parent)}
         return env
@@ -241,9 +245,9 @@ class Hosts:
             self.close()
             raise
 
-    def add(self, name: str, *, disk: bool = False) -> Host:
+    def add(self, name: str, *, disk: bool = False, traversable: bool = False) -> Host:
         """A new host on the bridge, with the next address (``disk``: one of its own that
-        outlives its processes)."""
+        outlives its processes; ``traversable``: ``Host.traversable``)."""
         number = len(self.hosts) + 2
         netns = f"{self.tag}{name}"
         inside, outside = f"{self.tag}i{number}"[-15:], f"{self.tag}o{number}"[-15:]
@@ -274,7 +278,10 @@ class Hosts:
             raise
         root = self.root / name
         (root / PRIVATE).mkdir(parents=True, exist_ok=True)
-        host = Host(name=name, netns=netns, address=address, root=root, interface=inside)
+        host = Host(name=name, netns=netns, address=address, root=root, interface=inside,
+                    traversable=traversable)  # fmt: skip
+        if traversable:
+            os.chmod(self.root, 0o711)  # noqa: S103 - mkdtemp's 0700 stops the server's user
         if disk:
             host.disk = self.root / DISKS / name
             host.disk.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ from chaos.cluster_history import History, LogEntry
 from chaos.netns_hosts import IP
 from tests.etcd_server import etcd_binary
 from tests.netns_hosts import require_namespaces
+from tests.postgres_server import postgres_bin
 from tests.support import REPO, poll_until
 
 SLICE_SEED = 1133
@@ -197,3 +198,54 @@ def test_a_report_in_a_missing_directory_is_refused_before_the_run(tmp_path: Pat
         f"python -m supervisor chaos cluster: Invalid value for --json-report: {report}: "
         "no such directory"
     ]
+
+
+POSTGRES_SEED = 7
+"""Its four faults: kill-db-primary, kill-host, pause-node, kill-db-standby."""
+POSTGRES_KINDS = ["kill-db-primary", "kill-host", "pause-node", "kill-db-standby"]
+
+
+def promotions(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f["detail"] for f in report["history"]["faults"] if f["kind"] == "kill-db-primary"]
+
+
+@pytest.mark.timeout(400)
+def test_a_slice_on_postgres_with_its_primary_killed_holds_and_writes_resume(
+    tmp_path: Path,
+) -> None:
+    """The sessions in a PostgreSQL primary with a synchronous standby, each a host of its
+    own; the primary SIGKILLed and the standby promoted among the node faults."""
+    require_rig()
+    postgres_bin()
+    out = tmp_path / "report.json"
+    done = chaos_cluster("--store", "postgres", "--seed", str(POSTGRES_SEED), "--steps", "4",
+                         "--faults", ",".join(sorted(POSTGRES_KINDS)), "--json-report",
+                         str(out), timeout=380)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "--store postgres" in done.stdout.splitlines()[0]  # the replay line says it
+    report = json.loads(out.read_text())
+    assert all(held(report).values()), report["invariants"]
+    assert [f["kind"] for f in report["history"]["faults"]] == POSTGRES_KINDS
+    assert [f["error"] for f in report["history"]["faults"]] == [None] * 4, report["notes"]
+    (promoted,) = promotions(report)
+    assert promoted["resumed_s"] is not None, promoted  # acknowledged again after it
+    assert report["outcomes"]["ack"] > 50
+    # Every session's log was read out of the database, and each verifies.
+    logs = report["history"]["logs"]
+    assert {log["session"] for log in logs} == {f"s{n}" for n in range(4)}
+    assert all(log["verified"] for log in logs)
+
+
+@pytest.mark.cluster_chaos
+@pytest.mark.timeout(1200)
+def test_the_long_cluster_chaos_run_on_postgres_holds(tmp_path: Path) -> None:
+    require_rig()
+    postgres_bin()
+    out = tmp_path / "report.json"
+    done = chaos_cluster("--store", "postgres", "--duration", "300", "--json-report",
+                         str(out), timeout=1100)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    assert all(held(report).values()), report["invariants"]
+    assert {"kill-db-primary", "kill-db-standby"} <= set(report["faults"])
+    assert all(d["resumed_s"] is not None for d in promotions(report))
