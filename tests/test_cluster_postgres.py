@@ -191,3 +191,34 @@ def test_loopd_move_of_a_session_in_the_database_copies_no_file_and_serves_it_th
     for daemon in nodes.values():
         assert not any((daemon.home / "sessions").glob("*")), "a file of the session"
     assert _keys(_uri(nodes[other]), "s1") == ["k1", "k2"]
+
+
+def test_loopd_drain_of_a_node_on_the_database_moves_every_session_under_load_losing_no_key(
+    etcd: EtcdServer, nodes: dict[str, Daemon]
+) -> None:
+    """A drain is ownership changes only: every session of the drained node is served by
+    the other from the database, with no file copied, while a client sends keyed requests
+    to one of them; every key it got acknowledged is there once."""
+    names = [f"s{n}" for n in range(4)]
+    with ClusterClient(etcd.url, timeout=20, retry_for=30) as cluster:
+        for name in names:
+            cluster.create(name)
+            cluster.send(name, "before", key="before")
+    owners = {name: _owner(etcd, name) for name in names}
+    drained = "a" if list(owners.values()).count("a") >= 2 else "b"
+    busy = next(name for name, node in owners.items() if node == drained)
+    with KeyedLoad(etcd.url, busy) as load:
+        poll_until(lambda: len(load.acknowledged) >= 5 or load.failures, what="the load")
+        done = loopd("drain", drained, "--cluster", etcd.url)
+        assert done.returncode == 0, done.stderr
+        count = len(load.acknowledged)
+        poll_until(lambda: len(load.acknowledged) >= count + 5 or load.failures,
+                   what="writes after the drain")  # fmt: skip
+    assert load.failures == []
+    other = "b" if drained == "a" else "a"
+    assert {name: _owner(etcd, name) for name in names} == dict.fromkeys(names, other)
+    for daemon in nodes.values():
+        assert not any((daemon.home / "sessions").glob("*")), "a file of a session"
+    keys = _keys(_uri(nodes[other]), busy)
+    assert all(keys.count(key) == 1 for key in load.acknowledged)
+    assert keys.count("before") == 1
