@@ -185,3 +185,53 @@ def stalled(history: History, *, longer_than: float = STALLED_AFTER) -> list[str
             found.append(f"{session}: nothing acknowledged for the last {end - last:.0f} s "
                          f"of the load; last error: {said}")  # fmt: skip
     return found
+
+
+def recovery_times(history: History) -> None:
+    """How long each fault kept writes away, into its detail: for a promotion of the
+    database's standby, the seconds from it to the first acknowledgement that ended
+    after it (``resumed_s``); for a killed node's host, for each session whose last
+    acknowledgement before the kill came from that node, the seconds from the kill to
+    the session's next acknowledgement (``served_again_s``, None if it never was)."""
+    acks = sorted((r for r in history.requests if r.outcome == "ack"), key=lambda r: r.end)
+    for fault in history.faults:
+        detail = fault["detail"]
+        at = detail.get("promoted_at")
+        if fault["kind"] == "kill-db-primary" and at is not None:
+            after = [r.end for r in acks if r.end > at]
+            detail["resumed_s"] = round(after[0] - at, 3) if after else None
+        if fault["kind"] == "kill-host" and fault["applied"]:
+            killed, node = fault["applied"], fault["targets"][0]
+            last: dict[str, Request] = {}
+            for request in acks:
+                if request.end < killed:
+                    last[request.session] = request
+            served = {}
+            for session in sorted(s for s, r in last.items() if r.node == node):
+                later = [r.end for r in acks if r.session == session and r.start > killed]
+                served[session] = round(later[0] - killed, 3) if later else None
+            detail["served_again_s"] = served
+
+
+def recovery_summary(history: History) -> list[str]:
+    """One line per measure of ``recovery_times``: how many, p50, p99, max, never."""
+    measures: dict[str, list[float | None]] = {"served again after a host kill": [],
+                                               "writes resumed after a promotion": []}  # fmt: skip
+    for fault in history.faults:
+        detail = fault["detail"]
+        measures["served again after a host kill"] += detail.get("served_again_s", {}).values()
+        if "resumed_s" in detail:
+            measures["writes resumed after a promotion"].append(detail["resumed_s"])
+    lines = []
+    for what, values in measures.items():
+        seen = sorted(v for v in values if v is not None)
+        if not values:
+            continue
+        never = len(values) - len(seen)
+        if not seen:
+            lines.append(f"{what}: never, {never} times")
+            continue
+        p99 = seen[min(len(seen) - 1, int(0.99 * len(seen)))]
+        lines.append(f"{what}: {len(seen)} times, p50 {seen[len(seen) // 2]:.2f} s, "
+                     f"p99 {p99:.2f} s, max {seen[-1]:.2f} s; never {never}")  # fmt: skip
+    return lines

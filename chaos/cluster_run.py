@@ -32,7 +32,14 @@ from chaos import cluster_faults
 from chaos.cluster_certs import OpensslCertificates
 from chaos.cluster_checker import check
 from chaos.cluster_database import ReplicatedDatabase, database_problem
-from chaos.cluster_history import History, read_node, read_requests, stalled
+from chaos.cluster_history import (
+    History,
+    read_node,
+    read_requests,
+    recovery_summary,
+    recovery_times,
+    stalled,
+)
 from chaos.netns_cluster import (
     LEASE_TTL,
     host_certificates,
@@ -292,7 +299,8 @@ class ClusterRun:
             assert host.disk is not None
             for log in read_node(name, host.disk / "home"):
                 history.logs[(name, log.session)] = log
-        resumed(history)
+        recovery_times(history)
+        self.report.notes += recovery_summary(history)
         self.report.outcomes = Counter(r.outcome for r in history.requests)
         self.report.violations = check(history)
         self.report.stalled = stalled(history)
@@ -307,17 +315,6 @@ class ClusterRun:
         for log in read_node("database", self.client.root / "database" / "home"):
             log.node = history.placement.get(log.session) or "database"
             history.logs[(log.node, log.session)] = log
-
-
-def resumed(history: History) -> None:
-    """For each promotion of the database's standby, the seconds from it to the first
-    acknowledgement that ended after it, into the fault's detail (``resumed_s``)."""
-    ends = sorted(r.end for r in history.requests if r.outcome == "ack")
-    for fault in history.faults:
-        at = fault["detail"].get("promoted_at")
-        if fault["kind"] == "kill-db-primary" and at is not None:
-            after = [end for end in ends if end > at]
-            fault["detail"]["resumed_s"] = round(after[0] - at, 3) if after else None
 
 
 def stop_host(host: Host) -> None:
