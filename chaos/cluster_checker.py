@@ -17,6 +17,11 @@ violations, each one line with the evidence; an empty list means the invariant h
   had already accepted for that session.
 - ``logs-verify``: every final log opens and verifies (``loopd verify``), and every
   session with an acknowledged key has a final owner holding its log.
+- ``no-reply-from-a-lost-host``: no acknowledgement names a node whose host could not
+  answer the client when it ended: killed, cut off, paused, or partitioned from the
+  client (from the fault's start, or the moment the pause took hold, plus ``IN_FLIGHT``
+  for a reply already on its way, to its heal). One that does was made up by the client
+  or answered by another process than the node it names.
 """
 
 from __future__ import annotations
@@ -32,7 +37,11 @@ INVARIANTS: Final = (
     "one-owner-at-a-time",
     "client-tokens-grow",
     "logs-verify",
+    "no-reply-from-a-lost-host",
 )
+IN_FLIGHT: Final = 0.25
+"""Seconds after a host's loss in which a reply it had sent may still be taken in."""
+HOST_LOSS: Final = ("kill-host", "isolate-node", "pause-node", "partition-client-node")
 
 
 def _acks(history: History) -> list[Request]:
@@ -195,11 +204,30 @@ def logs_verify(history: History) -> list[str]:
     return found
 
 
+def no_reply_from_a_lost_host(history: History) -> list[str]:
+    lost = []
+    for fault in history.faults:
+        if fault.get("kind") not in HOST_LOSS or fault.get("error") or not fault.get("healed"):
+            continue
+        took_hold = fault.get("detail", {}).get("stopped_after_s") or 0.0
+        lost.append((str(fault["targets"][0]), float(fault["applied"]) + float(took_hold),
+                     float(fault["healed"]), str(fault["kind"])))  # fmt: skip
+    found = []
+    for request in _acks(history):
+        for node, applied, healed, kind in lost:
+            if node == request.node and applied + IN_FLIGHT < request.end < healed:
+                found.append(f"{request.session}: key {request.key} acknowledged by "
+                             f"{node} at {request.end:.3f}, while its host was lost "
+                             f"({kind} {applied:.3f} to {healed:.3f})")  # fmt: skip
+    return found
+
+
 CHECKS: Final[dict[str, Callable[[History], list[str]]]] = {
     "acknowledged-once": acknowledged_once,
     "one-owner-at-a-time": one_owner_at_a_time,
     "client-tokens-grow": client_tokens_grow,
     "logs-verify": logs_verify,
+    "no-reply-from-a-lost-host": no_reply_from_a_lost_host,
 }
 
 

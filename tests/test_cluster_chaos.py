@@ -91,7 +91,7 @@ def test_a_slice_of_the_cluster_chaos_run_holds_and_its_history_catches_planted_
     )
     report = json.loads(out.read_text())
     assert held(report) == dict.fromkeys(held(report), True)
-    assert len(held(report)) == 4
+    assert len(held(report)) == 5
     assert [f["kind"] for f in report["history"]["faults"]] == SLICE_KINDS
     assert [f["error"] for f in report["history"]["faults"]] == [None] * 6, report["notes"]
     assert report["outcomes"]["ack"] > 50
@@ -129,6 +129,13 @@ def test_a_slice_of_the_cluster_chaos_run_holds_and_its_history_catches_planted_
     other = next(r for r in acked if r.node != first.node)
     stolen = replace(other, node=first.node, token=other.token, key="planted2")
     assert "one-owner-at-a-time" in caught(replace(history, requests=[*history.requests, stolen]))
+    # A reply from a node while its host was killed (a client making one up).
+    kill = next(f for f in history.faults if f["kind"] == "kill-host")
+    ghost = replace(first, node=kill["targets"][0], key="planted3",
+                    end=(kill["applied"] + kill["healed"]) / 2)  # fmt: skip
+    assert "no-reply-from-a-lost-host" in caught(
+        replace(history, requests=[*history.requests, ghost])
+    )
 
 
 @pytest.mark.timeout(120)

@@ -60,7 +60,7 @@ def with_entries(history: History, entries: list[LogEntry]) -> History:
 
 def test_a_good_history_holds_every_invariant() -> None:
     assert check(good()) == {name: [] for name in check(good())}
-    assert len(check(good())) == 4
+    assert len(check(good())) == 5
 
 
 def test_an_acknowledged_key_missing_from_the_final_owner_is_caught() -> None:
@@ -194,3 +194,30 @@ def test_require_served_fails_a_run_a_session_of_which_stalled() -> None:
     assert [exit_code(r, require_served=True) for r in (clean, stalled)] == [0, EXIT_UNSERVED]
     assert [exit_code(r, require_served=False) for r in (clean, stalled)] == [0, 0]
     assert exit_code(violated, require_served=True) == EXIT_VIOLATION
+
+
+def test_a_reply_from_a_node_whose_host_was_lost_is_caught_and_one_in_flight_is_not() -> None:
+    """b's replies end at 4.5 (k3), 6.5 and 6.7. b killed from 7.0 to 9.0: nothing is
+    caught; killed from 4.0 to 6.1, k3's reply cannot have come from it; a reply ending
+    within IN_FLIGHT of the kill can."""
+    kill = {"kind": "kill-host", "targets": ["b"], "hold": 2.0, "detail": {},
+            "applied": 7.0, "healed": 9.0, "error": None}  # fmt: skip
+    history = replace(good(), faults=[kill])
+    assert violated(history) == set()
+    late = replace(history, faults=[{**kill, "applied": 4.0, "healed": 6.1}])
+    assert violated(late) == {"no-reply-from-a-lost-host"}  # k3 ended at 4.5 from b
+    found = check(late)["no-reply-from-a-lost-host"]
+    assert found == ["s: key k3 acknowledged by b at 4.500, while its host was lost "
+                     "(kill-host 4.000 to 6.100)"]  # fmt: skip
+    in_flight = replace(history, faults=[{**kill, "applied": 4.3, "healed": 6.1}])
+    assert violated(in_flight) == set()  # 4.5 is within IN_FLIGHT of 4.3
+    # A pause is a loss from the moment every thread is stopped, not from its start.
+    pause = {**kill, "kind": "pause-node", "applied": 3.8, "healed": 6.1,
+             "detail": {"stopped_after_s": 0.6}}  # fmt: skip
+    assert violated(replace(history, faults=[pause])) == set()
+    assert violated(replace(history, faults=[{**pause, "detail": {"stopped_after_s": 0.1}}])) == {
+        "no-reply-from-a-lost-host"
+    }
+    # A fault the rig failed to apply takes nothing away.
+    failed = {**kill, "applied": 4.0, "healed": 6.1, "error": "ip: no such device"}
+    assert violated(replace(history, faults=[failed])) == set()
