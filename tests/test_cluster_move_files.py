@@ -8,6 +8,7 @@ of the TLS files, refuses to start, saying what is missing.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -41,22 +42,27 @@ def test_the_files_of_a_sealed_copy_go_only_to_the_node_it_is_sealed_for(
         assert entry["size"] == len(data)
         assert entry["sha256"] == hashlib.sha256(data).hexdigest()
     biggest = max(files, key=lambda f: int(str(f["size"])))
-    first = read_chunk(str(home), "m", str(biggest["name"]), 0)
+    first = read_chunk(str(home), "m", str(biggest["name"]), 0, ["b"])
     assert len(first["data"]) == CHUNK  # type: ignore[arg-type]
     assert first["eof"] is False
-    rest = read_chunk(str(home), "m", str(biggest["name"]), CHUNK)
+    rest = read_chunk(str(home), "m", str(biggest["name"]), CHUNK, ["b"])
     assert rest["eof"] is True
+    with pytest.raises(MoveFailed, match="not sealed for c"):
+        read_chunk(str(home), "m", str(biggest["name"]), 0, ["c"])
+    for name in ("../../etc/passwd", "lock", "nothing"):
+        with pytest.raises(MoveFailed, match="no file"):
+            read_chunk(str(home), "m", name, 0, ["b"])
 
 
 def test_an_unsealed_copy_and_a_name_outside_the_session_are_refused(
     home: Path, baseline: Baseline
 ) -> None:
-    sealed_session(home, baseline, to=None)
+    directory = sealed_session(home, baseline, to=None)
     with pytest.raises(MoveFailed, match="not sealed for b"):
         sealed_manifest(str(home), "m", ["b"])
-    for name in ("../../etc/passwd", "lock", "nothing"):
-        with pytest.raises(MoveFailed, match="no file"):
-            read_chunk(str(home), "m", name, 0)
+    for name in [*os.listdir(directory), "../../etc/passwd", "lock", "nothing"]:
+        with pytest.raises(MoveFailed, match="not sealed for b"):
+            read_chunk(str(home), "m", name, 0, ["b"])
 
 
 @pytest.mark.parametrize(

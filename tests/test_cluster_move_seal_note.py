@@ -93,3 +93,34 @@ def test_a_sealed_copy_damaged_after_its_seal_is_not_served(
         with pytest.raises((MoveFailed, SessionError)):
             sealed_manifest(str(home), "m", ["b"])
         assert reads == [session_dir(home, "m")]
+
+
+def test_a_file_chunk_is_served_only_of_a_manifest_served_to_the_node_it_is_sealed_for(
+    etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """``file`` (a chunk) as the TLS gateway answers it: refused before the manifest was
+    asked for, refused to another node than the one the copy is sealed for, and never
+    past the size the manifest gave, whatever was added to the file since."""
+    with EtcdClient(etcd.url) as client:
+        home, _seal = sealed_on_a(client, tmp_path)
+        directory = Path(session_dir(home, "m"))
+        log = max(directory.glob("*.jsonl"), key=lambda p: p.stat().st_size)
+
+        def chunk(peer: str, offset: int = 0) -> dict[str, object]:
+            message = {"op": "file", "id": 1, "session": "m", "name": log.name, "offset": offset}
+            return move_node.answer_files(str(home), message, [peer])
+
+        move_node._forget_seal(str(directory))  # a daemon that has served no manifest yet
+        refused = chunk("b")
+        assert refused["ok"] is False
+        assert "manifest was not asked for first" in str(refused["error"])
+        files = sealed_manifest(str(home), "m", ["b"])
+        size = next(int(str(f["size"])) for f in files if f["name"] == log.name)
+        assert chunk("c")["ok"] is False  # a node the copy is not sealed for
+        served = chunk("b")
+        assert served["ok"] is True
+        assert served["result"] == {"data": log.read_bytes(), "eof": True}
+        with log.open("ab") as f:
+            f.write(b"bytes the manifest never named\n")
+        assert chunk("b", size)["result"] == {"data": b"", "eof": True}
+        assert chunk("b", size + 1)["ok"] is False

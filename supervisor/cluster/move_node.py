@@ -57,6 +57,9 @@ PULL_TIMEOUT: Final = 30.0
 _SEALED: dict[str, tuple[str, dict[str, str]]] = {}
 """A copy this node sealed, by its directory: the node it is sealed for and each file's
 SHA-256 when it was sealed (under the session's lock)."""
+_GRANTED: dict[str, tuple[str, dict[str, int]]] = {}
+"""A copy whose manifest was served, by its directory: the node it is sealed for and each
+file's size in that manifest; a ``file`` request reads only within them."""
 _SEALED_LOCK = threading.Lock()
 _SEALED_AT_MOST: Final = 256
 """Seals remembered at once (each is dropped when its copy is released or discarded)."""
@@ -74,6 +77,7 @@ def _remember_seal(directory: str, to: str) -> None:
 def _forget_seal(directory: str) -> None:
     with _SEALED_LOCK:
         _SEALED.pop(directory, None)
+        _GRANTED.pop(directory, None)
 
 
 def _intent(client: EtcdClient, session: str, step: str) -> MoveIntent:
@@ -114,19 +118,35 @@ def sealed_manifest(home: str, session: str, peer_names: list[str]) -> list[dict
         fence = load_session(directory, session).fence
         sealed_for = fence.sealed.to if fence.sealed is not None else None
     if sealed_for not in peer_names:
+        with _SEALED_LOCK:
+            _GRANTED.pop(directory, None)
         raise MoveFailed(session, "copy", f"its log is not sealed for {', '.join(peer_names)}")
+    with _SEALED_LOCK:
+        while directory not in _GRANTED and len(_GRANTED) >= _SEALED_AT_MOST:
+            del _GRANTED[next(iter(_GRANTED))]
+        _GRANTED[directory] = (sealed_for, {str(f["name"]): int(str(f["size"])) for f in files})
     return files
 
 
-def read_chunk(home: str, session: str, name: str, offset: int) -> dict[str, object]:
-    """``CHUNK`` bytes of one of the session's files from ``offset`` (the name is checked)."""
+def read_chunk(
+    home: str, session: str, name: str, offset: int, peer_names: list[str]
+) -> dict[str, object]:
+    """Up to ``CHUNK`` bytes of one of the session's files from ``offset``: only of a file
+    in the manifest last served for a node of ``peer_names`` (``sealed_manifest``: the copy
+    sealed for it), and only within the size the manifest gave it."""
     directory = session_dir(home, session)
-    if name not in session_files(directory) or offset < 0:
+    with _SEALED_LOCK:
+        granted = _GRANTED.get(directory)
+    if granted is None or granted[0] not in peer_names:
+        raise MoveFailed(session, "copy", f"its log is not sealed for {', '.join(peer_names)}"
+                         " (or its manifest was not asked for first)")  # fmt: skip
+    size = granted[1].get(name)
+    if size is None or not 0 <= offset <= size:
         raise MoveFailed(session, "copy", f"no file {name!r} at offset {offset} to send")
     with open(os.path.join(directory, name), "rb") as f:
         f.seek(offset)
-        data = f.read(CHUNK)
-    return {"data": data, "eof": len(data) < CHUNK}
+        data = f.read(min(CHUNK, size - offset))
+    return {"data": data, "eof": offset + len(data) >= size}
 
 
 def answer_files(home: str, message: Message, peer_names: list[str]) -> Message:
@@ -141,7 +161,7 @@ def answer_files(home: str, message: Message, peer_names: list[str]) -> Message:
             return ok(request_id, {"files": sealed_manifest(home, session, peer_names)})
         if not isinstance(name, str) or type(offset) is not int:
             raise WireError("fields 'name' (a string) and 'offset' (an integer) are needed")
-        return ok(request_id, read_chunk(home, session, name, offset))
+        return ok(request_id, read_chunk(home, session, name, offset, peer_names))
     except (WireError, ValueError) as exc:
         return error(request_id, "bad_request", str(exc))
     except (ClusterError, SessionError, OSError) as exc:
