@@ -26,6 +26,8 @@ from types import FrameType
 from typing import Final
 
 from worker.app import DEFAULT_APP, DEFAULT_BUDGET, App, load_app
+from worker.app_change import note_app_change
+from worker.app_version import app_version
 from worker.heartbeat import HeartbeatCell
 from worker.lease_deadline import LeaseFence
 from worker.replies import describe
@@ -48,6 +50,7 @@ from worker.store.postgres import DatabaseUnavailable, PostgresStore
 from worker.store.records import EpochEnd
 from worker.store.refusal import refusal_kind
 from worker.store.session import Session
+from worker.store.writer_app import stamp_app
 from worker.turns import DEFAULT_MAX_BATCH
 from worker.wire import Channel, Message
 
@@ -254,9 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     session: Session | None = None
     try:
         app = load_app(args.app, args.budget)
+        version = app_version(args.app)  # stamped on every SessionStart it writes
+        stamp_app(args.app, version)
         session = _opened(args, app)
         fence = _cluster_fence(args, session)
+        changed = note_app_change(session, args.app, version)
         channel.send({"op": "ready", **describe(session)})
+        if changed is not None:  # for the supervisor's event stream
+            channel.send({"op": "state", "state": describe(session), "app_changed": changed})
         server = Server(
             session,
             app,

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from worker.store.errors import InvalidRecord, LogSealed, quote
 from worker.store.fencing import Fence, advance
-from worker.store.records import Handoff, Owner, Record, ToolResult, Usage, User
+from worker.store.records import AppChanged, Handoff, Owner, Record, ToolResult, Usage, User
 from worker.store.session_state import SessionState
 
 
@@ -38,7 +38,7 @@ def highest_call_after(
 def fence_after(fence: Fence, batch: list[Record], log_path: str) -> Fence:
     """Return the fence after ``batch``; refuse it if it breaks the token rule (fencing)."""
     for record in batch:
-        if isinstance(record, Owner | Handoff) and len(batch) > 1:
+        if isinstance(record, Owner | Handoff | AppChanged) and len(batch) > 1:
             raise InvalidRecord(record.TYPE, "is written alone, never in a group")
         if isinstance(record, Owner | Handoff) or fence.sealed is not None:
             fenced = advance(fence, record)

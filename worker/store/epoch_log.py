@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from worker.store.app_records import check_apps
 from worker.store.errors import InvalidLog, TornLog, quote
 from worker.store.files import Directory, read_file
 from worker.store.line_checksums import chain_line
@@ -177,6 +178,7 @@ def check_epoch(
     # The types once, then counted in C: a large log is checked without a Python step
     # per record, and the place of a problem is looked up only when there is one.
     types = list(map(type, records))
+    check_apps(path, records, types)
     if types.count(SessionStart) > 1:
         raise InvalidLog(path, types.index(SessionStart, 1) + 1, "a second SessionStart")
     if EpochEnd in types:

@@ -6,6 +6,7 @@ refuses a line, ``why_fields_wrong`` names the first rule it breaks.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Final
@@ -13,6 +14,7 @@ from typing import Final
 from worker.store.errors import quote
 from worker.store.record_types import (
     RECORD_TYPES,
+    AppChanged,
     EpochEnd,
     Handoff,
     Owner,
@@ -66,19 +68,37 @@ def optional_blocks(cls: type[Record]) -> tuple[tuple[str, ...], ...]:
     return blocks
 
 
+def free_blocks(cls: type[Record]) -> tuple[tuple[str, ...], ...]:
+    """The blocks of ``cls`` that may join any of its shapes, each whole or not at all
+    (SessionStart's App: written in every epoch's, epoch 0's included)."""
+    blocks: tuple[tuple[str, ...], ...] = getattr(cls, "FREE", ())
+    return blocks
+
+
 def carried_fields(cls: type[Record]) -> tuple[str, ...]:
-    """Every optional field of ``cls`` (SessionStart's carried state, EpochEnd's digest)."""
-    return tuple(name for block in optional_blocks(cls) for name in block)
+    """Every optional field of ``cls`` (SessionStart's carried state and App, EpochEnd's digest)."""
+    return tuple(name for block in optional_blocks(cls) + free_blocks(cls) for name in block)
 
 
 def line_shapes(cls: type[Record]) -> list[list[str]]:
-    """The field names a line of ``cls`` may hold, in order: every field first, the base last."""
+    """The field names a line of ``cls`` may hold, in order: every field first, the base last.
+
+    Each shape of the optional blocks comes with every choice of the free blocks, the
+    one with all of them first.
+    """
     names = [f.name for f in fields(cls)]
     blocks = optional_blocks(cls)
+    free = free_blocks(cls)
+    choices = [
+        {name for block in left_out for name in block}
+        for size in range(len(free) + 1)
+        for left_out in itertools.combinations(free, size)
+    ]
     shapes = []
     for kept in range(len(blocks), -1, -1):
         absent = {name for block in blocks[kept:] for name in block}
-        shapes.append([name for name in names if name not in absent])
+        for without in choices:
+            shapes.append([name for name in names if name not in absent | without])
     return shapes
 
 
@@ -105,7 +125,7 @@ GROUP_KEYS: Final = ("part", "parts")
 """The keys that frame a line of a group commit: its place (from 1) and the group's size."""
 CRC_KEY: Final = "crc"
 """The last key of every line the store writes: the CRC-32 of the log before its value."""
-WRITTEN_ALONE: Final = (SessionStart, EpochEnd, Owner, Handoff)
+WRITTEN_ALONE: Final = (SessionStart, EpochEnd, Owner, Handoff, AppChanged)
 """Records that are always written alone, never in a group commit."""
 
 Part = tuple[int, int]
@@ -136,10 +156,12 @@ def why_fields_wrong(type_name: str, values: dict[str, object]) -> str:
             parts.append("unknown " + ", ".join(quote(name, 40) for name in extra[:5]))
         if not parts:
             blocks = [", ".join(block) for block in optional_blocks(cls)]
+            free = [", ".join(block) for block in free_blocks(cls)]
             parts.append(
                 "'part' and 'parts' come together or not at all"
-                + (f", and so do {'; and '.join(blocks)}" if blocks else "")
+                + (f", and so do {'; and '.join(blocks + free)}" if blocks else "")
                 + (" (each after the one before)" if len(blocks) > 1 else "")
+                + (f" ({'; '.join(free)} with any of them)" if free else "")
             )
         return f"{type_name}: " + "; ".join(parts)
     if keys not in accepted:

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import ClassVar, Final
 
+from worker.store.writer_app import stamped_app, stamped_version
+
 _second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text
 
 
@@ -45,6 +47,9 @@ class SessionStart:
         ("fence_token", "fence_node"),
         ("forked_from",),
     )
+    # Blocks that may join any of those shapes, after all of them: the App that wrote
+    # this SessionStart, in every epoch's, the first included (docs/format.md, "Apps").
+    FREE: ClassVar[tuple[tuple[str, ...], ...]] = (("app", "app_version"),)
     # The fields the closing EpochEnd's ``carried`` digest binds: the first two blocks,
     # and the fence block when the line holds it (logs written before it bind five).
     CARRIED: ClassVar[tuple[str, ...]] = (
@@ -83,6 +88,11 @@ class SessionStart:
     # first epoch the fork wrote: the epochs before it are that session's, shared with
     # it, and name it (docs/format.md, "Forks"). Absent in every other SessionStart.
     forked_from: str | None = None
+    # The App (``module:attribute``) and version (worker.app_version) of the worker that
+    # wrote this line, stamped by it (worker.store.writer_app); absent in lines written
+    # before Apps were versioned and by a process that hosts no App (``loopd fork``).
+    app: str | None = field(default_factory=stamped_app)
+    app_version: str | None = field(default_factory=stamped_version)
 
     @property
     def carries_state(self) -> bool:
@@ -207,9 +217,27 @@ class Unschedule:
     key: str
 
 
+# -- App versions (docs/format.md, "Apps") ---------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppChanged:
+    """From here on the epoch is served by ``app`` at ``to_version``, not ``from_version``.
+
+    Written alone by a worker that resumes a session mid-epoch under another version of
+    the App its epoch's SessionStart (or the last AppChanged after it) names.
+    """
+
+    TYPE: ClassVar[str] = "AppChanged"
+    time: str = field(default_factory=utc_now)
+    app: str
+    from_version: str
+    to_version: str
+
+
 Record = (
     SessionStart | User | Assistant | ToolResult | Usage | EpochEnd | Owner | Handoff
-    | Schedule | Unschedule
+    | Schedule | Unschedule | AppChanged
 )  # fmt: skip
 RECORD_TYPES: Final[tuple[type[Record], ...]] = (
     SessionStart,
@@ -222,4 +250,5 @@ RECORD_TYPES: Final[tuple[type[Record], ...]] = (
     Handoff,
     Schedule,
     Unschedule,
+    AppChanged,
 )

@@ -31,6 +31,7 @@ from worker.store.record_codecs import ENCODERS as _ENCODERS
 from worker.store.record_fields import FIELD_KINDS, Part, why_fields_wrong
 from worker.store.record_types import (
     RECORD_TYPES,
+    AppChanged,
     Assistant,
     EpochEnd,
     Handoff,
@@ -47,6 +48,7 @@ from worker.store.record_types import (
 
 __all__ = [
     "RECORD_TYPES",
+    "AppChanged",
     "Assistant",
     "EpochEnd",
     "Handoff",
