@@ -228,6 +228,7 @@ def apply(fault: Fault, rig: Rig) -> None:
     elif kind == "kill-host":
         fault.detail["killed"] = signal_host(rig.nodes[fault.targets[0]], signal.SIGKILL)
         rig.nodes[fault.targets[0]].kill_all()
+        fault.detail["killed_at"] = time.monotonic()  # every process of it reaped
     elif kind == "pause-node":
         host = rig.nodes[fault.targets[0]]
         fault.detail["stopped"] = signal_host(host, signal.SIGSTOP)

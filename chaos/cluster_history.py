@@ -191,9 +191,12 @@ def recovery_times(history: History) -> None:
     """How long each fault kept writes away, into its detail: for a promotion of the
     database's standby, the seconds from it to the first acknowledgement that ended
     after it (``resumed_s``); for a killed node's host, for each session whose last
-    acknowledgement before the kill came from that node, the seconds from the kill to
-    the session's next acknowledgement (``served_again_s``, None if it never was)."""
+    acknowledgement before the kill came from that node, the seconds from the last of
+    its processes reaped to the session's next acknowledgement of a request begun after
+    it (``served_again_s``); None if there was none before the next fault began (that
+    fault's time is not this one's)."""
     acks = sorted((r for r in history.requests if r.outcome == "ack"), key=lambda r: r.end)
+    starts = sorted(float(f["applied"]) for f in history.faults if f.get("applied"))
     for fault in history.faults:
         detail = fault["detail"]
         at = detail.get("promoted_at")
@@ -201,14 +204,17 @@ def recovery_times(history: History) -> None:
             after = [r.end for r in acks if r.end > at]
             detail["resumed_s"] = round(after[0] - at, 3) if after else None
         if fault["kind"] == "kill-host" and fault["applied"]:
-            killed, node = fault["applied"], fault["targets"][0]
+            applied, node = float(fault["applied"]), fault["targets"][0]
+            killed = float(detail.get("killed_at", applied))
+            until = next((s for s in starts if s > applied), float("inf"))
             last: dict[str, Request] = {}
             for request in acks:
-                if request.end < killed:
+                if request.end < applied:
                     last[request.session] = request
-            served = {}
+            served: dict[str, float | None] = {}
             for session in sorted(s for s, r in last.items() if r.node == node):
-                later = [r.end for r in acks if r.session == session and r.start > killed]
+                mine = [r for r in acks if r.session == session and r.start > killed]
+                later = [r.end for r in mine if r.end < until]
                 served[session] = round(later[0] - killed, 3) if later else None
             detail["served_again_s"] = served
 
@@ -229,9 +235,10 @@ def recovery_summary(history: History) -> list[str]:
             continue
         never = len(values) - len(seen)
         if not seen:
-            lines.append(f"{what}: never, {never} times")
+            lines.append(f"{what}: not before the next fault, {never} times")
             continue
         p99 = seen[min(len(seen) - 1, int(0.99 * len(seen)))]
         lines.append(f"{what}: {len(seen)} times, p50 {seen[len(seen) // 2]:.2f} s, "
-                     f"p99 {p99:.2f} s, max {seen[-1]:.2f} s; never {never}")  # fmt: skip
+                     f"p99 {p99:.2f} s, max {seen[-1]:.2f} s; not before the next fault "
+                     f"{never}")  # fmt: skip
     return lines
