@@ -22,7 +22,7 @@ from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import PREFIX
 from supervisor.cluster.node import ClusterNode
 from supervisor.cluster.ownership import owner_of
-from supervisor.cluster.stored import orphans, placed_on, take_over_stored
+from supervisor.cluster.stored import orphans, placed_on, take_over_stored, takeover_order
 
 OWNERS = f"{PREFIX}owner/"
 WATCH_SLICE: Final = 1.0  # seconds of one watch call
@@ -104,12 +104,12 @@ class StoredFailoverWatch:
         except ClusterError:
             return []  # etcd unreachable: look again later
         taken = []
-        for session, previous in sorted(gone.items()):
+        for session in takeover_order(gone, self.node.name):
             if self._stop.is_set() or self.node.lease.stopping:
                 break
             try:
                 takeover = take_over_stored(
-                    self.client, session, self.node.name, self.node.lease.lease_id
+                    self.client, session, self.node.name, self.node.lease.lease_id, gone[session]
                 )
             except ClusterError:
                 continue  # another node won, the node came back, or etcd is away
@@ -117,7 +117,8 @@ class StoredFailoverWatch:
             woken = self._woken
             seen = "" if woken is None else f"an owner key's deletion seen at {woken:.3f}, "
             self.report(
-                f"cluster: {session}: taken over from {previous} with token {takeover.token}: "
+                f"cluster: {session}: taken over from {takeover.previous} with token "
+                f"{takeover.token}: "
                 f"opened from the database here ({seen}taken over at {now:.3f}, CLOCK_MONOTONIC)"
             )
             self.on_taken(session, takeover.token)
