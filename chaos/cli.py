@@ -143,6 +143,13 @@ def mutants(scenarios: tuple[str, ...], jobs: int, quick: bool, base: str | None
     help="keep the run's home here (default: a temporary one).",
 )
 @app_option
+@click.option(
+    "--store",
+    default=None,
+    metavar="URI",
+    help="keep the sessions in this PostgreSQL store (serve --store): the workers die "
+    "before and after their COMMITs; the logs are read from it.",
+)
 def supervised(
     sessions: int,
     requests: int,
@@ -151,13 +158,14 @@ def supervised(
     boundary_kill_probability: float,
     home: str | None,
     app: str | None,
+    store: str | None,
 ) -> None:
     """A real supervisor under load while workers are SIGKILLed; check every log."""
     if seed is None:
         seed = random.SystemRandom().randrange(1 << 32)
     again = (f"loopd chaos supervised --seed {seed} --sessions {sessions} "
              f"--requests {requests} --boundary-kill-probability {boundary_kill_probability}"
-             + (f" --app {app}" if app else ""))  # fmt: skip
+             + (f" --app {app}" if app else "") + (" --store URI" if store else ""))  # fmt: skip
     click.echo(f"seed: {seed}")
     with case_workdir(None) as workdir:
         report = run_supervised(
@@ -169,6 +177,7 @@ def supervised(
             boundary_kill_probability=boundary_kill_probability,
             app=app,
             schedule_dir=os.path.join(workdir, "schedule"),
+            store=store,
         )
     acked = sum(len(k) for k in report.acknowledged.values())
     click.echo(

@@ -9,6 +9,13 @@ The boundary kills are drawn from the run's seed, the session and the worker's
 incarnation (the how-many-th worker of that session it is), never from a pid, so the
 same seed replays the same schedule of boundary kills. The outside killer draws its
 choices from the seed too; when they land depends on timing.
+
+With a PostgreSQL store (``--store URI``) the boundaries are each fenced write's two
+points (``worker.store.postgres.boundaries``: before its COMMIT, the transaction open,
+and after it, the caller not yet told); a worker there does not know its session at
+its hook, so its kills are drawn from the seed and its rank among the run's workers
+(the n-th to reach a COMMIT), which a replay repeats as far as the workers' order does.
+The logs are then read from the database.
 """
 
 from __future__ import annotations
@@ -36,12 +43,15 @@ from worker.store.durable import Boundary
 from worker.store.errors import SessionError
 from worker.store.layout import SESSIONS_DIR, session_dir
 from worker.store.loader import load_session
+from worker.store.postgres import boundaries
+from worker.store.postgres.boundaries import Point
 from worker.store.records import Record, User
 
 SEED_ENV: Final = "LOOPD_CHAOS_SEED"
 PROBABILITY_ENV: Final = "LOOPD_CHAOS_KILL_PROBABILITY"
 APP_ENV: Final = "LOOPD_CHAOS_APP"  # the user's App the chaos workers host
 SCHEDULE_ENV: Final = "LOOPD_CHAOS_SCHEDULE_DIR"  # where workers count their incarnations
+STORE_ENV: Final = "LOOPD_CHAOS_STORE"  # set: the sessions are in this PostgreSQL store
 
 
 class _RandomKill:
@@ -67,11 +77,29 @@ class _RandomKill:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class _RandomCommitKill:
+    """A PostgreSQL boundary hook that SIGKILLs its own process at a random point of a
+    fenced write: before its COMMIT or after it (see module doc)."""
+
+    def __init__(self, probability: float, seed: str) -> None:
+        self.probability = probability
+        self.seed = seed
+        self.rng: random.Random | None = None
+
+    def __call__(self, point: Point, backend_pid: int) -> None:
+        if self.rng is None:
+            self.rng = random.Random(f"{self.seed}:{incarnation('store')}")
+        if self.rng.random() < self.probability:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 def chaos_app(budget: int) -> App:
     """The default app (or ``$LOOPD_CHAOS_APP``), in a worker that may die at any write
     boundary (see module doc)."""
     probability = float(os.environ.get(PROBABILITY_ENV, "0"))
-    if probability > 0:
+    if probability > 0 and os.environ.get(STORE_ENV):
+        boundaries.set_hook(_RandomCommitKill(probability, os.environ.get(SEED_ENV, "0")))
+    elif probability > 0:
         durable.set_hook(_RandomKill(probability, os.environ.get(SEED_ENV, "0")))
     spec = os.environ.get(APP_ENV)
     return load_app(spec, budget) if spec else DefaultApp(budget)
@@ -127,12 +155,13 @@ def run_supervised(
     kill_interval: float = 0.05,
     app: str | None = None,
     schedule_dir: str | None = None,
+    store: str | None = None,
 ) -> SupervisedReport:
     """Run the load and the kills for at most ``duration`` seconds; check the logs.
 
     ``app`` (module:attribute, importable from the working directory) replaces the
     default app in the workers; ``schedule_dir`` is where they count their incarnations
-    (default: beside the home).
+    (default: beside the home); ``store``: a PostgreSQL store's URI (``serve --store``).
     """
     rng = random.Random(seed)
     report = SupervisedReport(sessions=sessions)
@@ -143,13 +172,15 @@ def run_supervised(
            SCHEDULE_ENV: schedule}  # fmt: skip
     if app:
         env[APP_ENV] = app  # imported by the workers from serve's working directory, this one
+    if store:
+        env[STORE_ENV] = "1"  # which hook: the URI itself reaches the workers through serve
     # Workers die here by design, often and in a row: no intensity limit, and a short
     # backoff so that the run measures the store and the restart path, not the waiting.
     daemon = subprocess.Popen(
         [sys.executable, "-m", "supervisor", "serve", "--home", home, "--app",
          "chaos.supervised:chaos_app", "--budget", "150", "--max-restarts", "100000",
          "--start-retries", "100000", "--backoff-base", "0.005", "--backoff-max", "0.05",
-         "--stable-after", "0.5"],
+         "--stable-after", "0.5", *(["--store", store] if store else [])],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         # It dies with the rig (its workers follow: their control channel closes).
         preexec_fn=functools.partial(die_with_parent, os.getpid()),  # noqa: PLW1509 - no thread yet
@@ -189,7 +220,7 @@ def run_supervised(
             proc.kill()
             report.violations.append(f"worker {proc.pid} outlived the supervisor")
     report.elapsed = time.monotonic() - start
-    _check(home, report)
+    _check(home, report, store)
     return report
 
 
@@ -245,7 +276,7 @@ def _killer(
             continue
 
 
-def _check(home: str, report: SupervisedReport) -> None:
+def _check(home: str, report: SupervisedReport, store: str | None) -> None:
     for session, acked in report.acknowledged.items():
         keys: list[str] = []
 
@@ -253,7 +284,14 @@ def _check(home: str, report: SupervisedReport) -> None:
             keys.extend(r.key for r in records if isinstance(r, User) and r.key)
 
         try:
-            load_session(session_dir(home, session), session, on_epoch=collect, history=True)
+            if store:
+                from worker.store.postgres import PostgresStore  # noqa: PLC0415 - the driver
+                from worker.store.postgres.transfer import read_session  # noqa: PLC0415
+
+                read_session(PostgresStore(store), session, on_epoch=collect, history=True)
+            else:
+                load_session(session_dir(home, session), session, on_epoch=collect,
+                             history=True)  # fmt: skip
         except SessionError as exc:
             report.violations.append(f"{session} does not verify: {exc}")
             continue
