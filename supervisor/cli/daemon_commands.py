@@ -31,7 +31,7 @@ MAX_SLOT: Final = (1 << 63) - 1
 """A slot is stored in the log as a JSON integer; past int64 no other reader takes it."""
 STATUS_COLUMNS: Final = (
     "session", "state", "pid", "epoch", "records", "restarts", "uptime_s", "rss_bytes", "cpu_s",
-    "scheduled", "next_due", "last_error",
+    "scheduled", "next_due", "app", "app_version", "last_error",
 )  # fmt: skip
 
 
@@ -181,11 +181,29 @@ def status(
         click.echo(json.dumps(rows, indent=2))
     else:
         _print_status(rows)
+        if home is not None and rows:
+            _print_older(home, timeout)
 
 
 def _print_status(rows: list[object]) -> None:
     for line in status_lines(rows, with_node_column(STATUS_COLUMNS, rows)):
         click.echo(line)
+
+
+def _print_older(home: str, timeout: float) -> None:
+    """How many sessions' epochs name an older App version than a worker would load now."""
+    try:
+        found = call(home, "app_versions", timeout=timeout)
+    except ControlError:
+        return  # a daemon from before App versions: the table says what it can
+    rows = found.get("sessions") if isinstance(found, dict) else None
+    if not isinstance(found, dict) or not isinstance(rows, list):
+        return
+    click.echo(f"{found.get('older')} of {len(rows)} session(s) run an older App version "
+               "than a worker started now would load (loopd upgrade)")  # fmt: skip
+    for row in rows:
+        if isinstance(row, dict) and row.get("error") is not None:
+            click.echo(f"  {row.get('session')}: {row.get('loads')} {row.get('error')}")
 
 
 COMMANDS: Final = (send, compact, start, stop, status)  # create, serve: modules of their own

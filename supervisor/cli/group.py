@@ -25,6 +25,7 @@ COMMANDS: Final = {
     "start": "supervisor.cli.daemon_commands:start",
     "stop": "supervisor.cli.daemon_commands:stop",
     "restart": "supervisor.cli.ops_commands:restart",
+    "upgrade": "supervisor.cli.upgrade_command:upgrade",
     "status": "supervisor.cli.daemon_commands:status",
     "top": "supervisor.cli.ops_commands:top",
     "systemd-unit": "supervisor.cli.ops_commands:systemd_unit",

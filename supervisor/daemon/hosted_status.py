@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
+from supervisor.daemon.spawn import WorkerSpec
+from supervisor.hosting.epoch_apps import epoch_app
 from supervisor.states import State
 from worker.wire import Message
 
@@ -39,10 +41,13 @@ class StatusSource(Protocol):
     def last_error(self) -> str | None: ...
     @property
     def schedules(self) -> object: ...
+    @property
+    def spec(self) -> WorkerSpec: ...
 
 
 def session_status(hosted: StatusSource) -> Message:
-    """State, pid, epoch, records, restarts, uptime, rss, cpu and last error of a session."""
+    """State, pid, epoch, records, restarts, uptime, rss, cpu, last error, and the App and
+    version of its current epoch (in a database: None, not read here) of a session."""
     worker = hosted.worker
     running = hosted.state in (State.RUNNING, State.STARTING, State.STOPPING)
     started = hosted.started_at
@@ -59,7 +64,15 @@ def session_status(hosted: StatusSource) -> Message:
         "cpu_s": worker.cpu_seconds() if worker is not None else None,
         "last_error": hosted.last_error,
         **scheduled(hosted.schedules),
+        **app_of(hosted),
     }
+
+
+def app_of(hosted: StatusSource) -> Message:
+    """``app`` and ``app_version`` of the session's current epoch's SessionStart."""
+    spec = hosted.spec
+    app, version = (None, None) if spec.store else epoch_app(spec.home, hosted.id, hosted.epoch)
+    return {"app": app, "app_version": version}
 
 
 def scheduled(summary: object) -> Message:

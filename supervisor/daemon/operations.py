@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Final, Protocol
 
+from supervisor.daemon.app_versions import answer_app_versions
 from supervisor.daemon.cluster_node import DaemonNode
 from supervisor.daemon.endpoints import Client, Waiter
 from supervisor.daemon.hosted import HostedSession
+from supervisor.hosting.runtime import Hosting
 from supervisor.states import State
 from worker.store.errors import InvalidSessionId
 from worker.store.session_id import validate_session_id
@@ -37,6 +40,8 @@ class Daemon(Protocol):
     """What the operations need of the daemon (passed in, so neither imports the other)."""
 
     cluster: DaemonNode | None
+    loop: asyncio.AbstractEventLoop
+    hosting: Hosting
 
     @property
     def sessions(self) -> dict[str, HostedSession]: ...
@@ -80,6 +85,8 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
                 client.reply(ok(request_id, status_page(daemon, after, limit)))
             else:
                 client.reply(ok(request_id, daemon.statuses()))
+        elif op == "app_versions":  # each session's App version against the one it would load
+            answer_app_versions(daemon.loop, daemon.sessions, daemon.hosting.intent.app_of, waiter)
         elif op == "create":
             session_id = _session_id(message)
             slot = optional_field(message, "slot", int) or 0

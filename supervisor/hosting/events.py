@@ -44,11 +44,16 @@ class Event:
     exit_code: int | None = None
     signal: int | None = None
     time: str = field(default_factory=_now)
+    app_changed: Message | None = None
+    """A worker resumed the session mid-epoch under another App version (its state is the
+    same before and after): ``{app, from, to, epoch, line}`` of the AppChanged it wrote."""
 
     def to_message(self) -> Message:
         message: Message = asdict(self)
         message["from"] = message.pop("from_state")
         message["to"] = message.pop("to_state")
+        if message["app_changed"] is None:
+            del message["app_changed"]  # every other event is as it always was
         return message
 
     def line(self) -> str:
@@ -60,6 +65,17 @@ class Event:
             if value is not None:
                 parts.append(f"{name}={value}")
         return " ".join(parts)
+
+
+def app_changed_event(session: str, state: str, changed: Message) -> Event:
+    """The event of a worker that wrote AppChanged at its start (docs/format.md, "Apps")."""
+    reason = (
+        f"app {changed.get('app')} version {changed.get('from')} -> {changed.get('to')} "
+        f"mid-epoch {changed.get('epoch')} (AppChanged at line {changed.get('line')})"
+    )
+    return Event(
+        session=session, from_state=state, to_state=state, reason=reason, app_changed=changed
+    )
 
 
 def format_event(message: Message, *, as_json: bool) -> str:

@@ -16,7 +16,7 @@ from typing import Final
 from supervisor.errors import ServeError
 from supervisor.hosting.daemon_metrics import DaemonMetrics
 from supervisor.hosting.daemon_output import DaemonOutput
-from supervisor.hosting.events import Event, EventHub
+from supervisor.hosting.events import Event, EventHub, app_changed_event
 from supervisor.hosting.hibernation import Hibernation
 from supervisor.hosting.intent import IntentError, IntentFile
 from supervisor.hosting.metrics_http import ScrapeGate, TokenError, read_token, serve_metrics
@@ -215,6 +215,9 @@ class Hosting:
                 self._requests[hosted.id] = requests
                 self.hibernation.served(hosted.id)
                 self._sample_rss(hosted)
+        changed = message.get("app_changed")
+        if isinstance(changed, dict):
+            self.events.publish(app_changed_event(hosted.id, hosted.state.value, changed))
         state = message.get("state")
         epoch = state.get("epoch") if isinstance(state, dict) else None
         if isinstance(epoch, int):
