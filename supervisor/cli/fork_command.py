@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Final, cast
 
 import click
 
-from supervisor.cli.offline_commands import EXIT_REFUSED, require_home
-from supervisor.cli.options import existing_home_option, timeout_option
+from supervisor.cli.fork_store import fork_in_store
+from supervisor.cli.offline_commands import EXIT_REFUSED, home_given, home_unless_store_option
+from supervisor.cli.options import timeout_option
 from supervisor.cli.removal_commands import daemon_answers
 from supervisor.cli.session_app import AppUnusable
+from supervisor.cli.store_tools import store_option
 from supervisor.client.control import call
 from supervisor.errors import ControlError, SupervisorError
 from supervisor.hosting.apps import IMPORT_TIMEOUT, AppConfig, AppConfigError, app_import_path
@@ -108,7 +110,8 @@ def _named_app(home: str, source: str) -> tuple[str | None, AppConfig | None]:
 
 
 @click.command()
-@existing_home_option
+@home_unless_store_option
+@store_option
 @timeout_option
 @click.option(
     "--epoch",
@@ -120,7 +123,13 @@ def _named_app(home: str, source: str) -> tuple[str | None, AppConfig | None]:
 @click.argument("source", metavar="ID")
 @click.argument("new", metavar="NEW")
 def fork(
-    home: str, timeout: float, epoch: int | None, spec: str | None, source: str, new: str
+    home: str | None,
+    store: str | None,
+    timeout: float,
+    epoch: int | None,
+    spec: str | None,
+    source: str,
+    new: str,
 ) -> None:
     """Make NEW a session whose history is ID's up to the end of epoch E.
 
@@ -128,9 +137,15 @@ def fork(
     copied); NEW's next epoch starts from E's recorded summary, with the baseline the
     App gives for it, and records that it was forked from ID. ID may be live: only its
     sealed epochs are read, and it is not changed. NEW is built in the trash and
-    renamed into place whole; a fork cut short leaves no NEW.
+    renamed into place whole; a fork cut short leaves no NEW. With ``--store URI`` both
+    are in that PostgreSQL store: NEW's epochs are copies, created in one transaction
+    (the default App, or --app, gives the baseline); a serve on that store serves NEW
+    from its next start (it serves every session of its database).
     """
-    require_home("fork", home)
+    if store is not None:
+        _fork_in_store(store, source, new, epoch, spec)
+        return
+    home = home_given("fork", home)
     try:
         name, app = _named_app(home, source)
         staged = stage_fork(home, source, new, sealed_through(home, source, epoch))
@@ -159,4 +174,17 @@ def fork(
         f"forked {source} as {new} from epoch {result.epoch}: epochs 0..{result.epoch} "
         f"shared ({result.linked} files linked, {result.copied} copied), epoch "
         f"{result.epoch + 1} starts from its summary; next: loopd start {new}"
+    )
+
+
+def _fork_in_store(uri: str, source: str, new: str, epoch: int | None, spec: str | None) -> None:
+    try:
+        made = fork_in_store(uri, source, new, epoch, lambda s: next_baseline(s, None, spec))
+    except (SessionError, AppUnusable) as exc:
+        click.echo(f"loopd fork: {exc}", err=True)
+        sys.exit(EXIT_REFUSED)
+    click.echo(
+        f"forked {source} as {new} in {made.place} from epoch {made.epoch}: epochs "
+        f"0..{made.epoch} copied ({made.files} files), epoch {made.epoch + 1} starts from its "
+        "summary"
     )
