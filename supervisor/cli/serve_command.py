@@ -32,6 +32,7 @@ from supervisor.hosting.config import (
 )
 from supervisor.hosting.settings import hosting_options, settings_from
 from supervisor.http import bind_http
+from supervisor.http.tokens import read_tokens
 from worker.heartbeat import MAX_TURN_KEYS
 from worker.turns import DEFAULT_MAX_BATCH
 
@@ -191,6 +192,7 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
     try:
         merged = merge_config(ctx, params, specs, config_path(home))
         apps = read_apps(config_path(home))
+        tokens = read_tokens(config_path(home))  # [tenants]: the HTTP port's bearer tokens
     except (ConfigError, AppConfigError) as exc:
         click.echo(f"loopd serve: {exc}", err=True)
         sys.exit(EXIT_ERROR)
@@ -226,7 +228,7 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
         # Its own thread and loop, a client of the daemon like any other (docs/http.md).
         # Bound first (a port in use is said before anything starts), listening only once
         # the control socket does: a call let in earlier would be answered no_daemon.
-        http = bind_http(cast("str | None", get("http")), home)
+        http = bind_http(cast("str | None", get("http")), home, tokens)
         daemon = Supervisor(config)
         code = daemon.run() if http is None else daemon.run(on_listening=http.listen)
     except (HomeLocked, ServeError) as exc:

@@ -60,8 +60,12 @@ class Request:
 class Client:
     """A persistent client of one home; requests go straight to the sessions' workers."""
 
-    def __init__(self, home: str, *, timeout: float = 60.0, retry_for: float = 30.0) -> None:
+    def __init__(
+        self, home: str, *, timeout: float = 60.0, retry_for: float = 30.0,
+        tenant: str | None = None,
+    ) -> None:  # fmt: skip
         self.home = home
+        self.tenant = tenant  # asked as this tenant: its own sessions only (the HTTP port)
         self.timeout = timeout
         self.retry_for = retry_for
         self._links: dict[str, socket.socket] = {}
@@ -85,7 +89,7 @@ class Client:
 
     def call(self, op: str, **fields: object) -> object:
         """One control request to the daemon (status, create, stop, ...)."""
-        return call(self.home, op, timeout=self.timeout, **fields)
+        return call(self.home, op, timeout=self.timeout, **{"tenant": self.tenant, **fields})
 
     def send(
         self, session: str, text: str, *, key: str | None = None, untrusted: bool = False
@@ -308,7 +312,10 @@ class Client:
 
     def _connect(self, session: str) -> socket.socket:
         control = open_control(self.home, self.timeout)
-        request = encode({"id": 1, "op": "connect", "session": session})
+        connect: Message = {"id": 1, "op": "connect", "session": session}
+        if self.tenant is not None:
+            connect["tenant"] = self.tenant
+        request = encode(connect)
         try:
             try:
                 replies, fds = exchange(control, request, 1, time.monotonic() + self.timeout)

@@ -15,6 +15,7 @@ from typing import Final, Protocol
 
 from supervisor.daemon.endpoints import Waiter
 from supervisor.daemon.hosted import HostedSession
+from supervisor.daemon.tenants import TenantBook, TenantError
 from supervisor.daemon.worker_specs import UnknownApp
 from supervisor.hosting.intent import IntentError, IntentFile
 from supervisor.states import State
@@ -34,6 +35,8 @@ class Node(Protocol):
     def sessions(self) -> dict[str, HostedSession]: ...
     @property
     def intent(self) -> IntentFile: ...
+    @property
+    def tenants(self) -> TenantBook: ...
     def host_stopped(self, session_id: str) -> HostedSession: ...
     def forget_pending_start(self, hosted: HostedSession) -> None: ...
 
@@ -65,7 +68,8 @@ def adopt_local(node: Node, waiter: Waiter, session_id: str, app: str | None) ->
 
 
 def forget_local(node: Node, waiter: Waiter, session_id: str) -> None:
-    """Stop listing a session whose directory is gone, and clear its intent entry."""
+    """Stop listing a session whose directory is gone, and clear its intent entry and
+    its tenant."""
     hosted = node.sessions.get(session_id)
     directory = session_dir(node.home, session_id)
     if hosted is not None and (hosted.worker is not None or hosted.state not in FORGETTABLE):
@@ -81,7 +85,8 @@ def forget_local(node: Node, waiter: Waiter, session_id: str) -> None:
         return
     try:
         node.intent.forget(session_id)
-    except IntentError as exc:
+        node.tenants.assign(session_id, None)  # a create of the id starts the operator's
+    except (IntentError, TenantError) as exc:
         waiter.client.reply(error(waiter.request_id, "intent", f"{exc}; nothing was done"))
         return
     if hosted is not None:

@@ -35,6 +35,7 @@ from supervisor.daemon.local_sessions import adopt_local, forget_local
 from supervisor.daemon.lock_wait import HolderWait
 from supervisor.daemon.spawn import WorkerProcess, WorkerSpec
 from supervisor.daemon.tcp_handover import TcpHandover
+from supervisor.daemon.tenants import TenantBook
 from supervisor.daemon.tls_gateway import TlsGateway, open_gateway
 from supervisor.daemon.worker_specs import UnknownApp, prepare_workers, worker_spec
 from supervisor.errors import ServeError
@@ -70,6 +71,8 @@ class Supervisor:
         self.cluster: DaemonNode | None = None
         self.gateway: TlsGateway | None = None  # --listen tls://: its own thread and loop
         self.hosting = Hosting(self.loop, self.home, config.hosting, self.sessions, self.report)
+        self.intent: IntentFile = self.hosting.intent
+        self.tenants = TenantBook(self.home)  # who each session belongs to (operations)
 
     # -- the Loop protocol of HostedSession ---------------------------------------------
 
@@ -270,10 +273,6 @@ class Supervisor:
         return worker_spec(
             self.config, session_id, app=app, create=create, slot=slot, cluster=cluster
         )
-
-    @property
-    def intent(self) -> IntentFile:
-        return self.hosting.intent
 
     def host_stopped(self, session_id: str) -> HostedSession:
         return self._host(self._spec(session_id))

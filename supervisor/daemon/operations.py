@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Final, Protocol
 
 from supervisor.daemon.app_versions import answer_app_versions
 from supervisor.daemon.cluster_node import DaemonNode
 from supervisor.daemon.endpoints import Client, Waiter
 from supervisor.daemon.hosted import HostedSession
+from supervisor.daemon.tenants import TenantBook, TenantError, caller_tenant, refusal
 from supervisor.hosting.runtime import Hosting
 from supervisor.states import State
 from worker.store.errors import InvalidSessionId
+from worker.store.layout import session_dir
 from worker.store.session_id import validate_session_id
 from worker.wire import (
     MAX_FRAME,
@@ -42,6 +45,8 @@ class Daemon(Protocol):
     cluster: DaemonNode | None
     loop: asyncio.AbstractEventLoop
     hosting: Hosting
+    tenants: TenantBook
+    home: str
 
     @property
     def sessions(self) -> dict[str, HostedSession]: ...
@@ -69,6 +74,11 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
     waiter = Waiter(client, request_id)
     try:
         op = field(message, "op", str)
+        # Tenants (docs/operations.md): the one place a caller's tenant meets the op.
+        tenant = caller_tenant(message)
+        if tenant is not None and (why := refusal(daemon.tenants, tenant, op, message)):
+            client.reply(error(request_id, "forbidden", why))
+            return
         if op == "ping":
             client.reply(ok(request_id, daemon.daemon_status()))
         elif op == "status":
@@ -82,7 +92,10 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
                 client.reply(ok(request_id, [found.status()]))
             elif limit is not None:
                 after = optional_field(message, "after", str) or ""
-                client.reply(ok(request_id, status_page(daemon, after, limit)))
+                client.reply(ok(request_id, status_page(daemon, after, limit, tenant)))
+            elif tenant is not None:
+                rows = status_page(daemon, "", len(daemon.sessions) + 1, tenant, paged=False)
+                client.reply(ok(request_id, rows["sessions"]))
             else:
                 client.reply(ok(request_id, daemon.statuses()))
         elif op == "app_versions":  # each session's App version against the one it would load
@@ -95,7 +108,10 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
             if optional_field(message, "replicas", int) not in (None, 1):  # an older client's
                 raise WireError("field 'replicas' is retired: loopd no longer copies logs "
                                 "between hosts (docs/scaling.md)")  # fmt: skip
-            daemon.create_session(waiter, session_id, slot, _app(message))
+            app = _app(message)
+            if not _give(daemon, session_id, tenant, waiter):
+                return
+            daemon.create_session(waiter, session_id, slot, app)
         elif op == "connect":
             _hosted(daemon, message).submit(waiter, {"op": "connect"})
         elif op in ("send", "compact"):
@@ -167,26 +183,45 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
         client.reply(error(request_id, "not_found", str(exc.args[0])))
 
 
-def status_page(daemon: Daemon, after: str, limit: int) -> Message:
+def status_page(
+    daemon: Daemon, after: str, limit: int, tenant: str | None = None, *, paged: bool = True
+) -> Message:
     """The status rows of the sessions after ``after`` in id order: at most ``limit`` and
     at most ``STATUS_PAGE_BYTES`` of them, so any number of sessions can be listed page by
-    page (``next``: the ``after`` of the next page; None after the last).
+    page (``next``: the ``after`` of the next page; None after the last). A ``tenant``
+    sees its own sessions only; unpaged, every one of them.
 
     Only the page's rows are made (each reads its worker's RSS), not every session's.
     """
-    if not 1 <= limit <= MAX_STATUS_PAGE:
+    if paged and not 1 <= limit <= MAX_STATUS_PAGE:
         raise WireError(f"field 'limit' must be from 1 to {MAX_STATUS_PAGE}")
-    later = sorted(s for s in daemon.sessions if s > after)
+    ids = daemon.sessions if tenant is None else daemon.tenants.owned_by(tenant)
+    later = sorted(s for s in ids if s > after and s in daemon.sessions)
     rows: list[Message] = []
     size = 0
     for session_id in later[:limit]:
         row = daemon.sessions[session_id].status()
         size += len(encode(row))
-        if rows and size > STATUS_PAGE_BYTES:
+        if paged and rows and size > STATUS_PAGE_BYTES:
             break
         rows.append(row)
     more = len(later) > len(rows)
     return {"sessions": rows, "next": rows[-1]["session"] if more and rows else None}
+
+
+def _give(daemon: Daemon, session_id: str, tenant: str | None, waiter: Waiter) -> bool:
+    """Before a create: the new session is the caller's tenant's (or the operator's),
+    durably, unless the id is taken (then ``create`` answers ``exists`` and nothing of
+    the session's owner changes). False (answered) if it cannot be recorded."""
+    taken = session_id in daemon.sessions or os.path.lexists(session_dir(daemon.home, session_id))
+    if taken:
+        return True
+    try:
+        daemon.tenants.assign(session_id, tenant)
+    except TenantError as exc:
+        waiter.client.reply(error(waiter.request_id, "unavailable", f"{exc}; nothing was done"))
+        return False
+    return True
 
 
 def _app(message: Message) -> str | None:

@@ -26,6 +26,8 @@ from supervisor.hosting.regular_file import decode_utf8, read_regular
 CONFIG_NAME: Final = "loopd.toml"
 MAX_CONFIG_BYTES: Final = 1 << 20
 APPS_KEY: Final = "apps"
+TENANTS_KEY: Final = "tenants"
+"""``[tenants]``: the HTTP port's bearer tokens, read by ``supervisor/http/tokens.py``."""
 BARE_KEY: Final = re.compile(r"[A-Za-z0-9_-]+")
 """A TOML key that needs no quotes (an App's name with a dot does)."""
 _EXPLICIT: Final = frozenset({ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT})
@@ -107,7 +109,7 @@ def option_specs(command: click.Command, *, exclude: frozenset[str]) -> dict[str
     return specs
 
 
-def _read_table(path: str) -> dict[str, object] | None:
+def read_table(path: str) -> dict[str, object] | None:
     """The file as a TOML table; None if there is no file; ConfigError if unusable."""
     try:
         raw = read_regular(path, MAX_CONFIG_BYTES)
@@ -128,13 +130,13 @@ def _read_table(path: str) -> dict[str, object] | None:
 
 def read_config(path: str, specs: Mapping[str, OptionSpec]) -> dict[str, object]:
     """The file's values by parameter name; an absent file sets nothing."""
-    table = _read_table(path)
+    table = read_table(path)
     if table is None:
         return {}
     values: dict[str, object] = {}
     for key, value in table.items():
-        if key == APPS_KEY:
-            continue  # [apps.NAME] tables: read_apps
+        if key in (APPS_KEY, TENANTS_KEY):
+            continue  # [apps.NAME] tables: read_apps; [tenants]: the HTTP port's tokens
         spec = specs.get(key)
         if spec is None:
             raise ConfigError(path, f"unknown key {key!r} (known: {', '.join(sorted(specs))})")
@@ -144,7 +146,7 @@ def read_config(path: str, specs: Mapping[str, OptionSpec]) -> dict[str, object]
 
 def read_apps(path: str) -> dict[str, AppConfig]:
     """The file's named Apps (``[apps.NAME]``); none if the file or the table is absent."""
-    table = _read_table(path)
+    table = read_table(path)
     if table is None or APPS_KEY not in table:
         return {}
     return parse_apps(table[APPS_KEY], path)

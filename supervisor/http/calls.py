@@ -25,7 +25,9 @@ RETRY_FOR: Final = 10.0
 """Seconds a call retries a session whose worker restarts (``Client.retry_for``)."""
 
 _T = TypeVar("_T")
-_Job = tuple[Callable[[Client], object], asyncio.Future[object], asyncio.AbstractEventLoop]
+_Job = tuple[
+    Callable[[Client], object], asyncio.Future[object], asyncio.AbstractEventLoop, str | None
+]
 
 
 class ClientPool:
@@ -39,14 +41,15 @@ class ClientPool:
         self._idle = 0  # threads done with their job, free for another (under _lock)
         self.in_flight = 0  # calls not yet answered (the loop's thread only)
 
-    async def run(self, call: Callable[[Client], _T]) -> _T:
-        """``call(client)`` on a pool thread; its result or its exception."""
+    async def run(self, call: Callable[[Client], _T], tenant: str | None = None) -> _T:
+        """``call(client)`` on a pool thread, with a client asking as ``tenant`` (None: the
+        operator); its result or its exception."""
         if self.in_flight >= MAX_IN_FLIGHT:
             raise ControlError("busy", f"{MAX_IN_FLIGHT} calls in flight; retry later")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[object] = loop.create_future()
         self._start_one()
-        self._jobs.put((call, future, loop))
+        self._jobs.put((call, future, loop, tenant))
         self.in_flight += 1
         try:
             return await future  # type: ignore[return-value]
@@ -68,9 +71,15 @@ class ClientPool:
                 thread.start()
 
     def _serve(self) -> None:
-        with Client(self.home, retry_for=RETRY_FOR) as client:
+        # A client per tenant: a client keeps its connections to the workers, and one
+        # tenant's connection must never serve another's call.
+        clients: dict[str | None, Client] = {}
+        try:
             while (job := self._jobs.get()) is not None:
-                call, future, loop = job
+                call, future, loop, tenant = job
+                client = clients.get(tenant)
+                if client is None:
+                    client = clients[tenant] = Client(self.home, retry_for=RETRY_FOR, tenant=tenant)
                 try:
                     result = call(client)
                 except Exception as exc:  # noqa: BLE001 (a thread's boundary: the awaiting coroutine decides)
@@ -79,6 +88,9 @@ class ClientPool:
                     _hand(loop, _set_result, future, result)
                 with self._lock:
                     self._idle += 1
+        finally:
+            for client in clients.values():
+                client.close()
 
 
 def _hand(

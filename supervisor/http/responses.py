@@ -9,6 +9,8 @@ from typing import Final
 STATUS_OF_CODE: Final = {
     "bad_request": 400,
     "bad_frame": 400,
+    "unauthorized": 401,
+    "forbidden": 403,
     "not_found": 404,
     "exists": 409,
     "intent": 409,
@@ -59,8 +61,17 @@ def response(
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-def error_response(status: int, code: str, message: str, *, keep_alive: bool = True) -> bytes:
-    return response(status, json_body(error_document(code, message)), keep_alive=keep_alive)
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    *,
+    keep_alive: bool = True,
+    extra: tuple[tuple[str, str], ...] = (),
+) -> bytes:
+    return response(
+        status, json_body(error_document(code, message)), keep_alive=keep_alive, extra=extra
+    )
 
 
 EVENT_STREAM_HEAD: Final = (

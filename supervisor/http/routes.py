@@ -11,17 +11,20 @@ from typing import Final
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from supervisor.client import Client
+from supervisor.daemon.tenants import OPERATOR
 from supervisor.errors import ControlError
 from supervisor.http.calls import ClientPool
 from supervisor.http.parser import HttpError, HttpRequest
 from supervisor.http.responses import error_response, json_body, response, status_of
 from supervisor.http.sse import Turns
 from supervisor.http.streaming import start_or_join, write_events, write_final_as_json
+from supervisor.http.tokens import TokenTable
 
 MAX_KEY: Final = 256
 """Characters of an Idempotency-Key: a request id's bound on the wire."""
 _KEY: Final = re.compile(r"[\x21-\x7e]{1,256}")
 ROUTES: Final = (
+    ("GET", "/v1/sessions"),
     ("POST", "/v1/sessions"),
     ("GET", "/v1/sessions/{id}"),
     ("POST", "/v1/sessions/{id}/requests"),
@@ -41,8 +44,9 @@ def openapi_document() -> bytes:
 class Api:
     """Answers the requests of every connection; its clients are the pool's."""
 
-    def __init__(self, pool: ClientPool) -> None:
+    def __init__(self, pool: ClientPool, tokens: TokenTable | None = None) -> None:
         self.pool = pool
+        self.tokens = tokens  # None: no [tenants], no token asked (as before tenants)
         self.turns = Turns()
         self._openapi = openapi_document()
 
@@ -50,21 +54,42 @@ class Api:
         """Write the answer to ``request``; whether the connection may serve another."""
         keep = request.keep_alive
         try:
-            return await self._route(request, writer, keep)
+            return await self._route(request, writer, keep, self._tenant(request))
         except HttpError as exc:
-            writer.write(error_response(exc.status, exc.code, exc.message, keep_alive=keep))
+            extra = (("WWW-Authenticate", 'Bearer realm="loopd"'),) if exc.status == 401 else ()
+            writer.write(
+                error_response(exc.status, exc.code, exc.message, keep_alive=keep, extra=extra)
+            )
         except ControlError as exc:
             status = status_of(exc.code)
             writer.write(error_response(status, exc.code, exc.message, keep_alive=keep))
         return keep
 
-    async def _route(self, request: HttpRequest, writer: asyncio.StreamWriter, keep: bool) -> bool:
+    def _tenant(self, request: HttpRequest) -> str | None:
+        """The tenant the request's bearer token names (None: the operator, or no tokens
+        configured); HttpError 401 when tokens are configured and it bears none of them."""
+        if self.tokens is None:
+            return None
+        header = request.header("authorization")
+        tenant = self.tokens.tenant_of(header)
+        if tenant is None:
+            why = "no bearer token" if header is None else "a bearer token of no tenant"
+            raise HttpError(401, "unauthorized", f"{why}: send Authorization: Bearer TOKEN, "
+                            "a token of loopd.toml's [tenants]")  # fmt: skip
+        return None if tenant == OPERATOR else tenant
+
+    async def _route(
+        self, request: HttpRequest, writer: asyncio.StreamWriter, keep: bool, tenant: str | None
+    ) -> bool:
         parts = urlsplit(request.target)
         segments = [unquote(s) for s in parts.path.split("/")[1:]]
         method = request.method
         if segments == ["v1", "openapi.json"]:
             _allow(method, "GET")
             writer.write(response(200, self._openapi, keep_alive=keep))
+        elif segments == ["v1", "sessions"] and method == "GET":  # a tenant's: its own
+            rows = await self.pool.run(lambda c: c.call("status"), tenant)
+            writer.write(response(200, json_body({"sessions": rows}), keep_alive=keep))
         elif segments == ["v1", "sessions"]:
             _allow(method, "POST")
             body = _json_object(request)
@@ -72,38 +97,40 @@ class Api:
             fields: dict[str, object] = {"session": session}
             if "app" in body:
                 fields["app"] = _string(body, "app")
-            result = await self.pool.run(lambda c: c.call("create", **fields))
+            result = await self.pool.run(lambda c: c.call("create", **fields), tenant)
             writer.write(response(201, json_body(_row(result, session)), keep_alive=keep))
         elif len(segments) == 3 and segments[:2] == ["v1", "sessions"]:
             _allow(method, "GET")
-            rows = await self.pool.run(lambda c: c.call("status", session=segments[2]))
+            rows = await self.pool.run(lambda c: c.call("status", session=segments[2]), tenant)
             row = rows[0] if isinstance(rows, list) and rows else rows
             writer.write(response(200, json_body(row), keep_alive=keep))
         elif segments[:2] == ["v1", "sessions"] and segments[3:] == ["records"]:
             _allow(method, "GET")
-            page = await self._records(segments[2], parse_qs(parts.query))
+            page = await self._records(segments[2], parse_qs(parts.query), tenant)
             writer.write(response(200, json_body(page), keep_alive=keep))
         elif segments[:2] == ["v1", "sessions"] and segments[3:] == ["schedules"]:
             _allow(method, "POST")
-            result = await self._schedule(segments[2], request)
+            result = await self._schedule(segments[2], request, tenant)
             writer.write(response(200, json_body(result), keep_alive=keep))
         elif (
             len(segments) == 5 and segments[:2] == ["v1", "sessions"] and segments[3] == "schedules"
         ):
             _allow(method, "DELETE")
             session, key = segments[2], segments[4]
-            result = await self.pool.run(lambda c: c.cancel_schedule(session, key))
+            result = await self.pool.run(lambda c: c.cancel_schedule(session, key), tenant)
             writer.write(response(200, json_body(result), keep_alive=keep))
         elif (
             len(segments) == 4 and segments[:2] == ["v1", "sessions"] and segments[3] == "requests"
         ):
             _allow(method, "POST")
-            return await self._send(segments[2], request, writer, keep)
+            return await self._send(segments[2], request, writer, keep, tenant)
         else:
             raise HttpError(404, "not_found", f"no endpoint {parts.path}")
         return keep
 
-    async def _records(self, session: str, query: dict[str, list[str]]) -> object:
+    async def _records(
+        self, session: str, query: dict[str, list[str]], tenant: str | None
+    ) -> object:
         since = _number(query, "since", 0)
         limit = _number(query, "limit", 1000)
         epoch = _number(query, "epoch", -1)
@@ -111,13 +138,13 @@ class Api:
         def read(client: Client) -> object:
             return client.records(session, since=since, epoch=None if epoch < 0 else epoch)
 
-        page = await self.pool.run(read)
+        page = await self.pool.run(read, tenant)
         if isinstance(page, dict) and isinstance(page.get("records"), list):
             records = page["records"][: max(1, limit)]
             page = {**page, "records": records, "next": since + len(records)}
         return page
 
-    async def _schedule(self, session: str, request: HttpRequest) -> object:
+    async def _schedule(self, session: str, request: HttpRequest, tenant: str | None) -> object:
         """``{"at", "text"[, "key", "untrusted"]}``: ``Client.schedule``'s answer."""
         body = _json_object(request)
         at, text = _string(body, "at"), _string(body, "text")
@@ -126,11 +153,16 @@ class Api:
         if not isinstance(untrusted, bool):
             raise HttpError(400, "bad_request", "field 'untrusted' must be true or false")
         return await self.pool.run(
-            lambda c: c.schedule(session, at, text, key=key, untrusted=untrusted)
+            lambda c: c.schedule(session, at, text, key=key, untrusted=untrusted), tenant
         )
 
     async def _send(
-        self, session: str, request: HttpRequest, writer: asyncio.StreamWriter, keep: bool
+        self,
+        session: str,
+        request: HttpRequest,
+        writer: asyncio.StreamWriter,
+        keep: bool,
+        tenant: str | None,
     ) -> bool:
         body = _json_object(request)
         text = _string(body, "text")
@@ -143,17 +175,24 @@ class Api:
         elif not _KEY.fullmatch(key):
             raise HttpError(400, "bad_request", f"an Idempotency-Key of 1 to {MAX_KEY} visible "
                             "ASCII characters")  # fmt: skip
-        if "text/event-stream" in (request.header("accept") or ""):
+        streamed = "text/event-stream" in (request.header("accept") or "")
+        if tenant is not None and (streamed or self.turns.get(session, key) is not None):
+            # A stream is started or joined here, not by the daemon: the daemon is asked
+            # first whether the session is this tenant's (403 forbidden if not).
+            await self.pool.run(lambda c: c.call("status", session=session), tenant)
+        if streamed:
             last_id = _last_event_id(request.header("last-event-id"))
             turn = await start_or_join(self.pool, self.turns, session, text, key, untrusted,
-                                       last_id)  # fmt: skip
+                                       last_id, tenant)  # fmt: skip
             await write_events(turn, writer, last_id)
             return False  # an event stream ends with its connection
         joined = self.turns.get(session, key)
         if joined is not None:  # a stream of this key runs: its reply is this answer
             await write_final_as_json(joined, writer, keep)
             return keep
-        result = await self.pool.run(lambda c: c.send(session, text, key=key, untrusted=untrusted))
+        result = await self.pool.run(
+            lambda c: c.send(session, text, key=key, untrusted=untrusted), tenant
+        )
         writer.write(response(200, json_body({**result, "key": key}), keep_alive=keep))
         return keep
 

@@ -26,6 +26,7 @@ from supervisor.http.parser import (
 )
 from supervisor.http.responses import error_response
 from supervisor.http.routes import Api
+from supervisor.http.tokens import TokenTable
 
 MAX_CONNECTIONS: Final = 2048
 """Connections at once; one more is answered 503 and closed. Each holds at most its
@@ -44,8 +45,9 @@ class HttpServer:
     """``loopd serve --http HOST:PORT``: bound at ``bind``, listening from ``listen`` (once
     the daemon's control socket listens), stopped at ``close``."""
 
-    def __init__(self, address: str, home: str) -> None:
+    def __init__(self, address: str, home: str, tokens: TokenTable | None = None) -> None:
         self.address = address
+        self.tokens = tokens  # loopd.toml's [tenants]; None: no token asked
         self.host, self.port = parse_address(address)
         self.pool = ClientPool(home)
         self.connections = 0
@@ -112,7 +114,7 @@ class HttpServer:
     async def _serve(self, ready: threading.Event) -> None:
         self._stopped = asyncio.Event()
         assert self._sock is not None
-        api = Api(self.pool)
+        api = Api(self.pool, self.tokens)
         server = await asyncio.start_server(  # which listens again: with our backlog
             lambda r, w: self._connection(api, r, w), sock=self._sock, limit=MAX_HEAD,
             backlog=BACKLOG,
@@ -191,12 +193,14 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def bind_http(address: str | None, home: str) -> HttpServer | None:
+def bind_http(
+    address: str | None, home: str, tokens: TokenTable | None = None
+) -> HttpServer | None:
     """The HTTP port, bound and not listening (``listen`` opens it), or None without
-    ``--http``."""
+    ``--http``; with ``tokens``, every request bears one of them (docs/http.md)."""
     if address is None:
         return None
-    server = HttpServer(address, home)
+    server = HttpServer(address, home, tokens)
     server.bind()
     return server
 

@@ -47,6 +47,7 @@ async def start_or_join(
     key: str,
     untrusted: bool,
     last_id: int,
+    tenant: str | None = None,
 ) -> Turn:
     """The registered turn of (session, key), or a new one started on the pool.
 
@@ -62,7 +63,10 @@ async def start_or_join(
     turn = Turn(asyncio.get_running_loop(), first_id=last_id + 1)
     turns.add(session, key, turn)
     task = asyncio.ensure_future(
-        pool.run(lambda client: produce(client, turn, session, text, key, untrusted, last_id == 0))
+        pool.run(
+            lambda client: produce(client, turn, session, text, key, untrusted, last_id == 0),
+            tenant,
+        )
     )
     task.add_done_callback(lambda t: _failed(t, turn))
     return turn

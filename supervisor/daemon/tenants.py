@@ -1,0 +1,163 @@
+"""Who each session belongs to (``<home>/tenants/<id>``), and the one rule every control call meets.
+
+A control message may carry ``"tenant"``: the caller's tenant, set by the TLS port from
+its peer's certificate and by the HTTP port from its bearer token (a local caller, the
+home's owner, may set it too, and only narrows what it sees). A tenant reaches only the
+sessions whose file names it; ``loopd-operator`` (and a message without the field)
+reaches all. A session without a file is the operator's. Refusals are ``forbidden``
+and say the same whether the session exists or not (docs/operations.md, "Tenants").
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from typing import Final
+
+from supervisor.errors import ServeError, SupervisorError
+from supervisor.hosting.regular_file import read_regular
+from worker.store import durable
+from worker.store.errors import InvalidSessionId, SessionIOError
+from worker.store.session_id import validate_session_id
+from worker.wire import Message, WireError, optional_field
+
+TENANTS_DIR: Final = "tenants"
+OPERATOR: Final = "loopd-operator"
+"""The tenant that sees every session: the TLS role's name, and an HTTP token's."""
+MAX_TENANT: Final = 128
+MAX_FILE_BYTES: Final = 4096
+_TENANT: Final = re.compile(r"[^\x00-\x1f\x7f]{1,128}")
+"""A tenant's name: 1 to 128 characters, none a control character (it is written to a
+file and to the daemon's log)."""
+TENANT_OPS: Final = frozenset(
+    {"ping", "status", "create", "connect", "send", "compact", "start", "stop", "restart",
+     "backup_point"}
+)  # fmt: skip
+"""The ops a tenant may ask (of its own sessions); the others are the operator's:
+``metrics``, ``events`` and ``app_versions`` tell of every session, and ``adopt``,
+``forget`` and a move's steps act on a home's files."""
+_GONE: Final = frozenset({errno.ENOENT})
+
+
+class TenantError(SupervisorError):
+    """A session's tenant file cannot be written; ``<path>: <why>``."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(path, why)
+        self.path = path
+        self.why = why
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.why}"
+
+
+def tenant_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a tenant's name, or None."""
+    if not isinstance(name, str) or _TENANT.fullmatch(name) is None:
+        return (f"a tenant is 1 to {MAX_TENANT} characters without control characters, "
+                f"not {name!r:.80}")  # fmt: skip
+    return None
+
+
+def caller_tenant(message: Message) -> str | None:
+    """The tenant a control message is asked for; None for the operator (all sessions).
+    WireError if the field is not a tenant's name."""
+    tenant = optional_field(message, "tenant", str)
+    if tenant is None:
+        return None
+    problem = tenant_problem(tenant)
+    if problem is not None:
+        raise WireError(f"field 'tenant': {problem}")
+    return None if tenant == OPERATOR else tenant
+
+
+def refusal(book: TenantBook, tenant: str, op: str, message: Message) -> str | None:
+    """Why ``tenant`` may not ask ``message`` (op ``op``), or None. The words depend on the
+    tenant (and a refused op's name) only: never on the session, nor on whether it exists."""
+    if op not in TENANT_OPS:
+        return f"op {op!r:.80} is the operator's, not tenant {tenant!r}'s"
+    session = message.get("session")
+    if op == "create" or (op in ("ping", "status") and session is None):
+        return None  # a create is given to its tenant; a list shows only its sessions
+    if not isinstance(session, str):
+        return None  # a bad request, answered as such
+    if book.owner(session) != tenant:
+        # Not even the id is said back: the same bytes for every session not the tenant's.
+        return (f"tenant {tenant!r} may not reach this session (a tenant reaches only the "
+                "sessions it created)")  # fmt: skip
+    return None
+
+
+class TenantBook:
+    """The tenants of a home's sessions, read once at start (ServeError if the folder
+    cannot be listed) and written through durably."""
+
+    def __init__(self, home: str) -> None:
+        self.directory = os.path.join(home, TENANTS_DIR)
+        self._owners: dict[str, str] = {}
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            names = []
+        except OSError as exc:
+            raise ServeError(f"{self.directory}: cannot list: {exc.strerror}") from exc
+        for name in names:
+            tenant = self._read(name)
+            if tenant is not None:
+                self._owners[name] = tenant
+
+    def _read(self, name: str) -> str | None:
+        """The tenant in file ``name``; None for a file that names no session or tenant (a
+        temporary file, a stray one): its session, if any, is the operator's."""
+        try:
+            validate_session_id(name)
+        except InvalidSessionId:
+            return None
+        try:
+            raw = read_regular(os.path.join(self.directory, name), MAX_FILE_BYTES)
+        except OSError:
+            return None
+        if raw is None:
+            return None
+        try:
+            tenant = raw.decode("utf-8").removesuffix("\n")
+        except UnicodeDecodeError:
+            return None
+        return tenant if tenant_problem(tenant) is None else None
+
+    def owner(self, session_id: str) -> str | None:
+        """The session's tenant; None if it is the operator's (no file)."""
+        return self._owners.get(session_id)
+
+    def owned_by(self, tenant: str) -> frozenset[str]:
+        """The ids whose file names ``tenant`` (some may have no session any more)."""
+        return frozenset(s for s, owner in self._owners.items() if owner == tenant)
+
+    def assign(self, session_id: str, tenant: str | None) -> None:
+        """Give the session to ``tenant`` (None: the operator, its file removed), durably
+        before this returns; TenantError if it cannot be done (nothing changed then)."""
+        path = os.path.join(self.directory, session_id)
+        try:
+            if tenant is None:
+                if session_id not in self._owners and not os.path.lexists(path):
+                    return
+                try:
+                    os.unlink(path)
+                except OSError as exc:
+                    if exc.errno not in _GONE:
+                        raise
+                durable.fsync_dir(self.directory)
+            else:
+                if not os.path.isdir(self.directory):
+                    durable.mkdir(self.directory)
+                    durable.fsync_dir(os.path.dirname(self.directory))
+                durable.write_file_atomic(path, tenant.encode("utf-8") + b"\n")
+        except SessionIOError as exc:
+            raise TenantError(path, f"cannot record the tenant: {exc}") from exc
+        except OSError as exc:
+            raise TenantError(path, f"cannot record the tenant: {exc.strerror or exc}") from exc
+        if tenant is None:
+            self._owners.pop(session_id, None)
+        else:
+            self._owners[session_id] = tenant
