@@ -246,7 +246,10 @@ def test_a_client_of_another_ca_is_refused_on_the_direct_path(node: Node) -> Non
 
 
 def test_a_handoff_that_cannot_be_made_is_answered_over_tls_in_one_line(node: Node) -> None:
-    link = DirectLink(node.address, "a", "nosuch", node.client, timeout=10)
+    # An operator's certificate: a client's is told ``forbidden`` of a session that is not
+    # there, as of another tenant's (tests/test_tls_tenants.py).
+    operator = node.certs.issue("alice", Role.OPERATOR)
+    link = DirectLink(node.address, "a", "nosuch", operator, timeout=10)
     try:
         reply: Message = link.request({"text": "x", "key": "k"})
     finally:

@@ -248,7 +248,7 @@ class Server:
                 return
             if (oldest := self.acceptor.make_room()) is not None:
                 self.selector.unregister(oldest.sock)
-            if (handshake := self.acceptor.start(socket.socket(fileno=fd))) is not None:
+            if (handshake := self.acceptor.start(socket.socket(fileno=fd), message)) is not None:
                 self.selector.register(handshake.sock, handshake.wants, handshake)
         elif op == "compact":
             self._compact(request_id, message)

@@ -10,8 +10,10 @@ that open handshakes and never finish them cannot keep a client out (a client's 
 handshake takes a round trip or two, a stalled one its whole time). A peer that stalls, sends
 plaintext or a certificate of another CA costs one line on the worker's stderr (its
 session log) and nothing else. A verified peer of a role that may not send
-(``tls_roles.DIRECT_ROLES``) has each of its requests answered ``forbidden`` (one line),
-as the TLS thread answers an op a role may not ask; nothing of it is applied.
+(``tls_roles.DIRECT_ROLES``), or a client whose certificate's tenant is not the
+session's (the ``owner`` the daemon's ``attach`` names; none: the operator's), has each
+of its requests answered ``forbidden`` (one line), as the TLS thread answers an op a
+role may not ask; nothing of it is applied.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from worker.peer import READ_SIZE, Peer
 from worker.tls_roles import (
     HANDSHAKE_TIMEOUT,
     TlsSetupError,
-    direct_refusal,
     refusal,
     server_context,
+    tenant_refusal,
 )
 from worker.wire import Message
 
@@ -85,10 +87,13 @@ class TlsPeer(Peer):
 class Handshake:
     """One TCP connection's TLS handshake in progress, stepped by the worker's selector."""
 
-    def __init__(self, sock: ssl.SSLSocket, who: str, deadline: float) -> None:
+    def __init__(
+        self, sock: ssl.SSLSocket, who: str, deadline: float, owner: str | None = None
+    ) -> None:
         self.sock = sock
         self.who = who
         self.deadline = deadline
+        self.owner = owner  # the session's tenant; None: the operator's
         self.wants = 1  # selectors.EVENT_READ: the client speaks first
 
     def fileno(self) -> int:
@@ -124,9 +129,10 @@ class TlsAcceptor:
         self.drop(oldest, f"closed for a newer handshake ({MAX_HANDSHAKES} at once at most)")
         return oldest
 
-    def start(self, sock: socket.socket) -> Handshake | None:
-        """Begin the handshake of a socket handed over (``make_room`` first); None if it
-        was closed instead."""
+    def start(self, sock: socket.socket, attach: Message | None = None) -> Handshake | None:
+        """Begin the handshake of a socket handed over by ``attach`` (``make_room``
+        first), for a client of the tenant it names as the session's ``owner``; None if
+        it was closed instead."""
         who = _peer_name(sock)
         try:
             context = self._context_or_fail()
@@ -136,7 +142,11 @@ class TlsAcceptor:
             sock.close()
             self.report(who, str(exc))
             return None
-        handshake = Handshake(wrapped, who, time.monotonic() + HANDSHAKE_TIMEOUT)
+        owner = (attach or {}).get("owner")
+        handshake = Handshake(
+            wrapped, who, time.monotonic() + HANDSHAKE_TIMEOUT,
+            owner if isinstance(owner, str) else None,
+        )  # fmt: skip
         self.pending[handshake.fileno()] = handshake
         return handshake
 
@@ -150,7 +160,7 @@ class TlsAcceptor:
             self.drop(handshake, refusal(exc))
             return None
         del self.pending[handshake.fileno()]
-        problem = direct_refusal(handshake.sock.getpeercert())
+        problem = tenant_refusal(handshake.sock.getpeercert(), handshake.owner)
         if problem is not None:
             self.report(handshake.who, problem)  # each of its requests is answered forbidden
         return TlsPeer(handshake.sock, handshake.who, problem)

@@ -1,7 +1,8 @@
 """The TLS rules every end of the cluster's transport shares: contexts, roles, refusals.
 
 What a certificate may do is named by the organizational unit (OU) of its subject
-(docs/scaling.md, "The transport"): ``loopd-node``, ``loopd-client``, ``loopd-operator``.
+(docs/scaling.md, "The transport"): ``loopd-node``, ``loopd-client``, ``loopd-operator``;
+whose sessions a client's reaches, by its organization (O), else its CN (its tenant).
 The worker needs these to make the handshake of a TCP connection handed to it (the
 direct data path); ``supervisor/cluster/transport.py`` builds on the same functions, so
 both ends of the port apply one set of rules.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import ssl
 from collections.abc import Mapping
 from typing import Final
@@ -27,6 +29,10 @@ class Role(enum.Enum):
     OPERATOR = "loopd-operator"
 
 
+MAX_TENANT: Final = 128
+TENANT_NAME: Final = re.compile(r"[^\x00-\x1f\x7f]{1,128}")
+"""A tenant's name: 1 to 128 characters, none a control character (it is written to a
+file and to logs; docs/operations.md, "Tenants")."""
 DIRECT_ROLES: Final = frozenset({Role.CLIENT, Role.OPERATOR})
 """The roles that may use the direct data path (a TCP connection served by the worker).
 A node certificate may do nothing on it: nodes ask nodes for files, never for requests."""
@@ -106,6 +112,41 @@ def direct_refusal(cert: Mapping[str, object] | None) -> str | None:
         return (f"a {role.value} certificate may not send requests ({describe(cert)}): "
                 "the data path is for loopd-client and loopd-operator certificates")  # fmt: skip
     return None
+
+
+def tenant_of(cert: Mapping[str, object] | None) -> str | None:
+    """A certificate's tenant: its subject's one O (organizationName), else its one CN;
+    None if it has neither (or several), or a name no tenant can have."""
+    if not cert:
+        return None
+    for name in ("organizationName", "commonName"):
+        values = _subject_field(cert, name)
+        if len(values) == 1:
+            return values[0] if TENANT_NAME.fullmatch(values[0]) else None
+        if values:
+            return None
+    return None
+
+
+def not_yours(tenant: str) -> str:
+    """The one refusal of a session that is not ``tenant``'s, whether it exists or not."""
+    return (f"tenant {tenant!r} may not reach this session (a tenant reaches only the "
+            "sessions it created)")  # fmt: skip
+
+
+def tenant_refusal(cert: Mapping[str, object] | None, owner: str | None) -> str | None:
+    """Why a verified peer may not reach a session of tenant ``owner`` (None: the
+    operator's), or None if it may: an operator reaches every session, a client its
+    certificate's tenant's only."""
+    role = role_of(cert)
+    if role is Role.OPERATOR:
+        return None
+    if role is not Role.CLIENT:
+        return direct_refusal(cert)
+    tenant = tenant_of(cert)
+    if tenant is None:
+        return f"a loopd-client certificate without a tenant (O= or CN=) ({describe(cert)})"
+    return None if tenant == owner else not_yours(tenant)
 
 
 def refusal(exc: BaseException) -> str:

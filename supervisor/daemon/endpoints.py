@@ -29,8 +29,10 @@ class WorkerChannel(Protocol):
 @dataclass(slots=True)
 class Waiter:
     """A client waiting for a reply: its connection and its request id; for a ``connect``
-    from the TLS port, the TCP socket to hand to the worker (the daemon never closes it)."""
+    from the TLS port, the TCP socket to hand to the worker (the daemon never closes it)
+    and the session's tenant, whose clients alone the worker serves on it."""
 
     client: Client
     request_id: object
     sock: socket.socket | None = None
+    owner: str | None = None

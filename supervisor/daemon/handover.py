@@ -22,10 +22,12 @@ def hand_over(
 
     The reply says the session's epoch as the daemon last heard it: the client sends it
     with its keyed requests (the retry window, docs/format.md). A waiter from the TLS port
-    brings its TCP socket: that is what the worker gets, to make the TLS handshake itself.
+    brings its TCP socket: that is what the worker gets, to make the TLS handshake itself,
+    with the session's tenant (its ``owner``), whose client certificates alone it serves.
     """
     if waiter.sock is not None:
-        if link.send_with_fd({"op": "attach", "tls": True}, waiter.sock.fileno()):
+        attach = {"op": "attach", "tls": True, "owner": waiter.owner}  # tenant_refusal's
+        if link.send_with_fd(attach, waiter.sock.fileno()):
             result = {"session": session, "worker_pid": worker_pid, "epoch": epoch}
             waiter.client.reply({"id": waiter.request_id, "ok": True, "result": result})
         else:

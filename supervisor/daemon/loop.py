@@ -207,7 +207,7 @@ class Supervisor:
             raise ServeError("--cluster needs --node NAME")
         self.gateway = open_gateway(
             self.config.listen, self.config.tls, self.config.node, self._listener.path,
-            self.report_from_thread, TcpHandover(self.loop, self.sessions),
+            self.report_from_thread, TcpHandover(self.loop, self.sessions, self.tenants),
         )  # fmt: skip
         serving = ServingNode(
             url, self.config.node, self.home, ttl=self.config.lease_ttl, store=self.config.store,

@@ -6,7 +6,9 @@ session's worker: the same ``connect`` a local client makes, so a hibernated ses
 woken and a starting one queues the connection, and the worker gets the socket over
 its control channel (``handover``). Exactly one reply comes back to the thread: ok (the
 worker holds the socket now; the thread closes its copy) or an error, which the thread
-answers the client over TLS itself. The loop never closes the socket: it only passes its
+answers the client over TLS itself (the reply names the session's tenant, ``owner``, so
+that a refusal says nothing more to another tenant than no session would). The loop
+never closes the socket: it only passes its
 descriptor on; the thread owns it from the accept to the end.
 """
 
@@ -18,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from supervisor.daemon.endpoints import Waiter
+from supervisor.daemon.tenants import TenantBook
 from worker.wire import Message, error
 
 
@@ -49,9 +52,15 @@ class _ThreadReply:
 class TcpHandover:
     """Hands TCP sockets to workers on the daemon's loop; called from the TLS thread."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, sessions: Mapping[str, Submits]) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sessions: Mapping[str, Submits],
+        tenants: TenantBook,
+    ) -> None:
         self.loop = loop
         self.sessions = sessions
+        self.tenants = tenants
 
     def request(self, session: str, sock: socket.socket, done: Callable[[Message], None]) -> None:
         """Ask for ``sock`` to go to ``session``'s worker; ``done`` gets the one reply (on
@@ -66,4 +75,9 @@ class TcpHandover:
         if hosted is None:
             done(error(None, "not_found", f"no session {session!r} is hosted on this node"))
             return
-        hosted.submit(Waiter(_ThreadReply(done), None, sock), {"op": "connect"})
+        owner = self.tenants.owner(session)
+
+        def answered(message: Message) -> None:  # the owner too: the thread's refusal's
+            done({**message, "owner": owner})
+
+        hosted.submit(Waiter(_ThreadReply(answered), None, sock, owner), {"op": "connect"})

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 from typing import Final
 
 from supervisor.errors import ServeError, SupervisorError
@@ -20,16 +19,13 @@ from supervisor.hosting.regular_file import read_regular
 from worker.store import durable
 from worker.store.errors import InvalidSessionId, SessionIOError
 from worker.store.session_id import validate_session_id
+from worker.tls_roles import MAX_TENANT, TENANT_NAME, not_yours
 from worker.wire import Message, WireError, optional_field
 
 TENANTS_DIR: Final = "tenants"
 OPERATOR: Final = "loopd-operator"
 """The tenant that sees every session: the TLS role's name, and an HTTP token's."""
-MAX_TENANT: Final = 128
 MAX_FILE_BYTES: Final = 4096
-_TENANT: Final = re.compile(r"[^\x00-\x1f\x7f]{1,128}")
-"""A tenant's name: 1 to 128 characters, none a control character (it is written to a
-file and to the daemon's log)."""
 TENANT_OPS: Final = frozenset(
     {"ping", "status", "create", "connect", "send", "compact", "start", "stop", "restart",
      "backup_point"}
@@ -54,7 +50,7 @@ class TenantError(SupervisorError):
 
 def tenant_problem(name: object) -> str | None:
     """Why ``name`` cannot be a tenant's name, or None."""
-    if not isinstance(name, str) or _TENANT.fullmatch(name) is None:
+    if not isinstance(name, str) or TENANT_NAME.fullmatch(name) is None:
         return (f"a tenant is 1 to {MAX_TENANT} characters without control characters, "
                 f"not {name!r:.80}")  # fmt: skip
     return None
@@ -83,9 +79,7 @@ def refusal(book: TenantBook, tenant: str, op: str, message: Message) -> str | N
     if not isinstance(session, str):
         return None  # a bad request, answered as such
     if book.owner(session) != tenant:
-        # Not even the id is said back: the same bytes for every session not the tenant's.
-        return (f"tenant {tenant!r} may not reach this session (a tenant reaches only the "
-                "sessions it created)")  # fmt: skip
+        return not_yours(tenant)  # not even the id: the same bytes for every session
     return None
 
 

@@ -27,7 +27,7 @@ from supervisor.cluster.transport import (
     parse_preamble,
     refusal,
 )
-from worker.tls_roles import direct_refusal
+from worker.tls_roles import tenant_refusal
 from worker.wire import Message, encode, error
 
 READ_SIZE: Final = 1 << 16
@@ -102,14 +102,19 @@ async def answer_instead(
     conn: socket.socket, context: ssl.SSLContext, reply: Message, session: str
 ) -> str | None:
     """Make the TLS handshake here and answer the failed handoff's ``reply`` as one error
-    frame (``forbidden`` instead to a certificate that may not send), then close. The
-    refusal for the node's log, if the peer was refused."""
+    frame (``forbidden`` instead to a certificate that may not send, or whose tenant is
+    not the session's ``owner`` the reply names: a session that is not there is no
+    tenant's, so a client is told no more of it than of another tenant's), then close.
+    The refusal for the node's log, if the peer was refused."""
     try:
         reader, writer = await accept_tls(conn, context)
     except (OSError, TimeoutError) as exc:
         return refusal(exc)
     try:
-        problem = direct_refusal(writer.get_extra_info("peercert"))
+        owner = reply.get("owner")
+        problem = tenant_refusal(
+            writer.get_extra_info("peercert"), owner if isinstance(owner, str) else None
+        )
         failure = reply.get("error")
         if problem is not None:
             answer = error(None, "forbidden", problem)

@@ -6,7 +6,9 @@ the cluster CA; a peer refused (another CA, expired, no certificate, not TLS at 
 role) costs one line in the daemon's log and nothing else. An accepted peer's control
 requests are checked against its role (``transport.ALLOWED``) and relayed, frame by
 frame, to the node's own control socket, whose replies go back unchanged: what a remote
-client may ask is exactly what a local one may, less what its certificate forbids.
+client may ask is exactly what a local one may, less what its certificate forbids. A
+``loopd-client``'s requests carry its certificate's tenant, set here over whatever it
+sent, and reach that tenant's sessions only (docs/operations.md, "Tenants").
 
 A connection that opens with the plaintext preamble of the direct data path
 (``transport.DIRECT_PREAMBLE`` and a session's id) is not served here: once the
@@ -49,6 +51,7 @@ from supervisor.daemon.tls_direct import (
     read_preamble,
 )
 from supervisor.errors import ServeError
+from worker.tls_roles import tenant_of
 from worker.wire import MAX_FRAME, FrameReader, WireError, encode, error
 
 BACKLOG: Final = 128
@@ -247,8 +250,11 @@ class TlsGateway:
             return
         cert = writer.get_extra_info("peercert")
         role = role_of(cert)
-        if role is None:
-            self._refuse(peer, f"a certificate without a loopd role ({describe(cert)})")
+        problem = f"a certificate without a loopd role ({describe(cert)})"
+        if role is Role.CLIENT and tenant_of(cert) is None:
+            problem = f"a loopd-client certificate without a tenant (O= or CN=) ({describe(cert)})"
+        if role is None or (role is Role.CLIENT and tenant_of(cert) is None):
+            self._refuse(peer, problem)
             writer.transport.abort()
             return
         try:
@@ -276,6 +282,9 @@ class TlsGateway:
         frames = FrameReader(MAX_FRAME)
         allowed = ALLOWED[role]
         names = dns_names(cert)
+        # A client's tenant goes with each of its requests, over whatever it sent: the
+        # daemon's one rule (supervisor/daemon/tenants.py) then checks every op.
+        tenant = tenant_of(cert) if role is Role.CLIENT else None
         try:
             while not back.done():
                 data = await reader.read(READ_SIZE)
@@ -299,8 +308,13 @@ class TlsGateway:
                         home = os.path.dirname(self.control_path)
                         answer = await asyncio.to_thread(answer_files, home, message, names)
                     else:
-                        daemon_writer.write(encode(message))
-                        continue
+                        if tenant is not None:
+                            message["tenant"] = tenant
+                        try:
+                            daemon_writer.write(encode(message))
+                            continue
+                        except WireError as exc:  # a frame the tenant's name made too large
+                            answer = error(message.get("id"), "too_large", str(exc))
                     # Answered here: written at the pace the peer reads, so a peer that
                     # never reads its replies stops being read, never grows the node.
                     writer.write(encode(answer))
