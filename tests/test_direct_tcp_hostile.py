@@ -27,7 +27,7 @@ from supervisor.errors import ControlError
 from tests.support import log_user_keys, poll_until
 from tests.test_cluster_direct_tcp import Node, start_node
 from tests.tls_certs import Certificates
-from worker import Baseline, Session, User
+from worker import Baseline, Handoff, Owner, Session, User
 from worker.tls_roles import load_context
 from worker.wire import FrameReader, Message, encode
 
@@ -134,14 +134,18 @@ def test_idle_connections_at_the_cap_do_not_keep_a_client_out(node: Node) -> Non
 
 def test_a_peer_that_never_reads_its_replies_does_not_grow_the_node(node: Node) -> None:
     """The TLS thread answers a node's ``file`` op itself (a chunk of a session's file, for
-    a move's pull). A node certificate asking for a 20 KB file 1,500 times (30 MB of
-    replies) without reading must stop being read, not buffer every reply."""
+    a move's pull, of a copy sealed for the node asking). A node certificate asking for
+    a 20 KB file 1,500 times (30 MB of replies) without reading must stop being read,
+    not buffer every reply."""
     with Session.create(node.home, "big", BASELINE) as big:
+        big.append(Owner(node="a", token=5))
         for n in range(100):
             big.append(User(time=T, text="x" * 200, key=f"k{n}"))
+        big.append(Handoff(to="b", token=5))  # sealed for b: its files may be pulled
     size = (node.home / "sessions" / "big" / "0.jsonl").stat().st_size
     assert size > 20_000, size
     files = node.certs.issue("b", Role.NODE)
+    manifest = encode({"id": 0, "op": "files", "session": "big"})
     ask = encode({"id": 1, "op": "file", "session": "big", "name": "0.jsonl", "offset": 0})
     daemon = psutil.Process(node.daemon.proc.pid)
     before = daemon.memory_info().rss
@@ -149,7 +153,7 @@ def test_a_peer_that_never_reads_its_replies_does_not_grow_the_node(node: Node) 
     raw = socket.create_connection((host, int(port)), timeout=20)
     raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)  # little held by the kernel
     with files.client_context().wrap_socket(raw, server_hostname="a") as peer:
-        peer.sendall(ask * 1500)  # a few hundred KB: the kernel takes it all
+        peer.sendall(manifest + ask * 1500)  # a few hundred KB: the kernel takes it all
 
         def grown() -> bool:
             return daemon.memory_info().rss - before > 12 << 20
@@ -157,9 +161,10 @@ def test_a_peer_that_never_reads_its_replies_does_not_grow_the_node(node: Node) 
         with pytest.raises(AssertionError, match="timed out"):
             poll_until(grown, timeout=6, what="the node growing by 12 MB")
         reader, replies = FrameReader(), list[Message]()
-        while len(replies) < 10:  # and the replies come, once the peer reads
+        while len(replies) < 11:  # and the replies come, once the peer reads
             replies += reader.feed(peer.recv(1 << 16))
-    results = [reply["result"] for reply in replies]
+    assert replies[0]["ok"] is True, replies[0]  # the manifest
+    results = [reply["result"] for reply in replies[1:]]
     assert all(isinstance(r, dict) and len(r["data"]) == size for r in results), replies[0]
 
 
