@@ -1,28 +1,31 @@
 """Benchmark the PostgreSQL store against bare psycopg on the same server (issue 30's goals).
 
     python scripts/bench_postgres.py [--rounds N] [--appends N] [--records N]
-                                     [--opens N] [--no-serve] [--write-docs]
+                                     [--opens N] [--no-serve] [--write-docs] [--json FILE]
 
 It starts its own PostgreSQL (Debian's package, scripts/postgres_reference.py: a
 temporary cluster on a unix socket, ``fsync=on``, the default ``synchronous_commit``)
-and measures, in interleaved rounds whose order alternates:
+and measures, in rounds where the sides take turns operation by operation:
 - a durable append: ``Session.append_many`` of a typical group (a request's four
   records) on a ``PostgresStore`` session, against a bare psycopg ``INSERT`` +
   ``COMMIT`` of the same bytes into the same table on its own connection;
 - with ``loopd serve --store`` (unless ``--no-serve``): one client's ``Client.send``
-  to a session, against the same bare ``INSERT`` + ``COMMIT`` of a request's bytes;
+  to a session, against the same bare ``INSERT`` + ``COMMIT`` of the bytes the worker
+  stored for a request;
 - an open of a session of ``--records`` records (``Session.open``: connect, claim,
-  load), against a bare connect + ``SELECT`` of its chunks (and the ``SELECT`` alone on
-  an open connection).
+  load), against a bare connect + ``SELECT`` of its chunks (and the same followed by a
+  ``json.loads`` of each line, which has no goal).
 Each operation is timed alone; a side's figure is the median (and p99) of all its
 operations, a ratio is the median of the per-round ratios of medians, with their
-min-max. ``--write-docs`` replaces the PostgreSQL section of docs/benchmarks.md.
+min-max. ``--write-docs`` replaces the PostgreSQL section of docs/benchmarks.md;
+scripts/bench_postgres_compare.py runs this for an older commit and this tree in turns.
 Every process started here is stopped and its directory removed at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -95,16 +98,22 @@ def timed(run: Callable[[], object]) -> float:
 def interleave(
     figures: Figures, name: str, rounds: int, count: int, sides: dict[str, Callable[[int], object]]
 ) -> None:
-    """``count`` operations of each side per round, the sides' order alternating."""
+    """``count`` operations of each side per round, one of each side in turn.
+
+    The sides take turns operation by operation, the order alternating, so that the
+    other work on a shared machine (and its disk's fsync) weighs on every side alike.
+    """
     order = list(sides)
     done = 0
-    for r in range(rounds):
+    for _round in range(rounds):
+        times: dict[str, list[float]] = {side: [] for side in order}
+        for n in range(count):
+            for side in order if n % 2 == 0 else order[::-1]:
+                times[side].append(timed(partial(sides[side], done + n)))
         medians: dict[str, float] = {}
-        for side in order if r % 2 == 0 else order[::-1]:
-            run = sides[side]
-            times = [timed(partial(run, done + n)) for n in range(count)]
-            figures.times.setdefault(f"{name}:{side}", []).extend(times)
-            medians[side] = statistics.median(times)
+        for side in order:
+            figures.times.setdefault(f"{name}:{side}", []).extend(times[side])
+            medians[side] = statistics.median(times[side])
         done += count
         for other in order[1:]:
             figures.ratios.setdefault(f"{name}:{order[0]}/{other}", []).append(
@@ -145,11 +154,9 @@ def bench_serve(figures: Figures, root: str, uri: str, rounds: int, count: int) 
         call(home, "create", session="one")
         with Client(home) as client:
             reply = client.send("one", TEXT, key="warm")
-            sample, _crc = encode_lines(
-                [User(text=TEXT, key="k" * 8), Assistant(text=f"echo: {TEXT}")], 0
-            )
-            figures.facts["request_bytes"] = len(sample)
             assert reply is not None
+            sample = _last_chunk(uri, "one")  # the bare side writes the very bytes served
+            figures.facts["request_bytes"] = len(sample)
             interleave(
                 figures,
                 "serve",
@@ -163,6 +170,18 @@ def bench_serve(figures: Figures, root: str, uri: str, rounds: int, count: int) 
     finally:
         bare.close()
         _stop_daemon(daemon)
+
+
+def _last_chunk(uri: str, session_id: str) -> bytes:
+    """The bytes of the session's latest group commit, as the worker stored them."""
+    with psycopg.connect(uri, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT data FROM loopd_log_chunks WHERE session = %s ORDER BY epoch DESC, start DESC "
+            "LIMIT 1",
+            (session_id,),
+        ).fetchone()
+    assert row is not None
+    return bytes(row[0])
 
 
 def bench_open(figures: Figures, uri: str, records: int, rounds: int, count: int) -> None:
@@ -214,6 +233,7 @@ def main() -> int:
     parser.add_argument("--no-serve", action="store_true", help="skip loopd serve --store")
     parser.add_argument("--dir", default=None, help="where the server and home live")
     parser.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
+    parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args()
     figures = Figures()
     root = tempfile.mkdtemp(prefix="loopd-bench-pg-", dir=args.dir)
@@ -236,6 +256,8 @@ def main() -> int:
     command = "python scripts/bench_postgres.py " + " ".join(sys.argv[1:])
     section = markdown(figures, command.strip())
     print(section)
+    if args.json:
+        Path(args.json).write_text(json.dumps(dataclasses.asdict(figures)))
     if args.write_docs:
         _write_section(HERE.parent / "docs" / "benchmarks.md", "postgres-bench", section)
     return 0

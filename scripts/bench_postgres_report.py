@@ -43,11 +43,13 @@ def markdown(figures: Figures, command: str) -> str:
         f"`{command}` on {facts.get('machine')}, {facts.get('server')} started by the script "
         "(a temporary cluster on a unix socket, `fsync=on`, `synchronous_commit=on`, no "
         "standby). A group is "
-        f"{facts.get('group_bytes')} bytes (four records); a served request writes about "
-        f"{facts.get('request_bytes', '-')} bytes; the opened session holds "
+        f"{facts.get('group_bytes')} bytes (four records); a served request writes "
+        f"{facts.get('request_bytes', '-')} bytes (the echo App's four records; the bare side "
+        "writes those bytes); the opened session holds "
         f"{facts.get('open_records')} records in {facts.get('open_chunks')} chunks "
         f"({facts.get('open_bytes')} bytes). The machine was shared with other work: "
-        "the sides run interleaved, a side's figure is the median (p99) of its operations, a "
+        "the sides take turns operation by operation, a side's figure is the median (p99) of "
+        "its operations, a "
         "ratio the median (min-max) of the per-round ratios of medians.",
         "",
         "| measure | side | median ms | p99 ms | operations |",
