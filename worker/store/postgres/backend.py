@@ -15,21 +15,29 @@ import errno
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Final
 
 from worker.store.errors import InvalidLog, NotOwnerNow, SessionIOError
 from worker.store.postgres.boundaries import Point, reach
 from worker.store.postgres.connection import database_error, driver
+from worker.store.postgres.pipeline import BINARY, TEXT, Prepared, write_pipelined
 
 if TYPE_CHECKING:
     from worker.store.postgres.connection import Connection
 
 _LOG_NAME: Final = re.compile(r"(0|[1-9][0-9]*)\.jsonl")
 _OWNER: Final = "SELECT owner_token FROM loopd_sessions WHERE session = %s FOR SHARE"
-_APPEND: Final = (
-    "INSERT INTO loopd_log_chunks (session, epoch, start, data) "
-    "SELECT session, %s, %s, %s FROM loopd_sessions "
-    "WHERE session = %s AND owner_token = %s FOR SHARE"
+# The fence and the write in one statement: it inserts only where the session's row,
+# locked FOR SHARE, holds this writer's token (a claim in flight is waited for, and the
+# row read again once it committed). Parameters: epoch, start, data, session, token.
+_APPEND: Final = Prepared(
+    name=b"loopd_append",
+    sql=b"INSERT INTO loopd_log_chunks (session, epoch, start, data) "
+    b"SELECT session, $1, $2, $3 FROM loopd_sessions "
+    b"WHERE session = $4 AND owner_token = $5 FOR SHARE",
+    types=(23, 20, 17, 25, 20),  # int4, int8, bytea, text, int8
+    formats=(TEXT, TEXT, BINARY, TEXT, TEXT),
 )
 
 
@@ -45,6 +53,8 @@ class PostgresBackend:
         # Called inside a write's transaction, after its statements and before COMMIT
         # (the tests cut the connection there; the rig's faults use boundaries.set_hook).
         self.before_commit: Callable[[], None] | None = None
+        # Whether _APPEND is prepared on this connection (None: not known after a rollback).
+        self._prepared: bool | None = False
 
     def _conn(self) -> Connection:
         if self.conn is None:
@@ -85,7 +95,7 @@ class PostgresBackend:
         """Read everything inside as of one moment (a REPEATABLE READ transaction)."""
         conn = self._conn()
         try:
-            with conn.transaction():
+            with self._rolled_back_on_error(), conn.transaction():
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 yield
         except driver().Error as exc:
@@ -102,14 +112,27 @@ class PostgresBackend:
     # -- writing ------------------------------------------------------------------------
 
     def append_group(self, epoch: int, offset: int, data: bytes) -> None:
-        """Insert one group commit's bytes at ``offset`` of ``epoch``'s log, fenced, committed."""
-        # The fence and the write are one statement (a round trip fewer than a SELECT,
-        # then the INSERT): it inserts only where the session's row, locked FOR SHARE,
-        # holds this writer's token; a claim in flight is waited for and re-read.
-        with self._fenced(checked=False) as conn:
-            cursor = conn.execute(_APPEND, (epoch, offset, data, self.session_id, self.token))
-            if cursor.rowcount != 1:
+        """Insert one group commit's bytes at ``offset`` of ``epoch``'s log, fenced, committed.
+
+        BEGIN, the fenced INSERT and COMMIT go in one round trip (``pipeline``); the
+        boundaries are reached as in every fenced write, BEFORE_COMMIT once BEGIN and
+        the INSERT are sent. No row inserted is the refusal: that transaction held
+        nothing and its COMMIT made nothing visible.
+        """
+        conn = self._conn()
+        values = (b"%d" % epoch, b"%d" % offset, data, self.session_id.encode(), b"%d" % self.token)
+        try:
+            if self._prepared is None:
+                self._prepared = _is_prepared(conn, _APPEND)
+            pid = conn.info.backend_pid
+            sent = partial(self._before_commit, pid)
+            rows = write_pipelined(conn, _APPEND, values, prepare=not self._prepared, on_sent=sent)
+            self._prepared = True
+            if rows != 1:
                 raise self._deposed(conn)
+            reach(Point.AFTER_COMMIT, pid)
+        except driver().Error as exc:
+            raise database_error(self.directory, exc) from exc
 
     def start_epoch(self, epoch: int, files: dict[str, bytes], first_line: bytes) -> None:
         """Write ``files`` and epoch ``epoch``'s first line in one fenced transaction."""
@@ -140,30 +163,45 @@ class PostgresBackend:
             pass
 
     @contextmanager
-    def _fenced(self, *, checked: bool = True) -> Iterator[Connection]:
+    def _fenced(self) -> Iterator[Connection]:
         """One transaction that holds the session's row shared and checks the owner's token.
 
         It is committed when the block ends; nothing of it is visible if the token is
         not this writer's, if a statement fails, or if the connection is lost before
         COMMIT. A COMMIT whose reply was lost has an unknown outcome: the error says so,
-        and the caller breaks the session (the next open reads what is there). With
-        ``checked=False`` the block's first statement is the fence (``_APPEND``).
+        and the caller breaks the session (the next open reads what is there).
         """
         conn = self._conn()
         psycopg = driver()
         try:
-            with conn.transaction():
-                if checked:
-                    row = conn.execute(_OWNER, (self.session_id,)).fetchone()
-                    if row is None or int(str(row[0])) != self.token:
-                        raise self._deposed(conn)
+            with self._rolled_back_on_error(), conn.transaction():
+                row = conn.execute(_OWNER, (self.session_id,)).fetchone()
+                if row is None or int(str(row[0])) != self.token:
+                    raise self._deposed(conn)
                 yield conn
-                if self.before_commit is not None:
-                    self.before_commit()
-                reach(Point.BEFORE_COMMIT, conn.info.backend_pid)
+                self._before_commit(conn.info.backend_pid)
             reach(Point.AFTER_COMMIT, conn.info.backend_pid)
         except psycopg.Error as exc:
             raise database_error(self.directory, exc) from exc
+
+    @contextmanager
+    def _rolled_back_on_error(self) -> Iterator[None]:
+        """Around a psycopg transaction: one rolled back may have deallocated _APPEND.
+
+        psycopg deallocates every prepared statement of the connection when it rolls a
+        transaction back (if it prepared any of its own), loopd's too.
+        """
+        try:
+            yield
+        except BaseException:
+            self._prepared = None
+            raise
+
+    def _before_commit(self, backend_pid: int) -> None:
+        """What runs between a write's statements and its COMMIT: the test's hook, the rig's."""
+        if self.before_commit is not None:
+            self.before_commit()
+        reach(Point.BEFORE_COMMIT, backend_pid)
 
     def _deposed(self, conn: Connection) -> NotOwnerNow:
         """The refusal of a write whose fence failed, naming the token the database holds."""
@@ -179,6 +217,14 @@ class PostgresBackend:
         conn, self.conn = self.conn, None
         if conn is not None:
             conn.close()
+
+
+def _is_prepared(conn: Connection, statement: Prepared) -> bool:
+    """Whether the connection holds ``statement`` prepared (its name in pg_prepared_statements)."""
+    row = conn.execute(
+        "SELECT count(*) FROM pg_prepared_statements WHERE name = %s", (statement.name.decode(),)
+    ).fetchone()
+    return row is not None and int(str(row[0])) > 0
 
 
 def _joined(path: str, rows: list[tuple[object, ...]]) -> bytes:
