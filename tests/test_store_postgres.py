@@ -15,7 +15,16 @@ import pytest
 
 from tests.postgres_child import SUMMARY
 from tests.postgres_server import PostgresServer
-from worker import Baseline, EpochEnd, NotOwnerNow, Session, SessionBroken, ToolResult, User
+from worker import (
+    Baseline,
+    EpochEnd,
+    NotOwnerNow,
+    Session,
+    SessionBroken,
+    SessionNotFound,
+    ToolResult,
+    User,
+)
 from worker.store.loader import load_session
 from worker.store.postgres import DatabaseUnavailable, PostgresStore, SchemaTooNew
 
@@ -187,6 +196,20 @@ def test_an_older_token_than_the_databases_cannot_open(
     store.open_session("tok", token=7).close()
     with pytest.raises(NotOwnerNow, match=r"holds owner token 7, newer than 5"):
         store.open_session("tok", token=5)
+
+
+def test_a_claim_with_the_databases_own_token_opens_and_an_absent_session_is_not_found(
+    store: PostgresStore, baseline: Baseline
+) -> None:
+    Session.create(store, "same", baseline).close()
+    store.open_session("same", token=7).close()
+    with store.open_session("same", token=7) as again:  # a worker restarted under its token
+        assert again.token == 7  # type: ignore[attr-defined]
+        again.append(User(text="still the owner", untrusted=False, key="k"))
+    with store.open_session("same") as next_owner:
+        assert next_owner.token == 8  # type: ignore[attr-defined]
+    with pytest.raises(SessionNotFound):
+        store.open_session("absent", token=3)
 
 
 def test_the_schema_is_created_at_first_use_and_a_newer_one_refused_in_one_line(

@@ -55,6 +55,9 @@ class PostgresBackend:
         self.before_commit: Callable[[], None] | None = None
         # Whether _APPEND is prepared on this connection (None: not known after a rollback).
         self._prepared: bool | None = False
+        # Inside snapshot(): the names, read once (the open asks for them twice).
+        self._in_snapshot = False
+        self._snapshot_names: list[str] | None = None
 
     def _conn(self) -> Connection:
         if self.conn is None:
@@ -65,12 +68,17 @@ class PostgresBackend:
 
     def names(self) -> list[str]:
         """The session's file names and ``<n>.jsonl`` for each epoch with a log."""
+        if self._snapshot_names is not None:
+            return list(self._snapshot_names)
         rows = self._fetch(
             "SELECT name FROM loopd_files WHERE session = %s UNION ALL "
             "SELECT DISTINCT epoch::text || '.jsonl' FROM loopd_log_chunks WHERE session = %s",
             (self.session_id, self.session_id),
         )
-        return [str(row[0]) for row in rows]
+        names = [str(row[0]) for row in rows]
+        if self._in_snapshot:
+            self._snapshot_names = names  # a snapshot sees the same names until it ends
+        return list(names)
 
     def read(self, name: str, path: str) -> bytes:
         """The bytes of ``name``: a file's, or an epoch log's chunks joined in order."""
@@ -97,9 +105,12 @@ class PostgresBackend:
         try:
             with self._rolled_back_on_error(), conn.transaction():
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                self._in_snapshot = True
                 yield
         except driver().Error as exc:
             raise database_error(self.directory, exc) from exc
+        finally:
+            self._in_snapshot, self._snapshot_names = False, None
 
     def _fetch(
         self, query: str, args: tuple[object, ...], *, binary: bool = False

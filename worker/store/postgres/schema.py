@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
+from worker.store.postgres.connection import driver
 from worker.store.postgres.errors import SchemaTooNew
 
 if TYPE_CHECKING:
@@ -53,8 +54,11 @@ def schema_version(conn: psycopg.Connection[tuple[object, ...]]) -> int:
 
 
 def ensure_schema(conn: psycopg.Connection[tuple[object, ...]], place: str) -> int:
-    """Create or migrate loopd's tables to SCHEMA_VERSION; SchemaTooNew if they are newer."""
-    if _checked(schema_version(conn), place):
+    """Create or migrate loopd's tables to SCHEMA_VERSION; SchemaTooNew if they are newer.
+
+    ``conn`` is in autocommit mode: its first statement, outside any transaction, may fail.
+    """
+    if _checked(_version_at_once(conn), place):
         return SCHEMA_VERSION
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
@@ -74,6 +78,15 @@ def ensure_schema(conn: psycopg.Connection[tuple[object, ...]], place: str) -> i
                 (SCHEMA_VERSION,),
             )
     return SCHEMA_VERSION
+
+
+def _version_at_once(conn: psycopg.Connection[tuple[object, ...]]) -> int:
+    """``schema_version`` in one round trip where the tables exist (every open's case)."""
+    try:
+        found = conn.execute("SELECT version FROM loopd_schema").fetchone()
+    except driver().errors.UndefinedTable:
+        return 0  # autocommit: the failed statement left no transaction behind
+    return 0 if found is None else int(str(found[0]))
 
 
 def _checked(version: int, place: str) -> bool:

@@ -179,21 +179,24 @@ class PostgresStore:
 
 
 def _claim(conn: Connection, directory: str, session_id: str, token: int | None) -> int:
-    """Raise the session's owner token (to ``token``, or by one); return the new token."""
-    with conn.transaction():
-        row = conn.execute(
-            "SELECT owner_token FROM loopd_sessions WHERE session = %s FOR UPDATE",
-            (session_id,),
-        ).fetchone()
-        if row is None:
-            raise SessionNotFound(directory)
-        held = int(str(row[0]))
-        if token is not None and token < held:
-            why = f"the database holds owner token {held}, newer than {token}"
-            raise NotOwnerNow(directory, why)
-        claimed = held + 1 if token is None else token
-        conn.execute(
-            "UPDATE loopd_sessions SET owner_token = %s WHERE session = %s",
-            (claimed, session_id),
-        )
-    return claimed
+    """Raise the session's owner token (to ``token``, or by one); return the new token.
+
+    One UPDATE, its own transaction: it takes the row's lock (a write in flight, which
+    holds it FOR SHARE, is waited for) and commits the new token. No row updated: the
+    session is absent, or its token is newer than ``token`` (read again to say which).
+    """
+    row = conn.execute(
+        "UPDATE loopd_sessions SET owner_token = coalesce(%(token)s, owner_token + 1) "
+        "WHERE session = %(session)s AND owner_token <= coalesce(%(token)s, owner_token) "
+        "RETURNING owner_token",
+        {"token": token, "session": session_id},
+    ).fetchone()
+    if row is not None:
+        return int(str(row[0]))
+    held = conn.execute(
+        "SELECT owner_token FROM loopd_sessions WHERE session = %s", (session_id,)
+    ).fetchone()
+    if held is None:
+        raise SessionNotFound(directory)
+    why = f"the database holds owner token {held[0]}, newer than {token}"
+    raise NotOwnerNow(directory, why)
