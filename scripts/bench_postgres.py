@@ -13,8 +13,9 @@ and measures, in rounds where the sides take turns operation by operation:
   to a session, against the same bare ``INSERT`` + ``COMMIT`` of the bytes the worker
   stored for a request;
 - an open of a session of ``--records`` records (``Session.open``: connect, claim,
-  load), against a bare connect + ``SELECT`` of its chunks (and the same followed by a
-  ``json.loads`` of each line, which has no goal).
+  load), against a bare connect + ``SELECT`` of its chunks (and, with no goal, the same
+  followed by a ``json.loads`` of each line, or by the store's own decoding of the log,
+  ``decode_log``: what open cannot do without).
 Each operation is timed alone; a side's figure is the median (and p99) of all its
 operations, a ratio is the median of the per-round ratios of medians, with their
 min-max. ``--write-docs`` replaces the PostgreSQL section of docs/benchmarks.md;
@@ -47,6 +48,7 @@ from postgres_reference import ReferenceServer
 
 from supervisor.client import Client, call
 from worker import Assistant, Baseline, Session, ToolResult, Usage, User
+from worker.store.loader import decode_log
 from worker.store.postgres import PostgresStore
 from worker.store.records import Record, encode_lines
 
@@ -212,6 +214,11 @@ def bench_open(figures: Figures, uri: str, records: int, rounds: int, count: int
             rows = conn.execute(query, ("big",)).fetchall()
         return [json.loads(line) for _start, data in rows for line in data.splitlines()]
 
+    def store_decoded(_n: int) -> object:
+        with psycopg.connect(uri, autocommit=True) as conn:
+            rows = conn.execute(query, ("big",), binary=True).fetchall()
+        return decode_log("0.jsonl", b"".join(bytes(data) for _start, data in rows))
+
     def opened(_n: int) -> object:
         with Session.open(store, "big") as again:
             return len(again.records)
@@ -220,6 +227,7 @@ def bench_open(figures: Figures, uri: str, records: int, rounds: int, count: int
         "open": opened,
         "select": bare,
         "select+json": decoded,
+        "select+decode": store_decoded,
     }
     interleave(figures, "open", rounds, count, sides)
 

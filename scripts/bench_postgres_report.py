@@ -16,6 +16,10 @@ _GOALS = {
         "open of the session vs connect + SELECT + json.loads of each line (no goal)",
         float("inf"),
     ),
+    "open:open/select+decode": (
+        "open of the session vs connect + SELECT + the store's decode_log of its bytes (no goal)",
+        float("inf"),
+    ),
 }
 
 
