@@ -7,8 +7,10 @@ these tests hold it to what the three separate statements promised. A real serve
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -47,6 +49,28 @@ def test_many_group_commits_on_one_connection_read_back_in_order(
         session.append_many([_user(n), _user(100 + n)])
     session.close()
     assert _stored_texts(store) == [f"request {m}" for n in range(12) for m in (n, 100 + n)]
+
+
+def test_a_group_commit_sends_begin_insert_and_commit_before_it_reads_a_reply(
+    session: Session, tmp_path: Path
+) -> None:
+    session.append(_user(0))  # the statement's Parse went with the first one
+    pgconn = session.backend.conn.pgconn  # type: ignore[attr-defined]
+    trace = tmp_path / "libpq.trace"
+    fd = os.open(trace, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        pgconn.trace(fd)
+        pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        session.append(_user(1))
+        pgconn.untrace()
+    finally:
+        os.close(fd)
+    # libpq's trace: one line per protocol message, "F" sent by the client, "B" received.
+    sides = [line.split("\t")[0] for line in trace.read_text().splitlines() if line]
+    messages = [line.split("\t")[2].strip() for line in trace.read_text().splitlines() if line]
+    assert sides.index("B") == len(sides) - sides[::-1].index("F")  # every F before any B
+    assert messages.count("Sync") == 1
+    assert messages[-1] == "ReadyForQuery"
 
 
 def test_the_write_holds_the_session_row_until_its_commit_when_the_hook_runs(
