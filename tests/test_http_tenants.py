@@ -288,3 +288,18 @@ def test_a_bad_tenants_table_stops_serve_with_one_line_naming_it(
     assert len(lines) == 1, done.stderr
     assert words in lines[0]
     assert "loopd.toml" in lines[0]
+
+
+def test_a_refused_create_leaves_the_id_to_nobody(port: tuple[Port, Path]) -> None:
+    """A create refused after its tenant was recorded (an unknown App) gives the id back:
+    no file names the tenant, so a session later restored or forked into that id is the
+    operator's, not the squatter's."""
+    api, home = port
+    for n in range(3):
+        status, _headers, _raw = api.ask("POST", "/v1/sessions", {"id": f"sq{n}", "app": "nope"},
+                                         token=TOKENS["globex"])  # fmt: skip
+        assert status == 400
+    assert not any((home / "tenants").glob("sq*"))
+    document = api.document("POST", "/v1/sessions", {"id": "sq0"}, token=TOKENS["acme"])
+    assert document["session"] == "sq0"
+    assert (home / "tenants" / "sq0").read_text() == "acme\n"

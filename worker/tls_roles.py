@@ -30,9 +30,14 @@ class Role(enum.Enum):
 
 
 MAX_TENANT: Final = 128
-TENANT_NAME: Final = re.compile(r"[^\x00-\x1f\x7f]{1,128}")
-"""A tenant's name: 1 to 128 characters, none a control character (it is written to a
-file and to logs; docs/operations.md, "Tenants")."""
+TENANT_NAME: Final = re.compile(
+    r"[^\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]{1,128}"
+)
+"""A tenant's name: 1 to 128 characters, none a control character, C0 or C1, a line or
+paragraph separator or a bidirectional override (it is written to a file and to logs;
+docs/operations.md, "Tenants")."""
+RESERVED_TENANT: Final = "loopd-operator"
+"""The operator's name: no client certificate's tenant, whatever its subject says."""
 DIRECT_ROLES: Final = frozenset({Role.CLIENT, Role.OPERATOR})
 """The roles that may use the direct data path (a TCP connection served by the worker).
 A node certificate may do nothing on it: nodes ask nodes for files, never for requests."""
@@ -122,7 +127,8 @@ def tenant_of(cert: Mapping[str, object] | None) -> str | None:
     for name in ("organizationName", "commonName"):
         values = _subject_field(cert, name)
         if len(values) == 1:
-            return values[0] if TENANT_NAME.fullmatch(values[0]) else None
+            good = TENANT_NAME.fullmatch(values[0]) and values[0] != RESERVED_TENANT
+            return values[0] if good else None
         if values:
             return None
     return None

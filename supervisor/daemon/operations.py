@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import Callable
 from typing import Final, Protocol
 
 from supervisor.daemon.app_versions import answer_app_versions
@@ -109,9 +111,9 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
                 raise WireError("field 'replicas' is retired: loopd no longer copies logs "
                                 "between hosts (docs/scaling.md)")  # fmt: skip
             app = _app(message)
-            if not _give(daemon, session_id, tenant, waiter):
-                return
-            daemon.create_session(waiter, session_id, slot, app)
+            given = _give(daemon, session_id, tenant, waiter)
+            if given is not None:
+                daemon.create_session(given, session_id, slot, app)
         elif op == "connect":
             _hosted(daemon, message).submit(waiter, {"op": "connect"})
         elif op in ("send", "compact"):
@@ -163,11 +165,20 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
             hosted.stop_waiters.append(waiter)
             hosted.stop()
         elif op == "adopt":  # a session moved here (cluster: claimed, served) or restored
-            daemon.adopt_session(waiter, _session_id(message), _app(message))
+            session_id = _session_id(message)
+            try:
+                if session_id not in daemon.sessions:  # restored, forked or moved in: the
+                    daemon.tenants.assign(session_id, None)  # operator's, not a stale file's
+            except TenantError as exc:
+                client.reply(error(request_id, "unavailable", f"{exc}; nothing was done"))
+                return
+            daemon.adopt_session(waiter, session_id, _app(message))
         elif op in MOVE_STEPS:  # cluster: a move or takeover between hosts
             daemon.move_step(waiter, op, _session_id(message), message)
         elif op == "forget":  # cluster: a stopped session moved away; stop listing it
-            daemon.forget_session(waiter, _session_id(message))
+            session_id = _session_id(message)
+            gone = _Answered(waiter.client, _give_back(daemon.tenants, session_id))
+            daemon.forget_session(Waiter(gone, request_id), session_id)
         elif op == "restart":
             hosted = _hosted(daemon, message)
             daemon.forget_pending_start(hosted)
@@ -209,19 +220,68 @@ def status_page(
     return {"sessions": rows, "next": rows[-1]["session"] if more and rows else None}
 
 
-def _give(daemon: Daemon, session_id: str, tenant: str | None, waiter: Waiter) -> bool:
+def _give(daemon: Daemon, session_id: str, tenant: str | None, waiter: Waiter) -> Waiter | None:
     """Before a create: the new session is the caller's tenant's (or the operator's),
     durably, unless the id is taken (then ``create`` answers ``exists`` and nothing of
-    the session's owner changes). False (answered) if it cannot be recorded."""
+    the session's owner changes). The waiter to answer the create through: a create that
+    fails gives the id back (its file removed), so a refused create squats nothing. None
+    (answered) if it cannot be recorded, or another create of the id is in flight."""
+    book = daemon.tenants
     taken = session_id in daemon.sessions or os.path.lexists(session_dir(daemon.home, session_id))
     if taken:
-        return True
+        return waiter
+    if session_id in book.pending:  # a cluster's create waits for etcd off the loop
+        waiter.client.reply(error(waiter.request_id, "busy", "a create of this id is in flight"))
+        return None
     try:
-        daemon.tenants.assign(session_id, tenant)
+        book.assign(session_id, tenant)
     except TenantError as exc:
         waiter.client.reply(error(waiter.request_id, "unavailable", f"{exc}; nothing was done"))
-        return False
-    return True
+        return None
+    book.pending.add(session_id)
+
+    def answered(ok: bool) -> None:
+        book.pending.discard(session_id)
+        if not ok:
+            with contextlib.suppress(TenantError):  # not removed: the operator's at worst
+                book.assign(session_id, None)
+
+    return Waiter(_Answered(waiter.client, answered), waiter.request_id)
+
+
+def _give_back(book: TenantBook, session_id: str) -> Callable[[bool], None]:
+    """Once a forget succeeded (the session left this node), its tenant file goes too."""
+
+    def forgotten(ok: bool) -> None:
+        if ok:
+            with contextlib.suppress(TenantError):  # kept: its next create gives it anew
+                book.assign(session_id, None)
+
+    return forgotten
+
+
+class _Answered:
+    """A client whose first reply is also told to ``then`` (True if it was a success)."""
+
+    def __init__(self, client: Client, then: Callable[[bool], object]) -> None:
+        self.client, self.then, self.told = client, then, False
+
+    def _tell(self, message: Message) -> None:
+        if not self.told:
+            self.told = True
+            self.then(message.get("ok") is True)
+
+    def reply(self, message: Message) -> None:
+        self._tell(message)
+        self.client.reply(message)
+
+    def reply_relayed(self, message: Message) -> None:
+        self._tell(message)
+        self.client.reply_relayed(message)
+
+    def reply_with_fd(self, message: Message, fd: int) -> bool:
+        self._tell(message)
+        return self.client.reply_with_fd(message, fd)
 
 
 def _app(message: Message) -> str | None:

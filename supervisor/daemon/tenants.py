@@ -90,6 +90,9 @@ class TenantBook:
     def __init__(self, home: str) -> None:
         self.directory = os.path.join(home, TENANTS_DIR)
         self._owners: dict[str, str] = {}
+        self.pending: set[str] = set()
+        """Ids whose create is in flight (given to its tenant, not yet answered): a second
+        create of one is refused, never given to another tenant meanwhile."""
         try:
             names = os.listdir(self.directory)
         except FileNotFoundError:
@@ -146,7 +149,17 @@ class TenantBook:
                 if not os.path.isdir(self.directory):
                     durable.mkdir(self.directory)
                     durable.fsync_dir(os.path.dirname(self.directory))
-                durable.write_file_atomic(path, tenant.encode("utf-8") + b"\n")
+                # Staged as ".<id>", a name no session can have: "<id>.tmp" is one, and
+                # staging there would replace that session's file.
+                staged = os.path.join(self.directory, f".{session_id}")
+                fd = durable.create(staged)
+                try:
+                    durable.write_all(fd, tenant.encode("utf-8") + b"\n", staged)
+                    durable.fdatasync(fd, staged)
+                finally:
+                    durable.close(fd)
+                durable.rename(staged, path)
+                durable.fsync_dir(self.directory)
         except SessionIOError as exc:
             raise TenantError(path, f"cannot record the tenant: {exc}") from exc
         except OSError as exc:
