@@ -70,9 +70,17 @@ class SessionRequests:
         self.relay.forward(self.link, waiter, request)
 
     def connect(self, waiter: Waiter) -> None:
-        """Give the client a connection of its own to the worker (the direct data path)."""
+        """Give the client a connection of its own to the worker (the direct data path);
+        one that has begun to exit gets none: the next worker does (or the client hears
+        why there is none), as while a worker starts."""
         assert self.link is not None
         assert self.worker is not None
+        if self.worker.exiting() and len(self.queued) < MAX_QUEUED:
+            # Its death is on its way (pidfd, end of channel): a client that saw its own
+            # connection end asks again before that, and a connection handed over now
+            # would die unread with the worker (spawn.WorkerProcess.exiting).
+            self.queued.append((waiter, {"op": "connect"}))
+            return
         hand_over(self.link, waiter, self.id, self.worker.pid, self.epoch)
 
     def _fail_in_flight(self, code: str, message: str) -> None:

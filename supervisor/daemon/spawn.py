@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     from supervisor.cluster.serving import WorkerCluster
 
 _GONE: Final = frozenset({errno.ESRCH})
+_PF_EXITING: Final = 0x4
+"""The kernel's flag of a process that has begun to exit (include/linux/sched.h), in the
+flags word of /proc/PID/stat (proc(5))."""
+_NO_STAT: Final = frozenset({errno.ENOENT, errno.ESRCH, errno.EACCES})
 
 
 class StartMethod(enum.Enum):
@@ -214,6 +218,33 @@ class WorkerProcess:
         reaper.release(self.pid)
         reaper.reap_strays()  # what its App left behind and the kill above ended, if ours
         return self.returncode
+
+    def exiting(self) -> bool:
+        """The worker has begun to exit (killed, or its App ended it), though its pidfd and
+        its channel may not say so yet; False if that cannot be read.
+
+        A dying process's descriptors are released highest number first, and the pidfd
+        fires only after the last one: a client whose direct connection was numbered above
+        the channel sees its end first and asks again for a connection while the channel
+        still takes one (the descriptor handed over dies with the worker, the request
+        sent on it unread). The flag is set before any descriptor is released.
+        """
+        if self.returncode is not None:
+            return True
+        try:
+            stat = os.open(f"/proc/{self.pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno in _NO_STAT:
+                return False  # no /proc to ask: hand over as before
+            raise
+        try:
+            data = os.read(stat, 1024)
+        finally:
+            os.close(stat)
+        # The fields after the name (which may hold spaces and parentheses): state, ppid,
+        # pgrp, session, tty_nr, tpgid, flags.
+        fields = data[data.rfind(b")") + 2 :].split()
+        return len(fields) > 6 and bool(int(fields[6]) & _PF_EXITING)
 
     def in_request(self) -> bool:
         """The worker is applying a batch of requests now (its heartbeat cell says)."""
