@@ -127,8 +127,10 @@ def test_a_cancelled_schedule_is_never_delivered_and_a_second_cancel_says_so(
     home = tmp_path / "home"
     with running_daemon(home), Client(str(home)) as client:
         client.call("create", session="s")
-        _schedule(home, "s", "x1", "+1s")
-        at_later = _schedule(home, "s", "x2", "+2s")
+        # Far enough ahead that x1 is still pending when the cancel (a CLI process, slow
+        # on a loaded machine) reaches the daemon: at +1 s it was once delivered first.
+        _schedule(home, "s", "x1", "+8s")
+        at_later = _schedule(home, "s", "x2", "+9s")
         done = loopd("schedule", "--home", str(home), "s", "--cancel", "x1")
         assert json.loads(done.stdout)["cancelled"] is True
         again = client.cancel_schedule("s", "x1")

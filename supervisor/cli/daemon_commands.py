@@ -199,11 +199,13 @@ def _print_older(home: str, timeout: float) -> None:
     rows = found.get("sessions") if isinstance(found, dict) else None
     if not isinstance(found, dict) or not isinstance(rows, list):
         return
+    failed = [r for r in rows if isinstance(r, dict) and r.get("error") is not None]
+    if not found.get("older") and not failed:
+        return  # every session runs what a worker would load now: nothing to say
     click.echo(f"{found.get('older')} of {len(rows)} session(s) run an older App version "
                "than a worker started now would load (loopd upgrade)")  # fmt: skip
-    for row in rows:
-        if isinstance(row, dict) and row.get("error") is not None:
-            click.echo(f"  {row.get('session')}: {row.get('loads')} {row.get('error')}")
+    for row in failed:
+        click.echo(f"  {row.get('session')}: {row.get('loads')} {row.get('error')}")
 
 
 COMMANDS: Final = (send, compact, start, stop, status)  # create, serve: modules of their own
