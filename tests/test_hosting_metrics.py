@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +134,47 @@ def test_worker_counters_survive_the_worker_and_add_across_workers() -> None:
     assert families["loopd_live_workers"].value() == 2
     assert families["loopd_workers_rss_bytes"].value() == 3000
     assert families["loopd_supervisor_rss_bytes"].value() > 0
+
+
+def test_requests_tokens_and_latency_are_counted_by_app_and_survive_each_worker() -> None:
+    """By App (its target, or "default"), never by session: a hibernated worker's counts
+    stay with its App; tokens are the Usage records' as the workers reported them."""
+    metrics = DaemonMetrics(lambda: [], lambda: [], ["RUNNING"])
+    first = WorkerStats(requests=3, prompt_tokens=100, completion_tokens=10)
+    first.request_latency.observe(0.01)
+    metrics.on_report("a", first.snapshot(), "agents:make")
+    metrics.on_worker_gone("a")
+    second = WorkerStats(requests=2, prompt_tokens=7, completion_tokens=3)
+    second.request_latency.observe(0.2)
+    metrics.on_report("b", second.snapshot(), "agents:make")
+    metrics.on_report("c", WorkerStats(requests=4, prompt_tokens=1).snapshot())
+    families = parse(metrics.render())
+    assert families["loopd_app_requests_total"].value(app="agents:make") == 5
+    assert families["loopd_app_requests_total"].value(app="default") == 4
+    tokens = families["loopd_app_tokens_total"]
+    assert tokens.value(app="agents:make", kind="prompt") == 107
+    assert tokens.value(app="agents:make", kind="completion") == 13
+    assert tokens.value(app="default", kind="prompt") == 1
+    assert families["loopd_tokens_total"].value(kind="prompt") == 108
+    latency = families["loopd_app_request_seconds"]
+    counts = {s.labels["app"]: s.value for s in latency.samples if s.name.endswith("_count")}
+    assert counts == {"agents:make": 2, "default": 0}
+    assert families["loopd_requests_total"].value() == 9  # the unlabelled totals, as before
+    labels = {k for f in families.values() for sample in f.samples for k in sample.labels}
+    assert labels <= {"app", "kind", "state", "le"}  # none names a session
+
+
+def test_a_worker_counts_the_tokens_of_the_usage_records_it_made_durable(tmp_path: Path) -> None:
+    from worker import Session
+    from worker.app import DefaultApp
+    from worker.store.records import Usage
+    from worker.store.stats import STATS
+
+    app = DefaultApp()
+    STATS.reset()
+    with Session.create(tmp_path, "s", app.initial_baseline("s")) as session:
+        session.append(Usage(prompt_tokens=40, completion_tokens=2, context_tokens=42))
+        session.append(Usage(prompt_tokens=5, completion_tokens=1, context_tokens=48))
+    assert (STATS.prompt_tokens, STATS.completion_tokens) == (45, 3)
+    assert STATS.snapshot()["prompt_tokens"] == 45
+    STATS.reset()

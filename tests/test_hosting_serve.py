@@ -241,6 +241,10 @@ def test_metrics_follow_the_format_and_their_counters_move(tmp_path: Path) -> No
     assert appended.value() > before["loopd_appended_bytes_total"].value()
     assert after["loopd_epoch_changes_total"].value() == 1
     assert after["loopd_live_workers"].value() == 1
+    # By App, never by session: the default App's five requests and its Usage tokens.
+    assert after["loopd_app_requests_total"].value(app="default") == 5
+    assert after["loopd_app_tokens_total"].value(app="default", kind="prompt") > 0
+    assert after["loopd_tokens_total"].value(kind="prompt") > 0
 
 
 def test_a_worker_that_grows_past_max_rss_is_restarted_with_the_reason(tmp_path: Path) -> None:

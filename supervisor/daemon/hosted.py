@@ -102,6 +102,10 @@ class HostedSession(SessionRequests):
         return self.relay
 
     @property
+    def app(self) -> str | None:
+        return self.spec.app
+
+    @property
     def last_error(self) -> str | None:
         """Why the last worker ended, and what to do; bounded so a status row stays small."""
         return self._last_error

@@ -22,19 +22,24 @@ import psutil
 from supervisor.hosting.metrics import HistogramValue, Registry
 from worker.wire import Message
 
+DEFAULT_APP_LABEL = "default"
+"""The ``app`` label of sessions of the default App (no --app, no named App)."""
+
 
 @dataclass(slots=True)
 class _Totals:
     requests: int = 0
     bytes_written: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
     fsync: HistogramValue = field(default_factory=HistogramValue)
     latency: HistogramValue = field(default_factory=HistogramValue)
 
     def add(self, snapshot: Message) -> None:
-        requests = snapshot.get("requests")
-        written = snapshot.get("bytes_written")
-        self.requests += requests if isinstance(requests, int) else 0
-        self.bytes_written += written if isinstance(written, int) else 0
+        for name in ("requests", "bytes_written", "prompt_tokens", "completion_tokens"):
+            value = snapshot.get(name)
+            if type(value) is int:
+                setattr(self, name, getattr(self, name) + value)
         for hist, prefix in ((self.fsync, "fsync"), (self.latency, "latency")):
             counts, total = snapshot.get(f"{prefix}_counts"), snapshot.get(f"{prefix}_sum")
             if isinstance(counts, list) and all(isinstance(c, int) for c in counts):
@@ -60,6 +65,8 @@ class DaemonMetrics:
         self._state_names = tuple(state_names)
         self._latest: dict[str, Message] = {}
         self._departed = _Totals()
+        self._apps: dict[str, str] = {}  # session -> its App's label, as last reported
+        self._departed_by_app: dict[str, _Totals] = {}
         self.restarts = 0
         self.epoch_changes = 0
         self.hibernations = 0
@@ -68,15 +75,28 @@ class DaemonMetrics:
         self.events = 0
         self._me = psutil.Process(os.getpid())
 
-    def on_report(self, session: str, stats: object) -> None:
-        """A worker's state report carried its counters."""
+    def on_report(self, session: str, stats: object, app: str = DEFAULT_APP_LABEL) -> None:
+        """A worker's state report carried its counters (``app``: its App's target,
+        ``module:attribute``, or the default App's label)."""
         if isinstance(stats, dict):
             self._latest[session] = stats
+            self._apps[session] = app
 
     def on_worker_gone(self, session: str) -> None:
         last = self._latest.pop(session, None)
+        app = self._apps.pop(session, DEFAULT_APP_LABEL)
         if last is not None:
             self._departed.add(last)
+            self._departed_by_app.setdefault(app, _Totals()).add(last)
+
+    def _by_app(self) -> dict[str, _Totals]:
+        """Each App's totals: its departed workers' and its live workers' latest."""
+        apps = {app: _Totals() for app in self._departed_by_app}
+        for app, departed in self._departed_by_app.items():
+            apps[app].add(_as_message(departed))
+        for session, snapshot in self._latest.items():
+            apps.setdefault(self._apps.get(session, DEFAULT_APP_LABEL), _Totals()).add(snapshot)
+        return apps
 
     def render(self) -> str:
         totals = _Totals()
@@ -120,13 +140,31 @@ class DaemonMetrics:
             "loopd_request_seconds", "Time from a request's arrival in its worker to its reply."
         )
         latency.histograms[()] = totals.latency
+        tokens = registry.counter("loopd_tokens_total", "Tokens of the Usage records written.")
+        tokens.inc(totals.prompt_tokens, kind="prompt")
+        tokens.inc(totals.completion_tokens, kind="completion")
+        self._render_apps(registry)
         return registry.render()
+
+    def _render_apps(self, registry: Registry) -> None:
+        """The same figures by App (its target, ``module:attribute``, or "default"): a
+        label of bounded cardinality (the Apps configured), never a session id."""
+        requests = registry.counter("loopd_app_requests_total", "Requests answered, by App.")
+        tokens = registry.counter("loopd_app_tokens_total", "Tokens of Usage records, by App.")
+        latency = registry.histogram("loopd_app_request_seconds", "Request latency, by App.")
+        for app, totals in sorted(self._by_app().items()):
+            requests.inc(totals.requests, app=app)
+            tokens.inc(totals.prompt_tokens, app=app, kind="prompt")
+            tokens.inc(totals.completion_tokens, app=app, kind="completion")
+            latency.histogram(app=app).add(totals.latency.counts, totals.latency.total)
 
 
 def _as_message(totals: _Totals) -> Message:
     return {
         "requests": totals.requests,
         "bytes_written": totals.bytes_written,
+        "prompt_tokens": totals.prompt_tokens,
+        "completion_tokens": totals.completion_tokens,
         "fsync_counts": totals.fsync.counts,
         "fsync_sum": totals.fsync.total,
         "latency_counts": totals.latency.counts,

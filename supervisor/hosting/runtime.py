@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Final
 
 from supervisor.errors import ServeError
-from supervisor.hosting.daemon_metrics import DaemonMetrics
+from supervisor.hosting.daemon_metrics import DEFAULT_APP_LABEL, DaemonMetrics
 from supervisor.hosting.daemon_output import DaemonOutput
 from supervisor.hosting.events import Event, EventHub, app_changed_event
 from supervisor.hosting.hibernation import Hibernation
@@ -209,7 +209,7 @@ class Hosting:
         self.timers.on_report(hosted, message)
         stats = message.get("stats")
         if isinstance(stats, dict):
-            self.metrics.on_report(hosted.id, stats)
+            self.metrics.on_report(hosted.id, stats, hosted.app or DEFAULT_APP_LABEL)
             requests = stats.get("requests")
             if isinstance(requests, int) and requests != self._requests.get(hosted.id):
                 self._requests[hosted.id] = requests

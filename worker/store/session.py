@@ -43,6 +43,7 @@ from worker.store.records import (
     encode_lines,
 )
 from worker.store.session_view import SessionView
+from worker.store.stats import STATS
 
 _Home = str | os.PathLike[str] | SessionStore["Session"]
 _EXISTS: Final = frozenset({errno.EEXIST})
@@ -307,6 +308,8 @@ class Session(SessionView):
         for offset, record in enumerate(batch):
             if isinstance(record, Usage):
                 self._last_usage = record
+                STATS.prompt_tokens += record.prompt_tokens
+                STATS.completion_tokens += record.completion_tokens
             elif isinstance(record, User) and record.key is not None:
                 state.keys[record.key] = KeyRef(state.epoch, first_line + offset)
                 self._new_keys.discard(record.key)

@@ -1,4 +1,4 @@
-"""A worker's counters for the supervisor's metrics: fsync latency, bytes written, requests.
+"""A worker's counters for the supervisor's metrics: fsync latency, bytes written, requests, tokens.
 
 Kept in plain integers and one list of bucket counts so that recording costs a few
 additions; the supervisor receives a snapshot with each state report and adds the workers'
@@ -37,6 +37,9 @@ class WorkerStats:
     bytes_written: int = 0
     fsync: Histogram = field(default_factory=Histogram)
     request_latency: Histogram = field(default_factory=Histogram)
+    prompt_tokens: int = 0
+    """Of the ``Usage`` records this worker wrote (durable), as completion_tokens."""
+    completion_tokens: int = 0
 
     def reset(self) -> None:
         """Start counting from zero (a forked worker inherits its parent's counts)."""
@@ -44,6 +47,8 @@ class WorkerStats:
         self.bytes_written = 0
         self.fsync = Histogram()
         self.request_latency = Histogram()
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
 
     def snapshot(self) -> dict[str, object]:
         """The counters as a wire-ready map (sent with each state report)."""
@@ -54,6 +59,8 @@ class WorkerStats:
             "fsync_sum": self.fsync.total,
             "latency_counts": list(self.request_latency.counts),
             "latency_sum": self.request_latency.total,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
         }
 
 
