@@ -191,8 +191,14 @@ def test_top_shows_every_session_live_and_quits_on_q(tmp_path: Path, tmux: list[
             what="top to show both sessions",
         )
         assert f"loopd top  {home}" in first
-        header = r"^session +state +pid +epoch +records .* rss_mib +cpu% +last_error$"
+        header = r"^session +state +pid +epoch +records .* rss_mib +cpu% +tok/min +last_error$"
         assert re.search(header, first, re.M), first
+
+        def spending() -> str | None:  # requests keep alpha's worker writing Usage records
+            call(str(home), "send", session="alpha", text="more words to count")
+            return showing(r"^alpha +RUNNING +\d+ +(\S+ +){6}[1-9]\d*\b")
+
+        poll_until(spending, what="top to show alpha's tokens per minute")
         call(str(home), "create", session="gamma")
         call(str(home), "stop", session="beta")
         poll_until(

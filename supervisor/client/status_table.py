@@ -30,22 +30,26 @@ def status_lines(
 
 TOP_COLUMNS: Final = (
     "session", "state", "pid", "epoch", "records", "restarts", "uptime_s", "rss_mib", "cpu%",
-    "last_error",
+    "tok/min", "last_error",
 )  # fmt: skip
 
 
 @dataclass(slots=True)
 class TopView:
     """What ``loopd top`` shows of a home, refresh after refresh: each worker's CPU share
-    comes from its ``cpu_s`` since the previous refresh (the same pid only)."""
+    comes from its ``cpu_s`` since the previous refresh, its tokens per minute from its
+    ``tokens`` (the same pid only: a new worker counts from zero)."""
 
     last: dict[str, tuple[object, float, float]] = field(default_factory=dict)
     """session -> (pid, cpu_s, when) at the previous refresh."""
+    last_tokens: dict[str, tuple[object, int, float]] = field(default_factory=dict)
+    """session -> (pid, tokens, when) at the previous refresh."""
 
     def lines(self, rows: Sequence[Message], now: float, *, clip: int = 60) -> list[str]:
         """A summary line, then the table of ``rows`` with ``rss_mib`` and ``cpu%``."""
         shown: list[object] = []
         seen: dict[str, tuple[object, float, float]] = {}
+        counted: dict[str, tuple[object, int, float]] = {}
         for row in rows:
             session, pid, cpu = str(row.get("session")), row.get("pid"), row.get("cpu_s")
             rss = row.get("rss_bytes")
@@ -59,9 +63,28 @@ class TopView:
                 **row,
                 "rss_mib": f"{rss / (1 << 20):.1f}" if isinstance(rss, int | float) else None,
                 "cpu%": percent,
+                "tok/min": self._per_minute(session, pid, row.get("tokens"), now, counted),
             })  # fmt: skip
         self.last = seen
+        self.last_tokens = counted
         return [summary_line(rows), *status_lines(shown, TOP_COLUMNS, clip=clip)]
+
+    def _per_minute(
+        self,
+        session: str,
+        pid: object,
+        tokens: object,
+        now: float,
+        counted: dict[str, tuple[object, int, float]],
+    ) -> str | None:
+        """Tokens a minute since the previous refresh; None at a worker's first sight."""
+        if type(tokens) is not int or pid is None:
+            return None
+        counted[session] = (pid, tokens, now)
+        before = self.last_tokens.get(session)
+        if before is None or before[0] != pid or now <= before[2]:
+            return None
+        return f"{60 * max(0, tokens - before[1]) / (now - before[2]):.0f}"
 
 
 def summary_line(rows: Sequence[Message]) -> str:

@@ -15,7 +15,7 @@ from supervisor.daemon.endpoints import Waiter, WorkerChannel
 from supervisor.daemon.exit_advice import fatal_reason, honoured_exit
 from supervisor.daemon.hang import HangWatch
 from supervisor.daemon.hosted_requests import SessionRequests
-from supervisor.daemon.hosted_status import int_or_none, session_status
+from supervisor.daemon.hosted_status import int_or_none, session_status, tokens_reported
 from supervisor.daemon.lock_wait import outgoing_worker
 from supervisor.daemon.poison import DEFAULT_POISON_AFTER, PoisonLedger
 from supervisor.daemon.relay import Relay
@@ -82,6 +82,7 @@ class HostedSession(SessionRequests):
         self.records: int | None = None
         # The worker's [pending, next due], as it last said, or as the daemon's file says.
         self.schedules: object = reported_summary(spec.home, spec.session)
+        self.tokens: int | None = None  # its worker's Usage tokens, as it last reported
         self.relay = Relay(spec.session)
         self.queued: list[tuple[Waiter, Message]] = []
         self.ready_waiters: list[Waiter] = []
@@ -184,6 +185,7 @@ class HostedSession(SessionRequests):
         op = message.get("op")
         if op == "state":
             self._take_state(message.get("state"))
+            self.tokens = tokens_reported(message.get("stats"))
             self.loop.on_report(self, message)
         elif op == "ready":
             self._take_state(message)

@@ -42,6 +42,8 @@ class StatusSource(Protocol):
     @property
     def schedules(self) -> object: ...
     @property
+    def tokens(self) -> int | None: ...
+    @property
     def spec(self) -> WorkerSpec: ...
 
 
@@ -63,6 +65,7 @@ def session_status(hosted: StatusSource) -> Message:
         "rss_bytes": worker.rss_bytes() if worker is not None else None,
         "cpu_s": worker.cpu_seconds() if worker is not None else None,
         "last_error": hosted.last_error,
+        "tokens": hosted.tokens,
         **scheduled(hosted.schedules),
         **app_of(hosted),
     }
@@ -81,6 +84,15 @@ def scheduled(summary: object) -> Message:
     if isinstance(summary, list) and len(summary) == 2 and type(summary[0]) is int:
         return {"scheduled": summary[0], "next_due": summary[1]}
     return {"scheduled": None, "next_due": None}
+
+
+def tokens_reported(stats: object) -> int | None:
+    """Prompt and completion tokens of the Usage records a worker's counters name (since
+    that worker started); None if it named none."""
+    if not isinstance(stats, dict):
+        return None
+    counts = [stats.get("prompt_tokens"), stats.get("completion_tokens")]
+    return sum(c for c in counts if type(c) is int) if any(type(c) is int for c in counts) else None
 
 
 def int_or_none(value: object) -> int | None:
