@@ -11,7 +11,12 @@ from supervisor.hosting.daemon_metrics import DaemonMetrics
 from supervisor.hosting.metrics import Registry
 from supervisor.hosting.metrics_http import parse_listen, serve_metrics
 from tests.promtext import ExpositionError, parse
-from worker.store.stats import WorkerStats
+from worker import Session
+from worker.app import DefaultApp
+from worker.replies import error_reply
+from worker.store.errors import KeyExpired
+from worker.store.records import Usage
+from worker.store.stats import STATS, WorkerStats
 
 
 def test_an_exposition_of_every_kind_parses_and_reads_back() -> None:
@@ -140,11 +145,13 @@ def test_requests_tokens_and_latency_are_counted_by_app_and_survive_each_worker(
     """By App (its target, or "default"), never by session: a hibernated worker's counts
     stay with its App; tokens are the Usage records' as the workers reported them."""
     metrics = DaemonMetrics(lambda: [], lambda: [], ["RUNNING"])
-    first = WorkerStats(requests=3, prompt_tokens=100, completion_tokens=10)
+    first = WorkerStats(requests=3, prompt_tokens=100, completion_tokens=10,
+                        errors={"NotDue": 2})  # fmt: skip
     first.request_latency.observe(0.01)
     metrics.on_report("a", first.snapshot(), "agents:make")
     metrics.on_worker_gone("a")
-    second = WorkerStats(requests=2, prompt_tokens=7, completion_tokens=3)
+    second = WorkerStats(requests=2, prompt_tokens=7, completion_tokens=3,
+                         errors={"NotDue": 1, "key_expired": 4})  # fmt: skip
     second.request_latency.observe(0.2)
     metrics.on_report("b", second.snapshot(), "agents:make")
     metrics.on_report("c", WorkerStats(requests=4, prompt_tokens=1).snapshot())
@@ -159,16 +166,16 @@ def test_requests_tokens_and_latency_are_counted_by_app_and_survive_each_worker(
     latency = families["loopd_app_request_seconds"]
     counts = {s.labels["app"]: s.value for s in latency.samples if s.name.endswith("_count")}
     assert counts == {"agents:make": 2, "default": 0}
+    refused = families["loopd_app_request_errors_total"]
+    assert refused.value(app="agents:make", code="NotDue") == 3
+    assert refused.value(app="agents:make", code="key_expired") == 4
+    assert families["loopd_request_errors_total"].value(code="NotDue") == 3
     assert families["loopd_requests_total"].value() == 9  # the unlabelled totals, as before
     labels = {k for f in families.values() for sample in f.samples for k in sample.labels}
-    assert labels <= {"app", "kind", "state", "le"}  # none names a session
+    assert labels <= {"app", "kind", "state", "le", "code"}  # none names a session
 
 
 def test_a_worker_counts_the_tokens_of_the_usage_records_it_made_durable(tmp_path: Path) -> None:
-    from worker import Session
-    from worker.app import DefaultApp
-    from worker.store.records import Usage
-    from worker.store.stats import STATS
 
     app = DefaultApp()
     STATS.reset()
@@ -177,4 +184,12 @@ def test_a_worker_counts_the_tokens_of_the_usage_records_it_made_durable(tmp_pat
         session.append(Usage(prompt_tokens=5, completion_tokens=1, context_tokens=48))
     assert (STATS.prompt_tokens, STATS.completion_tokens) == (45, 3)
     assert STATS.snapshot()["prompt_tokens"] == 45
+    STATS.reset()
+
+
+def test_a_refused_request_is_counted_by_its_code() -> None:
+    STATS.reset()
+    reply = error_reply(7, KeyExpired("k1", 3, 5))
+    assert reply["error"]["code"] == "key_expired"  # type: ignore[index]
+    assert STATS.snapshot()["errors"] == {"key_expired": 1}
     STATS.reset()

@@ -8,6 +8,7 @@ from worker.peer import Peer
 from worker.schedule_book import book_of
 from worker.store.errors import KeyExpired, LogSealed, NotOwnerNow, SessionError
 from worker.store.session import Session
+from worker.store.stats import STATS
 from worker.turns import PoisonRequest
 from worker.wire import Message, error, ok
 
@@ -49,6 +50,7 @@ def error_reply(request_id: object, exc: SessionError) -> Message:
     """The reply to a request refused before a byte of it was written: a ``not_owner`` says
     so (``before_write``); one sent after the fsync (``_apply_chunk``) leaves it unknown."""
     code = error_code(exc)
+    STATS.errors[code] = STATS.errors.get(code, 0) + 1
     more = {"before_write": True} if code == "not_owner" else {}
     return error(request_id, code, str(exc), **more)
 

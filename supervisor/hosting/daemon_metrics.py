@@ -34,8 +34,14 @@ class _Totals:
     completion_tokens: int = 0
     fsync: HistogramValue = field(default_factory=HistogramValue)
     latency: HistogramValue = field(default_factory=HistogramValue)
+    errors: Tally[str] = field(default_factory=Tally)
 
     def add(self, snapshot: Message) -> None:
+        errors = snapshot.get("errors")
+        if isinstance(errors, dict):
+            for code, count in errors.items():
+                if isinstance(code, str) and type(count) is int:
+                    self.errors[code] += count
         for name in ("requests", "bytes_written", "prompt_tokens", "completion_tokens"):
             value = snapshot.get(name)
             if type(value) is int:
@@ -143,6 +149,9 @@ class DaemonMetrics:
         tokens = registry.counter("loopd_tokens_total", "Tokens of the Usage records written.")
         tokens.inc(totals.prompt_tokens, kind="prompt")
         tokens.inc(totals.completion_tokens, kind="completion")
+        errors = registry.counter("loopd_request_errors_total", "Requests refused, by code.")
+        for code, count in sorted(totals.errors.items()):
+            errors.inc(count, code=code)
         self._render_apps(registry)
         return registry.render()
 
@@ -152,11 +161,14 @@ class DaemonMetrics:
         requests = registry.counter("loopd_app_requests_total", "Requests answered, by App.")
         tokens = registry.counter("loopd_app_tokens_total", "Tokens of Usage records, by App.")
         latency = registry.histogram("loopd_app_request_seconds", "Request latency, by App.")
+        errors = registry.counter("loopd_app_request_errors_total", "Refusals, by App and code.")
         for app, totals in sorted(self._by_app().items()):
             requests.inc(totals.requests, app=app)
             tokens.inc(totals.prompt_tokens, app=app, kind="prompt")
             tokens.inc(totals.completion_tokens, app=app, kind="completion")
             latency.histogram(app=app).add(totals.latency.counts, totals.latency.total)
+            for code, count in sorted(totals.errors.items()):
+                errors.inc(count, app=app, code=code)
 
 
 def _as_message(totals: _Totals) -> Message:
@@ -165,6 +177,7 @@ def _as_message(totals: _Totals) -> Message:
         "bytes_written": totals.bytes_written,
         "prompt_tokens": totals.prompt_tokens,
         "completion_tokens": totals.completion_tokens,
+        "errors": dict(totals.errors),
         "fsync_counts": totals.fsync.counts,
         "fsync_sum": totals.fsync.total,
         "latency_counts": totals.latency.counts,

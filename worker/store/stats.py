@@ -40,6 +40,8 @@ class WorkerStats:
     prompt_tokens: int = 0
     """Of the ``Usage`` records this worker wrote (durable), as completion_tokens."""
     completion_tokens: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    """Requests refused, by the wire's error code."""
 
     def reset(self) -> None:
         """Start counting from zero (a forked worker inherits its parent's counts)."""
@@ -49,6 +51,7 @@ class WorkerStats:
         self.request_latency = Histogram()
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.errors = {}
 
     def snapshot(self) -> dict[str, object]:
         """The counters as a wire-ready map (sent with each state report)."""
@@ -61,6 +64,7 @@ class WorkerStats:
             "latency_sum": self.request_latency.total,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
+            "errors": dict(self.errors),
         }
 
 
