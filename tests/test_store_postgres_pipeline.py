@@ -11,13 +11,16 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.postgres_server import PostgresServer
 from tests.support import poll_until
 from worker import Baseline, NotOwnerNow, Session, SessionBroken, User
+from worker.store.errors import SessionNotFound
 from worker.store.postgres import DatabaseUnavailable, PostgresStore
+from worker.store.postgres.store import _claim
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -179,3 +182,65 @@ def test_an_append_after_psycopg_rolled_back_a_fenced_transaction_still_commits(
     session.append(_user(2))
     session.close()
     assert _stored_texts(store) == ["request 1", "request 2"]
+
+
+def test_a_commit_the_server_refuses_is_not_acknowledged_and_breaks_the_session(
+    store: PostgresStore, session: Session
+) -> None:
+    """A deferred trigger refuses the group's COMMIT (the INSERT itself ran): the append
+    raises, nothing of it is stored or in memory, and the session takes no more."""
+    session.append(_user(0))
+    with psycopg.connect(store.uri, autocommit=True) as admin:
+        admin.execute(
+            "CREATE FUNCTION late() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "RAISE EXCEPTION 'refused at commit'; END $$"
+        )
+        admin.execute(
+            "CREATE CONSTRAINT TRIGGER t_late AFTER INSERT ON loopd_log_chunks "
+            "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION late()"
+        )
+    with pytest.raises(DatabaseUnavailable, match="refused at commit"):
+        session.append(_user(1))
+    assert [r.key for r in session.records if isinstance(r, User)] == ["k0"]
+    with pytest.raises(SessionBroken):
+        session.append(_user(2))
+    session.close()
+    with psycopg.connect(store.uri, autocommit=True) as admin:
+        admin.execute("DROP TRIGGER t_late ON loopd_log_chunks")
+    assert _stored_texts(store) == ["request 0"]
+
+
+def test_an_open_racing_the_create_of_its_session_finds_it_absent_or_claims_it(
+    store: PostgresStore, baseline: Baseline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The create commits between the claim's UPDATE and its second look: an open is told
+    the session is absent (open_or_create then opens what the other made), and a claim
+    with a token takes the row, never a NotOwnerNow a worker would take as deposed."""
+    store.ensure_schema()
+    real = psycopg.Connection.execute
+
+    def racing(session_id: str) -> Any:
+        creator = psycopg.connect(store.uri)
+        creator.execute(
+            "INSERT INTO loopd_sessions (session, owner_token) VALUES (%s, 1)", (session_id,)
+        )
+
+        def execute(self: object, query: object, *args: object, **kwargs: object) -> object:
+            cursor = real(self, query, *args, **kwargs)
+            if isinstance(query, str) and query.startswith("UPDATE loopd_sessions SET owner"):
+                creator.commit()  # the create commits right after the claim's UPDATE
+            return cursor
+
+        monkeypatch.setattr(psycopg.Connection, "execute", execute)
+        return creator
+
+    creator = racing("d")
+    with pytest.raises(SessionNotFound):
+        store.open_session("d")
+    monkeypatch.setattr(psycopg.Connection, "execute", real)
+    creator.close()
+    creator = racing("e")
+    with store.connection() as conn:
+        assert _claim(conn, store.session_dir("e"), "e", 5) == 5
+    monkeypatch.setattr(psycopg.Connection, "execute", real)
+    creator.close()

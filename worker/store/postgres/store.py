@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from worker.store.baseline import Baseline
 from worker.store.creation import check_slot
@@ -178,25 +178,35 @@ class PostgresStore:
             return self.open_session(session_id)  # a concurrent creator won
 
 
+_CLAIM_ATTEMPTS: Final = 3
+
+
 def _claim(conn: Connection, directory: str, session_id: str, token: int | None) -> int:
     """Raise the session's owner token (to ``token``, or by one); return the new token.
 
     One UPDATE, its own transaction: it takes the row's lock (a write in flight, which
     holds it FOR SHARE, is waited for) and commits the new token. No row updated: the
-    session is absent, or its token is newer than ``token`` (read again to say which).
+    session was absent when it ran (without ``token`` nothing else stops it), or its
+    token is newer than ``token``. The row is read again to say which; one that is there
+    now and not newer was created after the UPDATE ran, and is claimed again.
     """
-    row = conn.execute(
-        "UPDATE loopd_sessions SET owner_token = coalesce(%(token)s, owner_token + 1) "
-        "WHERE session = %(session)s AND owner_token <= coalesce(%(token)s, owner_token) "
-        "RETURNING owner_token",
-        {"token": token, "session": session_id},
-    ).fetchone()
-    if row is not None:
-        return int(str(row[0]))
-    held = conn.execute(
-        "SELECT owner_token FROM loopd_sessions WHERE session = %s", (session_id,)
-    ).fetchone()
-    if held is None:
-        raise SessionNotFound(directory)
-    why = f"the database holds owner token {held[0]}, newer than {token}"
-    raise NotOwnerNow(directory, why)
+    for _attempt in range(_CLAIM_ATTEMPTS):
+        row = conn.execute(
+            "UPDATE loopd_sessions SET owner_token = coalesce(%(token)s, owner_token + 1) "
+            "WHERE session = %(session)s AND owner_token <= coalesce(%(token)s, owner_token) "
+            "RETURNING owner_token",
+            {"token": token, "session": session_id},
+        ).fetchone()
+        if row is not None:
+            return int(str(row[0]))
+        if token is None:
+            raise SessionNotFound(directory)  # a create after the UPDATE is another's
+        held = conn.execute(
+            "SELECT owner_token FROM loopd_sessions WHERE session = %s", (session_id,)
+        ).fetchone()
+        if held is None:
+            raise SessionNotFound(directory)
+        if int(str(held[0])) > token:
+            why = f"the database holds owner token {held[0]}, newer than {token}"
+            raise NotOwnerNow(directory, why)
+    raise SessionNotFound(directory)  # created and gone again, each time it was looked at
