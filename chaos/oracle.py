@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from chaos import salvage_checks, schedule_checks, tool_checks
+from chaos import salvage_checks, schedule_checks, tool_checks, version_checks
 from chaos.cases import CaseResult
 from chaos.scenarios import SESSION, SLOT, Scenario
 from worker.store.errors import SessionError
@@ -263,6 +263,8 @@ def check_final_view(
     _check_resume(result, after_fault, view)
     if schedule_checks.drives_schedules(scenario):
         schedule_checks.final(result, scenario, log.acked, view.epochs)
+    if version_checks.drives_versions(scenario):
+        version_checks.final(result, scenario, after_fault.epochs, view.epochs, view.baselines)
     if state is not None and state.epoch >= 1:
         result.checked.append("carry-is-recorded-summary")
         if state.carry != view.closing_summary(state.epoch - 1):

@@ -114,6 +114,8 @@ class RequestsClient:
         if op == "ready":
             self.log.started = True
             self.on_ready(message)
+        elif op == "state":
+            return  # a report for the supervisor (its state, an App's version changed)
         elif op == "exiting":
             self.on_refused(
                 {"e": "refused", "error": message.get("code"), "why": message.get("message")}

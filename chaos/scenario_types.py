@@ -18,6 +18,8 @@ RETRY_SUMMARY: Final = "summary given on retry"
 # The records one keyed request appends: a group commit of four, or a single User.
 GROUP_SHAPE: Final = ("User", "ToolResult", "Assistant", "Usage")
 SINGLE_SHAPE: Final = ("User",)
+VERSION_ENV: Final = "LOOPD_CHAOS_APP_VERSION"
+"""A worker's App version in the ``versions`` scenario (chaos.versioned_app)."""
 
 
 def baseline_for(memory: str) -> Baseline:
@@ -66,6 +68,9 @@ class Scenario:
     stream: bool = False
     worker_args: tuple[str, ...] = ()  # more flags of its worker (a deadline, chunk sizes)
     burst: bool = False  # every request sent in one write, then again (chaos.slow_client)
+    # The App's version in the first worker, then in every worker that resumes the case
+    # (chaos.versioned_app, chaos.version_checks); None: one version throughout.
+    versions: tuple[str, str] | None = None
 
     @property
     def worker_level(self) -> bool:
@@ -74,7 +79,7 @@ class Scenario:
     @property
     def hosts_apps(self) -> bool:
         """Whether a user's App can run in it (the probes' scenarios run the rig's app)."""
-        return self.worker_level and not self.probes and not self.batches
+        return self.worker_level and not self.probes and not self.batches and not self.versions
 
     def shape(self, key: str) -> tuple[str, ...]:
         """The record types the request ``key`` appends, User first, in one group."""

@@ -258,6 +258,16 @@ SCENARIOS: Final = {
             worker_args=("--request-deadline", "0.1", "--hang-timeout", "1", "--max-batch", "8"),
             burst=True,
         ),
+        Scenario(
+            name="versions",
+            doc="requests through the real worker loop to an App whose every resuming "
+            "worker runs its next version: AppChanged mid-epoch, the new epochs its own",
+            ops=(),
+            requests=tuple((f"v{n}", f"versioned request {n} " + "r" * 30) for n in range(6)),
+            budget=50,
+            app="chaos.versioned_app:VersionedApp",
+            versions=("1", "2"),
+        ),
         SCHEDULES,
     )
 }

@@ -27,6 +27,7 @@ from chaos.hook import ChaosHook, EventPipe, FaultKind
 from chaos.lifeline import die_with_parent
 from chaos.oracle import ClientLog, session_path, snapshot_logs
 from chaos.requests_client import RequestsClient
+from chaos.scenario_types import VERSION_ENV
 from chaos.scenarios import Scenario
 from chaos.slow_checks import judge_exit
 from chaos.slow_client import PipelinedClient
@@ -108,6 +109,8 @@ def fork_child(
             if effects is not None:
                 effects.close_in_worker()
                 os.environ[EFFECTS_URL_ENV] = effects.url
+            if scenario.versions is not None:  # the first worker's, then the next one's
+                os.environ[VERSION_ENV] = scenario.versions[1 if resume else 0]
             if theirs is not None:
                 code = worker_child(os.path.abspath(home), scenario, theirs.fileno(),
                                     create=not log.started)  # fmt: skip

@@ -24,6 +24,7 @@ from chaos.mutants import (
     streaming,
     tools,
     unseen,
+    versions,
 )
 
 KILL: Final = (FaultKind.KILL,)
@@ -62,6 +63,7 @@ _FAMILIES: Final = {
     streaming.__name__: "streaming",
     pipelining.__name__: "batches and pipelines",
     schedules.__name__: "scheduled requests",
+    versions.__name__: "App versions",
 }
 
 
@@ -276,6 +278,11 @@ _ALL: Final = (
            bug="delivery takes every pending schedule as due, whatever its time",
            patch=schedules.delivered_without_waiting,
            caught_by="schedule-delivered-once-not-early", scenarios=("schedules",)),
+    # App versions (issue 33), caught only by the versions scenario's check.
+    Mutant(name="next-epoch-keeps-its-app",
+           bug="an epoch commit names the closing epoch's App version, not its writer's",
+           patch=versions.next_epoch_keeps_its_app,
+           caught_by="resumed-under-new-version", scenarios=("versions",)),
 )  # fmt: skip
 MUTANTS: Final[dict[str, Mutant]] = {m.name: m for m in _ALL}
 # The PostgreSQL backend's mutants: their cases need a database, so they are scored by the

@@ -32,6 +32,7 @@ PINNED: Final[dict[str, tuple[str, ...]]] = {
     "lock-released-after-open": ("basic:kill:-:14", "basic:kill:-:56"),
     "next-baseline-ignores-summary": ("basic:kill:-:1", "basic:kill:-:56"),
     "next-call-from-newest-epoch": ("basic:kill:-:36", "basic:kill:-:39"),
+    "next-epoch-keeps-its-app": ("versions:kill:-:14", "versions:kill:-:73"),
     "no-cut-back-after-failed-write": ("basic:io:enospc:15", "basic:io:edquot:41"),
     "no-directory-fsync": ("basic:power:drop:11", "basic:power:zeros:56"),
     "no-fsync": ("basic:power:names:12", "basic:power:names:56"),
