@@ -174,13 +174,15 @@ def run_supervised(
         env[APP_ENV] = app  # imported by the workers from serve's working directory, this one
     if store:
         env[STORE_ENV] = "1"  # which hook: the URI itself reaches the workers through serve
-    # Workers die here by design, often and in a row: no intensity limit, and a short
-    # backoff so that the run measures the store and the restart path, not the waiting.
+    # Workers die here by design, often and in a row: no intensity limit, a short
+    # backoff so that the run measures the store and the restart path, not the waiting,
+    # and no request taken for poison for the deaths it happened to be in flight for.
     daemon = subprocess.Popen(
         [sys.executable, "-m", "supervisor", "serve", "--home", home, "--app",
          "chaos.supervised:chaos_app", "--budget", "150", "--max-restarts", "100000",
          "--start-retries", "100000", "--backoff-base", "0.005", "--backoff-max", "0.05",
-         "--stable-after", "0.5", *(["--store", store] if store else [])],
+         "--stable-after", "0.5", "--poison-after", "1000",
+         *(["--store", store] if store else [])],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         # It dies with the rig (its workers follow: their control channel closes).
         preexec_fn=functools.partial(die_with_parent, os.getpid()),  # noqa: PLW1509 - no thread yet
