@@ -124,8 +124,11 @@ class Daemon:
         return True
 
     def workers(self) -> list[psutil.Process]:
-        """Its workers (and what they forked), not its Apps' templates."""
-        return [p for p in self._descendants() if _name(p) != TEMPLATE_NAME]
+        """Its workers (and what they forked), not its Apps' templates: only processes
+        still there when looked at (a template's intermediate child lives a millisecond,
+        and one gone between the listing and the look has no name to tell it by)."""
+        return [p for p in self._descendants()
+                if _name(p) != TEMPLATE_NAME and p.is_running()]  # fmt: skip
 
     def templates(self) -> list[psutil.Process]:
         """Its Apps' template processes (docs/templates.md)."""
