@@ -20,8 +20,10 @@ violations, each one line with the evidence; an empty list means the invariant h
 - ``no-reply-from-a-lost-host``: no acknowledgement names a node whose host could not
   answer the client when it ended: killed, cut off, paused, or partitioned from the
   client (from the fault's start, or the moment the pause took hold, plus ``IN_FLIGHT``
-  for a reply already on its way, to its heal). One that does was made up by the client
-  or answered by another process than the node it names.
+  for a reply already on its way, to the start of its heal: a reply held back by a
+  partition is delivered as its routes are removed, before the heal is stamped done).
+  One that does was made up by the client or answered by another process than the node
+  it names.
 """
 
 from __future__ import annotations
@@ -209,9 +211,11 @@ def no_reply_from_a_lost_host(history: History) -> list[str]:
     for fault in history.faults:
         if fault.get("kind") not in HOST_LOSS or fault.get("error") or not fault.get("healed"):
             continue
-        took_hold = fault.get("detail", {}).get("stopped_after_s") or 0.0
+        detail = fault.get("detail", {})
+        took_hold = detail.get("stopped_after_s") or 0.0
+        until = detail.get("heal_began", fault["healed"])
         lost.append((str(fault["targets"][0]), float(fault["applied"]) + float(took_hold),
-                     float(fault["healed"]), str(fault["kind"])))  # fmt: skip
+                     float(until), str(fault["kind"])))  # fmt: skip
     found = []
     for request in _acks(history):
         for node, applied, healed, kind in lost:

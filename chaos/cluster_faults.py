@@ -254,7 +254,8 @@ def _database_host(fault: Fault, rig: Rig) -> Host:
 
 def heal(fault: Fault, rig: Rig) -> None:
     """Undo the fault: routes removed, link up, qdisc removed, processes started or
-    continued again."""
+    continued again. ``heal_began``: from then on a reply held back may get through."""
+    fault.detail["heal_began"] = time.monotonic()
     kind = fault.kind
     if kind.startswith("partition-"):
         for host, other in _pairs(fault, rig):

@@ -221,3 +221,13 @@ def test_a_reply_from_a_node_whose_host_was_lost_is_caught_and_one_in_flight_is_
     # A fault the rig failed to apply takes nothing away.
     failed = {**kill, "applied": 4.0, "healed": 6.1, "error": "ip: no such device"}
     assert violated(replace(history, faults=[failed])) == set()
+
+
+def test_a_reply_held_back_by_a_partition_may_arrive_while_its_routes_are_removed() -> None:
+    """A partition between client and b from 4.0, its heal begun at 4.49 and stamped done
+    at 6.1: k3's reply (ending 4.5) was held back and got through as the routes went."""
+    cut = {"kind": "partition-client-node", "targets": ["b"], "hold": 1.0, "error": None,
+           "detail": {"heal_began": 4.49}, "applied": 4.0, "healed": 6.1}  # fmt: skip
+    assert violated(replace(good(), faults=[cut])) == set()
+    later = {**cut, "detail": {"heal_began": 4.6}}  # still cut off when k3's reply came
+    assert violated(replace(good(), faults=[later])) == {"no-reply-from-a-lost-host"}
