@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import socket
 from collections.abc import Iterator
@@ -13,76 +12,16 @@ from typing import Any
 import pytest
 
 from supervisor.http.routes import ROUTES
+from tests.etcd_server import free_port
+from tests.http_client import Api
 from tests.support import running_daemon
 
-JSON = {"Content-Type": "application/json"}
-STREAM = {**JSON, "Accept": "text/event-stream"}
 SPEC = Path(__file__).parent.parent / "supervisor" / "http" / "openapi.json"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-class Api:
-    """One keep-alive connection to the HTTP port."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
-
-    def ask(
-        self, method: str, path: str, body: object = None, headers: dict[str, str] | None = None
-    ) -> tuple[int, dict[str, Any]]:
-        data = None if body is None else json.dumps(body).encode()
-        self.conn.request(method, path, body=data, headers={**JSON, **(headers or {})})
-        answer = self.conn.getresponse()
-        document = json.loads(answer.read())
-        assert isinstance(document, dict)
-        return answer.status, document
-
-    def events(
-        self, path: str, body: object, headers: dict[str, str], *, stop_after: int | None = None
-    ) -> list[tuple[str, str, dict[str, Any]]]:
-        """(id, kind, data) of an event stream on a new connection, the first
-        ``stop_after`` only (then it hangs up)."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=20)
-        try:
-            data = json.dumps(body).encode()
-            conn.request("POST", path, body=data, headers={**STREAM, **headers})
-            answer = conn.getresponse()
-            assert answer.status == 200
-            assert answer.headers["Content-Type"] == "text/event-stream"
-            return list(_read_events(answer, stop_after))
-        finally:
-            conn.close()
-
-
-def _read_events(
-    answer: http.client.HTTPResponse, stop_after: int | None
-) -> Iterator[tuple[str, str, dict[str, Any]]]:
-    fields: dict[str, str] = {}
-    count = 0
-    while line := answer.readline():
-        text = line.decode().rstrip("\n")
-        if text:
-            name, _, value = text.partition(": ")
-            fields[name] = value
-            continue
-        if "data" in fields:
-            yield fields.get("id", ""), fields.get("event", ""), json.loads(fields["data"])
-            count += 1
-            if stop_after is not None and count >= stop_after:
-                return
-        fields = {}
 
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Api]:
-    port = _free_port()
+    port = free_port()
     args = ("--http", f"127.0.0.1:{port}", "--app", "tests.http_apps:SlowStreamApp")
     with running_daemon(tmp_path / "home", *args):
         api = Api(port)
@@ -179,7 +118,7 @@ def test_a_reconnect_after_the_turn_finished_gets_the_final_reply(served: Api) -
 
 
 def test_a_reconnect_to_a_restarted_serve_gets_the_reply_from_the_log(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     args = ("--http", f"127.0.0.1:{port}", "--app", "tests.http_apps:SlowStreamApp")
     key = {"Idempotency-Key": "before-restart"}
     with running_daemon(tmp_path / "home", *args):
@@ -259,7 +198,7 @@ def test_a_head_slower_than_the_deadline_is_answered_408_and_closed(served: Api)
 def test_a_worker_death_mid_stream_is_a_restart_event_then_the_partials_again(
     tmp_path: Path,
 ) -> None:
-    port = _free_port()
+    port = free_port()
     args = ("--http", f"127.0.0.1:{port}", "--app", "tests.slow_apps:DyingStreamApp")
     with running_daemon(tmp_path / "home", *args):
         api = Api(port)

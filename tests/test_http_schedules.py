@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from tests.etcd_server import free_port
+from tests.http_client import JSON, Api
 from tests.support import poll_until, running_daemon
-from tests.test_http_api import JSON, Api
 from worker.store.schedules import parse_time
 
 DEADLINE = 30.0

@@ -20,8 +20,8 @@ import pytest
 from supervisor.client import call
 from supervisor.errors import ControlError
 from supervisor.http.tokens import hash_token
+from tests.etcd_server import free_port
 from tests.support import REPO, running_daemon
-from tests.test_http_api import _free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -73,7 +73,7 @@ class Port:
 def port(tmp_path: Path) -> Iterator[tuple[Port, Path]]:
     home = tmp_path / "home"
     _config(home)
-    number = _free_port()
+    number = free_port()
     with running_daemon(home, "--http", f"127.0.0.1:{number}"):
         api = Port(number)
         api.document("POST", "/v1/sessions", {"id": "a1"}, token=TOKENS["acme"])
@@ -223,7 +223,7 @@ def test_a_tenant_cannot_take_another_tenants_session_by_asking_for_its_tenant_n
 def test_tenants_survive_a_restart_of_serve(tmp_path: Path) -> None:
     home = tmp_path / "home"
     _config(home)
-    number = _free_port()
+    number = free_port()
     with running_daemon(home, "--http", f"127.0.0.1:{number}"):
         api = Port(number)
         api.document("POST", "/v1/sessions", {"id": "a1"}, token=TOKENS["acme"])
@@ -242,7 +242,7 @@ def test_without_tenants_the_port_asks_for_no_token_and_a_local_caller_sees_all(
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "home"
-    number = _free_port()
+    number = free_port()
     with running_daemon(home, "--http", f"127.0.0.1:{number}"):
         api = Port(number)
         api.document("POST", "/v1/sessions", {"id": "s1"})
