@@ -54,14 +54,41 @@ class EtcdServer:
     def __init__(self, data_dir: Path) -> None:
         self.binary = etcd_binary()
         self.data_dir = data_dir
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir.with_name(data_dir.name + ".log")
+        self.started = False  # once it has answered, its ports are in its data: kept
+        self._pick_ports()
+
+    def _pick_ports(self) -> None:
         self.client_port = free_port()
         self.peer_port = free_port()
         self.url = f"http://127.0.0.1:{self.client_port}"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.log_path = data_dir.with_name(data_dir.name + ".log")
 
     def start(self) -> None:
-        """Start the member and wait until it answers a read."""
+        """Start the member and wait until it answers a read.
+
+        A port found free can be taken by another process before etcd binds it (tests
+        run side by side): a first start that fails to bind is tried again on new
+        ports, with a fresh data directory.
+        """
+        for _attempt in range(4):
+            logged = self.log_path.stat().st_size if self.log_path.exists() else 0
+            try:
+                self._start_once()
+            except AssertionError:
+                with self.log_path.open("rb") as log:
+                    log.seek(logged)
+                    said = log.read()
+                if self.started or b"address already in use" not in said:
+                    raise
+                shutil.rmtree(self.data_dir, ignore_errors=True)
+                self._pick_ports()
+                continue
+            self.started = True
+            return
+        raise AssertionError(f"etcd found no free ports in 4 tries: {self.log_path}")
+
+    def _start_once(self) -> None:
         peer = f"http://127.0.0.1:{self.peer_port}"
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
