@@ -6,8 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Final
 
-from chaos.hook import VARIANTS, FaultKind, variants_at
-from worker.store.durable import Step
+from chaos.faults.hook import VARIANTS, FaultKind, variants_at
+from worker.store.disk.durable import Step
 
 POWER_AT_END: Final = 0  # ``power_at`` of a case whose power fails after the resume finished
 
@@ -105,7 +105,7 @@ class CaseResult:
     violations: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     app: str | None = None
-    state: str = ""  # the key of the crash state recovered and checked (chaos.crash_states)
+    state: str = ""  # the key of the crash state recovered and checked (chaos.run.crash_states)
     checked_by: str = ""  # the case that checked that state, when it was another one
 
     @property

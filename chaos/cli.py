@@ -20,12 +20,12 @@ from chaos.cli_options import (
 )
 from chaos.cluster_command import cluster
 from chaos.mutants import MUTANTS
-from chaos.parallel import case_workdir
+from chaos.report.scoring import feature_table, score_mutant
+from chaos.run.runner import clean_steps, run_case
+from chaos.run.supervised import run_supervised
 from chaos.run_command import run
-from chaos.runner import clean_steps, run_case
-from chaos.scenarios import SCENARIOS
-from chaos.scoring import feature_table, score_mutant
-from chaos.supervised import run_supervised
+from chaos.scenarios.scenarios import SCENARIOS
+from chaos.sweep.parallel import case_workdir
 
 
 @click.group()

@@ -7,10 +7,10 @@ from typing import Final
 
 import click
 
-from chaos.hook import FaultKind
-from chaos.runner import scenario_for
-from chaos.scenarios import SCENARIOS
-from chaos.sweep import ALL_FAULTS
+from chaos.faults.hook import FaultKind
+from chaos.run.runner import scenario_for
+from chaos.scenarios.scenarios import SCENARIOS
+from chaos.sweep.sweep import ALL_FAULTS
 
 EXIT_VIOLATION: Final = 1
 

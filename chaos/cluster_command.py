@@ -1,4 +1,4 @@
-"""``loopd chaos cluster``: the command, its options and its summary (chaos/cluster_run.py)."""
+"""``loopd chaos cluster``: the command, its options and its summary (chaos/cluster/run.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import click
 
 from chaos.cli_options import EXIT_VIOLATION
-from chaos.cluster_checker import INVARIANTS
-from chaos.cluster_faults import KINDS
-from chaos.cluster_run import Options, Report, Stopped, prerequisites, run_cluster
-from chaos.netns_hosts import HarnessError
+from chaos.cluster.checker import INVARIANTS
+from chaos.cluster.faults import KINDS
+from chaos.cluster.netns_hosts import HarnessError
+from chaos.cluster.run import Options, Report, Stopped, prerequisites, run_cluster
 
 EXIT_CANNOT_RUN = 2
 EXIT_UNSERVED = 3

@@ -13,7 +13,7 @@ collects the same items); ``--loopd-chaos-budget SECONDS`` (ini ``loopd_chaos_bu
 leaves unrun (and unreported: no skipped items) the items that would start after that
 many seconds of the session, the cheap strata first as ``loopd chaos run --budget`` does,
 and prints how many it left. Cases that reach a crash state another item checked already take
-its verdict (``chaos.crash_states``); the xdist workers of one run share those verdicts.
+its verdict (``chaos.run.crash_states``); the xdist workers of one run share those verdicts.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import pytest
 
 if TYPE_CHECKING:
     from chaos.cases import Case, CaseResult
-    from chaos.crash_states import StateCache
-    from chaos.sampling import Pick
+    from chaos.run.crash_states import StateCache
+    from chaos.sweep.sampling import Pick
 
 MARKER: Final = "loopd_chaos"
 _STATES: Final = "loopd_chaos_states"  # the xdist workers' shared directory of verdicts
@@ -178,10 +178,10 @@ class ChaosCollector(pytest.Collector):
 
     def collect(self) -> list[pytest.Item]:
         from chaos.cases import ThenPower  # noqa: PLC0415 - the rig only when asked for
-        from chaos.hook import FaultKind  # noqa: PLC0415
-        from chaos.sampling import plan_sample  # noqa: PLC0415
-        from chaos.scenarios import SCENARIOS  # noqa: PLC0415
-        from chaos.sweep import ALL_FAULTS, build_cases  # noqa: PLC0415
+        from chaos.faults.hook import FaultKind  # noqa: PLC0415
+        from chaos.scenarios.scenarios import SCENARIOS  # noqa: PLC0415
+        from chaos.sweep.sampling import plan_sample  # noqa: PLC0415
+        from chaos.sweep.sweep import ALL_FAULTS, build_cases  # noqa: PLC0415
 
         config = self.config
         chosen = config.getoption("loopd_chaos_faults")
@@ -245,8 +245,8 @@ class ChaosItem(pytest.Item):
             self.user_properties.append(("replay", self.case.replay_line))
 
     def runtest(self) -> None:
-        from chaos.crash_states import StateCache  # noqa: PLC0415
-        from chaos.runner import run_case  # noqa: PLC0415
+        from chaos.run.crash_states import StateCache  # noqa: PLC0415
+        from chaos.run.runner import run_case  # noqa: PLC0415
 
         config = self.config
         workdir = _workdir(config)
@@ -291,7 +291,7 @@ def _workdir(config: pytest.Config) -> str:
     """This process's scratch directory for case homes (tmpfs when there is one)."""
     path = getattr(config, _WORKDIR, None)
     if path is None:
-        from chaos.parallel import SHM  # noqa: PLC0415
+        from chaos.sweep.parallel import SHM  # noqa: PLC0415
 
         base = SHM if os.path.isdir(SHM) and os.access(SHM, os.W_OK) else None
         path = tempfile.mkdtemp(prefix="loopd-chaos-", dir=base)

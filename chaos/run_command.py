@@ -11,7 +11,6 @@ from collections.abc import Iterator
 
 import click
 
-from chaos.app_loading import CleanRunFailed
 from chaos.cases import Case, CaseResult
 from chaos.cli_options import (
     EXIT_VIOLATION,
@@ -22,11 +21,12 @@ from chaos.cli_options import (
     parse_faults,
     scenarios_option,
 )
-from chaos.parallel import case_workdir, run_cases
-from chaos.run_report import RunReport
-from chaos.sampling import Pick, Plan, plan_sample
-from chaos.sweep import ALL_FAULTS, build_cases
-from chaos.violation_groups import group_violations
+from chaos.report.run_report import RunReport
+from chaos.report.violation_groups import group_violations
+from chaos.scenarios.app_loading import CleanRunFailed
+from chaos.sweep.parallel import case_workdir, run_cases
+from chaos.sweep.sampling import Pick, Plan, plan_sample
+from chaos.sweep.sweep import ALL_FAULTS, build_cases
 
 
 def _summary(results: list[CaseResult], elapsed: float) -> None:

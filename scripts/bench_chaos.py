@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from chaos.parallel import case_workdir, run_cases
-from chaos.sweep import ALL_FAULTS, build_cases
+from chaos.sweep.parallel import case_workdir, run_cases
+from chaos.sweep.sweep import ALL_FAULTS, build_cases
 
 HERE = Path(__file__).resolve().parent
 

@@ -35,9 +35,9 @@ from supervisor.client import call
 from supervisor.client.cluster import ClusterClient
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.lease import LeaseTiming, NodeLease
-from supervisor.cluster.move import MoveStep, move_session
 from supervisor.cluster.ownership import place_new
 from supervisor.errors import ControlError
+from supervisor.moves.move import MoveStep, move_session
 from tests.etcd_server import EtcdServer
 from worker import Assistant, Owner, Session, ToolResult, Usage, User
 from worker.app import DefaultApp

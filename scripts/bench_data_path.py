@@ -40,8 +40,8 @@ from supervisor.client import Client, call
 from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
 from worker import User
-from worker.store.records import encode_record
-from worker.wire import Channel
+from worker.ipc.wire import Channel
+from worker.store.format.records import encode_record
 
 HERE = Path(__file__).resolve().parent
 REQUEST_BYTES = encode_record(User(text="x" * 40, key="k" * 8)) * 4  # about one request

@@ -32,7 +32,7 @@ import psutil
 from supervisor.client import Client
 from worker import Assistant, Session, ToolResult, Usage, User
 from worker.app import DefaultApp
-from worker.store.records import Record
+from worker.store.format.records import Record
 
 
 def build_home(home: str, sessions: int, big: int) -> None:

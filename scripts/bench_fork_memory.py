@@ -37,10 +37,10 @@ import psutil
 import supervisor.daemon.loop  # noqa: F401 - everything the daemon imports
 from worker import Assistant, Session, ToolResult, Usage, User
 from worker.app import DefaultApp
+from worker.ipc.wire import encode
 from worker.process import main
-from worker.store.records import Record
+from worker.store.format.records import Record
 from worker.warm_up import warm_up
-from worker.wire import encode
 
 HERE = Path(__file__).resolve().parent
 

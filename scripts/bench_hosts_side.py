@@ -33,12 +33,12 @@ from typing import Any
 
 from supervisor.cli.cluster_commands import MOVE_TIMEOUT, RemoteNodes
 from supervisor.cluster.etcd import EtcdClient
-from supervisor.cluster.move import MoveStep
 from supervisor.cluster.peer_link import NodeLink
-from supervisor.cluster.remote_move import move_remote
 from supervisor.cluster.routing import node_address
-from supervisor.cluster.session_files import file_hashes
 from supervisor.cluster.transport import tls_files_from_env
+from supervisor.moves.move import MoveStep
+from supervisor.moves.remote_move import move_remote
+from supervisor.moves.session_files import file_hashes
 from worker import Assistant, Session, ToolResult, Usage, User
 from worker.store.loader import load_session
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import time
 
-from worker import turn
-from worker.app import DefaultApp
+from worker.app import DefaultApp, turn
+from worker.ipc.wire import Message, field
 from worker.store.session import Session
-from worker.wire import Message, field
 
 
 class TickApp(DefaultApp):

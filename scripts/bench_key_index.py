@@ -22,8 +22,8 @@ import tracemalloc
 from collections.abc import Callable
 
 from worker import Baseline, Session, User
+from worker.store.format.records import without_checksums
 from worker.store.loader import load_session
-from worker.store.records import without_checksums
 
 BASELINE = Baseline(system="bench", memory="", tools=[])
 T = "2026-11-29T20:17:57.123456Z"

@@ -48,9 +48,9 @@ from postgres_reference import ReferenceServer
 
 from supervisor.client import Client, call
 from worker import Assistant, Baseline, Session, ToolResult, Usage, User
+from worker.store.format.records import Record, encode_lines
 from worker.store.loader import decode_log
 from worker.store.postgres import PostgresStore
-from worker.store.records import Record, encode_lines
 
 HERE = Path(__file__).resolve().parent
 BASELINE = Baseline(system="bench", memory="", tools=[])

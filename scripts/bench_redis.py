@@ -61,7 +61,7 @@ from redis_resp import SOCKET, Resp, RespError, start_redis, stop_redis
 
 from supervisor.client import Client, call
 from supervisor.errors import ControlError
-from worker.store.layout import session_dir
+from worker.store.disk.layout import session_dir
 
 HERE = Path(__file__).resolve().parent
 INSTALL = "redis-server is not on PATH: install it with `apt-get install -y redis-server` (Debian)"

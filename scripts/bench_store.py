@@ -25,9 +25,9 @@ from pathlib import Path
 from bench_key_index import bench_key_index, markdown_rows, strip_index
 
 from worker import Assistant, Baseline, Session, SessionStart, ToolResult, Usage, User
-from worker.store import durable
 from worker.store import session as session_module
-from worker.store.records import Record, encode_record, without_checksums
+from worker.store.disk import durable
+from worker.store.format.records import Record, encode_record, without_checksums
 
 BASELINE = Baseline(system="bench", memory="", tools=[])
 RECORD = Assistant(time="2026-11-29T20:17:57.123456Z", text="x" * 80)

@@ -31,8 +31,8 @@ from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
 from worker import Assistant, Session, ToolResult, Usage, User
 from worker.app import DefaultApp
-from worker.store.records import Record, encode_record
-from worker.wire import Channel
+from worker.ipc.wire import Channel
+from worker.store.format.records import Record, encode_record
 
 HERE = Path(__file__).resolve().parent
 SESSION_RECORDS = 10_000

@@ -29,7 +29,7 @@ from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.peer_link import NodeLink
 from supervisor.cluster.routing import route
 from supervisor.cluster.transport import tls_files_from_env
-from worker.wire import encode
+from worker.ipc.wire import encode
 
 WARMUP = 50
 

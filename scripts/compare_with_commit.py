@@ -30,7 +30,7 @@ import json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, 
 import psutil
 sys.path.insert(0, "scripts")
 from bench_supervisor import loopd_restart_latency, start_daemon
-from worker.wire import Channel
+from worker.ipc.wire import Channel
 kills, requests = int(sys.argv[1]), int(sys.argv[2])
 root = tempfile.mkdtemp()
 latencies = loopd_restart_latency(root, kills, "fork")

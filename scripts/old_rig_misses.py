@@ -17,9 +17,9 @@ import tempfile
 import time
 
 import chaos
-from chaos.hook import FaultKind
+from chaos.faults.hook import FaultKind
 from chaos.mutants import MUTANTS, Mutant, unseen
-from chaos.scoring import score_mutant
+from chaos.report.scoring import score_mutant
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL = (FaultKind.KILL, FaultKind.TORN, FaultKind.POWER, FaultKind.IO, FaultKind.SHORT)

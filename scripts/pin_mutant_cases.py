@@ -20,7 +20,7 @@ from pathlib import Path
 
 from chaos.mutants import MUTANTS
 from chaos.mutants.pinned import PINNED
-from chaos.scoring import score_mutant
+from chaos.report.scoring import score_mutant
 
 OUT = Path(__file__).resolve().parent.parent / "chaos" / "mutants" / "pinned.py"
 HEADER = '''"""The cases that catch each mutant, pinned for the test suite's quick check.

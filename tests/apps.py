@@ -8,10 +8,10 @@ import threading
 import time
 
 from worker.app import DefaultApp
-from worker.store import durable
-from worker.store.durable import Boundary, Step
+from worker.ipc.wire import Message, field, optional_field
+from worker.store.disk import durable
+from worker.store.disk.durable import Boundary, Step
 from worker.store.session import Session
-from worker.wire import Message, field, optional_field
 
 
 class BlockingApp(DefaultApp):

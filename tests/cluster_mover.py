@@ -11,7 +11,7 @@ import signal
 import sys
 
 from supervisor.cluster.etcd import EtcdClient
-from supervisor.cluster.move import MoveStep, move_session
+from supervisor.moves.move import MoveStep, move_session
 
 
 def main(argv: list[str]) -> int:

@@ -15,7 +15,7 @@ import sys
 
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.lease import LeaseTiming, NodeNameTaken
-from supervisor.cluster.node import Claims, ClusterNode
+from supervisor.node.node import Claims, ClusterNode
 from tests.support import poll_until
 from worker import Session, SessionError
 from worker.app import DefaultApp

@@ -15,7 +15,7 @@ from supervisor.cluster.lease import LeaseTiming, NodeLease
 from supervisor.cluster.ownership import owner_of, place_new
 from worker import LogSealed, Owner, Session, SessionError
 from worker.app import DefaultApp
-from worker.store.layout import session_dir
+from worker.store.disk.layout import session_dir
 from worker.store.loader import load_session
 
 TTL: Final = 2

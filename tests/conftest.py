@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from chaos.oracle import file_digests
+from chaos.oracle.oracle import file_digests
 from tests.etcd_server import EtcdServer
 from tests.leftover_reaper import pytest_configure, pytest_unconfigure
 from tests.postgres_server import PostgresServer

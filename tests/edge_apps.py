@@ -6,8 +6,8 @@ import os
 import time
 
 from worker.app import DefaultApp
+from worker.ipc.wire import Message, field, optional_field
 from worker.store.session import Session
-from worker.wire import Message, field, optional_field
 
 
 class SlowApp(DefaultApp):

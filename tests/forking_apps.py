@@ -16,8 +16,8 @@ import os
 import time
 
 from worker.app import DefaultApp
+from worker.ipc.wire import Message, field
 from worker.store.session import Session
-from worker.wire import Message, field
 
 HELPER_SECONDS = 300.0
 HANG_SECONDS = 300.0

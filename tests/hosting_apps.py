@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 from worker.app import DefaultApp
+from worker.ipc.wire import Message, field, optional_field
 from worker.store.session import Session
-from worker.wire import Message, field, optional_field
 
 _HOARD: list[bytes] = []
 

@@ -13,7 +13,7 @@ import os
 import sys
 
 from worker.process import main, parse_args
-from worker.store import durable
+from worker.store.disk import durable
 
 
 def _lapse_at_the_fsync(arm: str, lease_file: str) -> durable.BoundaryHook:

@@ -21,13 +21,13 @@ from supervisor.cli.cluster_commands import RemoteNodes
 from supervisor.client.cluster import ClusterClient
 from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.etcd import EtcdClient
-from supervisor.cluster.move import MoveStep
 from supervisor.cluster.ownership import owner_of
 from supervisor.cluster.peer_link import NodeLink
-from supervisor.cluster.remote_move import move_remote
 from supervisor.cluster.routing import live_nodes
 from supervisor.cluster.transport import tls_files_from_env
 from supervisor.errors import ControlError
+from supervisor.moves.move import MoveStep
+from supervisor.moves.remote_move import move_remote
 from tests.support import poll_until
 
 DEADLINE = 60.0

@@ -1,6 +1,6 @@
 """A cluster on the hosts of ``tests/netns_hosts.py``: etcd, nodes and clients, each a host.
 
-etcd and the nodes are started by ``chaos/netns_cluster.py`` (which ``loopd chaos
+etcd and the nodes are started by ``chaos/cluster/netns_cluster.py`` (which ``loopd chaos
 cluster`` uses too), with the etcd binary of ``tests/etcd_server.py``; here the client
 host's steps (``tests/netns_client.py``) and what a node's home holds.
 """
@@ -12,8 +12,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from chaos import netns_cluster as _cluster
-from chaos.netns_cluster import (
+from chaos.cluster import netns_cluster as _cluster
+from chaos.cluster.netns_cluster import (
     ETCD_PORT,
     NODE_PORT,
     host_certificates,

@@ -1,7 +1,7 @@
-"""Hosts for the cluster tests: the harness of ``chaos/netns_hosts.py``, skipping.
+"""Hosts for the cluster tests: the harness of ``chaos/cluster/netns_hosts.py``, skipping.
 
 Each host is a network namespace on a bridge namespace with a private home
-(``chaos.netns_hosts``, which ``loopd chaos cluster`` uses too). Here ``Hosts`` first
+(``chaos.cluster.netns_hosts``, which ``loopd chaos cluster`` uses too). Here ``Hosts`` first
 checks that this machine can make them: without root or ``ip``/``unshare`` a test skips
 with the reason, and fails under ``CI=true``.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.netns_hosts import (
+from chaos.cluster.netns_hosts import (
     IP,
     NSENTER,
     PRIVATE,
@@ -23,7 +23,7 @@ from chaos.netns_hosts import (
     Host,
     namespaces_problem,
 )
-from chaos.netns_hosts import Hosts as _Hosts
+from chaos.cluster.netns_hosts import Hosts as _Hosts
 
 __all__ = [
     "IP",
@@ -50,7 +50,7 @@ def require_namespaces() -> None:
 
 
 class Hosts(_Hosts):
-    """``chaos.netns_hosts.Hosts``, skipping (failing under CI=true) where it cannot run."""
+    """``chaos.cluster.netns_hosts.Hosts``, skipping (failing under CI=true) where it cannot run."""
 
     def __init__(self, root: Path, net: int = 77) -> None:
         require_namespaces()

@@ -8,8 +8,8 @@ import signal
 import time
 
 from worker.app import DefaultApp
+from worker.ipc.wire import Message, field
 from worker.store.session import Session
-from worker.wire import Message, field
 
 START_SECONDS = 0.3
 """How long a SlowStartApp's worker takes to come up: long enough that two restarts

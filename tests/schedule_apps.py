@@ -1,4 +1,4 @@
-"""Apps that schedule requests while they handle one (worker.turn.schedule), for tests.
+"""Apps that schedule requests while they handle one (worker.app.turn.schedule), for tests.
 
 ``remind SECONDS KEY TEXT`` schedules ``TEXT`` under ``KEY`` for SECONDS from now and is
 answered as the echo app answers; ``remind-bad ...`` schedules with a time without a
@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import datetime
 
-from worker import turn
-from worker.app import DefaultApp, Message, Session
+from worker.app import DefaultApp, Message, Session, turn
 
 
 class RemindingApp(DefaultApp):

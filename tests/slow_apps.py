@@ -11,11 +11,10 @@ import os
 import signal
 import time
 
-from worker import turn
-from worker.app import DefaultApp
+from worker.app import DefaultApp, turn
+from worker.ipc.wire import Message, field
 from worker.store.errors import SessionError
 from worker.store.session import Session
-from worker.wire import Message, field
 
 
 def _turn_seconds() -> float:

@@ -19,7 +19,7 @@ import time
 
 from supervisor.client import Client, Request
 from supervisor.errors import ControlError
-from worker.wire import encode
+from worker.ipc.wire import encode
 
 
 def _hang_up(home: str, session: str, key: str) -> None:

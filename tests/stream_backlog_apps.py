@@ -5,10 +5,9 @@ Loaded by real workers as ``tests.stream_backlog_apps:NAME``.
 
 from __future__ import annotations
 
-from worker import turn
-from worker.app import DefaultApp
+from worker.app import DefaultApp, turn
+from worker.ipc.wire import Message, field
 from worker.store.session import Session
-from worker.wire import Message, field
 
 STREAMED_CHARS = 64_000_000
 """What each App streams for a request whose text is ``flood``: 64 MB of partial output."""

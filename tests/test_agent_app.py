@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from chaos.cases import Case, ThenPower
-from chaos.hook import FaultKind
-from chaos.runner import run_case
-from chaos.sweep import build_cases
+from chaos.faults.hook import FaultKind
+from chaos.run.runner import run_case
+from chaos.sweep.sweep import build_cases
 from examples.agent_app import AgentApp, AgentConfig, TurnFailed
 from examples.chat_client import ChatClient
 from supervisor.client import Client, call

@@ -16,7 +16,7 @@ import pytest
 
 import worker.app
 from tests.support import REPO
-from worker import turn
+from worker.app import turn
 from worker.store.baseline import Baseline
 from worker.store.session import Session
 

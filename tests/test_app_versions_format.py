@@ -18,10 +18,10 @@ import pytest
 from tests.forge import rewrite_line
 from tests.support import loopd
 from worker import Baseline, InvalidLog, Session, TornLog, User
-from worker.app_change import note_app_change
-from worker.app_version import app_version, source_digest
-from worker.store.records import AppChanged, SessionStart, decode_record, encode_lines
-from worker.store.writer_app import clear_app, stamp_app
+from worker.app.version import app_version, source_digest
+from worker.loop.app_change import note_app_change
+from worker.store.format.records import AppChanged, SessionStart, decode_record, encode_lines
+from worker.store.format.writer_app import clear_app, stamp_app
 
 BASELINE = Baseline(system="s", memory="", tools=[])
 OLD_START = (

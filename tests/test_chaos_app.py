@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from chaos import supervised
 from chaos.cases import Case, CaseResult
-from chaos.hook import FaultKind
-from chaos.html_report import render_html_report
-from chaos.runner import run_case
-from chaos.sweep import build_cases
+from chaos.faults.hook import FaultKind
+from chaos.report.html_report import render_html_report
+from chaos.run import supervised
+from chaos.run.runner import run_case
+from chaos.sweep.sweep import build_cases
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTES = "examples.notes_app:NotesApp"
@@ -46,7 +46,7 @@ def test_the_worked_example_app_holds_every_invariant_and_the_contract(tmp_path:
 def test_an_app_whose_summaries_never_repeat_holds_the_contract(tmp_path: Path) -> None:
     # A model-written summary is never the same twice; the store records it in EpochEnd
     # before anything depends on it, and a resume uses the recorded one.
-    app = "chaos.apps:UnrepeatableSummaryApp"
+    app = "chaos.scenarios.apps:UnrepeatableSummaryApp"
     cases = build_cases(["requests", "operator"], [FaultKind.KILL, FaultKind.POWER],
                         str(tmp_path), app=app)  # fmt: skip
     sample = cases[::25]

@@ -57,7 +57,7 @@ def test_an_app_that_fails_every_request_stops_the_rig_in_one_line_with_its_erro
     assert "Traceback" not in ran.stderr
     assert ran.stderr.strip().splitlines()[-1] == (
         "Error: the clean run of requests through failing_app:make (no fault) exited "
-        "with 1: worker.turns.AppFailed: the App raised RuntimeError: the model endpoint is "
+        "with 1: worker.loop.turns.AppFailed: the App raised RuntimeError: the model endpoint is "
         "not configured"
     )
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from chaos.hook import FaultKind
-from chaos.sampling import SHAPE_COST, plan_sample
+from chaos.faults.hook import FaultKind
+from chaos.sweep.sampling import SHAPE_COST, plan_sample
 
 ROOT = Path(__file__).resolve().parent.parent
 

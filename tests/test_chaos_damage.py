@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from chaos.cases import Case
-from chaos.hook import FaultKind
-from chaos.runner import clean_steps, run_case
-from chaos.sweep import build_cases
-from worker.store import line_checksums, sealed_logs
+from chaos.faults.hook import FaultKind
+from chaos.run.runner import clean_steps, run_case
+from chaos.sweep.sweep import build_cases
+from worker.store import sealed_logs
+from worker.store.format import line_checksums
 
 
 def _damage_cases(workdir: Path) -> list[Case]:

@@ -5,7 +5,7 @@ the "fault, resume, then power loss" compounds of scenario 1 and of the worker l
 The same cases ``loopd chaos run`` runs, as pytest parameters, so ``pytest -n auto``
 shards them. The full sweep (every scenario, every fault, every compound) is marked
 ``sweep``: ``pytest -m sweep``. As in ``loopd chaos run``, a case whose crash state an
-earlier case of the same process checked takes that verdict (``chaos.crash_states``);
+earlier case of the same process checked takes that verdict (``chaos.run.crash_states``);
 ``.ci/run`` adds a budgeted stratified sample of every scenario and fault kind.
 """
 
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from chaos.cases import Case, ThenPower
-from chaos.crash_states import StateCache
-from chaos.hook import FaultKind
-from chaos.runner import clean_steps, run_case
-from chaos.sweep import build_cases
+from chaos.faults.hook import FaultKind
+from chaos.run.crash_states import StateCache
+from chaos.run.runner import clean_steps, run_case
+from chaos.sweep.sweep import build_cases
 
 
 def _default_cases() -> list[Case]:

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from chaos.cases import Case, CaseResult
-from chaos.effects import INVARIANT, KEY_HEADER, journal_path, read_journal
-from chaos.effects_service import EffectsService
-from chaos.hook import FaultKind
-from chaos.runner import run_case
+from chaos.faults.hook import FaultKind
+from chaos.oracle.effects import INVARIANT, KEY_HEADER, journal_path, read_journal
+from chaos.run.effects_service import EffectsService
+from chaos.run.runner import run_case
 
 ROOT = Path(__file__).resolve().parents[1]
 WEBHOOK = "examples.broken_apps:WebhookNotesApp"

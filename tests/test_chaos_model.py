@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from chaos.cases import POWER_AT_END, Case
-from chaos.hook import FaultKind
-from chaos.model import DurableModel, PowerVariant
-from chaos.torn import expected_torn_place
+from chaos.faults.hook import FaultKind
+from chaos.faults.model import DurableModel, PowerVariant
+from chaos.oracle.torn import expected_torn_place
 
 
 def _model(tmp_path: Path) -> tuple[DurableModel, str]:

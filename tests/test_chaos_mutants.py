@@ -14,7 +14,7 @@ import pytest
 from chaos.cases import Case
 from chaos.mutants import MUTANTS
 from chaos.mutants.pinned import PINNED
-from chaos.scoring import feature_table, score_mutant
+from chaos.report.scoring import feature_table, score_mutant
 
 REPIN = "python -m scripts.pin_mutant_cases --only {name}"
 

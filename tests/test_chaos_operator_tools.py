@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from chaos.cases import Case
-from chaos.hook import FaultKind
-from chaos.model import DurableModel, PowerVariant
-from chaos.runner import clean_steps, run_case
-from chaos.sweep import build_cases
-from chaos.tool_checks import BACKUP_WHOLE, INDEX, RERUN
+from chaos.faults.hook import FaultKind
+from chaos.faults.model import DurableModel, PowerVariant
+from chaos.oracle.tool_checks import BACKUP_WHOLE, INDEX, RERUN
+from chaos.run.runner import clean_steps, run_case
+from chaos.sweep.sweep import build_cases
 
 # A kill or a power loss in each tool: the backup's copy (87), its manifest's rename
 # (118) and its directory's (120); the restore's copy (150) and its rename into place

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from chaos.cases import Case, CaseResult
-from chaos.runner import clean_steps, run_case
-from chaos.salvage_checks import KEEPS, final
-from chaos.salvage_tool import ORIGINAL, prepare_damaged, quarantine_dir, victim_dir
-from chaos.worker_run import STORE_ERRORS
+from chaos.oracle.salvage_checks import KEEPS, final
+from chaos.run.runner import clean_steps, run_case
+from chaos.run.worker_run import STORE_ERRORS
+from chaos.scenarios.salvage_tool import ORIGINAL, prepare_damaged, quarantine_dir, victim_dir
+from worker.offline.salvage import salvage_session
 from worker.store.errors import LogError
 from worker.store.loader import load_session
-from worker.store.salvage import salvage_session
 
 # What the scenario's first runs found in salvage, each case the one that showed it:
 CASES = [

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from chaos.cases import Case, CaseResult
+from chaos.oracle.schedule_checks import DELIVERED, final
 from chaos.postgres.case import SeamCase, clean_writes, run_seam_case
 from chaos.postgres.faults import SEAM_FAULTS
-from chaos.runner import clean_steps, run_case
-from chaos.scenarios import SCENARIOS
-from chaos.schedule_checks import DELIVERED, final
-from chaos.schedule_ops import FUTURE, PAST
+from chaos.run.runner import clean_steps, run_case
+from chaos.scenarios.scenarios import SCENARIOS
+from chaos.scenarios.schedule_ops import FUTURE, PAST
 from tests.postgres_server import PostgresServer
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from chaos.cases import Case
-from chaos.oracle import ClientLog
-from chaos.runner import clean_steps, run_case
-from chaos.scenarios import SCENARIOS
-from chaos.slow_checks import PROGRESS, judge_exit
+from chaos.oracle.oracle import ClientLog
+from chaos.oracle.slow_checks import PROGRESS, judge_exit
+from chaos.run.runner import clean_steps, run_case
+from chaos.scenarios.scenarios import SCENARIOS
 
 SLOW_CHECKS = {
     "progress-spares-turn",

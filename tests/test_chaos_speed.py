@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 
 from chaos.cases import Case, CaseResult
-from chaos.crash_states import state_key
-from chaos.hook import FaultKind
-from chaos.html_report import render_html_report
-from chaos.oracle import ClientLog
-from chaos.parallel import run_cases
-from chaos.run_report import RunReport
-from chaos.runner import clean_steps
-from chaos.sampling import RECOVERY, SINGLE, THEN_POWER, compound_shape, plan_sample
-from chaos.sweep import ALL_FAULTS, build_cases, faults_for
-from chaos.violation_groups import group_violations
+from chaos.faults.hook import FaultKind
+from chaos.oracle.oracle import ClientLog
+from chaos.report.html_report import render_html_report
+from chaos.report.run_report import RunReport
+from chaos.report.violation_groups import group_violations
+from chaos.run.crash_states import state_key
+from chaos.run.runner import clean_steps
+from chaos.sweep.parallel import run_cases
+from chaos.sweep.sampling import RECOVERY, SINGLE, THEN_POWER, compound_shape, plan_sample
+from chaos.sweep.sweep import ALL_FAULTS, build_cases, faults_for
 from tests.support import poll_until
 
 ROOT = Path(__file__).resolve().parents[1]

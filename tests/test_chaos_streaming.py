@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from chaos.batch_checks import REPEATED, STREAM, Attempt, judge_batch, judge_stream
 from chaos.cases import Case
-from chaos.oracle import ClientLog
-from chaos.runner import AppScenarioError, clean_steps, run_case, scenario_for
-from chaos.stream_app import pieces
+from chaos.oracle.batch_checks import REPEATED, STREAM, Attempt, judge_batch, judge_stream
+from chaos.oracle.oracle import ClientLog
+from chaos.run.runner import AppScenarioError, clean_steps, run_case, scenario_for
+from chaos.scenarios.stream_app import pieces
 
 TEXT = "streamed request 0 " + "v" * 20
 

@@ -13,9 +13,9 @@ import pytest
 from _pytest.mark.expression import Expression  # pytest's own -m evaluator; it has no public one
 
 from chaos.cases import Case
-from chaos.runner import clean_steps, run_case
-from chaos.scenarios import SCENARIOS
-from chaos.sweep import ALL_FAULTS, build_cases
+from chaos.run.runner import clean_steps, run_case
+from chaos.scenarios.scenarios import SCENARIOS
+from chaos.sweep.sweep import ALL_FAULTS, build_cases
 
 
 def selects_the_sweep(markexpr: str) -> bool:

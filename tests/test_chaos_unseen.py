@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from chaos.cases import Case
-from chaos.hook import FaultKind
-from chaos.hostile import plant
-from chaos.runner import clean_steps, run_case
-from chaos.sweep import build_cases
+from chaos.faults.hook import FaultKind
+from chaos.run.hostile import plant
+from chaos.run.runner import clean_steps, run_case
+from chaos.sweep.sweep import build_cases
 
 
 def _run(ids: list[str], workdir: str) -> list[tuple[str, str, list[str], list[str]]]:
@@ -77,7 +77,7 @@ def test_a_planted_damage_names_the_line_it_damaged(tmp_path: Path) -> None:
 
 
 def test_a_token_below_an_older_epochs_owner_is_refused_after_a_reopen(tmp_path: Path) -> None:
-    from chaos.scenarios import baseline_for
+    from chaos.scenarios.scenarios import baseline_for
     from worker.store.errors import SessionError
     from worker.store.fencing import write_owner
     from worker.store.session import Session
@@ -90,7 +90,7 @@ def test_a_token_below_an_older_epochs_owner_is_refused_after_a_reopen(tmp_path:
 
 
 def test_the_probe_scenarios_host_no_users_app() -> None:
-    from chaos.runner import AppScenarioError, scenario_for
+    from chaos.run.runner import AppScenarioError, scenario_for
 
     for name in ("retries", "cluster"):
         with pytest.raises(AppScenarioError, match="runs the rig's own app only"):

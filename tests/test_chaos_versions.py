@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from chaos.cases import Case, CaseResult
-from chaos.runner import clean_steps, run_case
-from chaos.scenarios import SCENARIOS
-from chaos.version_checks import RESUMED, final
-from chaos.versioned_app import system_of
+from chaos.oracle.version_checks import RESUMED, final
+from chaos.run.runner import clean_steps, run_case
+from chaos.scenarios.scenarios import SCENARIOS
+from chaos.scenarios.versioned_app import system_of
 
-APP = "chaos.versioned_app:VersionedApp"
+APP = "chaos.scenarios.versioned_app:VersionedApp"
 
 
 @pytest.mark.timeout(120)

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from chaos.cluster_checker import check
-from chaos.cluster_history import History, LogEntry
-from chaos.netns_hosts import IP
+from chaos.cluster.checker import check
+from chaos.cluster.history import History, LogEntry
+from chaos.cluster.netns_hosts import IP
 from tests.etcd_server import etcd_binary
 from tests.netns_hosts import require_namespaces
 from tests.postgres_server import postgres_bin
@@ -29,7 +29,7 @@ from tests.support import REPO, poll_until
 
 SLICE_SEED = 1133
 """Its six faults: pause-node, move, partition-node-etcd, partition-client-node,
-kill-host, netem (chaos.cluster_faults.pick, from the seed alone)."""
+kill-host, netem (chaos.cluster.faults.pick, from the seed alone)."""
 SLICE_KINDS = ["pause-node", "move", "partition-node-etcd", "partition-client-node",
                "kill-host", "netem"]  # fmt: skip
 
@@ -62,7 +62,7 @@ def chaos_cluster(*args: str, timeout: float) -> subprocess.CompletedProcess[str
 
 
 def namespaces_of(pid: int) -> set[str]:
-    """The namespaces made by the run of process ``pid`` (chaos.netns_hosts names them
+    """The namespaces made by the run of process ``pid`` (chaos.cluster.netns_hosts names them
     ``ld<pid>x<n>...``; other runs on the machine have theirs)."""
     listed = subprocess.run([IP, "netns", "list"], check=True, capture_output=True, text=True)
     names = {line.split()[0] for line in listed.stdout.splitlines() if line.strip()}

@@ -1,6 +1,6 @@
 """The certificates of ``loopd chaos cluster``: docs/scaling.md's openssl commands, run.
 
-The rig runs the documented commands character for character (``chaos/cluster_certs.py``);
+The rig runs the documented commands character for character (``chaos/cluster/certs.py``);
 here: the docs and the module agree, and what they make is what the transport wants (a
 node certificate naming its node, a client one, an operator one, etcd's by address),
 shown by a TLS 1.3 handshake on loopback as a node and its peers make it.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.cluster_certs import LEAF, MAKE_CA, OpensslCertificates, extensions
+from chaos.cluster.certs import LEAF, MAKE_CA, OpensslCertificates, extensions
 from supervisor.cluster.transport import Role, TlsFiles, own_certificate_problem, role_of
 from tests.support import REPO
 

@@ -7,10 +7,10 @@ import json
 from dataclasses import replace
 
 from chaos.cli_options import EXIT_VIOLATION
-from chaos.cluster_checker import INVARIANTS, check
+from chaos.cluster.checker import INVARIANTS, check
+from chaos.cluster.history import History, LogEntry, Request, SessionLog, stalled
+from chaos.cluster.run import Report
 from chaos.cluster_command import EXIT_UNSERVED, exit_code
-from chaos.cluster_history import History, LogEntry, Request, SessionLog, stalled
-from chaos.cluster_run import Report
 
 
 def user(key: str) -> LogEntry:

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.cluster.drain import placements
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.ownership import owner_of
+from supervisor.node.drain import placements
 from tests.cluster_support import Node, create_session, register, send
 from tests.etcd_server import EtcdServer
 from tests.support import loopd
 from worker import Session
-from worker.store.layout import session_dir
+from worker.store.disk.layout import session_dir
 
 
 @pytest.fixture

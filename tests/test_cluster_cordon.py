@@ -10,9 +10,9 @@ import pytest
 
 from supervisor.client import call
 from supervisor.client.cluster import ClusterClient
-from supervisor.cluster.drain import placements
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.errors import ControlError
+from supervisor.node.drain import placements
 from tests.etcd_server import EtcdServer
 from tests.support import Daemon, loopd
 

@@ -15,8 +15,8 @@ from supervisor.client import call
 from supervisor.client.cluster import ClusterClient
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.ownership import owner_of
-from supervisor.cluster.serving import CALL_TIMEOUT
 from supervisor.errors import ControlError
+from supervisor.node.serving import CALL_TIMEOUT
 from tests.etcd_server import EtcdServer
 from tests.fake_etcd import LEADER_CHANGED, FakeEtcd, dripping
 from tests.support import Daemon, poll_until, status

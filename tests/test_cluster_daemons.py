@@ -21,7 +21,7 @@ from supervisor.cluster.routing import route
 from supervisor.errors import ControlError
 from tests.etcd_server import EtcdServer
 from tests.support import Daemon, loopd, poll_until, stop
-from worker.store.layout import session_dir
+from worker.store.disk.layout import session_dir
 from worker.store.loader import load_session
 
 SESSIONS = 12

@@ -32,7 +32,7 @@ from supervisor.hosting.session_log import log_path
 from tests.etcd_server import EtcdServer, free_port
 from tests.support import Daemon, log_user_keys, poll_until, status, stop
 from tests.tls_certs import Certificates
-from worker.wire import FrameReader, Message, encode
+from worker.ipc.wire import FrameReader, Message, encode
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -303,7 +303,7 @@ def test_a_hibernated_session_is_woken_by_a_tcp_connection_to_its_worker(
 def test_handshakes_that_never_finish_cannot_keep_a_client_out(node: Node) -> None:
     """At the worker's limit a new handshake closes the oldest: peers that only send the
     preamble never lock a session's clients out."""
-    from worker.tls_peer import MAX_HANDSHAKES
+    from worker.loop.tls_peer import MAX_HANDSHAKES
 
     host, port = node.address.removeprefix("tls://").split(":")
     with node.cluster() as cluster:

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 
 from chaos.cases import CaseResult
-from chaos.oracle import ClientLog, check_after_fault, check_final, snapshot_logs
-from chaos.scenarios import SESSION, Scenario
+from chaos.oracle.oracle import ClientLog, check_after_fault, check_final, snapshot_logs
+from chaos.scenarios.scenarios import SESSION, Scenario
 from supervisor.cluster.errors import MoveFailed
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import move_key
-from supervisor.cluster.move import MoveStep, abort_move, move_session
 from supervisor.cluster.ownership import owner_of, placement_of
+from supervisor.moves.move import MoveStep, abort_move, move_session
 from tests.cluster_support import Node, create_session, register, send, try_send, writers
 from tests.etcd_server import EtcdServer
 from worker import LogSealed, Session
-from worker.store.layout import session_dir
+from worker.store.disk.layout import session_dir
 
 
 @pytest.fixture

@@ -12,19 +12,19 @@ from pathlib import Path
 import pytest
 
 from chaos.cases import CaseResult
-from chaos.oracle import ClientLog, check_final, snapshot_logs
-from chaos.scenarios import SESSION, SLOT, Scenario
+from chaos.oracle.oracle import ClientLog, check_final, snapshot_logs
+from chaos.scenarios.scenarios import SESSION, SLOT, Scenario
 from supervisor.cli.cluster_commands import DaemonControl
 from supervisor.client.cluster import ClusterClient
 from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import move_key
-from supervisor.cluster.move import MoveStep, move_session
 from supervisor.errors import ControlError
+from supervisor.moves.move import MoveStep, move_session
 from tests.cluster_support import writers
 from tests.etcd_server import EtcdServer
 from tests.support import Daemon, poll_until
-from worker.store.layout import session_dir
+from worker.store.disk.layout import session_dir
 
 TTL = "2"
 DEFAULT_SLICE = {("source", MoveStep.SEAL), ("target", MoveStep.OWN)}

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from supervisor.cluster.errors import MoveFailed
-from supervisor.cluster.move_node import CHUNK, read_chunk, sealed_manifest
+from supervisor.moves.move_node import CHUNK, read_chunk, sealed_manifest
 from tests.support import loopd
 from worker import Baseline, Handoff, Owner, Session, User
-from worker.store.layout import session_dir
+from worker.store.disk.layout import session_dir
 
 
 def sealed_session(home: Path, baseline: Baseline, to: str | None) -> str:

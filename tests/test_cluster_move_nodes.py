@@ -10,19 +10,19 @@ from pathlib import Path
 import pytest
 
 from chaos.cases import CaseResult
-from chaos.oracle import ClientLog, check_after_fault, check_final, snapshot_logs
-from chaos.scenarios import SESSION, Scenario
+from chaos.oracle.oracle import ClientLog, check_after_fault, check_final, snapshot_logs
+from chaos.scenarios.scenarios import SESSION, Scenario
 from supervisor.cluster.errors import MoveFailed
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import move_key, node_value, placement_key
-from supervisor.cluster.move import MoveStep, move_session
 from supervisor.cluster.ownership import owner_of
 from supervisor.cluster.routing import TokenGuard
+from supervisor.moves.move import MoveStep, move_session
 from tests.cluster_support import APP, TTL, NodeProcess, writers
 from tests.etcd_server import EtcdServer
 from tests.support import poll_until
 from worker import Session
-from worker.store.layout import session_dir
+from worker.store.disk.layout import session_dir
 
 DEFAULT_SLICE = {("source", MoveStep.SEAL), ("target", MoveStep.OWN), ("target", MoveStep.OPEN)}
 """The cases run by default; ``-m cluster_sweep`` runs every role at every step."""

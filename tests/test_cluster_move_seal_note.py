@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.cluster import move_node
 from supervisor.cluster.errors import MoveFailed
 from supervisor.cluster.etcd import EtcdClient
-from supervisor.cluster.move import abort_in_etcd, start_intent
-from supervisor.cluster.move_node import seal_here, sealed_manifest
-from supervisor.cluster.session_files import file_hashes
+from supervisor.moves import move_node
+from supervisor.moves.move import abort_in_etcd, start_intent
+from supervisor.moves.move_node import seal_here, sealed_manifest
+from supervisor.moves.session_files import file_hashes
 from tests.cluster_support import create_session, register
 from tests.etcd_server import EtcdServer
 from worker import Owner, Session, SessionError, User
-from worker.store.layout import session_dir
+from worker.store.disk.layout import session_dir
 from worker.store.loader import load_session
 
 

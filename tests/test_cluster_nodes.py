@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.cluster.drain import least_loaded_node
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import PREFIX
-from supervisor.cluster.node import ClusterNode
 from supervisor.cluster.routing import TokenGuard, route
+from supervisor.node.drain import least_loaded_node
+from supervisor.node.node import ClusterNode
 from tests.cluster_support import APP, send
 from tests.etcd_server import EtcdServer
 from worker import Session
-from worker.store.layout import session_dir
+from worker.store.disk.layout import session_dir
 
 SESSIONS = 60
 

@@ -8,21 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from chaos.scenarios import SESSION
+from chaos.scenarios.scenarios import SESSION
 from supervisor.cluster.errors import MoveFailed, NotOwner, StaleOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import node_value, placement_key
 from supervisor.cluster.lease import LeaseTiming, NodeNameTaken
-from supervisor.cluster.node import LEASE_FILE, ClusterNode
 from supervisor.cluster.ownership import acquire, owner_of, place_new
 from supervisor.cluster.routing import TokenGuard, live_nodes, route, unix_socket_path
-from supervisor.cluster.takeover import take_over
+from supervisor.moves.takeover import take_over
+from supervisor.node.node import LEASE_FILE, ClusterNode
 from tests.cluster_support import APP, create_session, register, send
 from tests.etcd_server import EtcdServer
 from tests.support import poll_until
 from worker import Session
-from worker.lease_deadline import lease_proven
-from worker.store.layout import session_dir
+from worker.ipc.lease_deadline import lease_proven
+from worker.store.disk.layout import session_dir
 
 
 @pytest.fixture

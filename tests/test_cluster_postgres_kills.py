@@ -31,9 +31,9 @@ from supervisor.cluster.routing import live_nodes
 from tests.etcd_server import EtcdServer
 from tests.postgres_server import PostgresServer
 from tests.support import Daemon, kill_node, poll_until
+from worker.store.format.record_types import Record, User
 from worker.store.postgres.store import PostgresStore
 from worker.store.postgres.transfer import read_session
-from worker.store.record_types import Record, User
 
 SEED: Final = 30
 KILLS: Final = 100

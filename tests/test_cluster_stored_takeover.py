@@ -1,4 +1,4 @@
-"""Taking over a lost node's sessions kept in a database (``supervisor.cluster.stored``),
+"""Taking over a lost node's sessions kept in a database (``supervisor.node.stored``),
 against a real etcd: one round trip each with the placement read by ``orphans``, never
 over a placement that changed since, and in an order of each node's own."""
 
@@ -12,7 +12,7 @@ from supervisor.cluster.errors import NotOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import node_value, placement_key
 from supervisor.cluster.ownership import owner_of, place_new
-from supervisor.cluster.stored import orphans, take_over_stored, takeover_order
+from supervisor.node.stored import orphans, take_over_stored, takeover_order
 from tests.cluster_support import register
 from tests.etcd_server import EtcdServer
 

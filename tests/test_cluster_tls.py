@@ -31,7 +31,7 @@ from supervisor.errors import ControlError
 from tests.etcd_server import EtcdServer, free_port
 from tests.support import Daemon, loopd, poll_until
 from tests.tls_certs import Certificates
-from worker.wire import encode
+from worker.ipc.wire import encode
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -254,7 +254,7 @@ def test_handshakes_that_never_finish_are_capped_and_the_node_serves_on(
 ) -> None:
     """No certificate is needed to start a handshake: a peer that opens many and finishes
     none has the oldest closed for each one past the cap, and the node serves on."""
-    from supervisor.daemon.tls_gateway import MAX_HANDSHAKES
+    from supervisor.gateway.tls_gateway import MAX_HANDSHAKES
 
     host, port = tls_cluster.address.removeprefix("tls://").split(":")
     half_open = []

@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from chaos.scenarios import SESSION
+from chaos.scenarios.scenarios import SESSION
 from supervisor.cluster.errors import StaleOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import node_value, placement_key
 from supervisor.cluster.ownership import owner_of
 from supervisor.cluster.routing import TokenGuard
-from supervisor.cluster.takeover import take_over
+from supervisor.moves.takeover import take_over
 from tests.cluster_support import APP, TTL, NodeProcess, register, send
 from tests.etcd_server import EtcdServer
 from tests.support import poll_until, stop
 from worker import Session
-from worker.store.layout import session_dir
+from worker.store.disk.layout import session_dir
 
 
 @pytest.fixture

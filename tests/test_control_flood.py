@@ -15,7 +15,7 @@ import psutil
 from supervisor.client import call
 from supervisor.control_socket import SOCKET_NAME
 from tests.support import poll_until, running_daemon
-from worker.wire import Message
+from worker.ipc.wire import Message
 
 SESSIONS = 16
 """Running sessions, so that each ``status`` reads 16 workers' /proc entries (some ms)."""

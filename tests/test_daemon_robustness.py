@@ -25,7 +25,7 @@ from supervisor.client import call
 from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
 from tests.support import REPO, loopd, poll_until, running_daemon, status, stop, wait_state
-from worker.wire import MAX_FRAME
+from worker.ipc.wire import MAX_FRAME
 
 
 def _connect(home: Path) -> socket.socket:

@@ -19,7 +19,7 @@ from supervisor.client import Client, Request, call
 from supervisor.errors import ControlError
 from tests.support import log_user_keys, loopd, poll_until, running_daemon, status, stop, wait_state
 from worker import Session
-from worker.wire import MAX_FRAME
+from worker.ipc.wire import MAX_FRAME
 
 
 def test_requests_reach_the_worker_while_the_daemon_itself_is_stopped(tmp_path: Path) -> None:

@@ -28,8 +28,8 @@ from tests.support import log_user_keys, poll_until
 from tests.test_cluster_direct_tcp import Node, start_node
 from tests.tls_certs import Certificates
 from worker import Baseline, Handoff, Owner, Session, User
-from worker.tls_roles import load_context
-from worker.wire import FrameReader, Message, encode
+from worker.ipc.tls_roles import load_context
+from worker.ipc.wire import FrameReader, Message, encode
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -104,7 +104,7 @@ def node(tmp_path: Path) -> Iterator[Node]:
 def test_idle_connections_at_the_cap_do_not_keep_a_client_out(node: Node) -> None:
     """No certificate is needed to open a connection: as many as the TLS thread takes at
     once, saying nothing, must not refuse a client (one try, no retry) while they stay."""
-    from supervisor.daemon.tls_gateway import MAX_HANDSHAKES
+    from supervisor.gateway.tls_gateway import MAX_HANDSHAKES
 
     host, port = node.address.removeprefix("tls://").split(":")
     with node.cluster() as cluster:

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from chaos.hook import ChaosHook, EventPipe, FaultKind
+from chaos.faults.hook import ChaosHook, EventPipe, FaultKind
 from supervisor.client import Client, call
 from tests.forge import reseal_log
 from tests.support import loopd, running_daemon, wait_state
 from worker import Assistant, Session, User
 from worker.app import DefaultApp
-from worker.store import durable
+from worker.offline.fork import ForkError, fork_session
+from worker.store.disk import durable
 from worker.store.errors import InvalidLog
-from worker.store.fork import ForkError, fork_session
+from worker.store.format.records import SessionStart
 from worker.store.loader import load_session
-from worker.store.records import SessionStart
 
 APP = DefaultApp()
 

@@ -11,9 +11,9 @@ import pytest
 from supervisor.client import Client, call
 from tests.postgres_server import PostgresServer
 from tests.support import loopd, running_daemon, wait_state
+from worker.store.format.records import SessionStart
 from worker.store.postgres import PostgresStore
 from worker.store.postgres.transfer import read_session
-from worker.store.records import SessionStart
 
 
 @pytest.mark.timeout(120)

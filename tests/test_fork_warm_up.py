@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 
 from supervisor.client.direct import _round_trip
-from supervisor.daemon import spawn
-from supervisor.daemon.spawn import StartMethod, prepare_forks
+from supervisor.sessions import spawn
+from supervisor.sessions.spawn import StartMethod, prepare_forks
 from worker import warm_up as warm_up_module
+from worker.ipc.wire import FrameReader, encode
 from worker.process import parse_args
-from worker.store import durable
-from worker.store.durable import Boundary
+from worker.store.disk import durable
+from worker.store.disk.durable import Boundary
 from worker.store.errors import SessionIOError
 from worker.store.stats import STATS
 from worker.warm_up import warm_up
-from worker.wire import FrameReader, encode
 
 
 def _scratch_dirs(where: Path) -> set[str]:

@@ -12,7 +12,7 @@ import pytest
 from supervisor.client import Client, call
 from tests.support import Daemon, poll_until, running_daemon, status
 from worker import Session
-from worker.store.records import User
+from worker.store.format.records import User
 
 
 def keys_in_log(home: Path, session: str) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from supervisor.hosting.events import Event, EventHub, format_event
-from worker.wire import Message
+from worker.ipc.wire import Message
 
 
 class Collecting:

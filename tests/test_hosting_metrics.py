@@ -13,9 +13,9 @@ from supervisor.hosting.metrics_http import parse_listen, serve_metrics
 from tests.promtext import ExpositionError, parse
 from worker import Session
 from worker.app import DefaultApp
-from worker.replies import error_reply
+from worker.loop.replies import error_reply
 from worker.store.errors import KeyExpired
-from worker.store.records import Usage
+from worker.store.format.records import Usage
 from worker.store.stats import STATS, WorkerStats
 
 

@@ -47,8 +47,8 @@ def _under(loaded: set[str], *packages: str) -> list[str]:
 def test_importing_the_store_compiles_no_codec_until_a_line_of_its_type_is_read() -> None:
     code = """
 from worker import Session
-from worker.store.record_codecs import DECODERS, ENCODERS
-from worker.store.records import User, decode_record, encode_record
+from worker.store.format.record_codecs import DECODERS, ENCODERS
+from worker.store.format.records import User, decode_record, encode_record
 def compiled():
     return sorted(name for name, f in {**DECODERS, **ENCODERS}.items()
                   if f.__code__.co_filename.startswith("<codec "))
@@ -97,11 +97,11 @@ def test_a_client_or_a_command_loads_neither_the_rig_the_daemon_nor_the_store(
 
 
 def test_importing_worker_for_the_wire_format_loads_the_store_only_when_asked() -> None:
-    loaded = _loaded_by("import worker.wire")
+    loaded = _loaded_by("import worker.ipc.wire")
     assert _under(loaded, "worker") == [
         "worker",
         "worker.store",
         "worker.store.errors",
-        "worker.wire",
+        "worker.ipc.wire",
     ]
     assert "worker.store.session" in _loaded_by("import worker\nworker.Session")

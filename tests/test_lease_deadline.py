@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from worker import NotOwnerNow
-from worker.lease_deadline import LeaseFence, lease_proven, read_deadline, write_deadline
+from worker.ipc.lease_deadline import LeaseFence, lease_proven, read_deadline, write_deadline
 
 
 def _open(path: Path) -> int:

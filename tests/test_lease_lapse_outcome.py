@@ -24,8 +24,8 @@ from supervisor.client.direct import Client, Request
 from tests.support import REPO, log_user_keys
 from worker import Session
 from worker.app import DefaultApp
-from worker.lease_deadline import write_deadline
-from worker.wire import Channel, encode
+from worker.ipc.lease_deadline import write_deadline
+from worker.ipc.wire import Channel, encode
 
 SESSION = "s1"
 

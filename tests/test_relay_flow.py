@@ -19,8 +19,8 @@ from supervisor.client.direct import Request
 from supervisor.errors import ControlError
 from tests.support import poll_until, running_daemon, status
 from worker import Session
-from worker.store.records import User
-from worker.wire import MAX_FRAME, MAX_REQUEST_ID, Message, encode
+from worker.ipc.wire import MAX_FRAME, MAX_REQUEST_ID, Message, encode
+from worker.store.format.records import User
 
 BIG = 400_000
 """Bytes of text per request: its echo comes back, so each reply is as big."""

@@ -21,8 +21,8 @@ from supervisor.client import Client, call
 from supervisor.client.control import exchange, open_control
 from tests.support import Daemon, poll_until, status
 from worker import Session
-from worker.store.records import User
-from worker.wire import encode
+from worker.ipc.wire import encode
+from worker.store.format.records import User
 
 SLOW = ("--app", "tests.edge_apps:SlowApp")
 _PR_SET_CHILD_SUBREAPER = 36

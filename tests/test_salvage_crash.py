@@ -4,7 +4,7 @@ leaves a session that verifies and opens, with no gap in its epochs and nothing 
 
 The kill is a real SIGKILL of a forked process at the store's write boundary (the
 chaos rig's hook); the power loss rewrites the home to what the crash-consistency model
-of chaos.model (ALICE, LazyFS) says the completed steps made durable.
+of chaos.faults.model (ALICE, LazyFS) says the completed steps made durable.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from chaos.hook import ChaosHook, EventPipe, FaultKind
-from chaos.model import DurableModel, PowerVariant
+from chaos.faults.hook import ChaosHook, EventPipe, FaultKind
+from chaos.faults.model import DurableModel, PowerVariant
 from tests.support import loopd
 from worker import Assistant, Session, User
 from worker.app import DefaultApp
-from worker.store import durable
+from worker.offline.salvage import SalvageRefused, SalvageResult, salvage_session
+from worker.store.disk import durable
 from worker.store.errors import SessionError
 from worker.store.loader import list_epochs, load_session
-from worker.store.salvage import SalvageRefused, SalvageResult, salvage_session
 
 SESSION = "s1"
 

@@ -9,8 +9,8 @@ import pytest
 from tests.postgres_server import PostgresServer
 from worker import Baseline, Session, User
 from worker.store.errors import TornLog
+from worker.store.format.records import Record, Schedule, Unschedule, decode_record, encode_record
 from worker.store.loader import load_session
-from worker.store.records import Record, Schedule, Unschedule, decode_record, encode_record
 from worker.store.schedules import format_time, parse_time, pending_schedules
 
 AT = "2026-12-03T14:00:00.000000Z"

@@ -33,7 +33,7 @@ from tests.promtext import parse
 from tests.support import REPO, loopd, poll_until, running_daemon, status, wait_state
 from worker import Session
 from worker.app import DefaultApp
-from worker.wire import FrameReader, encode
+from worker.ipc.wire import FrameReader, encode
 
 STAMP = rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z "
 F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, named in the module from Python 3.10 on Linux only

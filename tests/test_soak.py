@@ -28,7 +28,7 @@ import pytest
 from supervisor.client import call
 from supervisor.control_socket import socket_path
 from tests.support import REPO, TEMPLATE_NAME, poll_until, running_daemon, status
-from worker.wire import encode
+from worker.ipc.wire import encode
 
 SESSIONS = ("s0", "s1", "s2", "s3", "s4")
 CLIENTS = 4

@@ -17,9 +17,9 @@ import pytest
 from tests.forge import rewrite_line
 from tests.support import loopd
 from worker import Baseline, InvalidLog, Session, SessionIOError, ToolResult, User
-from worker.store import durable
 from worker.store.carried_state import carried_digest
-from worker.store.records import EpochEnd, SessionStart, decode_record
+from worker.store.disk import durable
+from worker.store.format.records import EpochEnd, SessionStart, decode_record
 
 BASELINE = Baseline(system="s", memory="", tools=[])
 T = "2026-11-29T20:17:57.123456Z"

@@ -18,7 +18,7 @@ from worker import Baseline, InvalidLog, Session, User
 from worker.store.carried_state import carried_digest, plan_next_epoch
 from worker.store.errors import LogSealed, NotOwnerNow
 from worker.store.fencing import write_owner
-from worker.store.records import EpochEnd, Handoff, Owner, SessionStart, decode_record
+from worker.store.format.records import EpochEnd, Handoff, Owner, SessionStart, decode_record
 
 BASELINE = Baseline(system="s", memory="", tools=[])
 

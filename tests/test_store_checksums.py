@@ -21,8 +21,8 @@ from tests.support import loopd, running_daemon, wait_state
 from worker import Assistant, ChecksumMismatch, Session, User
 from worker.app import DefaultApp
 from worker.store.carried_state import carried_digest
+from worker.store.format.records import SessionStart, encode_appended, without_checksums
 from worker.store.inspection import inspect_session
-from worker.store.records import SessionStart, encode_appended, without_checksums
 from worker.store.request_records import sealed_records
 
 T = "2026-11-29T20:17:57.123456Z"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from worker import Baseline, EpochEnd, Session, SessionStart, Usage, User
-from worker.store.records import encode_appended
+from worker.store.format.records import encode_appended
 
 NEXT = Baseline(system="sys", memory="remembered", tools=[])
 

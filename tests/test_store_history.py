@@ -28,8 +28,8 @@ from worker import (
     ToolResult,
     User,
 )
+from worker.store.format.records import decode_record, encode_record, without_checksums
 from worker.store.loader import SessionState, load_session
-from worker.store.records import decode_record, encode_record, without_checksums
 
 BASELINE = Baseline(system="s", memory="", tools=[])
 T = "2026-11-29T20:17:57.123456Z"

@@ -29,10 +29,10 @@ from worker import (
     Usage,
     User,
 )
-from worker.store import durable
-from worker.store.durable import Boundary, Step
+from worker.store.disk import durable
+from worker.store.disk.durable import Boundary, Step
 from worker.store.errors import UnsafeFile
-from worker.store.records import encode_records
+from worker.store.format.records import encode_records
 
 T = "2026-11-29T20:17:57.123456Z"
 
@@ -161,7 +161,7 @@ def test_open_refuses_a_last_group_with_whole_lines_missing_naming_its_first_lin
 def test_repair_cuts_an_incomplete_last_group_whole_and_its_key_is_not_applied(
     home: Path, baseline: Baseline
 ) -> None:
-    from worker.store.repair import repair_torn_tail
+    from worker.offline.repair import repair_torn_tail
 
     log = _session(home, baseline)
     lines = log.read_bytes().splitlines(keepends=True)
@@ -179,7 +179,7 @@ def test_repair_cuts_an_incomplete_last_group_whole_and_its_key_is_not_applied(
 def test_repair_cuts_a_last_group_whose_write_left_zeros_before_its_last_part(
     home: Path, baseline: Baseline
 ) -> None:
-    from worker.store.repair import repair_torn_tail
+    from worker.offline.repair import repair_torn_tail
 
     log = _session(home, baseline)
     lines = log.read_bytes().splitlines(keepends=True)
@@ -200,7 +200,7 @@ def test_repair_cuts_a_last_group_whose_write_left_zeros_before_its_last_part(
 def test_repair_refuses_damage_followed_by_a_whole_group_and_changes_nothing(
     home: Path, baseline: Baseline
 ) -> None:
-    from worker.store.repair import RepairRefused, repair_torn_tail
+    from worker.offline.repair import RepairRefused, repair_torn_tail
 
     log = _session(home, baseline, requests=3)
     lines = log.read_bytes().splitlines(keepends=True)
@@ -215,7 +215,7 @@ def test_repair_refuses_damage_followed_by_a_whole_group_and_changes_nothing(
 def test_repair_that_would_leave_a_refused_session_changes_nothing(
     home: Path, baseline: Baseline
 ) -> None:
-    from worker.store.repair import RepairRefused, repair_torn_tail
+    from worker.offline.repair import RepairRefused, repair_torn_tail
 
     log = _session(home, baseline)
     with log.open("ab") as f:

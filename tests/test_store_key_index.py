@@ -22,8 +22,8 @@ from worker import Baseline, InvalidLog, InvalidRecord, Session, SessionStart, T
 from worker.store import key_index
 from worker.store.carried_state import carried_digest
 from worker.store.errors import KeyIndexFileError
+from worker.store.format.records import EpochEnd, decode_record, encode_record
 from worker.store.loader import load_session
-from worker.store.records import EpochEnd, decode_record, encode_record
 
 BASELINE = Baseline(system="s", memory="", tools=[])
 T = "2026-11-29T20:17:57.123456Z"

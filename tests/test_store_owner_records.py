@@ -20,8 +20,8 @@ from worker import (
     User,
 )
 from worker.store.fencing import write_owner
+from worker.store.format.records import encode_record
 from worker.store.loader import load_session
-from worker.store.records import encode_record
 
 
 def _session(home: Path, baseline: Baseline, token: int = 5) -> Session:

@@ -44,7 +44,7 @@ def store(server: PostgresServer) -> PostgresStore:
 @pytest.fixture
 def fixed_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every record's time is one instant, so two backends' lines can be compared byte for byte."""
-    from worker.store import record_types
+    from worker.store.format import record_types
 
     clock = types.SimpleNamespace(time_ns=lambda: _FIXED_NS, gmtime=time.gmtime)
     monkeypatch.setattr(record_types, "time", clock)

@@ -20,7 +20,7 @@ from worker import (
     Usage,
     User,
 )
-from worker.store.records import decode_record
+from worker.store.format.records import decode_record
 
 BASELINE = Baseline(system="s", memory="", tools=[])
 texts = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=40)

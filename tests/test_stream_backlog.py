@@ -19,7 +19,7 @@ import pytest
 from supervisor.client import Client, call
 from supervisor.client.control import exchange, open_control, result_of
 from tests.support import log_user_keys, poll_until, running_daemon, status, wait_state
-from worker.wire import encode
+from worker.ipc.wire import encode
 
 HEADROOM = 25 << 20
 """Resident bytes the worker may hold above its idle figure while the client does not

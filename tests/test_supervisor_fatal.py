@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.client import call
-from supervisor.daemon.hosted import MAX_LAST_ERROR
+from supervisor.sessions.hosted import MAX_LAST_ERROR
 from tests.conftest import HUGE_LINE
 from tests.support import poll_until, running_daemon, status, wait_state
 from worker import Session

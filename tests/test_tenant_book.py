@@ -1,5 +1,5 @@
-"""A home's record of its sessions' tenants (``supervisor.daemon.tenants``), and what a
-certificate's subject makes of a tenant (``worker.tls_roles``), on real files."""
+"""A home's record of its sessions' tenants (``supervisor.sessions.tenants``), and what a
+certificate's subject makes of a tenant (``worker.ipc.tls_roles``), on real files."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.daemon.tenants import TenantBook, tenant_problem
-from worker.tls_roles import tenant_of
+from supervisor.sessions.tenants import TenantBook, tenant_problem
+from worker.ipc.tls_roles import tenant_of
 
 
 def test_a_session_named_like_a_temporary_file_keeps_its_tenant(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from supervisor.client import Client, call
 from tests.support import log_user_keys, running_daemon
-from worker.wire import encode
+from worker.ipc.wire import encode
 
 pytestmark = [
     pytest.mark.timeout(90),

@@ -7,7 +7,7 @@ import tracemalloc
 import msgpack
 import pytest
 
-from worker.wire import MAX_FRAME, FrameReader, WireError
+from worker.ipc.wire import MAX_FRAME, FrameReader, WireError
 
 
 def _frame_of_size(size: int) -> bytes:

@@ -14,8 +14,8 @@ from supervisor.client import Client, call
 from supervisor.client.control import exchange, open_control
 from tests.support import poll_until, running_daemon, status
 from worker import Session
-from worker.store.records import User
-from worker.wire import MAX_FRAME, FrameReader, Message, encode
+from worker.ipc.wire import MAX_FRAME, FrameReader, Message, encode
+from worker.store.format.records import User
 
 SLOW = ("--app", "tests.edge_apps:SlowApp")
 

@@ -19,6 +19,7 @@ from tests.forge import reseal
 from tests.support import REPO
 from worker import Session
 from worker.app import DefaultApp
+from worker.ipc.wire import Channel, Message
 from worker.process import (
     EXIT_CANNOT_OPEN,
     EXIT_CLEAN,
@@ -27,8 +28,7 @@ from worker.process import (
     EXIT_REFUSED,
     MAX_REPORT,
 )
-from worker.store.records import EpochEnd, encode_appended
-from worker.wire import Channel, Message
+from worker.store.format.records import EpochEnd, encode_appended
 
 
 class RunningWorker:

@@ -2,7 +2,7 @@
 
 The session store lives in ``worker.store``; its names are re-exported here so that
 ``from worker import Session`` keeps working.
-They are imported on first use, not with the package: ``import worker.wire`` (every
+They are imported on first use, not with the package: ``import worker.ipc.wire`` (every
 client, every CLI command) then loads the wire format alone, not the whole store.
 """
 
@@ -81,7 +81,7 @@ _SOURCES: Final = dict.fromkeys(__all__, "worker.store")
 def __getattr__(name: str) -> object:
     """Import the module of a re-exported name on its first use, then keep the name here.
 
-    A client needs ``worker.wire``; importing the package must not load the store for it
+    A client needs ``worker.ipc.wire``; importing the package must not load the store for it
     (issue 32).
     """
     module = _SOURCES.get(name)

@@ -26,13 +26,18 @@ from types import FrameType
 from typing import Final
 
 from worker.app import DEFAULT_APP, DEFAULT_BUDGET, App, load_app
-from worker.app_change import note_app_change
-from worker.app_version import app_version
-from worker.heartbeat import HeartbeatCell
-from worker.lease_deadline import LeaseFence
-from worker.replies import describe
-from worker.server import Server
+from worker.app.version import app_version
+from worker.ipc.heartbeat import HeartbeatCell
+from worker.ipc.lease_deadline import LeaseFence
+from worker.ipc.wire import Channel, Message
+from worker.loop.app_change import note_app_change
+from worker.loop.replies import describe
+from worker.loop.server import Server
+from worker.loop.turns import DEFAULT_MAX_BATCH
+from worker.offline.refusal import refusal_kind
 from worker.store.backend import SessionStore
+from worker.store.disk.fork_guard import guard_selector, guard_socket
+from worker.store.disk.layout import session_dir
 from worker.store.errors import (
     LOG_REFUSED,
     NotOwnerNow,
@@ -44,15 +49,10 @@ from worker.store.errors import (
     SessionNotFound,
 )
 from worker.store.fencing import write_owner
-from worker.store.fork_guard import guard_selector, guard_socket
-from worker.store.layout import session_dir
+from worker.store.format.records import EpochEnd
+from worker.store.format.writer_app import stamp_app
 from worker.store.postgres import DatabaseUnavailable, PostgresStore
-from worker.store.records import EpochEnd
-from worker.store.refusal import refusal_kind
 from worker.store.session import Session
-from worker.store.writer_app import stamp_app
-from worker.turns import DEFAULT_MAX_BATCH
-from worker.wire import Channel, Message
 
 EXIT_CLEAN: Final = 0
 EXIT_CRASH: Final = 1
@@ -141,7 +141,7 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cluster-lease", type=int, default=0)
     parser.add_argument("--lease-file", default=None)
     # The node's certificate (--listen tls://): the worker makes the TLS handshake of each
-    # TCP connection handed to it (the direct data path, worker/tls_peer.py).
+    # TCP connection handed to it (the direct data path, worker/loop/tls_peer.py).
     parser.add_argument("--tls-ca", default=None)
     parser.add_argument("--tls-cert", default=None)
     parser.add_argument("--tls-key", default=None)
@@ -371,7 +371,7 @@ def _report(
     channel: Channel, code: str, message: str, pid: int | None = None, kind: str | None = None
 ) -> None:
     """Tell the supervisor why the worker is about to exit, if it is still listening;
-    a refused log's ``kind`` (worker.store.refusal) picks the operator's next step."""
+    a refused log's ``kind`` (worker.offline.refusal) picks the operator's next step."""
     report: Message = {"op": "exiting", "code": code, "message": bounded(message), "holder": pid}
     if kind is not None:
         report["kind"] = kind

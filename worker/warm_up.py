@@ -24,12 +24,12 @@ import threading
 from typing import Final
 
 from worker.app import DefaultApp
-from worker.server import Server
-from worker.store.durable import set_hook
-from worker.store.record_codecs import compile_every_codec
+from worker.ipc.wire import FrameReader, Message, WireError, encode
+from worker.loop.server import Server
+from worker.store.disk.durable import set_hook
+from worker.store.format.record_codecs import compile_every_codec
 from worker.store.session import Session
 from worker.store.stats import STATS
-from worker.wire import FrameReader, Message, WireError, encode
 
 REQUESTS: Final = 16
 """Requests the scratch session serves (enough for the per-request path to warm up)."""

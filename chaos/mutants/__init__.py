@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from chaos.cases import ThenPower
-from chaos.hook import FaultKind
+from chaos.faults.hook import FaultKind
 from chaos.mutants import (
     durability,
     epochs,
@@ -223,7 +223,7 @@ _ALL: Final = (
            scenarios=("pipelined",), feature="batches and pipelines",
            quick=("pipelined:kill:-:1", "pipelined:kill:-:36")),
     # The operator's tools (issue 31), each caught only by the operator-tools scenario's
-    # checks of what the tool left (chaos.tool_checks).
+    # checks of what the tool left (chaos.oracle.tool_checks).
     Mutant(name="restore-skips-manifest-check",
            bug="restore takes a backup's files without checking its manifest",
            patch=tools.restore_skips_manifest_check, caught_by="backup-complete-or-refused",

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 
-from worker.store import durable, loader, session
+from worker.store import loader, session
 from worker.store.baseline import Baseline
+from worker.store.disk import durable
 from worker.store.errors import SessionIOError
-from worker.store.records import Record, encode_lines
+from worker.store.format.records import Record, encode_lines
 
 
 def no_fsync() -> None:

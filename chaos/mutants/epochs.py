@@ -7,10 +7,11 @@ import os
 import zlib
 
 from worker.app import App
-from worker.store import durable, session
+from worker.ipc.wire import Message
+from worker.store import session
 from worker.store.baseline import Baseline
-from worker.store.records import EpochEnd, encode_lines
-from worker.wire import Message
+from worker.store.disk import durable
+from worker.store.format.records import EpochEnd, encode_lines
 
 
 def second_epoch_end_on_resume() -> None:
@@ -88,7 +89,7 @@ def resume_recomputes_summary() -> None:
 
 
 def operator_summary_ignored() -> None:
-    from worker import server  # noqa: PLC0415 - only worker-level children load it
+    from worker.loop import server  # noqa: PLC0415 - only worker-level children load it
 
     original = server.Server._compact
 

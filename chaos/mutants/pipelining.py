@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from worker.store.records import Record
-from worker.wire import Message
+from worker.ipc.wire import Message
+from worker.store.format.records import Record
 
 
 def repeated_key_not_flushed() -> None:

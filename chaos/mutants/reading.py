@@ -6,10 +6,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from worker.store import layout, loader, lock, session
+from worker.store import loader, session
 from worker.store.baseline import Baseline
+from worker.store.disk import layout, lock
 from worker.store.errors import SessionLocked, TornLog
-from worker.store.records import EpochEnd, ToolResult
+from worker.store.format.records import EpochEnd, ToolResult
 
 
 def silent_torn_tail_repair() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.store.records import Record, Schedule
+from worker.store.format.records import Record, Schedule
 
 
 def carried_schedules_forgotten() -> None:
@@ -17,7 +17,7 @@ def carried_schedules_forgotten() -> None:
 
 
 def delivered_without_waiting() -> None:
-    from worker import schedule_book  # noqa: PLC0415 - patched in the child only
+    from worker.loop import schedule_book  # noqa: PLC0415 - patched in the child only
 
     def due(self: schedule_book.ScheduleBook, now: float) -> list[Schedule]:
         # The bug: every pending schedule is taken as due, whatever its time.

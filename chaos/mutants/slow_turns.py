@@ -6,7 +6,7 @@ import signal
 
 
 def progress_keeps_deadline() -> None:
-    from worker import turns  # noqa: PLC0415 - only worker-level children load it
+    from worker.loop import turns  # noqa: PLC0415 - only worker-level children load it
 
     def progress(self: turns.TurnRunner) -> None:
         self._check_thread("progress")
@@ -17,7 +17,7 @@ def progress_keeps_deadline() -> None:
 
 
 def deadline_never_armed() -> None:
-    from worker import turns  # noqa: PLC0415 - only worker-level children load it
+    from worker.loop import turns  # noqa: PLC0415 - only worker-level children load it
 
     def begin(self: turns.TurnRunner, payloads: list[dict[str, object]], requests: int) -> None:
         if self.cell is not None:
@@ -30,7 +30,7 @@ def deadline_never_armed() -> None:
 
 
 def chunk_drops_last_request() -> None:
-    from worker import server  # noqa: PLC0415 - only worker-level children load it
+    from worker.loop import server  # noqa: PLC0415 - only worker-level children load it
 
     def apply(self: server.Server, batch: list[tuple[object, object, dict[str, object]]]) -> None:
         if not batch:
@@ -49,7 +49,7 @@ def chunk_drops_last_request() -> None:
 
 
 def poison_death_counted_twice() -> None:
-    from supervisor.daemon import poison  # noqa: PLC0415 - only the poison probe needs it
+    from supervisor.sessions import poison  # noqa: PLC0415 - only the poison probe needs it
 
     original = poison.PoisonLedger.charge
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from worker.wire import Message
+from worker.ipc.wire import Message
 
 
 def partial_to_first_request() -> None:
-    from worker import turns  # noqa: PLC0415 - only worker-level children load it
+    from worker.loop import turns  # noqa: PLC0415 - only worker-level children load it
 
     original = turns.TurnRunner.stream
 
@@ -26,7 +26,7 @@ def partial_to_first_request() -> None:
 
 
 def partials_sent_newest_first() -> None:
-    from worker import turns  # noqa: PLC0415 - only worker-level children load it
+    from worker.loop import turns  # noqa: PLC0415 - only worker-level children load it
 
     original_stream = turns.TurnRunner.stream
     original_end = turns.TurnRunner._end

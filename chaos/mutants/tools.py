@@ -8,14 +8,15 @@ import os
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
-from worker.store import backup, durable, index_repair, restore, salvage
-from worker.store.files import open_directory, read_file
+from worker.offline import backup, index_repair, restore, salvage
+from worker.offline.repair import make_dirs
+from worker.offline.restore_drops import NOTHING
+from worker.offline.trash import move_to_trash
+from worker.store.disk import durable
+from worker.store.disk.files import open_directory, read_file
+from worker.store.disk.layout import session_dir
 from worker.store.key_index import Segment
-from worker.store.layout import session_dir
 from worker.store.loader import load_session
-from worker.store.repair import make_dirs
-from worker.store.restore_drops import NOTHING
-from worker.store.trash import move_to_trash
 
 
 def restore_skips_manifest_check() -> None:

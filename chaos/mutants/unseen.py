@@ -6,9 +6,10 @@ from __future__ import annotations
 import bisect
 import os
 
-from worker.store import durable, key_index, session
+from worker.ipc.wire import Message
+from worker.store import key_index, session
+from worker.store.disk import durable
 from worker.store.errors import SessionError
-from worker.wire import Message
 
 
 def key_index_search_off_by_one() -> None:
@@ -45,7 +46,7 @@ def commit_resets_call_counter() -> None:
 
 
 def lease_read_before_write_only() -> None:
-    from worker import server  # noqa: PLC0415 - only worker-level children load it
+    from worker.loop import server  # noqa: PLC0415 - only worker-level children load it
 
     def lease_lost(self: server.Server) -> None:
         return None  # the bug: the lease is not read again after the group commit

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from worker.store.records import SessionStart
+from worker.store.format.records import SessionStart
 from worker.store.session_state import SessionState
 
 

@@ -18,16 +18,16 @@ from typing import Final
 
 from chaos import mutants
 from chaos.cases import CaseResult
-from chaos.hook import EventPipe
+from chaos.faults.hook import EventPipe
 from chaos.lifeline import die_with_parent
-from chaos.oracle import ClientLog, check_after_fault, check_final_view
+from chaos.oracle.oracle import ClientLog, check_after_fault, check_final_view
 from chaos.postgres import database
 from chaos.postgres.faults import SeamFault, SeamHook
-from chaos.scenarios import RETRY_SUMMARY, SCENARIOS, SESSION, SLOT, Scenario, apply_op
-from chaos.scenarios import baseline_for as _baseline_for
+from chaos.scenarios.scenarios import RETRY_SUMMARY, SCENARIOS, SESSION, SLOT, Scenario, apply_op
+from chaos.scenarios.scenarios import baseline_for as _baseline_for
 from worker.store.errors import SessionError
+from worker.store.format.records import EpochEnd
 from worker.store.postgres import PostgresStore, boundaries
-from worker.store.records import EpochEnd
 from worker.store.session import Session
 
 MAX_RESUMES: Final = 4
@@ -193,7 +193,7 @@ def _act(uri: str, fault: SeamFault, backend_pid: int, go_w: int) -> database.Ch
 def _child(
     uri: str, scenario: Scenario, events: EventPipe, acked: frozenset[str], *, resume: bool
 ) -> int:
-    """The client loop of chaos.child.store_child against a PostgresStore."""
+    """The client loop of chaos.run.child.store_child against a PostgresStore."""
     store = PostgresStore(uri)
     session: Session | None = None
     if resume:

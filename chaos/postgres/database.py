@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Final
 
-from chaos.oracle import LogsView
-from chaos.scenarios import SESSION
+from chaos.oracle.oracle import LogsView
+from chaos.scenarios.scenarios import SESSION
 from worker.store.loader import load_session
 from worker.store.postgres.backend import PostgresBackend
 from worker.store.postgres.connection import connect, place_of

@@ -13,7 +13,7 @@ import signal
 import time
 from typing import Final
 
-from chaos.hook import EventPipe
+from chaos.faults.hook import EventPipe
 from worker.store.postgres.boundaries import Point
 
 SLOW_COMMIT_SECONDS: Final = 0.5

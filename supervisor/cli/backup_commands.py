@@ -2,7 +2,7 @@
 
 The copy's point (where the newest log is cut) is named by the session's worker through
 the daemon (``backup_point``); with no daemon, or a session not running, the copy is
-taken under the session's lock (worker.store.backup). A worker killed while it is asked
+taken under the session's lock (worker.offline.backup). A worker killed while it is asked
 is asked again once it is back, until ``--timeout``.
 """
 
@@ -22,11 +22,11 @@ from supervisor.cli.store_tools import backup_from_store, restore_into_store, st
 from supervisor.client.control import RETRYABLE, call
 from supervisor.errors import ControlError
 from supervisor.hosting.intent import IntentError, IntentFile
-from worker.store.backup import MANIFEST, BackupError, Point, PointMoved, backup_session
+from worker.offline.backup import MANIFEST, BackupError, Point, PointMoved, backup_session
+from worker.offline.restore import check_backup, restore_session
+from worker.offline.restore_drops import Drop, DropNotConfirmed, work_dropped
+from worker.store.disk.layout import SESSIONS_DIR, session_dir
 from worker.store.errors import SessionError
-from worker.store.layout import SESSIONS_DIR, session_dir
-from worker.store.restore import check_backup, restore_session
-from worker.store.restore_drops import Drop, DropNotConfirmed, work_dropped
 from worker.store.session_id import validate_session_id
 
 MAX_ATTEMPTS: Final = 20

@@ -11,19 +11,19 @@ import click
 from supervisor.cli.options import ETCD_URL
 from supervisor.cli.tls_options import client_tls_options, cluster_tls_files, tls_files_given
 from supervisor.client.control import call
-from supervisor.cluster.cordon import cordon, uncordon
-from supervisor.cluster.drain import drain_node
 from supervisor.cluster.errors import ClusterError, MoveFailed
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import check_node_name, move_key
-from supervisor.cluster.move import MoveDone, MoveIntent, abort_move, move_session, node_home
 from supervisor.cluster.peer_link import NodeLink
-from supervisor.cluster.remote_move import NodeBusy, abort_remote, move_remote
 from supervisor.cluster.routing import node_address
-from supervisor.cluster.takeover import take_over
-from supervisor.cluster.takeover_remote import take_over_remote
 from supervisor.cluster.transport import TlsFiles
 from supervisor.errors import ControlError
+from supervisor.moves.move import MoveDone, MoveIntent, abort_move, move_session, node_home
+from supervisor.moves.remote_move import NodeBusy, abort_remote, move_remote
+from supervisor.moves.takeover import take_over
+from supervisor.moves.takeover_remote import take_over_remote
+from supervisor.node.cordon import cordon, uncordon
+from supervisor.node.drain import drain_node
 from worker.store.errors import InvalidSessionId
 from worker.store.session_id import validate_session_id
 

@@ -1,6 +1,6 @@
 """``loopd fork ID NEW [--epoch E]``: a new session whose history is ID's up to epoch E.
 
-The store does the fork (worker.store.fork): ID's sealed epochs 0..E are shared with
+The store does the fork (worker.offline.fork): ID's sealed epochs 0..E are shared with
 NEW (hard links), and NEW's epoch E+1 starts from E's recorded summary. Only sealed
 epochs are read, so a live ID is forked without asking its worker. The new epoch's
 baseline is the App's ``next_baseline`` for the session as of E, asked of the App ID
@@ -30,9 +30,9 @@ from supervisor.hosting.apps import IMPORT_TIMEOUT, AppConfig, AppConfigError, a
 from supervisor.hosting.config import ConfigError, config_path, read_apps
 from supervisor.hosting.intent import IntentError, IntentFile
 from worker.app import DEFAULT_APP, DEFAULT_BUDGET, load_app
+from worker.offline.fork import StagedFork, abandon_fork, finish_fork, sealed_through, stage_fork
 from worker.store.baseline import Baseline
 from worker.store.errors import SessionError
-from worker.store.fork import StagedFork, abandon_fork, finish_fork, sealed_through, stage_fork
 
 if TYPE_CHECKING:
     from worker.store.session import Session
@@ -41,7 +41,7 @@ _NEXT_BASELINE: Final = """
 import json, sys
 sys.path[:] = json.loads(sys.argv[3])
 from worker.app import load_app
-from worker.store.fork import StagedSession
+from worker.offline.fork import StagedSession
 from worker.store.loader import load_session
 view = StagedSession(load_session(sys.argv[4], sys.argv[5]))
 baseline = load_app(sys.argv[1], int(sys.argv[2])).next_baseline(view, sys.argv[6])

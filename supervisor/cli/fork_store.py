@@ -2,7 +2,7 @@
 
 The database cannot link files, so NEW's epochs 0..E are copies of ID's. They are taken
 from one snapshot of ID's files (``session_files``), put into a temporary home, and
-forked there by the store's own fork (worker.store.fork: sealed epochs only, the key
+forked there by the store's own fork (worker.offline.fork: sealed epochs only, the key
 index rebuilt, the whole history checked, epoch E+1 from E's recorded summary with the
 baseline the App gives); NEW's files are then created in the database in one
 transaction (``put_session``: all of NEW or nothing) and read back as ``verify`` reads
@@ -16,10 +16,10 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from worker.offline.fork import StagedFork, abandon_fork, finish_fork, sealed_through, stage_fork
 from worker.store.baseline import Baseline
+from worker.store.disk.layout import session_dir
 from worker.store.errors import SessionExists
-from worker.store.fork import StagedFork, abandon_fork, finish_fork, sealed_through, stage_fork
-from worker.store.layout import session_dir
 from worker.store.postgres import PostgresStore
 from worker.store.postgres.transfer import put_session, read_session, session_files
 

@@ -13,12 +13,12 @@ from supervisor.cli.options import HOME_ENV, existing_home_option
 from supervisor.cli.session_app import AppUnusable, initial_baseline
 from supervisor.cli.store_tools import inspect_in_store, store_option, verify_store
 from worker.app import DEFAULT_APP
-from worker.store.baseline_repair import rebuild_baseline as rebuild_baseline_file
+from worker.offline.baseline_repair import rebuild_baseline as rebuild_baseline_file
+from worker.offline.index_repair import key_index_damaged, rebuild_key_index
+from worker.offline.repair import repair_torn_tail
+from worker.store.disk.layout import SESSIONS_DIR
 from worker.store.errors import InvalidSessionId, LogError, SessionError
-from worker.store.index_repair import key_index_damaged, rebuild_key_index
 from worker.store.inspection import Inspection, inspect_session
-from worker.store.layout import SESSIONS_DIR
-from worker.store.repair import repair_torn_tail
 
 EXIT_REFUSED: Final = 1
 EXIT_NO_HOME: Final = 2  # as for any other bad argument: distinct from "a log is refused"

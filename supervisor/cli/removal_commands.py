@@ -24,10 +24,10 @@ from supervisor.client.control import call
 from supervisor.errors import ControlError
 from supervisor.hosting.intent import IntentError, IntentFile
 from supervisor.hosting.session_log import backup_numbers, backup_path, log_path
-from worker.store import durable
+from worker.offline.trash import move_to_trash
+from worker.store.disk import durable
+from worker.store.disk.layout import session_dir
 from worker.store.errors import SessionError, SessionNotFound
-from worker.store.layout import session_dir
-from worker.store.trash import move_to_trash
 
 NO_DAEMON: Final = "no_daemon"
 

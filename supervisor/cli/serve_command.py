@@ -16,8 +16,6 @@ from supervisor.cli.options import (
     retired_replicas_option,
 )
 from supervisor.daemon.loop import ServeConfig, Supervisor
-from supervisor.daemon.poison import DEFAULT_POISON_AFTER
-from supervisor.daemon.spawn import StartMethod
 from supervisor.errors import HomeLocked, ServeError
 from supervisor.hosting.apps import AppConfigError, check_all
 from supervisor.hosting.bounds import seconds
@@ -33,8 +31,10 @@ from supervisor.hosting.config import (
 from supervisor.hosting.settings import hosting_options, settings_from
 from supervisor.http import bind_http
 from supervisor.http.tokens import read_tokens
-from worker.heartbeat import MAX_TURN_KEYS
-from worker.turns import DEFAULT_MAX_BATCH
+from supervisor.sessions.poison import DEFAULT_POISON_AFTER
+from supervisor.sessions.spawn import StartMethod
+from worker.ipc.heartbeat import MAX_TURN_KEYS
+from worker.loop.turns import DEFAULT_MAX_BATCH
 
 MAX_BUDGET: Final = 1 << 40
 MAX_RESTARTS: Final = 1_000_000
@@ -112,7 +112,7 @@ MAX_LEASE_TTL: Final = 3600
     type=seconds(0.01),
     default=None,
     help="seconds one request may take, from its start or its App's last "
-    "worker.turn.progress() call, before its worker is killed (default: no deadline).",
+    "worker.app.turn.progress() call, before its worker is killed (default: no deadline).",
 )
 @click.option(
     "--max-batch",

@@ -13,7 +13,7 @@ from typing import Final
 
 import click
 
-from worker.store.backup import BackupError, Point, write_backup
+from worker.offline.backup import BackupError, Point, write_backup
 from worker.store.errors import LogError, SessionError
 from worker.store.inspection import Inspection
 from worker.store.postgres import PostgresStore

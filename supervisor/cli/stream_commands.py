@@ -12,7 +12,7 @@ from supervisor.cli.options import home_option, timeout_option
 from supervisor.client.control import call, open_control
 from supervisor.errors import ControlError
 from supervisor.hosting.events import format_event
-from worker.wire import FrameReader, Message, WireError, encode
+from worker.ipc.wire import FrameReader, Message, WireError, encode
 
 EXIT_ERROR: Final = 1
 _READ_SIZE: Final = 65536

@@ -20,7 +20,7 @@ from supervisor.cli.options import home_option, timeout_option
 from supervisor.client.direct import Client
 from supervisor.client.streaming import Stream
 from supervisor.errors import ControlError
-from worker.wire import Message
+from worker.ipc.wire import Message
 
 EXIT_ERROR: Final = 1
 FOLLOW_INTERVAL: Final = 0.2

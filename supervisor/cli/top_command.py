@@ -14,7 +14,7 @@ import click
 from supervisor.client.control import statuses
 from supervisor.client.status_table import TopView
 from supervisor.errors import ControlError
-from worker.wire import Message
+from worker.ipc.wire import Message
 
 EXIT_ERROR: Final = 1
 MIN_TIMEOUT: Final = 5.0

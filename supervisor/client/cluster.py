@@ -22,7 +22,6 @@ import uuid
 from supervisor.client.control import call
 from supervisor.client.direct import Client
 from supervisor.client.tcp_direct import DirectLink
-from supervisor.cluster.drain import least_loaded_node
 from supervisor.cluster.errors import ClusterError, NotOwner
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import owner_key
@@ -38,7 +37,8 @@ from supervisor.cluster.routing import (
 )
 from supervisor.cluster.transport import TlsFiles, tls_files_from_env
 from supervisor.errors import ControlError
-from worker.wire import Message
+from supervisor.node.drain import least_loaded_node
+from worker.ipc.wire import Message
 
 REROUTE: frozenset[str] = frozenset(
     {"not_owner", "not_found", "no_daemon", "worker_died", "closed", "busy", "unavailable"}
@@ -242,7 +242,7 @@ class ClusterClient:
         return link
 
     # `_link`, `_direct` and `_client` are the steps that lead to sending: the chaos
-    # rig's load (chaos/cluster_load.py) wraps them to know whether a failed request
+    # rig's load (chaos/cluster/load.py) wraps them to know whether a failed request
     # may have been sent. Renaming one makes the rig count every failure as unknown.
     def _direct(self, found: Route, session: str) -> DirectLink:
         """The direct connection to ``session``'s worker on its node (tcp_direct)."""

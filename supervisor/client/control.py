@@ -21,7 +21,7 @@ from supervisor.control_socket import (
     socket_path,
 )
 from supervisor.errors import ControlError
-from worker.wire import FrameReader, Message, WireError, encode
+from worker.ipc.wire import FrameReader, Message, WireError, encode
 
 __all__ = [
     "READ_SIZE", "RETRYABLE", "TIMEVAL", "call", "call_with_retry", "open_control", "statuses",

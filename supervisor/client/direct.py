@@ -41,7 +41,7 @@ from supervisor.client.outcomes import take_replies as _take
 from supervisor.client.outcomes import unanswered as _unanswered
 from supervisor.client.streaming import Stream
 from supervisor.errors import ControlError
-from worker.wire import FrameReader, Message, WireError, encode
+from worker.ipc.wire import FrameReader, Message, WireError, encode
 
 __all__ = ["Client", "Request"]
 

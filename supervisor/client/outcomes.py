@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from supervisor.client.control import result_of
 from supervisor.errors import ControlError
-from worker.wire import Message
+from worker.ipc.wire import Message
 
 
 def take_replies(

@@ -27,7 +27,7 @@ from supervisor.client.control import (
     statuses,
 )
 from supervisor.errors import ControlError
-from worker.wire import FrameReader, Message, WireError
+from worker.ipc.wire import FrameReader, Message, WireError
 
 RESTARTED_STATES: Final = frozenset({"RUNNING", "STARTING", "BACKOFF"})
 """The sessions that are meant to be running. A STOPPED session stays stopped (the

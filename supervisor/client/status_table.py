@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from worker.wire import Message
+from worker.ipc.wire import Message
 
 
 def status_lines(

@@ -1,7 +1,7 @@
 """A request whose App streams partial output: the partials as they come, then the reply.
 
 The worker sends ``{"id", "partial": text}`` frames for a request that asked for them
-(``"stream": true`` in its payload) while its App calls ``worker.turn.stream``, then
+(``"stream": true`` in its payload) while its App calls ``worker.app.turn.stream``, then
 the one reply frame. Partials are not durable: if the worker dies mid-stream, the
 request is sent again with its key and the new worker's partials start from the
 beginning (``Stream.restarts`` counts how often); what was applied is answered once.
@@ -16,7 +16,7 @@ from typing import Final, Protocol
 
 from supervisor.client.control import READ_SIZE, RETRYABLE, result_of
 from supervisor.errors import ControlError
-from worker.wire import FrameReader, Message, WireError, encode
+from worker.ipc.wire import FrameReader, Message, WireError, encode
 
 _RETRY_PAUSE: Final = 0.02
 

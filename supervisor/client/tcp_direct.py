@@ -33,7 +33,7 @@ from supervisor.cluster.transport import (
     refusal,
 )
 from supervisor.errors import ControlError
-from worker.wire import FrameReader, Message, WireError, encode
+from worker.ipc.wire import FrameReader, Message, WireError, encode
 
 
 class DirectLink:

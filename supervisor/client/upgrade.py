@@ -18,7 +18,7 @@ from typing import Final
 
 from supervisor.client.control import call
 from supervisor.errors import ControlError
-from worker.wire import Message
+from worker.ipc.wire import Message
 
 UPGRADED_STATES: Final = frozenset({"RUNNING", "STARTING", "BACKOFF", "IDLE"})
 """The sessions upgraded: the running ones and the hibernated ones (started for it). A

@@ -25,7 +25,7 @@ from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.etcd_types import Get, Put, absent
 from supervisor.cluster.keys import encode_value, node_key
-from worker.lease_deadline import write_deadline
+from worker.ipc.lease_deadline import write_deadline
 
 DEFAULT_TTL: Final = 10
 RETRY_EVERY: Final = 0.2

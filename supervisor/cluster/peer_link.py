@@ -26,7 +26,7 @@ from supervisor.cluster.transport import (
     refusal,
 )
 from supervisor.errors import ControlError
-from worker.wire import MAX_FRAME, FrameReader, Message, WireError, encode
+from worker.ipc.wire import MAX_FRAME, FrameReader, Message, WireError, encode
 
 READ_SIZE = 1 << 18
 

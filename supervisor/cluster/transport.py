@@ -10,7 +10,7 @@ the organizational unit (OU) of its subject (docs/scaling.md, "The transport"):
 - ``loopd-operator``: everything a local operator may do on the unix socket.
 
 A certificate with none of these OUs is refused by every node, whatever CA signed it.
-The contexts, roles and refusals themselves are ``worker/tls_roles.py``: a worker makes
+The contexts, roles and refusals themselves are ``worker/ipc/tls_roles.py``: a worker makes
 the handshake of a TCP connection handed to it with the same rules (the direct path).
 """
 
@@ -24,9 +24,7 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from supervisor.cluster.errors import ClusterError
-from worker.store.errors import InvalidSessionId
-from worker.store.session_id import MAX_LENGTH, validate_session_id
-from worker.tls_roles import (
+from worker.ipc.tls_roles import (
     HANDSHAKE_TIMEOUT,
     Role,
     TlsSetupError,
@@ -36,6 +34,8 @@ from worker.tls_roles import (
     refusal,
     role_of,
 )
+from worker.store.errors import InvalidSessionId
+from worker.store.session_id import MAX_LENGTH, validate_session_id
 
 __all__ = [
     "ALLOWED", "DIRECT_PREAMBLE", "ENV", "HANDSHAKE_TIMEOUT", "MAX_PREAMBLE", "Role",

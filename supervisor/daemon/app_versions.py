@@ -3,7 +3,7 @@
 The ``app_versions`` control operation: for each distinct App of the hosted sessions
 (its ``module:attribute``, import path, working directory and environment, as its
 worker would import it) one child interpreter imports the App and prints its version
-by the worker's own rule (``worker.app_version``). The children run beside the loop
+by the worker's own rule (``worker.app.version``). The children run beside the loop
 (asyncio subprocesses): the daemon never imports an App and never waits on one. Each
 session's row compares its current epoch's ``SessionStart`` (``hosted_status.app_of``)
 with its App's version now (docs/operations.md, "App versions").
@@ -19,18 +19,18 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from supervisor.daemon.endpoints import Waiter
-from supervisor.daemon.hosted import HostedSession
-from supervisor.daemon.hosted_status import app_of
-from supervisor.daemon.spawn import WorkerSpec
 from supervisor.hosting.apps import IMPORT_TIMEOUT
+from supervisor.sessions.endpoints import Waiter
+from supervisor.sessions.hosted import HostedSession
+from supervisor.sessions.hosted_status import app_of
+from supervisor.sessions.spawn import WorkerSpec
 from worker.app import DEFAULT_APP
-from worker.wire import Message, error, ok
+from worker.ipc.wire import Message, error, ok
 
 _CHECK: Final = """
 import json, sys
 sys.path[:0] = json.loads(sys.argv[2])
-from worker.app_version import app_version
+from worker.app.version import app_version
 print(json.dumps(app_version(sys.argv[1])))
 """
 MAX_WHY: Final = 500

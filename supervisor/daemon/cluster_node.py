@@ -20,15 +20,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Final, TypeVar
 
 from supervisor.cluster.errors import AlreadyPlaced, ClusterError, Cordoned, NotOwner
-from supervisor.cluster.failover_stored import StoredFailoverWatch
 from supervisor.cluster.ownership import unplace
-from supervisor.cluster.serving import ServingNode, WorkerCluster
-from supervisor.daemon.endpoints import Waiter
-from supervisor.daemon.hosted import HostedSession
 from supervisor.errors import ServeError
 from supervisor.hosting.intent import IntentError, IntentFile
+from supervisor.node.failover_stored import StoredFailoverWatch
+from supervisor.node.serving import ServingNode, WorkerCluster
+from supervisor.sessions.endpoints import Waiter
+from supervisor.sessions.hosted import HostedSession
 from supervisor.states import State
-from worker.wire import Message, error, ok
+from worker.ipc.wire import Message, error, ok
 
 __all__ = ["MAX_PENDING", "DaemonNode"]
 

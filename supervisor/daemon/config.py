@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from supervisor.cluster.transport import TlsFiles
-from supervisor.daemon.poison import DEFAULT_POISON_AFTER
-from supervisor.daemon.spawn import StartMethod
 from supervisor.hosting.apps import AppConfig
 from supervisor.hosting.settings import HostingSettings
+from supervisor.sessions.poison import DEFAULT_POISON_AFTER
+from supervisor.sessions.spawn import StartMethod
 from supervisor.states import RestartPolicy
-from worker.turns import DEFAULT_MAX_BATCH
+from worker.loop.turns import DEFAULT_MAX_BATCH
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from worker.wire import FrameReader, Message, WireError, encode, error
+from worker.ipc.wire import FrameReader, Message, WireError, encode, error
 
 HIGH_WATER: Final = 1 << 20
 LOW_WATER: Final = 256 << 10

@@ -42,4 +42,4 @@ def hosted_sessions(config: ServeConfig, home: str, report: Callable[[str], None
             f"synchronous_standby_names={durability.synchronous_standby_names!r}); "
             "set both on the primary (docs/scaling.md), or start without the flag"
         )
-    return sessions  # a cluster node serves those etcd places on it (supervisor.cluster.stored)
+    return sessions  # a cluster node serves those etcd places on it (supervisor.node.stored)

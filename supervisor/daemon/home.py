@@ -6,9 +6,9 @@ import os
 
 from supervisor.control_socket import make_private_dirs
 from supervisor.errors import HomeLocked, ServeError
+from worker.store.disk.layout import SESSIONS_DIR
+from worker.store.disk.lock import lock_directory
 from worker.store.errors import InvalidSessionId, SessionIOError, SessionLocked
-from worker.store.layout import SESSIONS_DIR
-from worker.store.lock import lock_directory
 from worker.store.session_id import validate_session_id
 
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from supervisor.daemon.connection import FramedConnection
-from supervisor.daemon.hosted import HostedSession
 from supervisor.daemon.operations import Daemon, dispatch
-from supervisor.daemon.spawn import WorkerProcess
-from worker.wire import Message, WireError, encode_reply, error
+from supervisor.sessions.hosted import HostedSession
+from supervisor.sessions.spawn import WorkerProcess
+from worker.ipc.wire import Message, WireError, encode_reply, error
 
 MAX_PENDING: Final = 256
 """Requests of one connection awaiting their reply before the daemon stops reading it."""

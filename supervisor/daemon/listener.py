@@ -14,7 +14,7 @@ from typing import Final
 from supervisor.control_socket import MAX_SOCKET_PATH, peer_uid, socket_path
 from supervisor.daemon.connection import MAX_CLIENTS, client_budget
 from supervisor.errors import ServeError
-from worker.wire import encode, error
+from worker.ipc.wire import encode, error
 
 STAGING_SUFFIX: Final = ".new"
 BACKLOG: Final = 128

@@ -13,14 +13,14 @@ from __future__ import annotations
 import os
 from typing import Final, Protocol
 
-from supervisor.daemon.endpoints import Waiter
-from supervisor.daemon.hosted import HostedSession
-from supervisor.daemon.tenants import TenantBook, TenantError
 from supervisor.daemon.worker_specs import UnknownApp
 from supervisor.hosting.intent import IntentError, IntentFile
+from supervisor.sessions.endpoints import Waiter
+from supervisor.sessions.hosted import HostedSession
+from supervisor.sessions.tenants import TenantBook, TenantError
 from supervisor.states import State
-from worker.store.layout import session_dir
-from worker.wire import error, ok
+from worker.ipc.wire import error, ok
+from worker.store.disk.layout import session_dir
 
 FORGETTABLE: Final = frozenset({State.STOPPED, State.FATAL, State.EXITED})
 """States with no worker and nothing that will start one (BACKOFF and IDLE would)."""

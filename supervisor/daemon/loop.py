@@ -21,30 +21,30 @@ from typing import Final
 
 import psutil
 
-from supervisor.cluster.serving import ServingNode, WorkerCluster
 from supervisor.daemon.cluster_node import DaemonNode
 from supervisor.daemon.config import ServeConfig
 from supervisor.daemon.connection import connect
 from supervisor.daemon.database import hosted_sessions
-from supervisor.daemon.endpoints import Client, Waiter
 from supervisor.daemon.home import claim_home
-from supervisor.daemon.hosted import HostedSession
 from supervisor.daemon.links import ClientConnection, WorkerLink, WorkerWatch
 from supervisor.daemon.listener import Listener
 from supervisor.daemon.local_sessions import adopt_local, forget_local
-from supervisor.daemon.lock_wait import HolderWait
-from supervisor.daemon.spawn import WorkerProcess, WorkerSpec
-from supervisor.daemon.tcp_handover import TcpHandover
-from supervisor.daemon.tenants import TenantBook
-from supervisor.daemon.tls_gateway import TlsGateway, open_gateway
 from supervisor.daemon.worker_specs import UnknownApp, prepare_workers, worker_spec
 from supervisor.errors import ServeError
+from supervisor.gateway.tcp_handover import TcpHandover
+from supervisor.gateway.tls_gateway import TlsGateway, open_gateway
 from supervisor.hosting.intent import IntentError, IntentFile
 from supervisor.hosting.runtime import Hosting
+from supervisor.node.serving import ServingNode, WorkerCluster
+from supervisor.sessions.endpoints import Client, Waiter
+from supervisor.sessions.hosted import HostedSession
+from supervisor.sessions.lock_wait import HolderWait
+from supervisor.sessions.spawn import WorkerProcess, WorkerSpec
+from supervisor.sessions.tenants import TenantBook
 from supervisor.states import State
 from supervisor.templates.pool import close_templates
-from worker.store.layout import SESSIONS_DIR
-from worker.wire import Message, error
+from worker.ipc.wire import Message, error
+from worker.store.disk.layout import SESSIONS_DIR
 
 __all__ = ["ServeConfig", "Supervisor"]
 

@@ -10,15 +10,12 @@ from typing import Final, Protocol
 
 from supervisor.daemon.app_versions import answer_app_versions
 from supervisor.daemon.cluster_node import DaemonNode
-from supervisor.daemon.endpoints import Client, Waiter
-from supervisor.daemon.hosted import HostedSession
-from supervisor.daemon.tenants import TenantBook, TenantError, caller_tenant, refusal
 from supervisor.hosting.runtime import Hosting
+from supervisor.sessions.endpoints import Client, Waiter
+from supervisor.sessions.hosted import HostedSession
+from supervisor.sessions.tenants import TenantBook, TenantError, caller_tenant, refusal
 from supervisor.states import State
-from worker.store.errors import InvalidSessionId
-from worker.store.layout import session_dir
-from worker.store.session_id import validate_session_id
-from worker.wire import (
+from worker.ipc.wire import (
     MAX_FRAME,
     Message,
     WireError,
@@ -29,6 +26,9 @@ from worker.wire import (
     optional_field,
     request_id_problem,
 )
+from worker.store.disk.layout import session_dir
+from worker.store.errors import InvalidSessionId
+from worker.store.session_id import validate_session_id
 
 MAX_STATUS_PAGE: Final = 1000
 """Rows a status page may be asked for."""

@@ -7,12 +7,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from supervisor.daemon.config import ServeConfig
-from supervisor.daemon.spawn import StartMethod, WorkerSpec, app_identity, prepare_forks
 from supervisor.hosting.apps import app_import_dirs
+from supervisor.sessions.spawn import StartMethod, WorkerSpec, app_identity, prepare_forks
 from supervisor.templates.pool import open_templates
 
 if TYPE_CHECKING:
-    from supervisor.cluster.serving import WorkerCluster
+    from supervisor.node.serving import WorkerCluster
 
 
 class UnknownApp(Exception):

@@ -20,9 +20,9 @@ from supervisor.client.status_table import status_lines
 from supervisor.control_socket import SOCKET_NAME
 from supervisor.demo.checks import DemoChecks
 from supervisor.errors import ControlError
-from worker.store.layout import session_dir
+from worker.store.disk.layout import session_dir
+from worker.store.format.records import Record, User
 from worker.store.loader import load_session
-from worker.store.records import Record, User
 
 SESSIONS: Final = ("alpha", "bravo", "charlie", "delta")
 REQUESTS: Final = 12

@@ -10,7 +10,7 @@ import click
 from supervisor.demo.checks import DemoChecks
 from worker.store.baseline import Baseline
 from worker.store.errors import TornLog
-from worker.store.records import Assistant, ToolResult, Usage, User
+from worker.store.format.records import Assistant, ToolResult, Usage, User
 from worker.store.session import Session
 
 DEMO_BASELINE = Baseline(

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from supervisor.hosting.metrics import HistogramValue, Registry
-from worker.wire import Message
+from worker.ipc.wire import Message
 
 DEFAULT_APP_LABEL = "default"
 """The ``app`` label of sessions of the default App (no --app, no named App)."""

@@ -14,9 +14,9 @@ from collections import OrderedDict
 from typing import Final
 
 from supervisor.hosting.regular_file import open_regular
+from worker.store.disk.layout import session_dir
 from worker.store.errors import SessionError
-from worker.store.layout import session_dir
-from worker.store.records import SessionStart, decode_record
+from worker.store.format.records import SessionStart, decode_record
 
 _LOG: Final = re.compile(r"(0|[1-9][0-9]*)\.jsonl")
 _READ: Final = 1 << 16

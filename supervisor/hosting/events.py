@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Final, Protocol
 
-from worker.wire import Message
+from worker.ipc.wire import Message
 
 FOLLOWER_BACKLOG: Final = 1 << 20
 """Bytes of events one follower may leave unread before it is dropped."""

@@ -17,7 +17,7 @@ from typing import Final
 
 from supervisor.errors import SupervisorError
 from supervisor.hosting.regular_file import decode_utf8, read_regular
-from worker.store import durable
+from worker.store.disk import durable
 from worker.store.errors import SessionIOError
 
 INTENT_NAME: Final = "intent.json"

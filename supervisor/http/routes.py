@@ -11,7 +11,6 @@ from typing import Final
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from supervisor.client import Client
-from supervisor.daemon.tenants import OPERATOR
 from supervisor.errors import ControlError
 from supervisor.http.calls import ClientPool
 from supervisor.http.parser import HttpError, HttpRequest
@@ -19,6 +18,7 @@ from supervisor.http.responses import error_response, json_body, response, statu
 from supervisor.http.sse import Turns
 from supervisor.http.streaming import start_or_join, write_events, write_final_as_json
 from supervisor.http.tokens import TokenTable
+from supervisor.sessions.tenants import OPERATOR
 
 MAX_KEY: Final = 256
 """Characters of an Idempotency-Key: a request id's bound on the wire."""

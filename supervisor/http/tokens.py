@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from supervisor.daemon.tenants import tenant_problem
 from supervisor.hosting.config import TENANTS_KEY, ConfigError, read_table
+from supervisor.sessions.tenants import tenant_problem
 
 _DIGEST: Final = re.compile(r"[0-9a-fA-F]{64}")
 _BEARER: Final = re.compile(r"[Bb][Ee][Aa][Rr][Ee][Rr] +([\x21-\x7e]{1,4096})")

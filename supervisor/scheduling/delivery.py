@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from worker.ipc.wire import Message
 from worker.store.schedules import parse_time
-from worker.wire import Message
 
 DELIVER_DUE: Final[Message] = {"deliver_due": True}
 RETRY_FIRST: Final = 0.25

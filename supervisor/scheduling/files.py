@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Final
 
-from worker.store import durable
+from worker.store.disk import durable
 from worker.store.schedules import parse_time
 
 SCHEDULES_DIR: Final = "schedules"

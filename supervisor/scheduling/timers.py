@@ -33,9 +33,9 @@ from supervisor.scheduling.files import (
     write_derived,
 )
 from supervisor.states import State
+from worker.ipc.wire import Message
 from worker.store.errors import SessionError
 from worker.store.schedules import parse_time
-from worker.wire import Message
 
 
 class Hosted(Protocol):

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
         SessionNotFound,
         TornLog,
     )
-    from worker.store.records import (
+    from worker.store.format.records import (
         Assistant,
         EpochEnd,
         Handoff,
@@ -101,17 +101,17 @@ _SOURCES: Final = {  # each re-exported name and the module that defines it
     "SessionLocked": "worker.store.errors",
     "SessionNotFound": "worker.store.errors",
     "TornLog": "worker.store.errors",
-    "Assistant": "worker.store.records",
-    "EpochEnd": "worker.store.records",
-    "Handoff": "worker.store.records",
-    "Owner": "worker.store.records",
-    "Record": "worker.store.records",
-    "Schedule": "worker.store.records",
-    "Unschedule": "worker.store.records",
-    "SessionStart": "worker.store.records",
-    "ToolResult": "worker.store.records",
-    "Usage": "worker.store.records",
-    "User": "worker.store.records",
+    "Assistant": "worker.store.format.records",
+    "EpochEnd": "worker.store.format.records",
+    "Handoff": "worker.store.format.records",
+    "Owner": "worker.store.format.records",
+    "Record": "worker.store.format.records",
+    "Schedule": "worker.store.format.records",
+    "Unschedule": "worker.store.format.records",
+    "SessionStart": "worker.store.format.records",
+    "ToolResult": "worker.store.format.records",
+    "Usage": "worker.store.format.records",
+    "User": "worker.store.format.records",
     "Session": "worker.store.session",
 }
 

@@ -4,7 +4,7 @@ A session is the same named byte strings on every backend: ``<n>.baseline.json``
 ``<first>-<last>.keys`` written whole, ``<n>.jsonl`` appended to one group at a time.
 The reading code (open, verify, inspect, a key's confirmation) reads them through
 ``StoredFiles``; a session directory's fd (the file store, the embedded default) is
-read with ``worker.store.files`` as before, any other backend through its object.
+read with ``worker.store.disk.files`` as before, any other backend through its object.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from worker.store.errors import InvalidRecord, LogSealed, quote
 from worker.store.fencing import Fence, advance
-from worker.store.records import AppChanged, Handoff, Owner, Record, ToolResult, Usage, User
+from worker.store.format.records import AppChanged, Handoff, Owner, Record, ToolResult, Usage, User
 from worker.store.session_state import SessionState
 
 

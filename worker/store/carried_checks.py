@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from worker.store.carried_state import carried_digest, parse_recent_keys, plan_next_epoch
+from worker.store.disk.files import Directory
 from worker.store.errors import InvalidLog, quote
 from worker.store.fencing import Fence
-from worker.store.files import Directory
+from worker.store.format.records import EpochEnd, SessionStart
 from worker.store.key_index import KeyIndex, entry, load_index, parse_field
-from worker.store.records import EpochEnd, SessionStart
 from worker.store.session_state import KeyRef, SessionState
 
 

@@ -14,8 +14,8 @@ import json
 from dataclasses import dataclass, replace
 
 from worker.store.errors import InvalidLog
+from worker.store.format.records import Owner, SessionStart, User
 from worker.store.key_index import KeyIndex, Segment, entry
-from worker.store.records import Owner, SessionStart, User
 from worker.store.session_state import SessionState
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-from worker.store import durable
 from worker.store.baseline import Baseline
+from worker.store.disk import durable
 from worker.store.errors import InvalidRecord, quote
-from worker.store.records import SessionStart, encode_lines
+from worker.store.format.records import SessionStart, encode_lines
 from worker.store.session_state import SessionState, baseline_path, log_path
 
 

@@ -8,11 +8,11 @@ whose ``SessionStart`` names their digests.
 
 from __future__ import annotations
 
-from worker.store import durable
 from worker.store.baseline import Baseline
 from worker.store.carried_state import NextEpoch
+from worker.store.disk import durable
+from worker.store.format.records import SessionStart, encode_lines
 from worker.store.key_index import write_segments
-from worker.store.records import SessionStart, encode_lines
 from worker.store.schedules import carried_schedules
 from worker.store.session_state import SessionState, baseline_path, log_path
 

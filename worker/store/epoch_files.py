@@ -8,8 +8,8 @@ import re
 from typing import Final
 
 from worker.store.baseline import Baseline, hash_bytes
+from worker.store.disk.files import Directory, list_names, read_file
 from worker.store.errors import BaselineError, InvalidLog, SessionIOError, SessionNotFound, quote
-from worker.store.files import Directory, list_names, read_file
 from worker.store.session_state import log_path
 
 _LOG_NAME: Final = re.compile(r"(0|[1-9][0-9]*)\.jsonl")

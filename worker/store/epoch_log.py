@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from worker.store.app_records import check_apps
+from worker.store.disk.files import Directory, read_file
 from worker.store.errors import InvalidLog, TornLog, quote
-from worker.store.files import Directory, read_file
-from worker.store.line_checksums import chain_line
-from worker.store.records import (
+from worker.store.format.app_records import check_apps
+from worker.store.format.line_checksums import chain_line
+from worker.store.format.records import (
     EpochEnd,
     Record,
     SessionStart,

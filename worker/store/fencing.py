@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from worker.store.errors import NotOwnerNow
-from worker.store.records import Handoff, Owner, Record
+from worker.store.format.records import Handoff, Owner, Record
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,11 +6,11 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
+from worker.store.disk.layout import session_dir
+from worker.store.disk.lock import lock_directory, unlock_directory
 from worker.store.errors import SessionLocked, SessionNotFound
-from worker.store.layout import session_dir
+from worker.store.format.records import Record
 from worker.store.loader import load_session, log_path
-from worker.store.lock import lock_directory, unlock_directory
-from worker.store.records import Record
 from worker.store.schedules import pending_schedules
 from worker.store.session_state import SessionState
 

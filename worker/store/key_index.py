@@ -31,9 +31,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
-from worker.store import durable
+from worker.store.disk import durable
+from worker.store.disk.files import Directory, read_file
 from worker.store.errors import InvalidLog, KeyIndexFileError, SessionIOError, quote
-from worker.store.files import Directory, read_file
 
 INDEX_SUFFIX: Final = ".keys"
 _LINE_BITS: Final = 32

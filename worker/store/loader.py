@@ -24,6 +24,7 @@ from worker.store.carried_checks import (
     check_planned_digest,
 )
 from worker.store.carried_state import parse_recent_keys
+from worker.store.disk.files import Directory, open_directory, read_file
 from worker.store.epoch_files import list_epochs, load_baseline
 from worker.store.epoch_log import (
     DecodedLog,
@@ -36,9 +37,7 @@ from worker.store.epoch_log import (
 )
 from worker.store.errors import InvalidLog, quote
 from worker.store.fencing import NO_FENCE, Fence, advance
-from worker.store.files import Directory, open_directory, read_file
-from worker.store.key_index import KeyIndex, load_index
-from worker.store.records import (
+from worker.store.format.records import (
     EpochEnd,
     Handoff,
     Owner,
@@ -48,6 +47,7 @@ from worker.store.records import (
     User,
     decode_line,
 )
+from worker.store.key_index import KeyIndex, load_index
 from worker.store.salvage_plan import refuse_unfinished_salvage
 from worker.store.sealed_logs import check_sealed, first_start
 from worker.store.session_state import KeyRef, SessionState, baseline_path, log_path

@@ -21,8 +21,8 @@ import os
 from dataclasses import dataclass
 from typing import Final
 
+from worker.store.disk.files import Directory
 from worker.store.errors import PathError, SessionIOError
-from worker.store.files import Directory
 
 PLAN_NAME: Final = "salvage.plan"
 FORMAT: Final = "loopd-salvage-plan 1"

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable
 from typing import Final
 
-from worker.store.records import Record, Schedule, Unschedule, User
+from worker.store.format.records import Record, Schedule, Unschedule, User
 
 _RECORD_TIME: Final = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\.(\d{6})Z")
 

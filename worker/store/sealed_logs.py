@@ -4,17 +4,17 @@ Open checks the previous log this way (it reads it anyway, for its ``EpochEnd``)
 ``verify`` and ``inspect --all`` check every sealed log; the reader of a sealed epoch's
 records (a duplicate's answer, a page of records) checks the one it serves. A sealed
 log whose length or CRC-32 is not the recorded one is refused at its line
-(``worker.store.line_checksums``), never served.
+(``worker.store.format.line_checksums``), never served.
 """
 
 from __future__ import annotations
 
 import os
 
+from worker.store.disk.files import Directory, open_directory, read_file
 from worker.store.epoch_log import DecodedLog, check_epoch, decode_log, session_of_sealed
-from worker.store.files import Directory, open_directory, read_file
-from worker.store.line_checksums import refuse_sealed, sealed_binding, sealed_intact
-from worker.store.records import SessionStart, decode_line
+from worker.store.format.line_checksums import refuse_sealed, sealed_binding, sealed_intact
+from worker.store.format.records import SessionStart, decode_line
 from worker.store.session_state import log_path
 
 

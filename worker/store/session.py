@@ -13,12 +13,15 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Final
 
-from worker.store import durable
 from worker.store.backend import SessionStore
 from worker.store.baseline import Baseline
 from worker.store.batch_rules import fence_after, highest_call_after, newest_usage
 from worker.store.carried_state import NextEpoch, plan_next_epoch
 from worker.store.creation import check_slot, make_opened_durable, sync_parents, write_first_epoch
+from worker.store.disk import durable
+from worker.store.disk.files import Directory
+from worker.store.disk.layout import ensure_sessions_dir, lock_existing, session_dir
+from worker.store.disk.lock import lock_directory, unlock_directory
 from worker.store.epoch_commit import switch_to_next_epoch, write_next_epoch
 from worker.store.epoch_log import key_applied_at
 from worker.store.errors import (
@@ -29,12 +32,7 @@ from worker.store.errors import (
     SessionIOError,
     quote,
 )
-from worker.store.files import Directory
-from worker.store.key_index import KeyIndex, remove_stale
-from worker.store.layout import ensure_sessions_dir, lock_existing, session_dir
-from worker.store.loader import KeyRef, SessionState, load_session, log_path
-from worker.store.lock import lock_directory, unlock_directory
-from worker.store.records import (
+from worker.store.format.records import (
     EpochEnd,
     Record,
     SessionStart,
@@ -42,6 +40,8 @@ from worker.store.records import (
     User,
     encode_lines,
 )
+from worker.store.key_index import KeyIndex, remove_stale
+from worker.store.loader import KeyRef, SessionState, load_session, log_path
 from worker.store.session_view import SessionView
 from worker.store.stats import STATS
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from worker.store.baseline import Baseline
 from worker.store.fencing import NO_FENCE, Fence
+from worker.store.format.records import Record
 from worker.store.key_index import KeyIndex
-from worker.store.records import Record
 
 
 def log_path(session_dir: str, epoch: int) -> str:

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 from worker.store.baseline import Baseline
 from worker.store.fencing import Fence
-from worker.store.records import EpochEnd, Record
-from worker.store.records_view import RecordsView
+from worker.store.format.records import EpochEnd, Record
+from worker.store.format.records_view import RecordsView
 from worker.store.session_state import SessionState
 
 

@@ -4,7 +4,7 @@ Every fenced write reaches two points: ``BEFORE_COMMIT`` (its statements were se
 transaction is open, nothing of it is visible yet; a group commit's BEGIN and INSERT are
 pipelined, so the server runs them as they arrive and holds the session's row from then
 on) and ``AFTER_COMMIT`` (COMMIT returned, the caller has not been told). The file
-store's equivalent is ``worker.store.durable``'s hook. A hook may block, sleep, kill its
+store's equivalent is ``worker.store.disk.durable``'s hook. A hook may block, sleep, kill its
 process or raise a driver error (the backend then takes it as the database's: before
 COMMIT the write is rolled back; after it the outcome is unknown to the caller, as when
 COMMIT's reply is lost).

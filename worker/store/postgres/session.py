@@ -13,13 +13,13 @@ from typing import Final
 
 from worker.store.baseline import Baseline
 from worker.store.carried_state import NextEpoch
+from worker.store.disk.files import Directory
 from worker.store.epoch_commit import next_start
 from worker.store.errors import NotOwnerNow, SessionBroken, SessionError
-from worker.store.files import Directory
+from worker.store.format.records import SessionStart
 from worker.store.key_index import KeyIndex, stale_names
 from worker.store.loader import SessionState, baseline_path
 from worker.store.postgres.backend import PostgresBackend
-from worker.store.records import SessionStart
 from worker.store.session import Session
 
 # Session's descriptors stand for "open" here; nothing is ever done with them.

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Final
 
 from worker.store.baseline import Baseline
 from worker.store.creation import check_slot
+from worker.store.disk.layout import SESSIONS_DIR
 from worker.store.errors import NotOwnerNow, SessionExists, SessionNotFound
-from worker.store.layout import SESSIONS_DIR
+from worker.store.format.records import SessionStart, encode_lines
 from worker.store.loader import baseline_path, load_session
 from worker.store.postgres.backend import PostgresBackend
 from worker.store.postgres.connection import connect, database_error, driver, place_of
 from worker.store.postgres.durability import Durability, read_durability
 from worker.store.postgres.schema import ensure_schema
 from worker.store.postgres.session import PostgresSession
-from worker.store.records import SessionStart, encode_lines
 from worker.store.session_id import validate_session_id
 from worker.store.session_state import SessionState
 

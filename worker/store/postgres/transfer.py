@@ -20,8 +20,8 @@ from worker.store.postgres.backend import _LOG_NAME, PostgresBackend
 from worker.store.postgres.connection import database_error, driver
 
 if TYPE_CHECKING:
+    from worker.store.format.records import Record
     from worker.store.postgres.store import PostgresStore
-    from worker.store.records import Record
     from worker.store.session_state import SessionState
 
 # A reader's backend holds no owner token: every write it tried would be refused.

@@ -1,0 +1,1 @@
+"""``loopd chaos cluster``: namespaced hosts, their faults, the load, the history, the checker."""

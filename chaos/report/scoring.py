@@ -1,0 +1,94 @@
+"""Score the rig against its mutants: which invariants catch each broken store.
+
+A mutant counts as caught by a case only where the real store holds the same case:
+a violation the real store shows too (a hole of the store itself) proves nothing
+about the mutant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass, field
+
+from chaos.cases import Case, CaseResult, ThenPower
+from chaos.mutants import MUTANTS
+from chaos.mutants.pinned import PINNED
+from chaos.run.runner import clean_steps
+from chaos.scenarios.scenarios import SCENARIOS
+from chaos.sweep.parallel import run_cases
+from chaos.sweep.sweep import ALL_FAULTS, build_cases
+
+_store_failures: dict[frozenset[str], frozenset[str]] = {}
+
+
+@dataclass(slots=True)
+class MutantScore:
+    """What the rig found against one mutant."""
+
+    name: str
+    cases: int
+    caught: list[CaseResult] = field(default_factory=list)
+    invariants: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def caught_as_expected(self) -> bool:
+        """Whether the invariant the mutant must break is among those that caught it."""
+        return MUTANTS[self.name].caught_by in self.invariants
+
+    def example(self) -> CaseResult | None:
+        """A case caught by the expected invariant (else any caught case)."""
+        expected = MUTANTS[self.name].caught_by + ":"
+        for result in self.caught:
+            if any(v.startswith(expected) for v in result.violations):
+                return result
+        return self.caught[0] if self.caught else None
+
+
+def score_mutant(
+    name: str, workdir: str, *, jobs: int, quick: bool, scenarios: tuple[str, ...] = ()
+) -> MutantScore:
+    """Run the mutant's cases and score them.
+
+    ``quick``: its pinned cases (``Mutant.quick`` or ``chaos/mutants/pinned.py``), or its
+    quick selection (its scenarios and faults, every boundary) when it has none or when
+    ``scenarios`` are given; otherwise every case of every scenario and fault.
+    """
+    mutant = MUTANTS[name]
+    chosen = scenarios or (mutant.scenarios if quick else tuple(sorted(SCENARIOS)))
+    pins = mutant.quick or PINNED.get(name, ())
+    if quick and pins and not scenarios:
+        for scenario in {c.partition(":")[0] for c in pins}:
+            clean_steps(scenario, workdir)
+        cases = [dataclasses.replace(Case.parse(c), mutant=name) for c in pins]
+    else:
+        cases = build_cases(
+            chosen,
+            mutant.faults if quick else ALL_FAULTS,
+            workdir,
+            then_power=mutant.then_power if quick else ThenPower.EVERY,
+            mutant=name,
+        )
+    plain = [dataclasses.replace(c, mutant=None) for c in cases]
+    key = frozenset(c.id for c in plain)
+    if key not in _store_failures:
+        results = run_cases(plain, workdir, jobs=jobs, on_result=lambda _r: None)
+        _store_failures[key] = frozenset(r.case for r in results if r.outcome != "ok")
+    failing = _store_failures[key]
+    score = MutantScore(name=name, cases=len(cases))
+    results = run_cases(cases, workdir, jobs=jobs, on_result=lambda _r: None)
+    for case, result in zip(plain, results, strict=True):
+        if result.outcome != "ok" and case.id not in failing:
+            score.caught.append(result)
+            score.invariants.update(v.split(":")[0] for v in result.violations)
+    return score
+
+
+def feature_table(by_feature: dict[str, list[bool]]) -> list[str]:
+    """The score per feature: each feature's mutants caught by the invariant each must
+    break, of its mutants (``by_feature``: one verdict per mutant), features in order."""
+    lines = ["by feature (mutants caught by the invariant each must break):"]
+    width = max((len(feature) for feature in by_feature), default=0)
+    for feature, caught in sorted(by_feature.items()):
+        lines.append(f"  {feature:<{width}}  {sum(caught)}/{len(caught)}")
+    return lines

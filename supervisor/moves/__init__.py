@@ -1,0 +1,1 @@
+"""A session between nodes: move, takeover, and its files between homes."""

@@ -1,0 +1,1 @@
+"""One hosted session and its worker: state, owner, spawn, hang and poison, relay, handover."""
