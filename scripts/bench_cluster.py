@@ -38,7 +38,7 @@ from supervisor.cluster.lease import LeaseTiming, NodeLease
 from supervisor.cluster.ownership import place_new
 from supervisor.errors import ControlError
 from supervisor.moves.move import MoveStep, move_session
-from tests.etcd_server import EtcdServer
+from tests.harness.etcd_server import EtcdServer
 from worker import Assistant, Owner, Session, ToolResult, Usage, User
 from worker.app import DefaultApp
 

@@ -3,7 +3,8 @@
     python -m scripts.bench_cluster_move_hosts [--records N] [--rounds R]
                                                [--against COMMIT] [--write-docs] [--json]
 
-Needs root and iproute2: it builds the hosts of the cluster tests (``tests/netns_hosts.py``):
+Needs root and iproute2: it builds the hosts of the cluster tests
+(``tests/harness/netns_hosts.py``):
 etcd, nodes ``a`` and ``b`` and an operator, each a network namespace of its own on one
 bridge, each node's home a tmpfs of its own mount namespace. One session of N records
 (requests of four, one group commit each) moves back and forth between the nodes, driven
@@ -34,7 +35,7 @@ import tempfile
 from pathlib import Path
 
 from supervisor.cluster.transport import Role
-from tests.netns_cluster import (
+from tests.harness.netns_cluster import (
     host_certificates,
     node_address,
     private_files,
@@ -43,8 +44,8 @@ from tests.netns_cluster import (
     start_node,
     tls_args,
 )
-from tests.netns_hosts import NSENTER, Host, Hosts, namespaces_problem
-from tests.tls_certs import Certificates
+from tests.harness.netns_hosts import NSENTER, Host, Hosts, namespaces_problem
+from tests.harness.tls_certs import Certificates
 
 REFERENCE_PORT = 7600
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"

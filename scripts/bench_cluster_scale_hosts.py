@@ -3,7 +3,8 @@
     python -m scripts.bench_cluster_scale_hosts [--clients C] [--seconds S] [--rounds R]
                                                 [--write-docs] [--json]
 
-Needs root and iproute2: it builds the hosts of the cluster tests (``tests/netns_hosts.py``):
+Needs root and iproute2: it builds the hosts of the cluster tests
+(``tests/harness/netns_hosts.py``):
 etcd, nodes ``n0``, ``n1``, ``n2`` and a client, each a network namespace of its own on
 one bridge. Two sets of C sessions are created (placed with cordons): one all on
 ``n0``, one spread over the three nodes. In alternating rounds (one, three, three,
@@ -25,9 +26,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from tests.netns_cluster import private_files, run_client, start_etcd, start_node
-from tests.netns_hosts import Host, Hosts, namespaces_problem
-from tests.tls_certs import Certificates
+from tests.harness.netns_cluster import private_files, run_client, start_etcd, start_node
+from tests.harness.netns_hosts import Host, Hosts, namespaces_problem
+from tests.harness.tls_certs import Certificates
 
 NODES = ("n0", "n1", "n2")
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"

@@ -3,7 +3,7 @@
     python -m scripts.bench_cluster_tls [--requests N] [--rounds R] [--write-docs]
 
 (also ``python -m scripts.bench_cluster --tls``). Needs root: it builds the hosts of
-the cluster tests (``tests/netns_hosts.py``): etcd, one node, one client, each a
+the cluster tests (``tests/harness/netns_hosts.py``): etcd, one node, one client, each a
 network namespace of its own on one bridge. One session on the node; in alternating
 rounds it times N keyed requests (after a warm-up) sent four ways: from the client host
 over mutual TLS to the node's ``tls://`` port on the direct path (``ClusterClient.send``:
@@ -28,9 +28,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from tests.netns_cluster import run_client, start_etcd, start_node
-from tests.netns_hosts import Host, Hosts, namespaces_problem
-from tests.tls_certs import Certificates
+from tests.harness.netns_cluster import run_client, start_etcd, start_node
+from tests.harness.netns_hosts import Host, Hosts, namespaces_problem
+from tests.harness.tls_certs import Certificates
 
 MODES = ("tls-direct", "tls-relay", "unix-relay", "unix-direct")
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"

@@ -1,4 +1,4 @@
-"""A PostgreSQL server for the benchmarks, started as tests/postgres_server.py starts one.
+"""A PostgreSQL server for the benchmarks, started as tests/harness/postgres_server.py starts one.
 
 Debian's ``postgresql`` package: ``initdb`` into a temporary directory (as the
 ``postgres`` user when run as root: initdb refuses root), ``pg_ctl start -w`` on a unix

@@ -2,11 +2,11 @@
 
     python -m scripts.sigstop_window [--trials N]
 
-A child (``tests/echo_process.py``) has one thread echoing each byte of a socket and its
+A child (``tests/programs/echo_process.py``) has one thread echoing each byte of a socket and its
 main thread waiting for a signal. For each trial the parent sends SIGSTOP and then one
 byte at once, and counts an echo within 0.2 s: a SIGSTOP is not in effect when ``kill``
 returns (one thread is woken to take it; the others stop once it has run). The same
-again with ``tests.support.stop`` (SIGSTOP, then a wait until every thread is in state
+again with ``tests.harness.support.stop`` (SIGSTOP, then a wait until every thread is in state
 T) before the byte: none should come back (docs/chaos.md, "In the test suite").
 """
 
@@ -18,14 +18,14 @@ import socket
 import subprocess
 import sys
 
-from tests.support import REPO, stop
+from tests.harness.support import REPO, stop
 
 
 def _trial(wait: bool) -> bool:
     """True if the byte sent after the SIGSTOP was echoed."""
     ours, theirs = socket.socketpair()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.echo_process", str(theirs.fileno())],
+        [sys.executable, "-m", "tests.programs.echo_process", str(theirs.fileno())],
         pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, cwd=REPO,
     )  # fmt: skip
     theirs.close()

@@ -1,7 +1,7 @@
 """Shared fixtures and helpers: a baseline, a home, a torn session, a no-orphans guard.
 
 The run's end kills whatever the run left running, however it escaped the guard
-(``tests.leftover_reaper``, whose hooks are this conftest's).
+(``tests.harness.leftover_reaper``, whose hooks are this conftest's).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import psutil
 import pytest
 
 from chaos.oracle.oracle import file_digests
-from tests.etcd_server import EtcdServer
-from tests.leftover_reaper import pytest_configure, pytest_unconfigure
-from tests.postgres_server import PostgresServer
+from tests.harness.etcd_server import EtcdServer
+from tests.harness.leftover_reaper import pytest_configure, pytest_unconfigure
+from tests.harness.postgres_server import PostgresServer
 from worker import Baseline, Session
 from worker.app import DefaultApp
 
@@ -66,7 +66,7 @@ def torn_session(home: Path, session_id: str, tail: bytes = b'{"type":"User","ti
 
 @pytest.fixture(scope="module")
 def postgres_server() -> Iterator[PostgresServer]:
-    """A real PostgreSQL server for one test module (tests.postgres_server: skipped where
+    """A real PostgreSQL server for one test module (tests.harness.postgres_server: skipped where
     Debian's package is not installed, a failure under CI)."""
     pg = PostgresServer()
     try:

@@ -1,8 +1,8 @@
 """The certificates of ``loopd chaos cluster``, made by ``openssl`` as an operator makes them.
 
 The commands are docs/scaling.md's ("Making the certificates with openssl"), run as
-written (``tests/test_cluster_chaos_certs.py`` checks that the two agree): one CA, then a
-leaf per name with its role's OU and extensions.
+written (``tests/chaos_cluster/test_cluster_chaos_certs.py`` checks that the two agree):
+one CA, then a leaf per name with its role's OU and extensions.
 """
 
 from __future__ import annotations

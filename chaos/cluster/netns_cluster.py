@@ -1,6 +1,6 @@
 """A cluster on the hosts of ``chaos/cluster/netns_hosts.py``: etcd and nodes, each a host.
 
-Used by ``loopd chaos cluster`` and, through ``tests/netns_cluster.py``, by the cluster
+Used by ``loopd chaos cluster`` and, through ``tests/harness/netns_cluster.py``, by the cluster
 tests. Certificates come from an ``Issuer``: the tests' ``trustme`` CA, or the
 ``openssl`` one of ``chaos/cluster/certs.py``.
 """

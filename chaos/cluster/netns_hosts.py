@@ -1,6 +1,6 @@
 """Hosts on one machine: each one a network namespace with a private home.
 
-Used by ``loopd chaos cluster`` and the cluster tests (``tests/netns_hosts.py``
+Used by ``loopd chaos cluster`` and the cluster tests (``tests/harness/netns_hosts.py``
 re-exports it). ``Hosts`` makes a bridge namespace (a Linux bridge inside it) and one
 namespace per host, joined to the bridge by a veth pair, with an address of
 ``10.<net>.0.0/24`` assigned inside the namespaces it made: traffic never leaves them

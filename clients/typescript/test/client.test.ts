@@ -1,4 +1,4 @@
-// The client against a real `loopd serve --http` (tests.http_apps:SlowStreamApp streams
+// The client against a real `loopd serve --http` (tests.apps.http_apps:SlowStreamApp streams
 // each word of a request as a partial, 0.15 s apart, then answers as the default App).
 
 import assert from "node:assert/strict";

@@ -8,7 +8,7 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
-// dist/test/harness.js -> the repository's root, where `tests.http_apps` imports from.
+// dist/test/harness.js -> the repository's root, where `tests.apps.http_apps` imports from.
 const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..", "..", "..");
 
 /** Poll `check` until it returns true or `seconds` pass (then fail saying `what`). */
@@ -43,7 +43,7 @@ export class Serve {
     private readonly log: string,
   ) {}
 
-  static async start(app = "tests.http_apps:SlowStreamApp"): Promise<Serve> {
+  static async start(app = "tests.apps.http_apps:SlowStreamApp"): Promise<Serve> {
     const root = mkdtempSync(path.join(tmpdir(), "loopd-ts-"));
     const home = path.join(root, "home");
     const port = await freePort();

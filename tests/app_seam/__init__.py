@@ -1,0 +1,1 @@
+"""Hosting an App: its contract and imports, named Apps, versions, templates, timers."""

@@ -1,0 +1,1 @@
+"""The chaos rig: its sweep, cases, scenarios, mutants, reports and budget."""

@@ -1,0 +1,1 @@
+"""``loopd chaos cluster``: its certificates, checker, findings and a seeded slice."""

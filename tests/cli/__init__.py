@@ -1,0 +1,1 @@
+"""The operator's CLI: the demo, input errors, unloadable Apps, the operator's commands."""

@@ -1,0 +1,1 @@
+"""A cluster on etcd: nodes, ownership, keepalive, hosts in namespaces, PostgreSQL."""

@@ -1,0 +1,157 @@
+"""The database primary SIGKILLed under keyed load, its synchronous standby promoted.
+
+A writer appends keyed requests to a ``PostgresStore`` session through a URI that names
+both servers (``target_session_attrs=read-write``). When a write fails (the primary is
+gone: the outcome is unknown), it opens the session again until a server accepts
+writes, and retries the key in flight by its key: found, it is acknowledged; not found,
+written. The figures (keys lost or twice, the time from the promotion to the first
+acknowledged write) are docs/scaling.md section 0.3's.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from supervisor.client import call
+from tests.harness.postgres_standby import ReplicatedPostgres
+from tests.harness.support import running_daemon
+from worker import Baseline, Session, User
+from worker.store.errors import SessionError
+from worker.store.postgres import PostgresStore
+
+KEYS_BEFORE_KILL = 30
+KEYS_AFTER_PROMOTION = 30
+RESUME_BOUND = 15.0  # generous: the goal is 2 s, measured and reported, not asserted
+
+
+@pytest.fixture
+def replicated() -> Iterator[ReplicatedPostgres]:
+    pg = ReplicatedPostgres()
+    try:
+        pg.start()
+        yield pg
+    finally:
+        pg.stop()
+
+
+@dataclass
+class KeyedWriter:
+    """Writes k0, k1, ... one group each; retries a failed key by key after reopening."""
+
+    uri: str
+    acked: list[str] = field(default_factory=list)
+    ack_times: list[float] = field(default_factory=list)
+    reopened: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+            self.error = exc
+
+    def _run(self) -> None:
+        store = PostgresStore(self.uri)
+        session: Session | None = Session.create(
+            store, "s", Baseline(system="standby test", memory="", tools=[])
+        )
+        n = 0
+        while not self.stop.is_set():
+            key = f"k{n}"
+            try:
+                if session is None:
+                    session = store.open_session("s")
+                    self.reopened += 1
+                if session.find_key(key) is None:
+                    session.append(User(text=f"request {n}", key=key))
+            except SessionError:
+                if session is not None:
+                    session.close()
+                session = None
+                time.sleep(0.02)  # the next try connects afresh: no server may accept yet
+                continue
+            self.acked.append(key)
+            self.ack_times.append(time.monotonic())
+            n += 1
+        if session is not None:
+            session.close()
+
+
+def _user_keys(uri: str, session_id: str = "s") -> list[str]:
+    with psycopg.connect(uri) as conn:
+        rows = conn.execute(
+            "SELECT data FROM loopd_log_chunks WHERE session = %s ORDER BY epoch, start",
+            (session_id,),
+        ).fetchall()
+    records = [json.loads(line) for (data,) in rows for line in bytes(data).splitlines()]
+    return [str(r["key"]) for r in records if r["type"] == "User"]
+
+
+def _wait(condition: object, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_the_primary_sigkilled_under_keyed_load_and_its_standby_promoted_loses_no_key(
+    replicated: ReplicatedPostgres,
+) -> None:
+    dbname = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(replicated.primary.uri(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {dbname}")
+    writer = KeyedWriter(replicated.uri(dbname))
+    thread = threading.Thread(target=writer.run, name="keyed-writer", daemon=True)
+    thread.start()
+    try:
+        _wait(lambda: len(writer.acked) >= KEYS_BEFORE_KILL or writer.error, "keys before")
+        replicated.kill_primary()
+        acked_at_kill = len(writer.acked)
+        promoting = time.monotonic()  # pg_ctl promote -w returns up to 0.1 s after it is done
+        replicated.promote()
+        promoted = time.monotonic()
+        _wait(
+            lambda: len(writer.acked) >= acked_at_kill + KEYS_AFTER_PROMOTION or writer.error,
+            "keys after the promotion",
+        )
+    finally:
+        writer.stop.set()
+        thread.join(30)
+    assert writer.error is None, writer.error
+    stored = _user_keys(replicated.standby.uri(dbname))
+    lost = sorted(set(writer.acked) - set(stored))
+    twice = sorted({k for k in stored if stored.count(k) > 1})
+    resumed = writer.ack_times[acked_at_kill] - promoting
+    print(  # the figures docs/scaling.md reports (pytest -s shows them)
+        f"\nacknowledged {len(writer.acked)}, lost {len(lost)}, twice {len(twice)}, "
+        f"reopened {writer.reopened}, first write {resumed:.3f} s after pg_ctl promote "
+        f"began (which took {promoted - promoting:.3f} s)"
+    )
+    assert lost == []
+    assert twice == []
+    assert stored == [f"k{n}" for n in range(len(stored))]
+    assert writer.reopened >= 1
+    assert resumed < RESUME_BOUND
+
+
+def test_serve_require_sync_replication_starts_against_a_primary_with_a_sync_standby(
+    replicated: ReplicatedPostgres, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    uri = replicated.primary.uri()
+    with running_daemon(home, "--store", uri, "--require-sync-replication") as daemon:
+        call(str(home), "create", session="s1")
+        call(str(home), "send", session="s1", text="hello", key="k1")
+        assert daemon.stop() == 0
+    assert _user_keys(uri, "s1") == ["k1"]

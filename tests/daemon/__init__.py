@@ -1,0 +1,1 @@
+"""The daemon: restarts, the control socket under load, hibernation, tenants, its soak."""

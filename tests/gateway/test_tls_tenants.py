@@ -1,0 +1,185 @@
+"""Tenants on a node's TLS port: a client certificate's O= is its tenant.
+
+One etcd and one node (``a``) per test. Two tenants' client certificates (``O=acme``,
+``O=globex``) and an operator's; each refusal of docs/operations.md ("Tenants") is tried
+through the relayed control path and the direct data path (the worker's own handshake),
+with another tenant's certificate, a guessed session id and a forged ``tenant`` field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from supervisor.client import call
+from supervisor.client.cluster import ClusterClient
+from supervisor.client.tcp_direct import DirectLink
+from supervisor.cluster.peer_link import NodeLink
+from supervisor.cluster.transport import Role, TlsFiles
+from supervisor.errors import ControlError
+from tests.harness.etcd_server import EtcdServer, free_port
+from tests.harness.support import Daemon, log_user_keys
+from tests.harness.tls_certs import Certificates
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def issue(certs: Certificates, name: str, role: Role, organization: str) -> TlsFiles:
+    """A certificate of ``role`` whose subject's O is ``organization`` (its tenant)."""
+    leaf = certs.ca.issue_cert(
+        name, common_name=name, organization_name=organization, organization_unit_name=role.value
+    )
+    cert, key = certs.root / f"{name}.pem", certs.root / f"{name}.key"
+    leaf.cert_chain_pems[0].write_to_path(str(cert))
+    leaf.private_key_pem.write_to_path(str(key))
+    return TlsFiles(ca=str(certs.ca_path), cert=str(cert), key=str(key))
+
+
+@dataclass
+class Tenants:
+    etcd: EtcdServer
+    node: Daemon
+    address: str
+    acme: TlsFiles
+    globex: TlsFiles
+    operator: TlsFiles
+
+    def link(self, files: TlsFiles) -> NodeLink:
+        return NodeLink(self.address, "a", files, timeout=20)
+
+    def direct(self, files: TlsFiles, session: str, text: str, key: str) -> dict[str, object]:
+        """One request on the direct path; the reply's result, or its error (code, message)."""
+        link = DirectLink(self.address, "a", session, files, timeout=20)
+        try:
+            reply = link.request({"text": text, "key": key})
+        finally:
+            link.close()
+        failure = reply.get("error")
+        if isinstance(failure, dict):
+            return {"code": failure["code"], "message": failure["message"]}
+        result = reply["result"]
+        assert isinstance(result, dict)
+        return result
+
+
+@pytest.fixture
+def tenants(tmp_path: Path) -> Iterator[Tenants]:
+    root = tmp_path / "tls"
+    certs = Certificates(root / "certs")
+    etcd = EtcdServer(root / "etcd")
+    etcd.start()
+    try:
+        address = f"tls://127.0.0.1:{free_port()}"
+        args = ["--cluster", etcd.url, "--node", "a", "--listen", address]
+        node = Daemon(root / "a", *args, *certs.args(certs.issue("a", Role.NODE)))
+        try:
+            found = Tenants(
+                etcd, node, address,
+                issue(certs, "acme-app", Role.CLIENT, "acme"),
+                issue(certs, "globex-app", Role.CLIENT, "globex"),
+                issue(certs, "alice", Role.OPERATOR, "ops"),
+            )  # fmt: skip
+            with ClusterClient(etcd.url, timeout=20, tls=found.acme) as acme:
+                acme.create("a1")
+                assert acme.send("a1", "hello", key="k1")["text"] == "echo: hello"
+            yield found
+        finally:
+            node.stop()
+    finally:
+        etcd.stop()
+
+
+def refused(link: NodeLink, op: str, **fields: object) -> ControlError:
+    with pytest.raises(ControlError) as caught:
+        link.call(op, **fields)
+    assert caught.value.code == "forbidden", caught.value
+    assert "\n" not in str(caught.value)
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("op", "fields"),
+    [
+        pytest.param("status", {}, id="status"),
+        pytest.param("send", {"text": "mine now", "key": "g1"}, id="send"),
+        pytest.param(
+            "send",
+            {"text": "mine now", "key": "g2", "tenant": "acme"},
+            id="send-with-a-forged-tenant-field",
+        ),
+        pytest.param("status", {"tenant": "loopd-operator"}, id="status-posing-as-operator"),
+    ],
+)
+def test_another_tenants_session_and_a_guessed_id_are_refused_alike_on_the_relayed_path(
+    tenants: Tenants, op: str, fields: dict[str, object]
+) -> None:
+    link = tenants.link(tenants.globex)
+    try:
+        theirs = refused(link, op, session="a1", **fields)
+        guessed = refused(link, op, session="zz9", **fields)
+    finally:
+        link.close()
+    assert str(theirs) == str(guessed)
+    assert "globex" in str(theirs)
+    assert log_user_keys(tenants.node.home, "a1") == ["k1"]  # nothing of globex's applied
+
+
+def test_another_tenants_session_and_a_guessed_id_are_refused_alike_on_the_direct_path(
+    tenants: Tenants,
+) -> None:
+    theirs = tenants.direct(tenants.globex, "a1", "mine now", "g1")
+    guessed = tenants.direct(tenants.globex, "zz9", "mine now", "g1")
+    assert theirs == guessed
+    assert theirs["code"] == "forbidden"
+    assert log_user_keys(tenants.node.home, "a1") == ["k1"]
+    # The owner is served on the same path, and the operator too.
+    assert tenants.direct(tenants.acme, "a1", "again", "k2")["text"] == "echo: again"
+    assert tenants.direct(tenants.operator, "a1", "op", "k3")["text"] == "echo: op"
+    assert log_user_keys(tenants.node.home, "a1") == ["k1", "k2", "k3"]
+
+
+def test_a_tenant_lists_its_own_sessions_and_the_operator_every_one(tenants: Tenants) -> None:
+    with ClusterClient(tenants.etcd.url, timeout=20, tls=tenants.globex) as globex:
+        globex.create("g1")
+    rows = {}
+    for name, files in (("acme", tenants.acme), ("globex", tenants.globex),
+                        ("operator", tenants.operator)):  # fmt: skip
+        link = tenants.link(files)
+        try:
+            listed = link.call("status")
+        finally:
+            link.close()
+        assert isinstance(listed, list)
+        rows[name] = sorted(row["session"] for row in listed)
+    assert rows == {"acme": ["a1"], "globex": ["g1"], "operator": ["a1", "g1"]}
+
+
+def test_a_session_made_before_tenants_or_by_the_operator_is_no_clients(tenants: Tenants) -> None:
+    call(str(tenants.node.home), "create", session="old1")  # on the control socket: no tenant
+    link = tenants.link(tenants.operator)
+    try:
+        link.call("create", session="op1")
+        assert link.call("status", session="op1")
+        assert link.call("status", session="a1")  # the operator sees every session
+    finally:
+        link.close()
+    for session in ("old1", "op1"):
+        link = tenants.link(tenants.acme)
+        try:
+            refused(link, "status", session=session)
+        finally:
+            link.close()
+        assert tenants.direct(tenants.acme, session, "x", "k")["code"] == "forbidden"
+
+
+def test_an_op_of_the_operator_is_refused_to_a_tenant_even_if_its_role_may_ask_it(
+    tenants: Tenants,
+) -> None:
+    """A local caller (the owner) narrowed to a tenant: the daemon's rule, not the role's."""
+    with pytest.raises(ControlError, match="op 'metrics' is the operator's"):
+        call(str(tenants.node.home), "metrics", tenant="acme")
+    with pytest.raises(ControlError, match="op 'forget' is the operator's"):
+        call(str(tenants.node.home), "forget", session="a1", tenant="acme")

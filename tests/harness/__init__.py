@@ -1,0 +1,1 @@
+"""What the suites and the benchmarks share: daemons, real servers, certificates, polling."""

@@ -1,0 +1,1 @@
+"""Hosting features: configuration, events, intent, metrics, sd_notify, session logs."""

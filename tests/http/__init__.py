@@ -1,0 +1,1 @@
+"""The HTTP API: routes, limits, schedules, its start, tenants."""

@@ -1,0 +1,1 @@
+"""A session between nodes: move, its steps under kills, takeover of stored sessions."""

@@ -1,0 +1,1 @@
+"""A session's files with no worker: verify, damage tools, salvage, fork, backup and restore."""

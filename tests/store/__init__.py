@@ -1,0 +1,1 @@
+"""The store: create, append, epochs, checksums, the key index, refusals, PostgreSQL."""

@@ -1,0 +1,1 @@
+"""The worker process: its wire, loop, turns, deadlines, the data path and its imports."""

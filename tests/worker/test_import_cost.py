@@ -1,0 +1,107 @@
+"""What an interpreter loads to start: no codec compiled before a record is read, and a
+client or a CLI command loads neither the chaos rig, the daemon nor the whole store.
+
+Structure only: the import times themselves are figures of scripts/bench_imports.py
+(docs/benchmarks.md), never assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.harness.support import REPO
+
+_LOADED = """
+import json, sys
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in
+                        ("worker", "supervisor", "chaos", "hypothesis", "psycopg"))))
+"""
+_CLI = """
+import sys
+sys.argv = ["loopd", *{args!r}]
+from supervisor.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+"""
+
+
+def _loaded_by(code: str) -> set[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", code + _LOADED],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    loaded: set[str] = set(json.loads(done.stdout.splitlines()[-1]))
+    return loaded
+
+
+def _under(loaded: set[str], *packages: str) -> list[str]:
+    return sorted(m for m in loaded if any(m == p or m.startswith(p + ".") for p in packages))
+
+
+def test_importing_the_store_compiles_no_codec_until_a_line_of_its_type_is_read() -> None:
+    code = """
+from worker import Session
+from worker.store.format.record_codecs import DECODERS, ENCODERS
+from worker.store.format.records import User, decode_record, encode_record
+def compiled():
+    return sorted(name for name, f in {**DECODERS, **ENCODERS}.items()
+                  if f.__code__.co_filename.startswith("<codec "))
+print(compiled())
+line = encode_record(User(text="hi")).rstrip(b"\\n")
+assert decode_record(line) == User(time=decode_record(line).time, text="hi")
+print(compiled())
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+        check=True,
+    )  # fmt: skip
+    assert done.stdout.splitlines() == ["[]", "['User']"]
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "from supervisor.client import Client, call",
+        _CLI.format(args=["status", "--home", "/nonexistent-loopd-home"]),
+        _CLI.format(args=["send", "--help"]),
+    ],
+    ids=["client", "loopd-status", "loopd-send-help"],
+)
+def test_a_client_or_a_command_loads_neither_the_rig_the_daemon_nor_the_store(
+    code: str,
+) -> None:
+    loaded = _loaded_by(code)
+    assert _under(loaded, "chaos", "supervisor.daemon", "hypothesis", "psycopg") == []
+    # the errors the wire format raises, and the session-id check the --cluster parser uses
+    assert {*_under(loaded, "worker.store")} <= {
+        "worker.store",
+        "worker.store.errors",
+        "worker.store.session_id",
+    }
+    assert _under(loaded, "supervisor.cluster") in (
+        [],
+        # the --cluster and --tls options' parsers (they load ssl; issue 32 leaves them)
+        [
+            "supervisor.cluster",
+            "supervisor.cluster.errors",
+            "supervisor.cluster.etcd_endpoints",
+            "supervisor.cluster.transport",
+        ],
+    )
+
+
+def test_importing_worker_for_the_wire_format_loads_the_store_only_when_asked() -> None:
+    loaded = _loaded_by("import worker.ipc.wire")
+    assert _under(loaded, "worker") == [
+        "worker",
+        "worker.store",
+        "worker.store.errors",
+        "worker.ipc.wire",
+    ]
+    assert "worker.store.session" in _loaded_by("import worker\nworker.Session")
