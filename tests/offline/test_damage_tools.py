@@ -3,8 +3,6 @@ backup and restore, salvage, rebuilding epoch 0's baseline, delete and forget.""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import signal
 import subprocess
@@ -17,7 +15,6 @@ import pytest
 
 from supervisor.client.direct import Client
 from tests.harness.keyed_sessions import keyed_session
-from tests.harness.named_app_homes import home_with_apps
 from tests.harness.support import (
     log_user_keys,
     loopd,
@@ -346,131 +343,3 @@ def test_status_shows_no_counts_for_a_session_refused_after_it_ran(tmp_path: Pat
         assert "or keep its intact prefix with `loopd salvage" in str(refused["last_error"])
         listed = _ok("status", "--home", str(home))
         assert "FATAL" in listed
-
-
-def test_repair_names_the_keys_it_moves_and_says_never_acknowledged_only_of_a_crash(
-    tmp_path: Path,
-) -> None:
-    home = tmp_path / "home"
-    log = keyed_session(home, "s1", pairs=5) / "0.jsonl"
-    lines = log.read_bytes().split(b"\n")
-    kept = sum(len(line) + 1 for line in lines[:8])  # through the User of the 4th request
-    log.write_bytes(log.read_bytes()[: kept + 10])  # its Assistant cut mid-line
-    said = _ok("repair", "--home", str(home), "s1")
-    assert "(lines 8-9, the damaged last group)" in said
-    assert "never acknowledged" not in said
-    assert "line 8: User part 1 of 2 key=s1-0-3" in said
-    assert "keys moved: s1-0-3" in said
-    assert "if the damage came from a crash, none of it was acknowledged" in said
-    assert "if it did not, acknowledged work may be among it" in said
-    assert log_user_keys(home, "s1") == ["s1-0-0", "s1-0-1", "s1-0-2"]
-
-
-def test_a_backup_of_sessions_no_worker_runs_cuts_at_the_last_whole_group_and_says_so(
-    tmp_path: Path,
-) -> None:
-    home, dest = tmp_path / "home", tmp_path / "backups"
-    keyed_session(home, "a", epochs=2)
-    torn = keyed_session(home, "b") / "0.jsonl"
-    whole = torn.read_bytes()
-    with torn.open("ab") as f:
-        f.write(b'{"type":"User","ti')
-    (home / "sessions" / "bad id").mkdir()  # not a session: the others are backed up
-    some = loopd("backup", "--home", str(home), "--all", str(dest))
-    assert some.returncode == 1
-    assert "loopd backup: bad id: invalid session id" in some.stderr
-    assert "not backed up: 1 of the sessions (each named above)" in some.stderr
-    (home / "sessions" / "bad id").rmdir()
-    said = some.stdout
-    assert "backed up a to" in said
-    assert "its last whole group: no worker runs it" in said
-    assert "the 18 bytes after it (a torn tail?) are not copied" in said
-    assert (dest / "b" / "0.jsonl").read_bytes() == whole
-    again = loopd("backup", "--home", str(home), "a", str(dest))
-    assert again.returncode == 1
-    assert f"{dest / 'a'}: already exists" in again.stderr
-    other = tmp_path / "other"
-    (other / "sessions").mkdir(parents=True)
-    _ok("restore", "--home", str(other), str(dest), "a")
-    _ok("restore", "--home", str(other), str(dest / "b"))
-    assert "2 sessions, 0 refused" in _ok("verify", "--home", str(other))
-
-
-def test_a_session_of_a_named_app_deleted_and_restored_runs_that_app_again(
-    tmp_path: Path,
-) -> None:
-    home, _work = home_with_apps(tmp_path)
-    dest = tmp_path / "backups"
-    with running_daemon(home):
-        _ok("create", "--home", str(home), "agent", "--app", "tagged")
-        _ok("send", "--home", str(home), "agent", "hello", "--key", "k1")
-        _ok("backup", "--home", str(home), "agent", str(dest))
-        assert json.loads((dest / "agent" / "loopd-backup.json").read_text())["app"] == "tagged"
-        _ok("delete", "--home", str(home), "agent")
-        assert "agent" not in (home / "intent.json").read_text()
-        _ok("restore", "--home", str(home), str(dest / "agent"))
-        _ok("start", "--home", str(home), "agent")
-        with Client(str(home)) as client:
-            reply = client.send("agent", "again", key="k2")
-    assert reply["tag"] == "blue"
-    assert '"apps":{"agent":"tagged"}' in (home / "intent.json").read_text()
-
-
-def test_a_backup_without_a_worker_refuses_damage_with_whole_groups_after_it(
-    tmp_path: Path,
-) -> None:
-    """Only a torn last group may be left out; damage with acknowledged groups after it
-    would make a copy that verifies without them."""
-    home, dest = tmp_path / "home", tmp_path / "backups"
-    log = keyed_session(home, "s", pairs=4) / "0.jsonl"
-    _flip_line(log, 3)  # the first group's last line; three whole groups follow
-    before = log.read_bytes()
-    done = loopd("backup", "--home", str(home), "s", str(dest))
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert f"{log}: damaged at line 2" in done.stderr  # the first group starts there
-    assert "more than a torn last group follows" in done.stderr
-    assert "Nothing was copied" in done.stderr
-    assert "Traceback" not in done.stderr
-    assert not (dest / "s").exists()
-    assert log.read_bytes() == before
-
-
-def test_a_restore_that_would_not_open_replaces_nothing_even_with_force(tmp_path: Path) -> None:
-    """The copy is checked where it is staged: a healthy session is not moved to the trash
-    for one that is refused, whatever its manifest says."""
-    home, dest = tmp_path / "home", tmp_path / "backups"
-    keyed_session(home, "s")
-    _ok("backup", "--home", str(home), "s", str(dest))
-    log = dest / "s" / "0.jsonl"
-    log.write_bytes(log.read_bytes().replace(b"topic 0 1", b"topic 0 X"))  # the CRC breaks
-    manifest_path = dest / "s" / "loopd-backup.json"
-    manifest = json.loads(manifest_path.read_text())
-    for entry in manifest["files"]:  # a manifest made to match the damage
-        data = (dest / "s" / entry["name"]).read_bytes()
-        entry["bytes"], entry["sha256"] = len(data), hashlib.sha256(data).hexdigest()
-    manifest_path.write_text(json.dumps(manifest))
-    live = home / "sessions" / "s" / "0.jsonl"
-    before = live.read_bytes()
-    done = loopd("restore", "--home", str(home), str(dest / "s"), "--force")
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "does not open as a session" in done.stderr
-    assert "checksum mismatch" in done.stderr
-    assert "nothing was replaced" in done.stderr
-    assert live.read_bytes() == before
-    assert not any(p.name.startswith("s.") and p.is_dir() and p.suffix != ".refused"
-                   for p in (home / "trash").iterdir())  # fmt: skip
-    assert "1 sessions, 0 refused" in _ok("verify", "--home", str(home))
-
-
-def test_a_restore_over_a_session_a_writer_holds_is_refused_and_leaves_no_staged_copy(
-    tmp_path: Path,
-) -> None:
-    home, dest = tmp_path / "home", tmp_path / "backups"
-    keyed_session(home, "s")
-    _ok("backup", "--home", str(home), "s", str(dest))
-    with Session.open(home, "s"):  # a writer outside any daemon holds the lock
-        done = loopd("restore", "--home", str(home), str(dest / "s"), "--force")
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "locked" in done.stderr, done.stderr
-    assert not (home / "trash").exists() or not list((home / "trash").iterdir())
-    assert "1 sessions, 0 refused" in _ok("verify", "--home", str(home))
