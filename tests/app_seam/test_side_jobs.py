@@ -23,26 +23,20 @@ import pytest
 from supervisor.client import call
 from supervisor.control_socket import SOCKET_NAME
 from supervisor.hosting.session_log import SessionLog, log_path
-from tests.harness.support import REPO, poll_until, running_daemon, status, wait_state
+from tests.harness.support import (
+    REPO,
+    one_line,
+    poll_until,
+    running_daemon,
+    serve_refused,
+    status,
+    wait_state,
+)
 from worker import Session
 from worker.app import DefaultApp
 
 STAMP = rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z "
 F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, named in the module from Python 3.10 on Linux only
-
-
-def _serve(home: Path, *args: str, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
-    """``loopd serve`` that is expected to refuse at once (killed after ``timeout``)."""
-    return subprocess.run(
-        [sys.executable, "-m", "supervisor", "serve", "--home", str(home), *args],
-        capture_output=True, text=True, timeout=timeout, check=False, cwd=REPO,
-    )  # fmt: skip
-
-
-def _one_line(text: str) -> str:
-    assert "Traceback" not in text, text
-    assert len(text.strip().splitlines()) == 1, text
-    return text.strip()
 
 
 # -- files the daemon reads and writes ---------------------------------------------------
@@ -96,9 +90,9 @@ def test_serve_refuses_an_unreadable_intent_or_config_file_in_one_line_without_w
         os.mkfifo(home / name)
     else:
         (home / name).write_bytes(content)
-    served = _serve(home)
+    served = serve_refused(home)
     assert served.returncode == 1
-    assert re.search(said, _one_line(served.stderr)), served.stderr
+    assert re.search(said, one_line(served.stderr)), served.stderr
     assert not (home / SOCKET_NAME).exists()
 
 

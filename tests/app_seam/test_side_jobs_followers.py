@@ -21,24 +21,10 @@ import pytest
 from supervisor.client import call
 from supervisor.control_socket import SOCKET_NAME
 from tests.harness.promtext import parse
-from tests.harness.support import REPO, loopd, poll_until, running_daemon
+from tests.harness.support import REPO, loopd, one_line, poll_until, running_daemon, serve_refused
 from worker import Session
 from worker.app import DefaultApp
 from worker.ipc.wire import FrameReader, encode
-
-
-def _serve(home: Path, *args: str, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
-    """``loopd serve`` that is expected to refuse at once (killed after ``timeout``)."""
-    return subprocess.run(
-        [sys.executable, "-m", "supervisor", "serve", "--home", str(home), *args],
-        capture_output=True, text=True, timeout=timeout, check=False, cwd=REPO,
-    )  # fmt: skip
-
-
-def _one_line(text: str) -> str:
-    assert "Traceback" not in text, text
-    assert len(text.strip().splitlines()) == 1, text
-    return text.strip()
 
 
 def _follower(home: Path) -> socket.socket:
@@ -181,9 +167,9 @@ def test_a_metrics_token_file_refuses_scrapes_without_the_token(tmp_path: Path) 
             refused.value.close()
         assert "loopd_sessions" in _scrape(port, "s3cret-token")
     token_file.chmod(0o644)
-    served = _serve(home, *args)
+    served = serve_refused(home, *args)
     assert served.returncode == 1
-    assert "lets others read the token" in _one_line(served.stderr)
+    assert "lets others read the token" in one_line(served.stderr)
 
 
 def test_a_flood_of_idle_metrics_connections_leaves_the_control_socket_answering(

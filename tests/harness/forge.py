@@ -82,3 +82,10 @@ def rewrite_line(log: Path, index: int, **changes: object) -> None:
     lines[index] = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
     log.write_bytes(b"\n".join(lines) + b"\n")
     reseal(log.parent)
+
+
+def flip_line(log: Path, line: int) -> None:
+    """Make line ``line`` (from 1) of ``log`` undecodable, its length kept (no reseal)."""
+    lines = log.read_bytes().split(b"\n")
+    lines[line - 1] = b"!" + lines[line - 1][1:]
+    log.write_bytes(b"\n".join(lines))

@@ -217,3 +217,20 @@ def kill_node(daemon: Daemon) -> None:
         proc.kill()
     daemon.proc.wait(10)
     psutil.wait_procs(procs, timeout=10)
+
+
+def serve_refused(
+    home: Path, *args: str, timeout: float = 20.0
+) -> subprocess.CompletedProcess[str]:
+    """``loopd serve`` that is expected to refuse at once (killed after ``timeout``)."""
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor", "serve", "--home", str(home), *args],
+        capture_output=True, text=True, timeout=timeout, check=False, cwd=REPO,
+    )  # fmt: skip
+
+
+def one_line(text: str) -> str:
+    """``text`` stripped, which must be one line and no traceback."""
+    assert "Traceback" not in text, text
+    assert len(text.strip().splitlines()) == 1, text
+    return text.strip()

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from supervisor.client.direct import Client
+from tests.harness.forge import flip_line
 from tests.harness.keyed_sessions import keyed_session
 from tests.harness.named_app_homes import home_with_apps
 from tests.harness.support import (
@@ -15,13 +16,6 @@ from tests.harness.support import (
     running_daemon,
 )
 from worker import Session
-
-
-def _flip_line(log: Path, line: int) -> None:
-    """Make line ``line`` (from 1) of ``log`` undecodable, its length kept."""
-    lines = log.read_bytes().split(b"\n")
-    lines[line - 1] = b"!" + lines[line - 1][1:]
-    log.write_bytes(b"\n".join(lines))
 
 
 def _ok(*args: str) -> str:
@@ -105,7 +99,7 @@ def test_a_backup_without_a_worker_refuses_damage_with_whole_groups_after_it(
     would make a copy that verifies without them."""
     home, dest = tmp_path / "home", tmp_path / "backups"
     log = keyed_session(home, "s", pairs=4) / "0.jsonl"
-    _flip_line(log, 3)  # the first group's last line; three whole groups follow
+    flip_line(log, 3)  # the first group's last line; three whole groups follow
     before = log.read_bytes()
     done = loopd("backup", "--home", str(home), "s", str(dest))
     assert done.returncode == 1, done.stdout + done.stderr

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.client.direct import Client
+from tests.harness.forge import flip_line
 from tests.harness.keyed_sessions import keyed_session
 from tests.harness.support import (
     log_user_keys,
@@ -26,13 +27,6 @@ from tests.harness.support import (
 from worker import Baseline, Session
 
 
-def _flip_line(log: Path, line: int) -> None:
-    """Make line ``line`` (from 1) of ``log`` undecodable, its length kept."""
-    lines = log.read_bytes().split(b"\n")
-    lines[line - 1] = b"!" + lines[line - 1][1:]
-    log.write_bytes(b"\n".join(lines))
-
-
 def test_each_kind_of_refusal_gets_its_own_next_step_and_status_drops_its_counts(
     tmp_path: Path,
 ) -> None:
@@ -40,7 +34,7 @@ def test_each_kind_of_refusal_gets_its_own_next_step_and_status_drops_its_counts
     torn = keyed_session(home, "torn")
     with (torn / "0.jsonl").open("ab") as f:
         f.write(b'{"type":"User","ti')
-    _flip_line(keyed_session(home, "mid") / "0.jsonl", 3)
+    flip_line(keyed_session(home, "mid") / "0.jsonl", 3)
     sealed = keyed_session(home, "sealed", epochs=2)
     data = (sealed / "0.jsonl").read_bytes()
     (sealed / "0.jsonl").write_bytes(data[:-2] + b"!\n")  # its EpochEnd, the line open reads
@@ -239,7 +233,7 @@ def test_salvage_keeps_the_prefix_before_mid_file_damage_and_says_what_it_cut(
     home = tmp_path / "home"
     log = keyed_session(home, "s1", pairs=5) / "0.jsonl"
     original = log.read_bytes()
-    _flip_line(log, 5)  # the Assistant of the second request: damage mid-file
+    flip_line(log, 5)  # the Assistant of the second request: damage mid-file
     damaged = log.read_bytes()
     refused = loopd("repair", "--home", str(home), "s1")
     assert refused.returncode == 1
@@ -272,7 +266,7 @@ def test_salvage_of_a_sealed_epoch_cuts_it_and_moves_every_later_epoch_whole(
     home = tmp_path / "home"
     directory = keyed_session(home, "s1", epochs=3, pairs=2)
     sealed = directory / "1.jsonl"
-    _flip_line(sealed, 4)  # the second request of epoch 1
+    flip_line(sealed, 4)  # the second request of epoch 1
     assert loopd("verify", "--home", str(home)).returncode == 1
     said = _ok("salvage", "--home", str(home), "s1")
     assert f"the session was refused: {sealed}:4:" in said
@@ -335,7 +329,7 @@ def test_status_shows_no_counts_for_a_session_refused_after_it_ran(tmp_path: Pat
         row = wait_state(home, "s1", "RUNNING")
         assert isinstance(row["records"], int)
         assert row["records"] > 3
-        _flip_line(home / "sessions" / "s1" / "0.jsonl", 3)  # damage no crash made
+        flip_line(home / "sessions" / "s1" / "0.jsonl", 3)  # damage no crash made
         assert isinstance(row["pid"], int)
         os.kill(row["pid"], signal.SIGKILL)  # the restart finds the log refused
         refused = wait_state(home, "s1", "FATAL")

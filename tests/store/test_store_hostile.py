@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import file_digests
 from tests.harness.forge import reseal
+from tests.harness.keyed_sessions import FIXED_TIME, four_record_session
 from worker import (
     Assistant,
     Baseline,
@@ -23,32 +24,11 @@ from worker import (
     InvalidLog,
     Session,
     SessionIOError,
-    ToolResult,
     TornLog,
-    Usage,
-    User,
 )
 from worker.store.disk import durable
 from worker.store.disk.durable import Boundary, Step
-
-T = "2026-11-29T20:17:57.123456Z"
-
-
-def _session(home: Path, baseline: Baseline, requests: int = 2) -> Path:
-    """A session whose log holds ``requests`` keyed four-record groups."""
-    with Session.create(home, "s1", baseline) as session:
-        for n in range(requests):
-            session.append_many(_request(n, session.next_call()))
-        return Path(session.log_path)
-
-
-def _request(n: int, call: int) -> list[User | ToolResult | Assistant | Usage]:
-    return [
-        User(time=T, text=f"u{n}", key=f"k{n}"),
-        ToolResult(time=T, call=call, tool="echo", output=f"u{n}", ok=True),
-        Assistant(time=T, text=f"a{n}"),
-        Usage(time=T, prompt_tokens=1, completion_tokens=1, context_tokens=n + 2),
-    ]
+from worker.store.format.records import encode_records
 
 
 @pytest.fixture
@@ -70,7 +50,7 @@ def trace() -> Iterator[list[Boundary]]:
 def test_open_fsyncs_the_log_baseline_directory_sessions_and_home_before_returning(
     home: Path, baseline: Baseline, trace: list[Boundary]
 ) -> None:
-    log = _session(home, baseline)
+    log = four_record_session(home, baseline)
     trace.clear()
     with Session.open(home, "s1"):
         synced = [(b.step, b.path) for b in trace]
@@ -87,7 +67,7 @@ def test_open_fsyncs_the_log_baseline_directory_sessions_and_home_before_returni
 def test_open_that_cannot_fsync_what_it_read_refuses_to_hand_out_the_session(
     home: Path, baseline: Baseline
 ) -> None:
-    _session(home, baseline)
+    four_record_session(home, baseline)
 
     def fail_directory_fsync(boundary: Boundary) -> None:
         if boundary.step is Step.FSYNC_DIR:
@@ -135,7 +115,7 @@ def test_a_failed_directory_fsync_during_create_is_redone_by_the_next_attempt(
 def test_a_group_commit_frames_each_line_with_its_part_and_the_group_size(
     home: Path, baseline: Baseline
 ) -> None:
-    log = _session(home, baseline, requests=1)
+    log = four_record_session(home, baseline, requests=1)
     lines = [json.loads(line) for line in log.read_bytes().splitlines()]
     assert "part" not in lines[0]  # SessionStart is written alone
     assert [(r["part"], r["parts"]) for r in lines[1:]] == [(1, 4), (2, 4), (3, 4), (4, 4)]
@@ -145,7 +125,7 @@ def test_a_group_commit_frames_each_line_with_its_part_and_the_group_size(
 def test_open_refuses_a_last_group_with_whole_lines_missing_naming_its_first_line(
     home: Path, baseline: Baseline, kept: int
 ) -> None:
-    log = _session(home, baseline)
+    log = four_record_session(home, baseline)
     lines = log.read_bytes().splitlines(keepends=True)
     log.write_bytes(b"".join(lines[: 5 + kept]))  # SessionStart, one group, a cut group
     before = file_digests(home)
@@ -160,7 +140,7 @@ def test_repair_cuts_an_incomplete_last_group_whole_and_its_key_is_not_applied(
 ) -> None:
     from worker.offline.repair import repair_torn_tail
 
-    log = _session(home, baseline)
+    log = four_record_session(home, baseline)
     lines = log.read_bytes().splitlines(keepends=True)
     log.write_bytes(b"".join(lines[:8]))  # parts 1-3 of the second request's group
     result = repair_torn_tail(home, "s1")
@@ -178,7 +158,7 @@ def test_repair_cuts_a_last_group_whose_write_left_zeros_before_its_last_part(
 ) -> None:
     from worker.offline.repair import repair_torn_tail
 
-    log = _session(home, baseline)
+    log = four_record_session(home, baseline)
     lines = log.read_bytes().splitlines(keepends=True)
     # A disk that persisted a later part of the last write (from the newline that ends
     # its third line) and zeros before it.
@@ -199,7 +179,7 @@ def test_repair_refuses_damage_followed_by_a_whole_group_and_changes_nothing(
 ) -> None:
     from worker.offline.repair import RepairRefused, repair_torn_tail
 
-    log = _session(home, baseline, requests=3)
+    log = four_record_session(home, baseline, requests=3)
     lines = log.read_bytes().splitlines(keepends=True)
     lines[6] = b"\0" * (len(lines[6]) - 1) + b"\n"  # inside the second of three groups
     log.write_bytes(b"".join(lines))
@@ -214,7 +194,7 @@ def test_repair_that_would_leave_a_refused_session_changes_nothing(
 ) -> None:
     from worker.offline.repair import RepairRefused, repair_torn_tail
 
-    log = _session(home, baseline)
+    log = four_record_session(home, baseline)
     with log.open("ab") as f:
         f.write(b'{"type":"User","ti')
     (log.parent / "0.baseline.json").write_bytes(b'{"memory":"","system":"other","tools":[]}\n')
@@ -260,7 +240,7 @@ _ASSISTANT = b'{"type":"Assistant","time":"t","text":"x"}'
 def test_open_refuses_a_line_that_is_not_the_writers_own_bytes(
     home: Path, baseline: Baseline, line: bytes, why: str, size: str
 ) -> None:
-    log = _session(home, baseline, requests=1 if size == "small" else 300)
+    log = four_record_session(home, baseline, requests=1 if size == "small" else 300)
     lines = log.read_bytes().splitlines(keepends=True)
     lines.insert(5, line + b"\n")
     log.write_bytes(b"".join(lines))
@@ -274,7 +254,7 @@ def test_open_refuses_a_line_that_is_not_the_writers_own_bytes(
 def test_three_lines_that_each_fail_alone_do_not_pass_together(
     home: Path, baseline: Baseline
 ) -> None:
-    log = _session(home, baseline, requests=1)
+    log = four_record_session(home, baseline, requests=1)
     # Joined, the duplicate keys of each line would collapse into valid records.
     crafted = [
         b'{"type":"Assistant","time":"t","text":1,"text":"x"}\n',
@@ -288,7 +268,7 @@ def test_three_lines_that_each_fail_alone_do_not_pass_together(
 
 
 def test_open_refuses_a_request_key_applied_twice(home: Path, baseline: Baseline) -> None:
-    log = _session(home, baseline, requests=1)
+    log = four_record_session(home, baseline, requests=1)
     user = b'{"type":"User","time":"t","text":"again","untrusted":false,"key":"k0"}\n'
     log.write_bytes(log.read_bytes() + user)
     reseal(log.parent)  # a forger's line, checksummed: the key check is what refuses it
@@ -300,7 +280,7 @@ def test_open_refuses_a_request_key_applied_twice(home: Path, baseline: Baseline
 def test_the_error_names_the_first_bad_line_even_when_the_last_is_torn(
     home: Path, baseline: Baseline
 ) -> None:
-    log = _session(home, baseline, requests=3)
+    log = four_record_session(home, baseline, requests=3)
     lines = log.read_bytes().splitlines(keepends=True)
     lines[3] = b"\0" * 40 + b"\n"
     log.write_bytes(b"".join(lines) + b"\0" * 30)
@@ -310,7 +290,7 @@ def test_the_error_names_the_first_bad_line_even_when_the_last_is_torn(
 
 
 def test_a_huge_bad_value_is_quoted_cut_in_the_error(home: Path, baseline: Baseline) -> None:
-    log = _session(home, baseline, requests=1)
+    log = four_record_session(home, baseline, requests=1)
     huge = b"x" * 2_000_000
     line = b'{"type":"User","time":"t","text":"x","untrusted":"' + huge + b'","key":null}\n'
     log.write_bytes(log.read_bytes() + line)
@@ -321,7 +301,7 @@ def test_a_huge_bad_value_is_quoted_cut_in_the_error(home: Path, baseline: Basel
 
 
 def test_a_deeply_nested_baseline_is_refused_as_unparsable(home: Path, baseline: Baseline) -> None:
-    log = _session(home, baseline, requests=1)
+    log = four_record_session(home, baseline, requests=1)
     nested = b'{"memory":' + b"[" * 100_000 + b"\n"
     (log.parent / "0.baseline.json").write_bytes(nested)
     # Make SessionStart name the hash of the nested file, so parsing is reached.
@@ -338,3 +318,10 @@ def test_a_deeply_nested_baseline_is_refused_as_unparsable(home: Path, baseline:
 
 
 # -- nothing but regular files, never through a link ------------------------------------
+
+
+def test_encode_records_of_one_record_writes_it_unframed() -> None:
+    line = encode_records([Assistant(time=FIXED_TIME, text="x")])
+    assert (
+        line == _ASSISTANT.replace(b'"time":"t"', b'"time":"' + FIXED_TIME.encode() + b'"') + b"\n"
+    )

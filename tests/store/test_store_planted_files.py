@@ -8,40 +8,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import file_digests
+from tests.harness.keyed_sessions import four_record_session
 from worker import (
-    Assistant,
     Baseline,
     Session,
     SessionError,
     SessionIOError,
-    ToolResult,
-    Usage,
-    User,
 )
 from worker.store.errors import UnsafeFile
-from worker.store.format.records import encode_records
-
-T = "2026-11-29T20:17:57.123456Z"
-
-
-def _session(home: Path, baseline: Baseline, requests: int = 2) -> Path:
-    """A session whose log holds ``requests`` keyed four-record groups."""
-    with Session.create(home, "s1", baseline) as session:
-        for n in range(requests):
-            session.append_many(_request(n, session.next_call()))
-        return Path(session.log_path)
-
-
-def _request(n: int, call: int) -> list[User | ToolResult | Assistant | Usage]:
-    return [
-        User(time=T, text=f"u{n}", key=f"k{n}"),
-        ToolResult(time=T, call=call, tool="echo", output=f"u{n}", ok=True),
-        Assistant(time=T, text=f"a{n}"),
-        Usage(time=T, prompt_tokens=1, completion_tokens=1, context_tokens=n + 2),
-    ]
-
-
-_ASSISTANT = b'{"type":"Assistant","time":"t","text":"x"}'
 
 
 @pytest.mark.timeout(20)
@@ -50,7 +24,7 @@ _ASSISTANT = b'{"type":"Assistant","time":"t","text":"x"}'
 def test_open_refuses_a_session_file_that_is_not_a_regular_file(
     home: Path, baseline: Baseline, tmp_path: Path, name: str, kind: str
 ) -> None:
-    log = _session(home, baseline, requests=1)
+    log = four_record_session(home, baseline, requests=1)
     target = log.parent / name
     original = target.read_bytes()
     outside = tmp_path / "outside"
@@ -73,7 +47,7 @@ def test_open_refuses_a_session_file_that_is_not_a_regular_file(
 def test_a_session_directory_that_is_a_link_is_never_served(
     home: Path, baseline: Baseline, tmp_path: Path
 ) -> None:
-    _session(home, baseline, requests=1)
+    four_record_session(home, baseline, requests=1)
     real = home / "sessions" / "s1"
     elsewhere = tmp_path / "elsewhere"
     real.rename(elsewhere)
@@ -89,7 +63,7 @@ def test_a_session_directory_that_is_a_link_is_never_served(
 def test_a_planted_link_in_place_of_a_temporary_file_is_not_written_through(
     home: Path, baseline: Baseline, tmp_path: Path
 ) -> None:
-    _session(home, baseline, requests=1)
+    four_record_session(home, baseline, requests=1)
     victim = tmp_path / "victim"
     victim.write_bytes(b"keep me\n")
     (home / "sessions" / "s1" / "1.baseline.json.tmp").symlink_to(victim)
@@ -99,8 +73,3 @@ def test_a_planted_link_in_place_of_a_temporary_file_is_not_written_through(
     ):
         session.commit_epoch("done", baseline)
     assert victim.read_bytes() == b"keep me\n"
-
-
-def test_encode_records_of_one_record_writes_it_unframed() -> None:
-    line = encode_records([Assistant(time=T, text="x")])
-    assert line == _ASSISTANT.replace(b'"time":"t"', b'"time":"' + T.encode() + b'"') + b"\n"
