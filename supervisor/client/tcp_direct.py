@@ -19,15 +19,13 @@ or the error the worker or the node answered.
 from __future__ import annotations
 
 import itertools
-import socket
 import ssl
 import time
 
-from supervisor.cluster.peer_link import read_reply
+from supervisor.cluster.peer_link import connect_to_node, read_reply
 from supervisor.cluster.transport import (
     TlsFiles,
     TransportError,
-    check_node_certificate,
     direct_preamble,
     parse_tls_address,
     refusal,
@@ -127,43 +125,10 @@ class DirectLink:
             preamble = direct_preamble(self.session)
         except (TransportError, ValueError) as exc:
             raise ControlError("bad_address", str(exc)) from exc
-        try:
-            raw = socket.create_connection((host, port), timeout=self.timeout)
-        except OSError as exc:
-            raise ControlError("no_daemon", f"cannot reach {where}: {exc.strerror or exc}") from exc
-        try:
-            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            raw.sendall(preamble)  # then TLS at once: the worker answers the ClientHello
-            sock = self._context.wrap_socket(raw, server_hostname=self.node)
-        except ssl.SSLEOFError as exc:
-            # Closed during the handshake (a worker that ended or no longer serves the
-            # session, a worker at its handshake limit): nothing was sent, no certificate
-            # refused; the client looks the owner up again and sends (by key).
-            raw.close()
-            raise ControlError(
-                "closed", f"{where} closed the connection of session {self.session} during "
-                f"its handshake: {refusal(exc)}",
-            ) from exc  # fmt: skip
-        except ssl.SSLError as exc:
-            raw.close()
-            raise ControlError("tls_refused", f"{where}: {refusal(exc)}") from exc
-        except OSError as exc:
-            raw.close()
-            raise ControlError(
-                "closed", f"{where} closed the connection of session {self.session} during "
-                f"its handshake: {exc.strerror or exc}",
-            ) from exc  # fmt: skip
-        try:
-            check_node_certificate(sock.getpeercert(), self.node)
-        except TransportError as exc:
-            sock.close()
-            raise ControlError("tls_refused", f"{where}: {exc}") from exc
-        except OSError as exc:  # ended before the handshake began: ssl saw no connection
-            sock.close()
-            raise ControlError(
-                "closed", f"{where} closed the connection of session {self.session} before "
-                f"its handshake: {exc.strerror or exc}",
-            ) from exc  # fmt: skip
+        sock = connect_to_node(
+            host, port, self.node, self._context, self.timeout, where,
+            preamble=preamble, closed_during_handshake=f"session {self.session}",
+        )  # fmt: skip
         self._sock = sock
         self._reader = FrameReader()
         return sock

@@ -133,14 +133,14 @@ class Put:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Delete:
-    """Delete ``key`` (and every key under it when ``prefix``)."""
+class KeyRange:
+    """``key``, and every key under it when ``prefix``: what a read or a delete names."""
 
     key: str
     prefix: bool = False
 
     def to_json(self) -> Json:
-        """Encode as a request body (also the ``request_delete_range`` of a transaction)."""
+        """Encode as a request body (the ``request_range`` or ``request_delete_range`` too)."""
         body: Json = {"key": encode_key(self.key)}
         if self.prefix:
             body["range_end"] = range_end_of_prefix(self.key)
@@ -148,18 +148,13 @@ class Delete:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Get:
+class Delete(KeyRange):
+    """Delete ``key`` (and every key under it when ``prefix``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Get(KeyRange):
     """Read ``key`` (and every key under it when ``prefix``)."""
-
-    key: str
-    prefix: bool = False
-
-    def to_json(self) -> Json:
-        """Encode as a request body (also the ``request_range`` of a transaction)."""
-        body: Json = {"key": encode_key(self.key)}
-        if self.prefix:
-            body["range_end"] = range_end_of_prefix(self.key)
-        return body
 
 
 Operation = Put | Delete | Get

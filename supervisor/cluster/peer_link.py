@@ -109,23 +109,8 @@ class NodeLink:
                 self._context = self.files.client_context()
         except TransportError as exc:
             raise ControlError("bad_address", str(exc)) from exc
-        try:
-            raw = socket.create_connection((host, port), timeout=self.timeout)
-        except OSError as exc:
-            raise ControlError("no_daemon", f"cannot reach node {self.node} at "
-                               f"{self.address}: {exc.strerror or exc}") from exc  # fmt: skip
-        try:
-            sock = self._context.wrap_socket(raw, server_hostname=self.node)
-        except (ssl.SSLError, OSError) as exc:
-            raw.close()
-            raise ControlError(
-                "tls_refused", f"node {self.node} at {self.address}: {refusal(exc)}"
-            ) from exc
-        try:
-            check_node_certificate(sock.getpeercert(), self.node)
-        except TransportError as exc:
-            sock.close()
-            raise ControlError("tls_refused", f"node {self.node} at {self.address}: {exc}") from exc
+        where = f"node {self.node} at {self.address}"
+        sock = connect_to_node(host, port, self.node, self._context, self.timeout, where)
         self._sock = sock
         self._reader = FrameReader()
         return sock
@@ -151,3 +136,57 @@ def read_reply(
             raise ControlError("bad_reply", f"node {node}: {exc}") from exc
         if replies:
             return replies[0]
+
+
+def connect_to_node(
+    host: str,
+    port: int,
+    node: str,
+    context: ssl.SSLContext,
+    timeout: float,
+    where: str,
+    *,
+    preamble: bytes = b"",
+    closed_during_handshake: str | None = None,
+) -> ssl.SSLSocket:
+    """A TLS connection to ``node`` at ``host:port`` whose certificate is that node's.
+
+    ``preamble`` goes in the clear before the handshake (the direct path's). A failure
+    is a one-line ControlError about ``where``: ``no_daemon`` (no connection),
+    ``tls_refused`` (the handshake or the node's certificate refused). With
+    ``closed_during_handshake`` (what was being opened), a connection the peer ended
+    during the handshake is ``closed`` instead: nothing was sent and no certificate was
+    refused, so the caller may look the owner up again.
+    """
+    try:
+        raw = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        raise ControlError("no_daemon", f"cannot reach {where}: {exc.strerror or exc}") from exc
+    try:
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if preamble:
+            raw.sendall(preamble)  # then TLS at once: the worker answers the ClientHello
+        sock = context.wrap_socket(raw, server_hostname=node)
+    except (ssl.SSLError, OSError) as exc:
+        raw.close()
+        ended = isinstance(exc, ssl.SSLEOFError) or not isinstance(exc, ssl.SSLError)
+        if closed_during_handshake is None or not ended:
+            raise ControlError("tls_refused", f"{where}: {refusal(exc)}") from exc
+        why = refusal(exc) if isinstance(exc, ssl.SSLError) else exc.strerror or exc
+        raise ControlError(
+            "closed", f"{where} closed the connection of {closed_during_handshake} during its "
+            f"handshake: {why}",
+        ) from exc  # fmt: skip
+    try:
+        check_node_certificate(sock.getpeercert(), node)
+    except TransportError as exc:
+        sock.close()
+        raise ControlError("tls_refused", f"{where}: {exc}") from exc
+    except OSError as exc:  # ended before the handshake began: ssl saw no connection
+        sock.close()
+        opened = closed_during_handshake or "this link"
+        raise ControlError(
+            "closed", f"{where} closed the connection of {opened} before its handshake: "
+            f"{exc.strerror or exc}",
+        ) from exc  # fmt: skip
+    return sock
