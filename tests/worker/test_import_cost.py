@@ -100,8 +100,9 @@ def test_importing_worker_for_the_wire_format_loads_the_store_only_when_asked() 
     loaded = _loaded_by("import worker.ipc.wire")
     assert _under(loaded, "worker") == [
         "worker",
+        "worker.ipc",  # its package: a docstring only
+        "worker.ipc.wire",
         "worker.store",
         "worker.store.errors",
-        "worker.ipc.wire",
     ]
     assert "worker.store.session" in _loaded_by("import worker\nworker.Session")
