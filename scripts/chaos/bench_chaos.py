@@ -1,21 +1,19 @@
 """Benchmark the chaos rig: cases per second for the full sweep of scenario 1.
 
-python scripts/bench_chaos.py [--jobs N] [--write-docs]
+python -m scripts.chaos.bench_chaos [--jobs N] [--write-docs]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
-from pathlib import Path
 
 from chaos.sweep.parallel import case_workdir, run_cases
 from chaos.sweep.sweep import ALL_FAULTS, build_cases
-
-HERE = Path(__file__).resolve().parent
+from scripts.harness.benchmarks_doc import write_section
+from scripts.harness.machine import machine_line
 
 
 def main() -> int:
@@ -44,9 +42,8 @@ def main() -> int:
         "<!-- chaos-bench:start -->",
         "## Chaos rig",
         "",
-        f"Command: `python scripts/bench_chaos.py --jobs {args.jobs}`  ",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}; case homes under {os.path.dirname(on)}.",
+        f"Command: `python -m scripts.chaos.bench_chaos --jobs {args.jobs}`  ",
+        f"{machine_line()}; case homes under {os.path.dirname(on)}.",
         "",
         "| measure | figure | goal |",
         "|---|---|---|",
@@ -56,10 +53,7 @@ def main() -> int:
     ])  # fmt: skip
     print(section)
     if args.write_docs:
-        sys.path.insert(0, str(HERE))
-        from bench_store import _write_section  # noqa: PLC0415 - the sibling script's helper
-
-        _write_section(HERE.parent / "docs" / "benchmarks.md", "chaos-bench", section)
+        write_section("chaos-bench", section)
     return 0 if bad == 0 else 1
 
 

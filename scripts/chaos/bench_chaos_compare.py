@@ -1,6 +1,6 @@
 """The chaos rig side by side with an older commit: distinct crash states checked per second.
 
-    python scripts/bench_chaos_compare.py COMMIT [--rounds N] [--jobs N] [--scenario S ...]
+    python -m scripts.chaos.bench_chaos_compare COMMIT [--rounds N] [--jobs N] [--scenario S ...]
 
 Checks COMMIT out into a temporary git worktree and runs, alternating between it and
 this tree in the same run (the machines are shared and noisy), the default
@@ -22,8 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-TREE = HERE.parent
+TREE = Path(__file__).resolve().parents[2]
 GIT = shutil.which("git") or "git"
 
 

@@ -2,7 +2,7 @@
 
     git archive 9350fcb | tar -x -C OLD       # the rig before the additions
     cp chaos/mutants/unseen.py OLD/chaos/mutants/
-    cd OLD && PYTHONPATH=OLD python PATH/TO/scripts/old_rig_misses.py [MUTANT ...]
+    cd OLD && PYTHONPATH=OLD python PATH/TO/scripts/chaos/old_rig_misses.py [MUTANT ...]
 
 Each mutant is scored on broad selections of the old rig's own scenarios and faults
 (no compounds), the way ``loopd chaos mutants --quick`` scores a mutant: a case counts
@@ -21,7 +21,7 @@ from chaos.faults.hook import FaultKind
 from chaos.mutants import MUTANTS, Mutant, unseen
 from chaos.report.scoring import score_mutant
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ALL = (FaultKind.KILL, FaultKind.TORN, FaultKind.POWER, FaultKind.IO, FaultKind.SHORT)
 KILL_IO = (FaultKind.KILL, FaultKind.IO)
 PLAN = {

@@ -1,6 +1,6 @@
 """Pick, for every mutant, the few cases of its quick selection that catch it.
 
-    python -m scripts.pin_mutant_cases [--jobs N] [--only NAME ...]
+    python -m scripts.chaos.pin_mutant_cases [--jobs N] [--only NAME ...]
 
 The test suite checks each mutant with these pinned cases (``chaos/mutants/pinned.py``):
 two cases that the real store passes and the mutant fails by the invariant it must
@@ -22,10 +22,10 @@ from chaos.mutants import MUTANTS
 from chaos.mutants.pinned import PINNED
 from chaos.report.scoring import score_mutant
 
-OUT = Path(__file__).resolve().parent.parent / "chaos" / "mutants" / "pinned.py"
+OUT = Path(__file__).resolve().parents[2] / "chaos" / "mutants" / "pinned.py"
 HEADER = '''"""The cases that catch each mutant, pinned for the test suite's quick check.
 
-Written by ``python -m scripts.pin_mutant_cases``: for each mutant, the first and the
+Written by ``python -m scripts.chaos.pin_mutant_cases``: for each mutant, the first and the
 last case of its whole quick selection that the real store passes and the mutant fails
 by the invariant it must break. A mutant with its own ``quick`` cases is not here.
 """

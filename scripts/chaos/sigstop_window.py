@@ -1,6 +1,6 @@
 """How often a process answers a request sent right after its SIGSTOP.
 
-    python -m scripts.sigstop_window [--trials N]
+    python -m scripts.chaos.sigstop_window [--trials N]
 
 A child (``tests/programs/echo_process.py``) has one thread echoing each byte of a socket and its
 main thread waiting for a signal. For each trial the parent sends SIGSTOP and then one

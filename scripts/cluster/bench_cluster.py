@@ -1,7 +1,7 @@
 """Benchmark the cluster: moving a 10,000-record session between nodes, against a plain copy.
 
-    python -m scripts.bench_cluster [--records N] [--rounds R] [--clients C] [--write-docs]
-    python -m scripts.bench_cluster --tls [--requests N] [--rounds R] [--write-docs]
+    python -m scripts.cluster.bench_cluster [--records N] [--rounds R] [--clients C] [--write-docs]
+    python -m scripts.cluster.bench_cluster --tls [--requests N] [--rounds R] [--write-docs]
 
 Run from the repository's root as a module: it reuses the tests' etcd fixture.
 
@@ -18,7 +18,6 @@ import argparse
 import multiprocessing
 import os
 import platform
-import re
 import runpy
 import shutil
 import signal
@@ -31,6 +30,7 @@ from collections.abc import Callable
 from multiprocessing.queues import Queue
 from pathlib import Path
 
+from scripts.harness.benchmarks_doc import write_section
 from supervisor.client import call
 from supervisor.client.cluster import ClusterClient
 from supervisor.cluster.etcd import EtcdClient
@@ -43,7 +43,6 @@ from worker import Assistant, Owner, Session, ToolResult, Usage, User
 from worker.app import DefaultApp
 
 SESSION = "big"
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 
 
 def build_session(home: str, records: int, token: int) -> None:
@@ -215,7 +214,7 @@ def render(figures: dict[str, float], records: int, rounds: int) -> str:
     mb = figures["bytes"] / 1e6
     seconds = figures["seconds"]
     command = (
-        f"`python -m scripts.bench_cluster --records {records} --rounds {rounds} "
+        f"`python -m scripts.cluster.bench_cluster --records {records} --rounds {rounds} "
         f"--seconds {seconds:.0f} --write-docs`"
     )
     per_step = ", ".join(
@@ -261,7 +260,7 @@ scale-out, which needs three hosts.
 def main() -> int:
     if "--tls" in sys.argv:  # the transport's round trip between hosts (needs root)
         sys.argv.remove("--tls")
-        runpy.run_module("scripts.bench_cluster_tls", run_name="__main__")
+        runpy.run_module("scripts.cluster.bench_cluster_tls", run_name="__main__")
         return 0
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=10_000)
@@ -283,13 +282,7 @@ def main() -> int:
     section = render(figures, args.records, args.rounds)
     print(section)
     if args.write_docs:
-        text = DOCS.read_text()
-        pattern = re.compile(r"<!-- cluster-bench:start -->.*<!-- cluster-bench:end -->", re.S)
-        if pattern.search(text):
-            text = pattern.sub(lambda _m: section, text)
-        else:
-            text = text.replace("## Reading the figures", section + "\n\n## Reading the figures")
-        DOCS.write_text(text)
+        write_section("cluster-bench", section)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Benchmark a move between hosts that share nothing, against a raw TCP copy of its files.
 
-    python -m scripts.bench_cluster_move_hosts [--records N] [--rounds R]
+    python -m scripts.cluster.bench_cluster_move_hosts [--records N] [--rounds R]
                                                [--against COMMIT] [--write-docs] [--json]
 
 Needs root and iproute2: it builds the hosts of the cluster tests
@@ -11,7 +11,7 @@ bridge, each node's home a tmpfs of its own mount namespace. One session of N re
 from the operator's host (``move_remote``: the target pulls the sealed copy over mutual
 TLS). In alternating rounds, before each move, the reference copies the same files
 between the same two namespaces over the same bridge: a plain socket sender and
-receiver of the standard library (``scripts/bench_hosts_side.py``), the receiver
+receiver of the standard library (``scripts/cluster/bench_hosts_side.py``), the receiver
 fdatasyncing each file and fsyncing the directory. The figure is the ratio of medians,
 with where the move's time went. ``--against COMMIT`` adds nodes ``c`` and ``d`` running
 COMMIT's code (extracted with ``git archive``), which move a session of the same size
@@ -26,7 +26,6 @@ import io
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
 import subprocess
@@ -34,6 +33,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from scripts.harness.benchmarks_doc import REPO, write_section
 from supervisor.cluster.transport import Role
 from tests.harness.netns_cluster import (
     host_certificates,
@@ -48,15 +48,15 @@ from tests.harness.netns_hosts import NSENTER, Host, Hosts, namespaces_problem
 from tests.harness.tls_certs import Certificates
 
 REFERENCE_PORT = 7600
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-START, END = "<!-- cluster-hosts-move-bench:start -->", "<!-- cluster-hosts-move-bench:end -->"
+TAG = "cluster-hosts-move-bench"
+START, END = f"<!-- {TAG}:start -->", f"<!-- {TAG}:end -->"
 NodeProcess = subprocess.Popen[bytes]
 Pair = dict[str, tuple[Host, NodeProcess]]
 
 
 def side(host: Host, node: NodeProcess, *args: str, timeout: float = 300) -> dict[str, object]:
-    """``scripts.bench_hosts_side`` run in the namespaces of ``node`` (it sees its home)."""
-    done = host.inside(node, host.python("-m", "scripts.bench_hosts_side", *args),
+    """``scripts.cluster.bench_hosts_side`` run in the namespaces of ``node`` (it sees its home)."""
+    done = host.inside(node, host.python("-m", "scripts.cluster.bench_hosts_side", *args),
                        timeout=timeout)  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"{args[0]} on {host.name} failed: {done.stderr.strip()[-2000:]}")
@@ -78,8 +78,8 @@ def reference_copy(
     (src, src_node), (dst, dst_node) = source, target
     receive = ["receive", dst.address, str(REFERENCE_PORT), str(dst.private), "1"]
     argv = [NSENTER, "--target", str(dst_node.pid), "--mount", "--net",
-            *dst.python("-m", "scripts.bench_hosts_side", *receive)]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+            *dst.python("-m", "scripts.cluster.bench_hosts_side", *receive)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     receiver = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                 cwd=env["PYTHONPATH"], stdin=subprocess.DEVNULL)  # fmt: skip
     try:
@@ -104,7 +104,7 @@ def move(operator: Host, url: str, session: str, target: str) -> dict[str, objec
     files = private_files(operator)
     env = [f"LOOPD_TLS_CA={files.ca}", f"LOOPD_TLS_CERT={files.cert}",
            f"LOOPD_TLS_KEY={files.key}"]  # fmt: skip
-    argv = operator.python("-m", "scripts.bench_hosts_side", "move", url, session, target)
+    argv = operator.python("-m", "scripts.cluster.bench_hosts_side", "move", url, session, target)
     done = operator.run(["env", *env, *argv], copy=operator.root / "certs", timeout=300)
     if done.returncode != 0:
         raise SystemExit(f"the move to {target} failed: {done.stderr.strip()[-2000:]}")
@@ -237,7 +237,7 @@ session's files over the network, each file and the directory fsynced), and what
 spends the rest on; on one machine a move was 48x a plain copy, most of it two opens
 (the section above).
 
-`python -m scripts.bench_cluster_move_hosts --records {records} --rounds {rounds}{against}
+`python -m scripts.cluster.bench_cluster_move_hosts --records {records} --rounds {rounds}{against}
 --write-docs` (root) on {platform.machine()} Linux, Python {platform.python_version()},
 {os.cpu_count()} cores, load average {load} at the start (other work shared the
 cores): etcd, nodes `a` and `b` and an operator, each a network namespace of its own on
@@ -286,7 +286,7 @@ def extract(commit: str, tree: Path) -> Path:
     git = shutil.which("git")
     if git is None:
         raise SystemExit("--against needs git on PATH")
-    archive = subprocess.run([git, "-C", str(DOCS.parent.parent), "archive", commit],
+    archive = subprocess.run([git, "-C", str(REPO), "archive", commit],
                              capture_output=True, check=False)  # fmt: skip
     if archive.returncode != 0:
         raise SystemExit(f"--against {commit}: {archive.stderr.decode().strip()}")
@@ -319,14 +319,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(result))
     if args.write_docs:
-        docs = DOCS.read_text()
-        pattern = re.compile(re.escape(START) + ".*?" + re.escape(END), re.DOTALL)
-        if pattern.search(docs):
-            docs = pattern.sub(lambda _m: text, docs)
-        else:
-            docs = docs.replace("<!-- cluster-bench:end -->", "<!-- cluster-bench:end -->\n\n"
-                                + text, 1)  # fmt: skip
-        DOCS.write_text(docs)
+        write_section(TAG, text)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Benchmark requests/s through three hosts against one, with keyed client load.
 
-    python -m scripts.bench_cluster_scale_hosts [--clients C] [--seconds S] [--rounds R]
+    python -m scripts.cluster.bench_cluster_scale_hosts [--clients C] [--seconds S] [--rounds R]
                                                 [--write-docs] [--json]
 
 Needs root and iproute2: it builds the hosts of the cluster tests
@@ -10,7 +10,7 @@ one bridge. Two sets of C sessions are created (placed with cordons): one all on
 ``n0``, one spread over the three nodes. In alternating rounds (one, three, three,
 one, ...) the client host runs C client processes, one per session of a set, each
 sending keyed requests one at a time through its own ``ClusterClient`` for S seconds
-(``scripts/bench_hosts_load.py``). The figure is the ratio of the median rates, with
+(``scripts/cluster/bench_hosts_load.py``). The figure is the ratio of the median rates, with
 per-request p50 and p99 of every round pooled. ``--write-docs`` replaces its section of
 docs/benchmarks.md.
 """
@@ -21,18 +21,18 @@ import argparse
 import json
 import os
 import platform
-import re
 import statistics
 import tempfile
 from pathlib import Path
 
+from scripts.harness.benchmarks_doc import write_section
 from tests.harness.netns_cluster import private_files, run_client, start_etcd, start_node
 from tests.harness.netns_hosts import Host, Hosts, namespaces_problem
 from tests.harness.tls_certs import Certificates
 
 NODES = ("n0", "n1", "n2")
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-START, END = "<!-- cluster-hosts-scale-bench:start -->", "<!-- cluster-hosts-scale-bench:end -->"
+TAG = "cluster-hosts-scale-bench"
+START, END = f"<!-- {TAG}:start -->", f"<!-- {TAG}:end -->"
 
 
 def placements(url: str, clients: int) -> tuple[list[dict[str, object]], list[str], list[str]]:
@@ -57,7 +57,8 @@ def load(client: Host, url: str, seconds: float, sessions: list[str]) -> dict[st
     files = private_files(client)
     env = [f"LOOPD_TLS_CA={files.ca}", f"LOOPD_TLS_CERT={files.cert}",
            f"LOOPD_TLS_KEY={files.key}"]  # fmt: skip
-    argv = client.python("-m", "scripts.bench_hosts_load", url, str(seconds), ",".join(sessions))
+    load = ("-m", "scripts.cluster.bench_hosts_load", url, str(seconds), ",".join(sessions))
+    argv = client.python(*load)
     done = client.run(["env", *env, *argv], copy=client.root / "certs", timeout=seconds + 300)
     if done.returncode != 0:
         raise SystemExit(f"the client load failed: {done.stderr.strip()[-2000:]}")
@@ -106,7 +107,7 @@ Goal: what spreading sessions over three hosts instead of one does to the reques
 client host gets through `ClusterClient` (etcd read once per session, then straight to
 the owning node), and to each request's p50 and p99.
 
-`python -m scripts.bench_cluster_scale_hosts --clients {clients} --seconds {seconds:g}
+`python -m scripts.cluster.bench_cluster_scale_hosts --clients {clients} --seconds {seconds:g}
 --rounds {rounds} --write-docs` (root) on {platform.machine()} Linux,
 Python {platform.python_version()}, {os.cpu_count()} cores, load average {load} at the
 start (other work shared the cores): etcd, three nodes and a client, each a network
@@ -153,16 +154,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(figures))
     if args.write_docs:
-        docs = DOCS.read_text()
-        pattern = re.compile(re.escape(START) + ".*?" + re.escape(END), re.DOTALL)
-        if pattern.search(docs):
-            docs = pattern.sub(lambda _m: text, docs)
-        else:
-            anchor = "<!-- cluster-hosts-move-bench:end -->"
-            if anchor not in docs:
-                anchor = "<!-- cluster-bench:end -->"
-            docs = docs.replace(anchor, anchor + "\n\n" + text, 1)
-        DOCS.write_text(docs)
+        write_section(TAG, text)
     return 0
 
 

@@ -1,8 +1,8 @@
 """Benchmark the TLS transport: a round trip between two hosts against the unix socket.
 
-    python -m scripts.bench_cluster_tls [--requests N] [--rounds R] [--write-docs]
+    python -m scripts.cluster.bench_cluster_tls [--requests N] [--rounds R] [--write-docs]
 
-(also ``python -m scripts.bench_cluster --tls``). Needs root: it builds the hosts of
+(also ``python -m scripts.cluster.bench_cluster --tls``). Needs root: it builds the hosts of
 the cluster tests (``tests/harness/netns_hosts.py``): etcd, one node, one client, each a
 network namespace of its own on one bridge. One session on the node; in alternating
 rounds it times N keyed requests (after a warm-up) sent four ways: from the client host
@@ -23,22 +23,22 @@ import argparse
 import json
 import os
 import platform
-import re
 import statistics
 import tempfile
 from pathlib import Path
 
+from scripts.harness.benchmarks_doc import write_section
 from tests.harness.netns_cluster import run_client, start_etcd, start_node
 from tests.harness.netns_hosts import Host, Hosts, namespaces_problem
 from tests.harness.tls_certs import Certificates
 
 MODES = ("tls-direct", "tls-relay", "unix-relay", "unix-direct")
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-START, END = "<!-- cluster-tls-bench:start -->", "<!-- cluster-tls-bench:end -->"
+TAG = "cluster-tls-bench"
+START, END = f"<!-- {TAG}:start -->", f"<!-- {TAG}:end -->"
 
 
 def probe(host: Host, pair: str, count: int, url: str, node: object) -> dict[str, list[float]]:
-    argv = host.python("-m", "scripts.bench_tls_probe", pair, str(count), "bench", url,
+    argv = host.python("-m", "scripts.cluster.bench_tls_probe", pair, str(count), "bench", url,
                        str(host.private / "home"))  # fmt: skip
     if pair == "tls":
         env = [f"LOOPD_TLS_{k}={host.private / 'certs' / f}" for k, f in
@@ -93,7 +93,7 @@ def render(figures: dict[str, float], requests: int, rounds: int) -> str:
     return f"""{START}
 ## Cluster transport (TLS between hosts)
 
-`python -m scripts.bench_cluster_tls --requests {requests} --rounds {rounds} --write-docs`
+`python -m scripts.cluster.bench_cluster_tls --requests {requests} --rounds {rounds} --write-docs`
 (root) on {platform.machine()} Linux, Python {platform.python_version()},
 {os.cpu_count()} cores: etcd, a node and a client each in a network namespace of its own
 on one bridge (veth pairs); one session; the median of {rounds} alternating rounds'
@@ -137,14 +137,7 @@ def main() -> int:
     text = render(figures, args.requests, args.rounds)
     print(text)
     if args.write_docs:
-        docs = DOCS.read_text()
-        pattern = re.compile(re.escape(START) + ".*?" + re.escape(END), re.DOTALL)
-        docs = (
-            pattern.sub(text, docs)
-            if pattern.search(docs)
-            else docs.rstrip() + "\n\n" + text + "\n"
-        )
-        DOCS.write_text(docs)
+        write_section(TAG, text)
     return 0
 
 

@@ -1,6 +1,6 @@
-"""Run on the client host of ``scripts.bench_cluster_scale_hosts``: keyed load, as JSON.
+"""Run on the client host of ``scripts.cluster.bench_cluster_scale_hosts``: keyed load, as JSON.
 
-    python -m scripts.bench_hosts_load ETCD_URL SECONDS SESSION[,SESSION...]
+    python -m scripts.cluster.bench_hosts_load ETCD_URL SECONDS SESSION[,SESSION...]
 
 One client process per session (forked), each with its own ``ClusterClient``
 (certificates from $LOOPD_TLS_*): a warm-up request, then, from a common start,

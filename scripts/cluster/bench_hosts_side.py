@@ -1,10 +1,10 @@
-"""Run on a host of ``scripts.bench_cluster_move_hosts``: one step of the benchmark.
+"""Run on a host of ``scripts.cluster.bench_cluster_move_hosts``: one step of the benchmark.
 
-    python -m scripts.bench_hosts_side build HOME SESSION RECORDS
-    python -m scripts.bench_hosts_side receive ADDRESS PORT DIR ROUNDS
-    python -m scripts.bench_hosts_side send ADDRESS PORT DIR
-    python -m scripts.bench_hosts_side move ETCD_URL SESSION TARGET
-    python -m scripts.bench_hosts_side parts HOME SESSION REPEAT
+    python -m scripts.cluster.bench_hosts_side build HOME SESSION RECORDS
+    python -m scripts.cluster.bench_hosts_side receive ADDRESS PORT DIR ROUNDS
+    python -m scripts.cluster.bench_hosts_side send ADDRESS PORT DIR
+    python -m scripts.cluster.bench_hosts_side move ETCD_URL SESSION TARGET
+    python -m scripts.cluster.bench_hosts_side parts HOME SESSION REPEAT
 
 ``build`` appends records to a stopped session (requests of four records, one group
 commit each). ``receive`` and ``send`` are the reference: a plain TCP copy of a session

@@ -1,6 +1,6 @@
-"""Run on a host of ``scripts.bench_cluster_tls``: time round trips, print JSON.
+"""Run on a host of ``scripts.cluster.bench_cluster_tls``: time round trips, print JSON.
 
-    python -m scripts.bench_tls_probe PAIR N SESSION ETCD_URL HOME
+    python -m scripts.cluster.bench_tls_probe PAIR N SESSION ETCD_URL HOME
 
 PAIR ``tls`` (from another host) times two paths, one request of each in turn, so both
 meet the same load: ``tls-direct`` (``ClusterClient.send``: the direct path, a TCP

@@ -1,6 +1,7 @@
 """Benchmark the direct data path against raw write+fdatasync loops on the same disk.
 
-    python scripts/bench_data_path.py [--requests N] [--clients N] [--kills N] [--write-docs]
+    python -m scripts.data_path.bench_data_path [--requests N] [--clients N] [--kills N]
+                                                [--write-docs]
 
 Every figure is a ratio against a reference measured in the same run:
 - one client, one session, one request at a time, vs one raw ``os.write`` +
@@ -20,70 +21,32 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import platform
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.synchronize import Barrier
-from pathlib import Path
 from typing import Any
 
 import psutil
 
+from scripts.harness.benchmarks_doc import write_section
+from scripts.harness.machine import machine_line
+from scripts.harness.serve import start_serve, stop_serve
+from scripts.supervisor.bench_supervisor import make_big_session
 from supervisor.client import Client, call
 from supervisor.control_socket import SOCKET_NAME
-from supervisor.errors import ControlError
 from worker import User
 from worker.ipc.wire import Channel
 from worker.store.format.records import encode_record
 
-HERE = Path(__file__).resolve().parent
 REQUEST_BYTES = encode_record(User(text="x" * 40, key="k" * 8)) * 4  # about one request
 _FORK = multiprocessing.get_context("fork")
 TMPFS = "/dev/shm"  # noqa: S108 - a private mkdtemp inside it, removed afterwards
-
-
-def _start_daemon(home: str, *args: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "supervisor", "serve", "--home", home, "--budget",
-         "1000000000", "--max-restarts", "1000", "--start-retries", "1000", *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,  # a ^C reaches the script, which stops the daemon itself
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if os.path.exists(os.path.join(home, SOCKET_NAME)) and _pings(home):
-                return proc
-            time.sleep(0.01)
-        raise RuntimeError("the daemon did not start")
-    except BaseException:  # not started, or ^C while waiting: never leave it running
-        _stop_daemon(proc)
-        raise
-
-
-def _pings(home: str) -> bool:
-    try:
-        call(home, "ping", timeout=5)
-    except ControlError:
-        return False
-    return True
-
-
-def _stop_daemon(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (the daemon stops its workers), SIGKILL after 60 s; always reaped."""
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def _raw_loop(path: str, count: int) -> float:
@@ -155,7 +118,7 @@ def _parallel(targets: list[tuple[Any, tuple[Any, ...]]]) -> float:
 
 def single_round_trip(root: str, count: int) -> dict[str, float]:
     home = os.path.join(root, "single")
-    daemon = _start_daemon(home)
+    daemon = start_serve(home)
     t_direct = t_relay = t_raw = 0.0
     blocks = 10
     try:
@@ -183,7 +146,7 @@ def single_round_trip(root: str, count: int) -> dict[str, float]:
                 t_relay += time.perf_counter() - start
         relay.close()
     finally:
-        _stop_daemon(daemon)
+        stop_serve(daemon)
     done = count // blocks * blocks
     return {
         "direct": done / t_direct,
@@ -199,7 +162,7 @@ def cost_without_the_disk(count: int) -> float | None:
         return None
     root = tempfile.mkdtemp(prefix="loopd-bench-shm-", dir=TMPFS)
     home = os.path.join(root, "home")
-    daemon = _start_daemon(home)
+    daemon = start_serve(home)
     try:
         call(home, "create", session="one")
         with Client(home) as client:
@@ -209,7 +172,7 @@ def cost_without_the_disk(count: int) -> float | None:
                 client.send("one", "x" * 40, key=f"t{n}")
             elapsed = time.perf_counter() - start
     finally:
-        _stop_daemon(daemon)
+        stop_serve(daemon)
         shutil.rmtree(root, ignore_errors=True)
     return elapsed / count * 1e6
 
@@ -217,7 +180,7 @@ def cost_without_the_disk(count: int) -> float | None:
 def aggregate(root: str, clients: int, count: int, *, one_session: bool) -> dict[str, float]:
     name = "one" if one_session else "many"
     home = os.path.join(root, f"agg-{name}")
-    daemon = _start_daemon(home)
+    daemon = start_serve(home)
     try:
         sessions = ["shared"] if one_session else [f"s{n:02d}" for n in range(clients)]
         for session in sessions:
@@ -229,7 +192,7 @@ def aggregate(root: str, clients: int, count: int, *, one_session: bool) -> dict
             ]
         )
     finally:
-        _stop_daemon(daemon)
+        stop_serve(daemon)
     raw_slowest = _parallel(
         [(_raw_worker, (os.path.join(root, f"raw-{name}-{n}.log"), count)) for n in range(clients)]
     )
@@ -237,12 +200,9 @@ def aggregate(root: str, clients: int, count: int, *, one_session: bool) -> dict
 
 
 def restart_latency(root: str, kills: int) -> list[float]:
-    sys.path.insert(0, str(HERE))
-    from bench_supervisor import make_big_session  # noqa: PLC0415 - the sibling's fixture
-
     home = os.path.join(root, "restart")
     make_big_session(home)
-    daemon = _start_daemon(home, "--stable-after", "0")
+    daemon = start_serve(home, "--stable-after", "0")
     latencies = []
     try:
         with Client(home) as client:
@@ -258,13 +218,13 @@ def restart_latency(root: str, kills: int) -> list[float]:
                 if rows[0]["pid"] == pid:  # the kill was seen before the send: a restart
                     pass
     finally:
-        _stop_daemon(daemon)
+        stop_serve(daemon)
     return latencies
 
 
 def idle_cpu(root: str, sessions: int, seconds: float) -> float:
     home = os.path.join(root, "idle")
-    daemon = _start_daemon(home)
+    daemon = start_serve(home)
     try:
         for n in range(sessions):
             call(home, "create", session=f"i{n}")
@@ -273,7 +233,7 @@ def idle_cpu(root: str, sessions: int, seconds: float) -> float:
         time.sleep(seconds)  # the measurement itself: the daemon left alone
         after = me.cpu_times()
     finally:
-        _stop_daemon(daemon)
+        stop_serve(daemon)
     return (after.user + after.system) - (before.user + before.system)
 
 
@@ -302,10 +262,9 @@ def main() -> int:
         "<!-- data-path-bench:start -->",
         "## Data path",
         "",
-        f"Command: `python scripts/bench_data_path.py --requests {args.requests} --clients "
-        f"{n} --per-client {args.per_client} --kills {args.kills}`  ",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}; every figure beside its reference from the same run.",
+        f"Command: `python -m scripts.data_path.bench_data_path --requests {args.requests} "
+        f"--clients {n} --per-client {args.per_client} --kills {args.kills}`  ",
+        f"{machine_line()}; every figure beside its reference from the same run.",
         "",
         "| measure | loopd | reference | ratio | goal |",
         "|---|---|---|---|---|",
@@ -328,7 +287,7 @@ def main() -> int:
         f"10,000-record session, {len(kills)} kills | median "
         f"{statistics.median(kills) * 1000:.0f} ms, p95 "
         f"{sorted(kills)[int(0.95 * (len(kills) - 1))] * 1000:.0f} ms | the commit before, "
-        f"same run: `scripts/compare_with_commit.py` | - | unchanged or better |",
+        f"same run: `scripts/supervisor/compare_with_commit.py` | - | unchanged or better |",
         f"| supervisor CPU while idle for {args.idle:.0f} s, {args.idle_sessions} sessions "
         f"(heartbeats in shared memory) | {idle * 1000:.0f} ms | before this change: 0 ms | - "
         f"| 0 |",
@@ -338,10 +297,7 @@ def main() -> int:
     section = "\n".join(lines)
     print(section)
     if args.write_docs:
-        sys.path.insert(0, str(HERE))
-        from bench_store import _write_section  # noqa: PLC0415 - the sibling script's helper
-
-        _write_section(HERE.parent / "docs" / "benchmarks.md", "data-path-bench", section)
+        write_section("data-path-bench", section)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Benchmark loopd against Redis (appendonly yes, appendfsync always) side by side.
 
-    python scripts/bench_redis.py [--rounds N] [--requests N] [--clients N]
+    python -m scripts.data_path.bench_redis [--rounds N] [--requests N] [--clients N]
                                   [--per-client N] [--dir D] [--write-docs]
 
 Redis is what many teams reach for to keep session state durable. This script starts
@@ -40,117 +40,31 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import psutil
-from bench_data_path import (
+from scripts.data_path.bench_data_path import (
     REQUEST_BYTES,
     _client_worker,
     _parallel,
     _raw_loop,
     _raw_worker,
     _signals_held,
-    _start_daemon,
-    _stop_daemon,
 )
-from bench_store import _filesystem, _write_section
-from redis_report import render
-from redis_resp import SOCKET, Resp, RespError, start_redis, stop_redis
-
+from scripts.data_path.redis_report import render
+from scripts.data_path.redis_resp import SOCKET, Resp, RespError, start_redis, stop_redis
+from scripts.data_path.redis_rounds import Rounds
+from scripts.harness.benchmarks_doc import write_section
+from scripts.harness.machine import filesystem_of
+from scripts.harness.serve import start_serve, stop_serve
 from supervisor.client import Client, call
 from supervisor.errors import ControlError
 from worker.store.disk.layout import session_dir
 
-HERE = Path(__file__).resolve().parent
 INSTALL = "redis-server is not on PATH: install it with `apt-get install -y redis-server` (Debian)"
 SESSION = "one"
-TEXT = "x" * 40  # every request's text, as in scripts/bench_data_path.py
+TEXT = "x" * 40  # every request's text, as in scripts/data_path/bench_data_path.py
 _SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with its NUL
-
-
-def _cpu(pid: int) -> float:
-    """CPU seconds of every thread of ``pid``: the scheduler's nanoseconds where the kernel
-    keeps them (psutil's figures count 10 ms ticks, too coarse for one block)."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-        total = 0
-        for task in tasks:
-            with open(f"/proc/{pid}/task/{task}/schedstat", encoding="ascii") as stat:
-                total += int(stat.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        times = psutil.Process(pid).cpu_times()
-        return float(times.user + times.system)
-    return total / 1e9
-
-
-def _write_calls(pid: int) -> int:
-    """``write(2)``-family calls of ``pid`` so far (``send(2)`` is not one of them)."""
-    with open(f"/proc/{pid}/io", encoding="ascii") as io:
-        for line in io:
-            if line.startswith("syscw:"):
-                return int(line.split()[1])
-    return 0
-
-
-def _bytes_under(path: str) -> int:
-    return sum(
-        os.path.getsize(os.path.join(top, name)) for top, _dirs, files in os.walk(path)
-        for name in files
-    )  # fmt: skip
-
-
-class Rounds:
-    """Per-round rates of each measure, and CPU seconds and bytes per request summed."""
-
-    def __init__(self) -> None:
-        self.rates: dict[str, list[float]] = {}
-        self.cpu: dict[str, float] = {}
-        self.requests: dict[str, int] = {}
-        self.bytes: dict[str, int] = {}
-        self.writes: dict[str, int] = {}
-
-    def run(
-        self,
-        name: str,
-        count: int,
-        block: Callable[[], float],
-        cpu: dict[str, list[int]],
-        disk: str | None = None,
-        writers: list[int] | None = None,
-        charged: int | None = None,
-    ) -> None:
-        """Time ``block`` (``count`` timed requests, ``charged`` in all: warm-ups too);
-        charge it the CPU of ``cpu``'s processes, the bytes that appeared under ``disk``
-        and the write calls of ``writers``."""
-        before = {part: sum(map(_cpu, pids)) for part, pids in cpu.items()}
-        size = _bytes_under(disk) if disk else 0
-        writes = sum(map(_write_calls, writers or []))
-        elapsed = block()
-        for part, pids in cpu.items():
-            key = f"{name}/{part}"
-            self.cpu[key] = self.cpu.get(key, 0.0) + sum(map(_cpu, pids)) - before[part]
-        if disk:
-            self.bytes[name] = self.bytes.get(name, 0) + _bytes_under(disk) - size
-        if writers:
-            writes = sum(map(_write_calls, writers)) - writes
-            self.writes[name] = self.writes.get(name, 0) + writes
-        self.rates.setdefault(name, []).append(count / elapsed)
-        self.requests[name] = self.requests.get(name, 0) + (charged or count)
-
-    def ratio(self, top: str, bottom: str) -> list[float]:
-        return [a / b for a, b in zip(self.rates[top], self.rates[bottom], strict=True)]
-
-    def cpu_us(self, name: str, part: str) -> float:
-        return self.cpu.get(f"{name}/{part}", 0.0) / self.requests[name] * 1e6
-
-    def bytes_per_request(self, name: str) -> float:
-        return self.bytes.get(name, 0) / self.requests[name]
-
-    def writes_per_request(self, name: str, replies: int = 0) -> float:
-        """``write(2)`` calls a request, less ``replies`` (Redis writes replies that way)."""
-        return self.writes.get(name, 0) / self.requests[name] - replies
 
 
 @dataclass
@@ -216,7 +130,7 @@ def measure(root: str, binary: str, args: argparse.Namespace) -> tuple[Rounds, d
     sessions = [f"s{n:02d}" for n in range(args.clients)]
     rounds = Rounds()
     facts: dict[str, Any] = {}
-    daemon = _start_daemon(home)
+    daemon = start_serve(home)
     redis = None
     try:
         redis, redis_path = start_redis(binary, redis_dir)
@@ -243,7 +157,7 @@ def measure(root: str, binary: str, args: argparse.Namespace) -> tuple[Rounds, d
         with _signals_held():
             if redis is not None:
                 stop_redis(redis)
-            _stop_daemon(daemon)
+            stop_serve(daemon)
     expected = [1 + args.rounds * args.requests] + [
         args.rounds * (1 + args.per_client)
     ] * args.clients
@@ -321,7 +235,7 @@ def main() -> int:
     root = tempfile.mkdtemp(prefix="loopd-bench-redis-", dir=args.dir)
     try:
         try:
-            facts["fs"] = _filesystem(root)
+            facts["fs"] = filesystem_of(root)
             rounds, found = measure(root, binary, args)
         finally:
             with _signals_held():
@@ -341,11 +255,11 @@ def main() -> int:
         for name, value in vars(args).items()
         if name != "write_docs" and value != getattr(defaults, name)
     ]
-    facts["command"] = " ".join(["python scripts/bench_redis.py", *options])
+    facts["command"] = " ".join(["python -m scripts.data_path.bench_redis", *options])
     section = render(rounds, facts, args)
     print(section)
     if args.write_docs:
-        _write_section(HERE.parent / "docs" / "benchmarks.md", "redis-bench", section)
+        write_section("redis-bench", section)
     return 0
 
 

@@ -1,18 +1,15 @@
-"""The docs/benchmarks.md section of ``scripts/bench_redis.py``: its figures as a table,
+"""The docs/benchmarks.md section of ``scripts.data_path.bench_redis``: its figures as a table,
 each a median with its range over the rounds, beside its goal."""
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from bench_data_path import REQUEST_BYTES
-
-if TYPE_CHECKING:
-    from bench_redis import Rounds
+from scripts.data_path.bench_data_path import REQUEST_BYTES
+from scripts.data_path.redis_rounds import Rounds
+from scripts.harness.machine import machine_line
 
 
 def _spread(values: list[float], fmt: str) -> str:
@@ -41,8 +38,7 @@ def render(rounds: Rounds, facts: dict[str, Any], args: argparse.Namespace) -> s
         "## Against Redis (AOF, fsync always)",
         "",
         f"Command: `{facts['command']}`  ",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}, {version}; files on {facts['fs']}; load average "
+        f"{machine_line()}, {version}; files on {facts['fs']}; load average "
         f"{facts['load_before']:.1f} at the start, {facts['load_after']:.1f} at the end "
         f"(shared machine). {args.rounds} interleaved rounds, each measure's order rotated "
         f"every round; rates are median (min-max) over rounds, ratios the median (min-max) "

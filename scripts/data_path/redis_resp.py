@@ -1,6 +1,6 @@
 """A redis-server of the benchmark's own and a RESP client on the standard library.
 
-Used by scripts/bench_redis.py: the server listens only on a unix socket in a private
+Used by scripts/data_path/bench_redis.py: the server listens only on a unix socket in a private
 directory (no TCP port), keeps no snapshots and appends every write to its AOF with an
 fdatasync before the reply (``appendonly yes``, ``appendfsync always``).
 """

@@ -1,9 +1,9 @@
 """The HTTP API (``loopd serve --http``) side by side with the Python client, and under load.
 
-    python scripts/bench_http.py [--rounds N] [--requests N] [--turns N] [--followers N]
+    python -m scripts.http.bench_http [--rounds N] [--requests N] [--turns N] [--followers N]
                                  [--ticks N] [--dir D] [--write-docs]
 
-One ``loopd serve --http`` on a temporary home, its App ``scripts.bench_http_app:TickApp``
+One ``loopd serve --http`` on a temporary home, its App ``scripts.http.bench_http_app:TickApp``
 (the default App, and ``ticks N pause S`` streams N partials, each stamped with the
 monotonic clock at its ``stream()`` call). Measured:
 
@@ -40,17 +40,16 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import psutil
-from bench_data_path import _start_daemon, _stop_daemon
-from bench_store import _write_section
 
+from scripts.harness.benchmarks_doc import write_section
+from scripts.harness.serve import start_serve as _start_daemon
+from scripts.harness.serve import stop_serve as _stop_daemon
 from supervisor.client import Client
 
-APP = "scripts.bench_http_app:TickApp"
-DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+APP = "scripts.http.bench_http_app:TickApp"
 
 
 def _free_port() -> int:
@@ -288,7 +287,7 @@ def render(
     lo, hi = rt["ratio_range"]
     sse, direct = fp["sse"], fp["client"]
     command = (
-        f"python scripts/bench_http.py --rounds {args.rounds} --requests {args.requests} "
+        f"python -m scripts.http.bench_http --rounds {args.rounds} --requests {args.requests} "
         f"--turns {args.turns} --followers {args.followers} --ticks {args.ticks}"
     )
     rows = [
@@ -301,7 +300,7 @@ def render(
     ]
     table = "\n".join(rows)
     return f"""<!-- http:start -->
-## The HTTP API (`scripts/bench_http.py`)
+## The HTTP API (`scripts/http/bench_http.py`)
 
 `{command}` on this machine ({os.cpu_count()} cores, shared; a home on the temp dir):
 
@@ -345,7 +344,7 @@ def main() -> int:
     section = render(rt, fp, cs, args)
     print(section)
     if args.write_docs:
-        _write_section(DOC, "http", section)
+        write_section("http", section)
     return 0 if cs["whole"] == cs["clients"] else 1
 
 

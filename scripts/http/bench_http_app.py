@@ -1,4 +1,4 @@
-"""The App of scripts/bench_http.py (``loopd serve --app scripts.bench_http_app:TickApp``)."""
+"""The App of ``scripts.http.bench_http``: ``--app scripts.http.bench_http_app:TickApp``."""
 
 from __future__ import annotations
 

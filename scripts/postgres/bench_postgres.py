@@ -1,9 +1,9 @@
 """Benchmark the PostgreSQL store against bare psycopg on the same server (issue 30's goals).
 
-    python scripts/bench_postgres.py [--rounds N] [--appends N] [--records N]
+    python -m scripts.postgres.bench_postgres [--rounds N] [--appends N] [--records N]
                                      [--opens N] [--no-serve] [--write-docs] [--json FILE]
 
-It starts its own PostgreSQL (Debian's package, scripts/postgres_reference.py: a
+It starts its own PostgreSQL (Debian's package, scripts/postgres/postgres_reference.py: a
 temporary cluster on a unix socket, ``fsync=on``, the default ``synchronous_commit``)
 and measures, in rounds where the sides take turns operation by operation:
 - a durable append: ``Session.append_many`` of a typical group (a request's four
@@ -19,7 +19,7 @@ and measures, in rounds where the sides take turns operation by operation:
 Each operation is timed alone; a side's figure is the median (and p99) of all its
 operations, a ratio is the median of the per-round ratios of medians, with their
 min-max. ``--write-docs`` replaces the PostgreSQL section of docs/benchmarks.md;
-scripts/bench_postgres_compare.py runs this for an older commit and this tree in turns.
+scripts/postgres/bench_postgres_compare.py runs this for an older commit and this tree in turns.
 Every process started here is stopped and its directory removed at the end.
 """
 
@@ -41,21 +41,20 @@ from functools import partial
 from pathlib import Path
 
 import psycopg
-from bench_data_path import _start_daemon, _stop_daemon
-from bench_postgres_report import Figures, markdown
-from bench_store import _write_section
-from postgres_reference import ReferenceServer
 
+from scripts.harness.benchmarks_doc import write_section
+from scripts.harness.serve import start_serve, stop_serve
+from scripts.postgres.bench_postgres_report import Figures, markdown
+from scripts.postgres.postgres_reference import ReferenceServer
 from supervisor.client import Client, call
 from worker import Assistant, Baseline, Session, ToolResult, Usage, User
 from worker.store.format.records import Record, encode_lines
 from worker.store.loader import decode_log
 from worker.store.postgres import PostgresStore
 
-HERE = Path(__file__).resolve().parent
 BASELINE = Baseline(system="bench", memory="", tools=[])
 _CALLS = itertools.count(1)  # a session's tool calls are numbered upwards
-TEXT = "x" * 40  # a request's text, as in scripts/bench_data_path.py
+TEXT = "x" * 40  # a request's text, as in scripts/data_path/bench_data_path.py
 _BARE_INSERT = "INSERT INTO loopd_log_chunks (session, epoch, start, data) VALUES (%s, 0, %s, %s)"
 
 
@@ -150,7 +149,7 @@ def bench_append(figures: Figures, uri: str, rounds: int, count: int) -> None:
 
 def bench_serve(figures: Figures, root: str, uri: str, rounds: int, count: int) -> None:
     home = os.path.join(root, "home")
-    daemon = _start_daemon(home, "--store", uri)
+    daemon = start_serve(home, "--store", uri)
     bare = Bare(uri, "bare-serve")
     try:
         call(home, "create", session="one")
@@ -171,7 +170,7 @@ def bench_serve(figures: Figures, root: str, uri: str, rounds: int, count: int) 
             )
     finally:
         bare.close()
-        _stop_daemon(daemon)
+        stop_serve(daemon)
 
 
 def _last_chunk(uri: str, session_id: str) -> bytes:
@@ -261,13 +260,13 @@ def main() -> int:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
     figures.facts["machine"] = f"{platform.machine()}, {os.cpu_count()} cores (shared)"
-    command = "python scripts/bench_postgres.py " + " ".join(sys.argv[1:])
+    command = "python -m scripts.postgres.bench_postgres " + " ".join(sys.argv[1:])
     section = markdown(figures, command.strip())
     print(section)
     if args.json:
         Path(args.json).write_text(json.dumps(dataclasses.asdict(figures)))
     if args.write_docs:
-        _write_section(HERE.parent / "docs" / "benchmarks.md", "postgres-bench", section)
+        write_section("postgres-bench", section)
     return 0
 
 

@@ -1,12 +1,13 @@
-"""Run scripts/bench_postgres.py for an older commit and for this tree in turns, on one machine.
+"""Run scripts.postgres.bench_postgres for an older commit and for this tree in turns.
 
-    python scripts/bench_postgres_compare.py COMMIT [--new COMMIT] [--runs N] [BENCH ARGS...]
+    python -m scripts.postgres.bench_postgres_compare COMMIT [--new COMMIT] [--runs N]
+                                                      [BENCH ARGS...]
 
 COMMIT's files are taken with ``git archive`` into a temporary directory (and so are
 ``--new``'s, else this tree is measured as it is, uncommitted changes included), and
-this tree's benchmark scripts are copied over theirs, so both sides run the same
+this tree's ``scripts/`` is copied over theirs, so both sides run the same
 benchmark (the same references, the same bytes) and differ only in the code measured. The runs
-alternate (old, new, new, old, ...), each a whole ``bench_postgres.py`` with its own
+alternate (old, new, new, old, ...), each a whole ``bench_postgres`` with its own
 PostgreSQL, the side's tree first on ``PYTHONPATH``; the table gives every run's ratios,
 in order, so a figure moved by other work on a shared machine shows as one run apart.
 """
@@ -25,11 +26,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-TREE = HERE.parent
+TREE = Path(__file__).resolve().parents[2]
 GIT = shutil.which("git") or "git"
-# The benchmark and what it imports of its own: the same on both sides.
-_BENCH = ("bench_postgres.py", "bench_postgres_report.py", "postgres_reference.py")
 
 
 def checkout(commit: str, into: Path) -> None:
@@ -42,15 +40,16 @@ def checkout(commit: str, into: Path) -> None:
     )
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as files:
         files.extractall(into, filter="data")
-    for name in _BENCH:
-        shutil.copy2(HERE / name, into / "scripts" / name)
+    # The benchmark and what it imports of its own: the same on both sides.
+    shutil.copytree(TREE / "scripts", into / "scripts", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
 
 
 def run(tree: Path, args: list[str], out: Path) -> dict[str, list[float]]:
     """One whole benchmark of ``tree``; its per-round ratios."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     subprocess.run(
-        [sys.executable, str(tree / "scripts" / "bench_postgres.py"), "--json", str(out), *args],
+        [sys.executable, "-m", "scripts.postgres.bench_postgres", "--json", str(out), *args],
         cwd=tree,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -1,4 +1,4 @@
-"""The figures of scripts/bench_postgres.py and their section of docs/benchmarks.md."""
+"""The figures of scripts/postgres/bench_postgres.py and their section of docs/benchmarks.md."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Restart latency of a session with a long history vs the same current epoch alone.
 
-    python scripts/bench_history_restart.py [--epochs N] [--kills N] [--write-docs]
+    python -m scripts.store.bench_history_restart [--epochs N] [--kills N] [--write-docs]
 
 One supervisor hosts three sessions whose current epoch holds the same 1,000 records:
 ``alone`` (no older epochs), ``history`` (N older epochs of 1,000 records each, written
@@ -22,11 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-from bench_store import _make_history, _strip_carried
-from bench_supervisor import _poll
-
+from scripts.harness.benchmarks_doc import write_section
+from scripts.store.bench_store import _make_history, _strip_carried
+from scripts.supervisor.bench_supervisor import _poll
 from supervisor.client import call, call_with_retry
 from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
@@ -129,23 +128,11 @@ def main() -> int:
     for key, value in figures.items():
         print(f"{key:>18}  {value:.3f}")
     if args.write_docs:
-        command = "python scripts/bench_history_restart.py"
+        command = "python -m scripts.store.bench_history_restart"
         if (args.epochs, args.kills) != (100, 20):
             command += f" --epochs {args.epochs} --kills {args.kills}"
-        _write_section(Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md",
-                       _markdown(figures, command))  # fmt: skip
+        write_section("history-restart-bench", _markdown(figures, command))
     return 0
-
-
-def _write_section(doc: Path, section: str) -> None:
-    text = doc.read_text(encoding="utf-8")
-    start, end = "<!-- history-restart-bench:start -->", "<!-- history-restart-bench:end -->"
-    if start in text and end in text:
-        head, rest = text.split(start, 1)
-        text = head + section + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    doc.write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """What the key index costs: open, memory, look-ups and commits of a session of many keys.
 
-Run by ``scripts/bench_store.py`` (its figures go in the same section of
-docs/benchmarks.md); alone: ``python scripts/bench_key_index.py [--epochs N]``.
+Run by ``scripts.store.bench_store`` (its figures go in the same section of
+docs/benchmarks.md); alone: ``python -m scripts.store.bench_key_index [--epochs N]``.
 
 Every figure compares the session of ``epochs`` x ``per_epoch`` keys with the same
 newest epoch alone (a session of one epoch), or with the same session written before

@@ -1,8 +1,8 @@
 """Benchmark the session store against raw OS loops in the same run; print ratios.
 
-    python scripts/bench_store.py [--dir D] [--quick] [--write-docs]
+    python -m scripts.store.bench_store [--dir D] [--quick] [--write-docs]
 
-(the key index figures come from ``scripts/bench_key_index.py``, run from here)
+(the key index figures come from ``scripts.store.bench_key_index``, run from here)
 
 Every figure is a ratio against a reference measured side by side, in alternating
 rounds, on the same disk: the machines are shared and noisy, so absolute times alone
@@ -14,16 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-from bench_key_index import bench_key_index, markdown_rows, strip_index
-
+from scripts.harness.benchmarks_doc import write_section
+from scripts.harness.machine import filesystem_of, machine_line
+from scripts.store.bench_key_index import bench_key_index, markdown_rows, strip_index
 from worker import Assistant, Baseline, Session, SessionStart, ToolResult, Usage, User
 from worker.store import session as session_module
 from worker.store.disk import durable
@@ -263,8 +262,7 @@ def _markdown(figures: dict[str, object], command: str) -> str:
             "## Session store",
             "",
             f"Command: `{command}`  ",
-            f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-            f"{platform.python_version()}; files on {figures['fs']}.",
+            f"{machine_line()}; files on {figures['fs']}.",
             "",
             "| measure | figure | goal |",
             "|---|---|---|",
@@ -310,43 +308,15 @@ def main() -> int:
         figures.update(bench_history(root, 20 if args.quick else 100, 1000, rounds))
         figures.update(bench_open_durability(root, 10_000, rounds))
         figures.update(bench_key_index(root, 100 if args.quick else 1000, 1000, 3))
-        figures["fs"] = _filesystem(root)
+        figures["fs"] = filesystem_of(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     for key, value in figures.items():
         print(f"{key:>32}  {value:.4f}" if isinstance(value, float) else f"{key:>32}  {value}")
     if args.write_docs:
-        command = "python scripts/bench_store.py" + (" --quick" if args.quick else "")
-        _write_section(
-            Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md",
-            "store-bench",
-            _markdown(figures, command),
-        )
+        command = "python -m scripts.store.bench_store" + (" --quick" if args.quick else "")
+        write_section("store-bench", _markdown(figures, command))
     return 0
-
-
-def _filesystem(path: str) -> str:
-    best = ("?", "")
-    with open("/proc/mounts", encoding="utf-8") as mounts:
-        for row in mounts:
-            parts = row.split()
-            mount_point, fs_type = parts[1], parts[2]
-            if path.startswith(mount_point) and len(mount_point) > len(best[1]):
-                best = (fs_type, mount_point)
-    return best[0]
-
-
-def _write_section(doc: Path, tag: str, section: str) -> None:
-    """Replace the ``<!-- tag:start -->`` ... ``<!-- tag:end -->`` block, or append it."""
-    text = doc.read_text(encoding="utf-8") if doc.exists() else "# Benchmarks\n"
-    start, end = f"<!-- {tag}:start -->", f"<!-- {tag}:end -->"
-    if start in text and end in text:
-        head, rest = text.split(start, 1)
-        _old, tail = rest.split(end, 1)
-        text = head + section + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    doc.write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":

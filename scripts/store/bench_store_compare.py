@@ -1,6 +1,6 @@
 """Open and append of the session store, this tree beside an older commit, in one run.
 
-    python scripts/bench_store_compare.py COMMIT [--rounds N] [--records N] [--write-docs]
+    python -m scripts.store.bench_store_compare COMMIT [--rounds N] [--records N] [--write-docs]
 
 Checks COMMIT out with ``git archive`` into a temporary directory and measures,
 alternating between it and this tree (the machines are shared and noisy):
@@ -28,10 +28,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-TREE = HERE.parent
-sys.path.insert(0, str(HERE))
-from bench_store import _write_section  # noqa: E402
+from scripts.harness.benchmarks_doc import REPO, write_section
 
 GIT = shutil.which("git") or "git"
 
@@ -128,13 +125,13 @@ def main() -> int:
     old = Path(tempfile.mkdtemp(prefix="loopd-compare-"))
     try:
         archive = subprocess.run(
-            [GIT, "-C", str(TREE), "archive", args.commit], capture_output=True, check=True
+            [GIT, "-C", str(REPO), "archive", args.commit], capture_output=True, check=True
         )
         with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
             tar.extractall(old, filter="data")
         best: dict[str, dict[str, float]] = {"old": {}, "new": {}}
         for _ in range(args.rounds):
-            for name, tree in (("old", old), ("new", TREE)):
+            for name, tree in (("old", old), ("new", REPO)):
                 for key, value in probe(tree, args.records).items():
                     best[name][key] = min(value, best[name].get(key, value))
     finally:
@@ -155,9 +152,10 @@ def main() -> int:
         f"append_many {n['append_many'] / o['append_many']:.3f}x"
     )
     if args.write_docs:
-        command = f"python scripts/bench_store_compare.py {args.commit} --rounds {args.rounds}"
-        _write_section(TREE / "docs" / "benchmarks.md", "store-compare",
-                       _markdown(best, args.commit, args.records, command))  # fmt: skip
+        command = (
+            f"python -m scripts.store.bench_store_compare {args.commit} --rounds {args.rounds}"
+        )
+        write_section("store-compare", _markdown(best, args.commit, args.records, command))
     return 0
 
 

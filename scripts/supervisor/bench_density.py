@@ -1,6 +1,6 @@
 """Density benchmark: 10,000 sessions known to one supervisor, at most 500 live.
 
-    python scripts/bench_density.py [--sessions N] [--max-live N] [--home DIR] [--keep]
+    python -m scripts.supervisor.bench_density [--sessions N] [--max-live N] [--home DIR] [--keep]
 
 Builds a home of N sessions (100 records each; ``--big`` of them with 10,000 records),
 starts ``loopd serve --idle-stop 600 --max-live M`` with a real ``NOTIFY_SOCKET`` and

@@ -1,6 +1,6 @@
 """What each forkserver practice gives a forked worker's private memory (USS), side by side.
 
-    python scripts/bench_fork_memory.py [--workers N] [--sessions N] [--write-docs]
+    python -m scripts.supervisor.bench_fork_memory [--workers N] [--sessions N] [--write-docs]
 
 One process imports everything the daemon imports and holds about as many objects as a
 supervisor that knows ``--sessions`` sessions; it then forks ``--workers`` workers
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import platform
 import shutil
 import socket
 import statistics
@@ -30,19 +29,18 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import psutil
 
 import supervisor.daemon.loop  # noqa: F401 - everything the daemon imports
+from scripts.harness.benchmarks_doc import write_section
+from scripts.harness.machine import machine_line
 from worker import Assistant, Session, ToolResult, Usage, User
 from worker.app import DefaultApp
 from worker.ipc.wire import encode
 from worker.process import main
 from worker.store.format.records import Record
 from worker.warm_up import warm_up
-
-HERE = Path(__file__).resolve().parent
 
 
 def build(home: str, count: int) -> list[str]:
@@ -169,10 +167,9 @@ def main_() -> int:
         "<!-- fork-memory-bench:start -->",
         "### What each forkserver practice gives",
         "",
-        f"Command: `python scripts/bench_fork_memory.py --workers {args.workers} --sessions "
-        f"{args.sessions} --rounds {args.rounds}`  ",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}; load average {os.getloadavg()[0]:.1f} at the end. "
+        f"Command: `python -m scripts.supervisor.bench_fork_memory --workers {args.workers} "
+        f"--sessions {args.sessions} --rounds {args.rounds}`  ",
+        f"{machine_line()}; load average {os.getloadavg()[0]:.1f} at the end. "
         f"{args.workers} workers of 100-record sessions a variant, each after one request, "
         f"forked from one process holding objects for {args.sessions:,} sessions.",
         "",
@@ -186,10 +183,7 @@ def main_() -> int:
     section = "\n".join(lines)
     print(section)
     if args.write_docs:
-        sys.path.insert(0, str(HERE))
-        from bench_store import _write_section  # noqa: PLC0415 - the sibling script's helper
-
-        _write_section(HERE.parent / "docs" / "benchmarks.md", "fork-memory-bench", section)
+        write_section("fork-memory-bench", section)
     return 0
 
 

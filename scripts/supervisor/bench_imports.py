@@ -1,6 +1,6 @@
 """Compare what starting an interpreter for loopd costs in imports with an older commit.
 
-    python scripts/bench_imports.py OLD [NEW] [--rounds N]
+    python -m scripts.supervisor.bench_imports OLD [NEW] [--rounds N]
 
 OLD and NEW (default: this working tree) are unpacked with ``git archive`` into a
 temporary directory (the repository is not touched) and measured alternately in the
@@ -25,7 +25,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-TREE = Path(__file__).resolve().parent.parent
+TREE = Path(__file__).resolve().parents[2]
 GIT = shutil.which("git") or "git"
 _CLI = (
     "import sys; sys.argv = ['loopd', {args}]\n"

@@ -1,6 +1,7 @@
 """Benchmark the supervisor: restart latency (vs supervisord), request rate, 200 sessions.
 
-    python scripts/bench_supervisor.py [--kills N] [--sessions N] [--quick] [--write-docs]
+    python -m scripts.supervisor.bench_supervisor [--kills N] [--sessions N] [--quick]
+                                                  [--write-docs]
 
 Restart latency is measured from the SIGKILL of a worker holding a 10,000-record
 session to the session serving again, for loopd and, in the same run, for supervisord
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -26,6 +26,8 @@ from pathlib import Path
 
 import psutil
 
+from scripts.harness.benchmarks_doc import write_section
+from scripts.harness.machine import machine_line
 from supervisor.client import call, call_with_retry
 from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
@@ -314,10 +316,9 @@ def main() -> int:
         "<!-- supervisor-bench:start -->",
         "## Supervisor",
         "",
-        f"Command: `python scripts/bench_supervisor.py --kills {args.kills} --sessions "
+        f"Command: `python -m scripts.supervisor.bench_supervisor --kills {args.kills} --sessions "
         f"{args.sessions}`  ",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}. `fork` and `exec` are `serve --start-method`.",
+        f"{machine_line()}. `fork` and `exec` are `serve --start-method`.",
         "",
         "| measure | loopd | reference | ratio | goal |",
         "|---|---|---|---|---|",
@@ -361,10 +362,7 @@ def main() -> int:
     section = "\n".join(lines)
     print(section)
     if args.write_docs:
-        sys.path.insert(0, str(HERE))
-        from bench_store import _write_section  # noqa: PLC0415 - the sibling script's helper
-
-        _write_section(HERE.parent / "docs" / "benchmarks.md", "supervisor-bench", section)
+        write_section("supervisor-bench", section)
     return 0
 
 

@@ -2,7 +2,7 @@
 for the default App and a heavy App, with templates (``--start-method template``) and
 without (``--start-method fork``), side by side in one run.
 
-    python scripts/bench_template.py [--samples N] [--heavy-imports openai]
+    python -m scripts.supervisor.bench_template [--samples N] [--heavy-imports openai]
 
 Each of the four runs builds a home of N sessions, starts ``loopd serve --idle-stop 600``
 (every session rests hibernated), waits for the App's template to be ready (template

@@ -1,6 +1,6 @@
 """Scheduled requests under faults: each delivered once, none early, and how late.
 
-    python -m scripts.bench_timers [--sessions 100] [--per-session 10] [--kills 20]
+    python -m scripts.supervisor.bench_timers [--sessions 100] [--per-session 10] [--kills 20]
                                    [--write-docs]
 
 One supervisor with hibernation (``--idle-stop 1``) hosts N sessions; M requests are
@@ -33,14 +33,14 @@ from typing import Final
 
 import psutil
 
+from scripts.harness.benchmarks_doc import write_section
 from supervisor.client import call
 from supervisor.client.direct import Client
 from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
 from worker.store.schedules import parse_time
 
-REPO: Final = Path(__file__).resolve().parent.parent
-DOCS: Final = REPO / "docs" / "benchmarks.md"
+REPO: Final = Path(__file__).resolve().parents[2]
 SECTION: Final = "## Scheduled requests under kills and a supervisor restart (issue 33)"
 
 
@@ -241,24 +241,17 @@ def measure(
     }  # fmt: skip
 
 
-def _write_docs(figures: dict[str, object], command: str) -> None:
-    text = DOCS.read_text()
-    body = (
-        f"{SECTION}\n\n`{command}` (the goal: 1,000 schedules across 100 sessions, workers "
-        "SIGKILLed and the supervisor restarted during the run, each delivered exactly "
-        "once, none early, p99 lateness <= 1 s). Lateness is the first `User` record's "
-        "time minus the schedule's `at`; the reference is one ordinary request to a "
-        "hibernated session (a wake-up), measured in the same run.\n\n"
+def _section(figures: dict[str, object], command: str) -> str:
+    return (
+        f"<!-- timers-bench:start -->\n{SECTION}\n\n`{command}` (the goal: 1,000 schedules "
+        "across 100 sessions, workers SIGKILLed and the supervisor restarted during the run, "
+        "each delivered exactly once, none early, p99 lateness <= 1 s). Lateness is the first "
+        "`User` record's time minus the schedule's `at`; the reference is one ordinary "
+        "request to a hibernated session (a wake-up), measured in the same run.\n\n"
         "| figure | value |\n|---|---|\n"
         + "".join(f"| {name} | {value} |\n" for name, value in figures.items())
+        + "\n<!-- timers-bench:end -->"
     )
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + body
-    else:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + body + (text[end + 1 :] if end >= 0 else "")
-    DOCS.write_text(text)
 
 
 def main() -> None:
@@ -287,10 +280,10 @@ def main() -> None:
     print(json.dumps(figures))
     if args.write_docs:
         command = (
-            f"python -m scripts.bench_timers --sessions {args.sessions} "
+            f"python -m scripts.supervisor.bench_timers --sessions {args.sessions} "
             f"--per-session {args.per_session} --kills {args.kills}"
         )
-        _write_docs(figures, command)
+        write_section("timers-bench", _section(figures, command))
 
 
 if __name__ == "__main__":

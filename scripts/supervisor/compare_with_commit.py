@@ -1,11 +1,11 @@
 """Compare restart latency and the daemon's CPU per control request with an older commit.
 
-    python scripts/compare_with_commit.py COMMIT [--rounds N] [--kills N] [--requests N]
+    python -m scripts.supervisor.compare_with_commit COMMIT [--rounds N] [--kills N] [--requests N]
 
 Checks COMMIT out into a temporary git worktree and measures, alternating between it
 and this tree in the same run (the machines are shared and noisy):
 - restart latency: SIGKILL of a worker holding a 10,000-record session to the next
-  request answered (``loopd_restart_latency`` of scripts/bench_supervisor.py, relayed
+  request answered (``loopd_restart_latency`` of scripts.supervisor.bench_supervisor, relayed
   through the daemon, which both versions serve);
 - the daemon's CPU per ``ping`` and per relayed ``send`` on one connection (psutil).
 """
@@ -21,15 +21,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-TREE = HERE.parent
+TREE = Path(__file__).resolve().parents[2]
 GIT = shutil.which("git") or "git"
 
 PROBE = """
 import json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
 import psutil
-sys.path.insert(0, "scripts")
-from bench_supervisor import loopd_restart_latency, start_daemon
+try:
+    from scripts.supervisor.bench_supervisor import loopd_restart_latency, start_daemon
+except ModuleNotFoundError:  # a commit from before scripts/ had a folder per room
+    sys.path.insert(0, "scripts")
+    from bench_supervisor import loopd_restart_latency, start_daemon
 from worker.ipc.wire import Channel
 kills, requests = int(sys.argv[1]), int(sys.argv[2])
 root = tempfile.mkdtemp()

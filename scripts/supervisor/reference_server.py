@@ -1,6 +1,6 @@
 """The reference worker for the supervisord comparison: open a session, answer pings.
 
-    python scripts/reference_server.py --home H --session ID --socket PATH
+    python scripts/supervisor/reference_server.py --home H --session ID --socket PATH
 
 It does the same start-up work as a loopd worker (lock and open the session, reading
 every record) and then answers each connection on PATH with its pid, so a kill loop can
