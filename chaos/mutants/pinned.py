@@ -1,6 +1,6 @@
 """The cases that catch each mutant, pinned for the test suite's quick check.
 
-Written by ``python -m scripts.pin_mutant_cases``: for each mutant, the first and the
+Written by ``python -m scripts.chaos.pin_mutant_cases``: for each mutant, the first and the
 last case of its whole quick selection that the real store passes and the mutant fails
 by the invariant it must break. A mutant with its own ``quick`` cases is not here.
 """

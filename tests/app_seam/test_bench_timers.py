@@ -1,4 +1,4 @@
-"""A slice of scripts/bench_timers.py: schedules across sessions under worker SIGKILLs
+"""A slice of scripts/supervisor/bench_timers.py: schedules across sessions under worker SIGKILLs
 and a supervisor killed and restarted, each delivered once and none early.
 
 The full run (1,000 schedules, 100 sessions) is ``-m bench_timers``; its figures are in
@@ -18,7 +18,7 @@ from tests.harness.support import REPO
 
 def _bench(*argv: str, timeout: float) -> dict[str, object]:
     done = subprocess.run(
-        [sys.executable, "-m", "scripts.bench_timers", *argv],
+        [sys.executable, "-m", "scripts.supervisor.bench_timers", *argv],
         cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False,
         stdin=subprocess.DEVNULL,
     )  # fmt: skip

@@ -1,7 +1,7 @@
 """Test the tester: the rig catches every deliberately broken store, for the right reason.
 
 By default each mutant is run on its pinned cases (``chaos/mutants/pinned.py``, picked
-from its whole quick selection by ``python -m scripts.pin_mutant_cases``); the whole
+from its whole quick selection by ``python -m scripts.chaos.pin_mutant_cases``); the whole
 quick selection of every mutant runs with ``-m mutants_full``.
 """
 
@@ -16,7 +16,7 @@ from chaos.mutants import MUTANTS
 from chaos.mutants.pinned import PINNED
 from chaos.report.scoring import feature_table, score_mutant
 
-REPIN = "python -m scripts.pin_mutant_cases --only {name}"
+REPIN = "python -m scripts.chaos.pin_mutant_cases --only {name}"
 
 
 def test_every_mutant_names_the_invariant_that_must_catch_it() -> None:

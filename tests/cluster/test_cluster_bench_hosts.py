@@ -1,7 +1,7 @@
 """The benchmarks across namespaced hosts run end to end, with tiny sizes (no timing checked).
 
-``scripts.bench_cluster_move_hosts`` (a move between hosts against a raw TCP copy) and
-``scripts.bench_cluster_scale_hosts`` (requests/s through three hosts against one) build
+``scripts.cluster.bench_cluster_move_hosts`` (a move between hosts against a raw TCP copy) and
+``scripts.cluster.bench_cluster_scale_hosts`` (requests/s through three hosts against one) build
 the hosts of ``tests/harness/netns_hosts.py``: root and iproute2 are needed, elsewhere they skip
 with the reason, under ``CI=true`` they fail.
 """
@@ -34,7 +34,7 @@ def run_bench(*argv: str) -> tuple[str, dict[str, float]]:
 
 
 def test_the_move_benchmark_moves_a_session_between_hosts_and_copies_it_raw() -> None:
-    text, figures = run_bench("scripts.bench_cluster_move_hosts", "--records", "200",
+    text, figures = run_bench("scripts.cluster.bench_cluster_move_hosts", "--records", "200",
                               "--rounds", "2")  # fmt: skip
     assert "| move / copy |" in text
     assert figures["move_ms"] > 0
@@ -46,7 +46,7 @@ def test_the_move_benchmark_moves_a_session_between_hosts_and_copies_it_raw() ->
 
 
 def test_the_throughput_benchmark_loads_one_node_and_three() -> None:
-    text, figures = run_bench("scripts.bench_cluster_scale_hosts", "--clients", "3",
+    text, figures = run_bench("scripts.cluster.bench_cluster_scale_hosts", "--clients", "3",
                               "--seconds", "0.5", "--rounds", "1")  # fmt: skip
     assert "| three / one |" in text
     assert figures["one_rate"] > 0

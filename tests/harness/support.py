@@ -177,7 +177,7 @@ def stop(target: int | subprocess.Popen[Any]) -> int:
     A SIGSTOP is not in effect when ``kill`` returns: the kernel wakes one thread of the
     process to take it, and only once that thread has run are the others stopped. Until
     then the process goes on: a thread woken by a request can answer it (measured with a
-    thread echoing on a socket: ``python -m scripts.sigstop_window``).
+    thread echoing on a socket: ``python -m scripts.chaos.sigstop_window``).
     """
     pid = target if isinstance(target, int) else target.pid
     os.kill(pid, signal.SIGSTOP)

@@ -1,7 +1,7 @@
 """What an interpreter loads to start: no codec compiled before a record is read, and a
 client or a CLI command loads neither the chaos rig, the daemon nor the whole store.
 
-Structure only: the import times themselves are figures of scripts/bench_imports.py
+Structure only: the import times themselves are figures of scripts/supervisor/bench_imports.py
 (docs/benchmarks.md), never assertions.
 """
 

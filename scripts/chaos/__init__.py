@@ -1,0 +1,1 @@
+"""Benchmarks and tools of the chaos rig: its speed, its mutants, the pinned cases."""

@@ -1,0 +1,1 @@
+"""Benchmarks of the cluster: moves, throughput and TLS, on one machine and across hosts."""

@@ -1,0 +1,1 @@
+"""Benchmarks of the direct data path into workers, alone and against Redis."""

@@ -1,0 +1,1 @@
+"""Benchmarks of the HTTP API (serve --http) and the App they host."""

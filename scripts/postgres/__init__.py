@@ -1,0 +1,1 @@
+"""Benchmarks of the PostgreSQL store against bare psycopg, and the server they start."""

@@ -1,0 +1,1 @@
+"""Benchmarks of the supervisor: restarts, density, fork memory, templates, timers, imports."""
