@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from worker.store.carried_state import carried_digest, parse_recent_keys, plan_next_epoch
+from worker.store.dataclass_methods import Value
 from worker.store.errors import InvalidLog, quote
 from worker.store.fencing import Fence
 from worker.store.files import Directory
@@ -21,8 +22,8 @@ from worker.store.records import EpochEnd, SessionStart
 from worker.store.session_state import KeyRef, SessionState
 
 
-@dataclass(frozen=True, slots=True)
-class EpochEndAt:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class EpochEndAt(Value):
     """An epoch's closing EpochEnd and its place."""
 
     path: str
