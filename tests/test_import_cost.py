@@ -8,6 +8,7 @@ Structure only: the import times themselves are figures of scripts/bench_imports
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -84,16 +85,31 @@ def test_a_client_or_a_command_loads_neither_the_rig_the_daemon_nor_the_store(
         "worker.store.errors",
         "worker.store.session_id",
     }
+    # the cluster's errors, which a command catches; its transport (ssl) only with a
+    # TLS option or --cluster
     assert _under(loaded, "supervisor.cluster") in (
         [],
-        # the --cluster and --tls options' parsers (they load ssl; issue 32 leaves them)
-        [
-            "supervisor.cluster",
-            "supervisor.cluster.errors",
-            "supervisor.cluster.etcd_endpoints",
-            "supervisor.cluster.transport",
-        ],
+        ["supervisor.cluster", "supervisor.cluster.errors"],
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "ssl"),
+    [
+        (["status", "--home", "/nonexistent-loopd-home"], False),
+        (["status", "--cluster", "http://127.0.0.1:9"], True),
+        # the TLS files are for the cluster's nodes: a home's socket needs no ssl
+        (["status", "--home", "/nonexistent-loopd-home", "--tls-ca", "/nonexistent.pem"], False),
+    ],
+    ids=["home", "cluster", "home-with-a-tls-option"],
+)
+def test_a_command_loads_ssl_only_to_reach_a_cluster(args: list[str], ssl: bool) -> None:
+    code = _CLI.format(args=args) + "\nprint('ssl' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "LOOPD_TIMEOUT": "0.2"}, check=True,
+    )  # fmt: skip
+    assert done.stdout.splitlines()[-1] == str(ssl), done.stderr
 
 
 def test_importing_worker_for_the_wire_format_loads_the_store_only_when_asked() -> None:
