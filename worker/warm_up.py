@@ -28,6 +28,7 @@ from worker.ipc.wire import FrameReader, Message, WireError, encode
 from worker.loop.server import Server
 from worker.store.disk.durable import set_hook
 from worker.store.format.record_codecs import compile_every_codec
+from worker.store.schedules import format_time, parse_time
 from worker.store.session import Session
 from worker.store.stats import STATS
 
@@ -56,6 +57,9 @@ def warm_up(requests: int = REQUESTS) -> None:
         # The codecs are compiled on first use (issue 32); the types the scratch session
         # never wrote are compiled here too, so that no forked worker compiles its own.
         compile_every_codec()
+        # A schedule's time is parsed with calendar, which the store imports on first use
+        # (issue 32): once here, so that no forked worker imports it for its first one.
+        parse_time(format_time(0.0))
     finally:
         set_hook(previous)
         STATS.reset()

@@ -26,10 +26,10 @@ from chaos.scenarios.operator_tools import store_files
 from chaos.scenarios.salvage_tool import ORIGINAL, SALVAGE, VICTIM, quarantine_dir, victim_dir
 from chaos.scenarios.scenarios import Scenario
 from worker.offline.salvage import salvage_session
+from worker.offline.salvage_plan import PLAN_NAME
 from worker.store.disk.layout import session_dir
 from worker.store.errors import SessionError
 from worker.store.loader import load_session
-from worker.store.salvage_plan import PLAN_NAME
 
 KEEPS: Final = "salvage-keeps-the-prefix"
 

@@ -22,12 +22,12 @@ from typing import Final
 
 from worker.offline import salvage
 from worker.offline.repair import QUARANTINE_DIR
+from worker.offline.salvage_plan import PLAN_NAME
 from worker.store.baseline import Baseline
 from worker.store.disk.layout import session_dir
 from worker.store.errors import SessionError
 from worker.store.format.records import Assistant, ToolResult, User
 from worker.store.loader import load_session
-from worker.store.salvage_plan import PLAN_NAME
 from worker.store.session import Session
 
 SALVAGE: Final = "salvage"

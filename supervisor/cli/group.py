@@ -3,7 +3,10 @@
 ``loopd serve`` should not pay for the demo or the chaos rig, and forked workers
 inherit whatever the supervisor has loaded, so each command is imported on demand.
 Packages above supervisor (the chaos rig) add their command groups through the
-``loopd.commands`` entry point, so that supervisor never imports them.
+``loopd.commands`` entry point, so that supervisor never imports them. ``loopd --help``
+lists each command with its line of ``SHORT_HELP``, without importing it (it imported
+every command, the cluster code and the chaos rig: 300 ms, issue 32); a command or a
+plugin without a line there is loaded for its own.
 """
 
 from __future__ import annotations
@@ -50,6 +53,53 @@ COMMANDS: Final = {
     "takeover": "supervisor.cli.cluster_commands:takeover",
 }
 
+# Each command's short help, as ``loopd --help`` shows it: the first sentence of its
+# docstring (tests/cli/test_cli_help_lines.py checks each against the command's own). The
+# rig's group is named here too: it ships in this distribution, and its line is all
+# that --help needs of it.
+SHORT_HELP: Final = {
+    "backup": "Copy session ID (or --all) into DEST/ID, consistently, while it runs.",
+    "chaos": "The crash rig: kill workers at every write boundary and check the files.",
+    "compact": "Close session ID's epoch now and start the next one.",
+    "cordon": "Place no new session on NODE (its sessions stay; `drain` moves them).",
+    "create": "Create session ID and start its worker (with --cluster: on the least loaded node).",
+    "delete": "Stop session ID, move its directory to <home>/trash/, and forget it.",
+    "demo": "Show loopd's guarantees on a temporary home; exit 0 only if every check held.",
+    "drain": "Cordon NODE, then move every session of it to the other live nodes.",
+    "events": "Print every session's state changes as they happen, one line each, until ^C.",
+    "forget": "Stop listing session ID, whose directory was moved out of <home>/sessions/.",
+    "fork": "Make NEW a session whose history is ID's up to the end of epoch E.",
+    "inspect": "Show a session's epochs, record counts, carry and next_call (read-only).",
+    "logs": "Print the last lines of session ID's worker output (stdout and stderr).",
+    "metrics": "Print the supervisor's metrics in the Prometheus text exposition format.",
+    "move": "Move a session to another node (a rerun finishes an interrupted move).",
+    "repair": "Move a damaged last group of ID's newest log into <home>/quarantine/ID/.",
+    "restart": "Stop, then start, session ID's worker; with --all, every running session's.",
+    "restore": "Put back the backup SRC (or SRC/ID of a --all backup) as a session of the home.",
+    "salvage": "Cut session ID back to the longest prefix that opens; quarantine the rest.",
+    "schedule": (
+        "Schedule TEXT for session ID at --at (delivered once, never before), or --cancel KEY."
+    ),
+    "send": "Send TEXT to session ID (straight to its worker) and print the reply.",
+    "serve": (
+        "Run the supervisor for HOME until SIGTERM or SIGINT (then stop every worker, exit 0)."
+    ),
+    "start": "Start session ID's worker (also out of FATAL).",
+    "status": "Show each session: state, pid, epoch, records, restarts, uptime, rss, last error.",
+    "stop": "Stop session ID's worker: SIGTERM, a deadline, SIGKILL.",
+    "systemd-unit": "Print the Type=notify systemd unit of docs/operations.md for HOME.",
+    "tail": "Print the newest records of session ID's current epoch, from its running worker.",
+    "takeover": "LOSSY: install a copy of a session whose node is gone for good (docs/scaling.md).",
+    "top": "A live view of every session of HOME, refreshed every --interval (q quits).",
+    "uncordon": "Place new sessions on NODE again.",
+    "upgrade": (
+        "Move each session whose epoch names an older App version onto the version a worker"
+        " would load now: restart its worker, then compact, so its new epoch names that version."
+    ),
+    "verify": (
+        "Check every session of the home, every epoch; a line each; exit 1 if any is refused."
+    ),
+}
 
 EXIT_USAGE: Final = 2
 
@@ -85,6 +135,21 @@ class LazyGroup(click.Group):
         plugins = [entry.name for entry in entry_points(group=PLUGIN_GROUP)]
         return sorted({*COMMANDS, *plugins})
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands' section of ``loopd --help``, as click writes it, each line from
+        ``SHORT_HELP`` where it has one (the command is not imported for it)."""
+        commands: list[tuple[str, click.Command]] = []
+        for name in self.list_commands(ctx):
+            line = SHORT_HELP.get(name)
+            command = self.get_command(ctx, name) if line is None else listed(name, line)
+            if command is not None and not command.hidden:
+                commands.append((name, command))
+        if commands:
+            limit = formatter.width - 6 - max(len(name) for name, _command in commands)
+            rows = [(name, command.get_short_help_str(limit)) for name, command in commands]
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         target = COMMANDS.get(cmd_name)
         try:
@@ -104,6 +169,12 @@ class LazyGroup(click.Group):
         if not isinstance(command, click.Command):
             return _unloadable(cmd_name, target or cmd_name, TypeError("not a click command"))
         return command
+
+
+def listed(name: str, line: str) -> click.Command:
+    """A stand-in for command ``name`` whose short help is ``line``, shortened to a
+    width as click shortens a command's help (it is never run)."""
+    return click.Command(name, help=line)
 
 
 def _unloadable(name: str, target: str, exc: BaseException) -> click.Command:

@@ -6,7 +6,6 @@ from typing import Final
 
 import click
 
-from supervisor.cluster.etcd_endpoints import parse_endpoints
 from supervisor.hosting.bounds import seconds
 
 HOME_ENV: Final = "LOOPD_HOME"
@@ -52,6 +51,9 @@ class EtcdUrl(click.types.StringParamType):
     def convert(
         self, value: object, param: click.Parameter | None, ctx: click.Context | None
     ) -> str:
+        # only when --cluster is given: urllib.parse and the endpoint table (issue 32)
+        from supervisor.cluster.etcd_endpoints import parse_endpoints  # noqa: PLC0415 - --cluster
+
         text = str(value)
         try:
             parse_endpoints(text)

@@ -10,12 +10,16 @@ import click
 
 if TYPE_CHECKING:
     from supervisor.client.cluster import ClusterClient
+    from supervisor.cluster.transport import TlsFiles
 
-from supervisor.cluster.etcd_endpoints import parse_endpoints
-from supervisor.cluster.transport import ENV, TlsFiles, TransportError, parse_tls_address
+# The transport (and ssl, 17 ms) is imported when a TLS option or --cluster is given,
+# not by every command that offers them (issue 32).
 
 F = TypeVar("F", bound=Callable[..., object])
 EXIT_USAGE: Final = 2
+ENV: Final = {"ca": "LOOPD_TLS_CA", "cert": "LOOPD_TLS_CERT", "key": "LOOPD_TLS_KEY"}
+"""supervisor.cluster.transport's ENV, spelled here so that no option loads ssl (a
+test checks they are the same)."""
 _META: Final = "loopd.tls"
 TLS_PARAMS: Final = ("tls_ca", "tls_cert", "tls_key")
 
@@ -28,6 +32,8 @@ class TlsAddress(click.ParamType):  # type: ignore[type-arg]
     def convert(
         self, value: object, param: click.Parameter | None, ctx: click.Context | None
     ) -> str:
+        from supervisor.cluster.transport import TransportError, parse_tls_address  # noqa: PLC0415 - ssl
+
         text = str(value)
         try:
             parse_tls_address(text)
@@ -46,6 +52,10 @@ _FLAGS: Final = (
 
 def tls_files(ca: object, cert: object, key: object) -> TlsFiles | None:
     """The three files, or None; a one-line error and exit 2 if only some are given."""
+    if ca is None and cert is None and key is None:
+        return None
+    from supervisor.cluster.transport import TlsFiles, TransportError  # noqa: PLC0415 - ssl
+
     try:
         return TlsFiles.from_options(
             None if ca is None else str(ca),
@@ -91,6 +101,8 @@ def tls_files_given() -> TlsFiles | None:
 def cluster_tls_files(url: str) -> TlsFiles | None:
     """The command's TLS files for etcd at ``url``; one line and exit 2 if it is https://
     and none is given (the client cannot even be made: it would be a traceback)."""
+    from supervisor.cluster.etcd_endpoints import parse_endpoints  # noqa: PLC0415 - --cluster
+
     files = tls_files_given()
     if files is None and any(e.scheme == "https" for e in parse_endpoints(url)):
         flags = ", ".join(f"{flag} (${env})" for flag, env, _what in reversed(_FLAGS))

@@ -8,6 +8,7 @@ Structure only: the import times themselves are figures of scripts/supervisor/be
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -84,16 +85,31 @@ def test_a_client_or_a_command_loads_neither_the_rig_the_daemon_nor_the_store(
         "worker.store.errors",
         "worker.store.session_id",
     }
+    # the cluster's errors, which a command catches; its transport (ssl) only with a
+    # TLS option or --cluster
     assert _under(loaded, "supervisor.cluster") in (
         [],
-        # the --cluster and --tls options' parsers (they load ssl; issue 32 leaves them)
-        [
-            "supervisor.cluster",
-            "supervisor.cluster.errors",
-            "supervisor.cluster.etcd_endpoints",
-            "supervisor.cluster.transport",
-        ],
+        ["supervisor.cluster", "supervisor.cluster.errors"],
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "ssl"),
+    [
+        (["status", "--home", "/nonexistent-loopd-home"], False),
+        (["status", "--cluster", "http://127.0.0.1:9"], True),
+        # the TLS files are for the cluster's nodes: a home's socket needs no ssl
+        (["status", "--home", "/nonexistent-loopd-home", "--tls-ca", "/nonexistent.pem"], False),
+    ],
+    ids=["home", "cluster", "home-with-a-tls-option"],
+)
+def test_a_command_loads_ssl_only_to_reach_a_cluster(args: list[str], ssl: bool) -> None:
+    code = _CLI.format(args=args) + "\nprint('ssl' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "LOOPD_TIMEOUT": "0.2"}, check=True,
+    )  # fmt: skip
+    assert done.stdout.splitlines()[-1] == str(ssl), done.stderr
 
 
 def test_importing_worker_for_the_wire_format_loads_the_store_only_when_asked() -> None:
@@ -106,3 +122,50 @@ def test_importing_worker_for_the_wire_format_loads_the_store_only_when_asked() 
         "worker.store.errors",
     ]
     assert "worker.store.session" in _loaded_by("import worker\nworker.Session")
+
+
+def test_importing_the_store_loads_no_cold_path_salvage_plan_socket_or_calendar() -> None:
+    code = (
+        "import json, sys\nfrom worker import Session\nSession.open\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m in"
+        " ('socket', 'selectors', 'calendar', 'worker.offline.salvage_plan',"
+        " 'worker.store.unfinished_salvage'))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+        check=True,
+    )  # fmt: skip
+    # open's check for a salvage plan is loaded; the plan, socket and calendar on first use
+    assert json.loads(done.stdout) == ["worker.store.unfinished_salvage"]
+
+
+_AFTER_WARM_UP = """
+import json, sys, tempfile
+from worker.warm_up import warm_up
+warm_up(requests=2)
+before = set(sys.modules)
+from worker import Baseline, Session, User
+from worker.store.format.records import Schedule
+from worker.store.schedules import format_time, parse_time
+with tempfile.TemporaryDirectory() as home:
+    baseline = Baseline(system="s", memory="m")
+    session = Session.create(home, "s", baseline)
+    session.append(User(text="hi", key="k1"))
+    session.append(Schedule(key="later", at=format_time(0.0), text="later"))
+    assert parse_time(format_time(0.0)) == 0.0
+    session.commit_epoch("summary", baseline)
+    session.append(User(text="again", key="k2"))
+    session.close()
+    Session.open(home, "s").close()
+print(json.dumps(sorted(set(sys.modules) - before)))
+"""
+
+
+def test_after_the_warm_up_a_schedule_an_epoch_commit_and_an_open_import_nothing() -> None:
+    # A forked worker shares what the daemon imported before the fork (worker/warm_up.py):
+    # what the store imports on first use must be imported by the warm-up too.
+    done = subprocess.run(
+        [sys.executable, "-c", _AFTER_WARM_UP], cwd=REPO, capture_output=True, text=True,
+        timeout=60, check=True,
+    )  # fmt: skip
+    assert json.loads(done.stdout.splitlines()[-1]) == []

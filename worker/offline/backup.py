@@ -35,7 +35,7 @@ from worker.store.errors import PathError, SessionError, SessionIOError, TornLog
 from worker.store.format.records import SessionStart, decode_line
 from worker.store.key_index import INDEX_SUFFIX, parse_field
 from worker.store.loader import baseline_path, list_epochs, load_session, log_path
-from worker.store.salvage_plan import refuse_unfinished_salvage
+from worker.store.unfinished_salvage import refuse_unfinished_salvage
 
 MANIFEST: Final = "loopd-backup.json"
 FORMAT: Final = "loopd-backup 1"

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
 
+from worker.offline.salvage_plan import PLAN_NAME, plan_present, unfinished_why
 from worker.store.disk import durable
 from worker.store.disk.files import read_file
 from worker.store.disk.layout import session_dir
@@ -27,7 +28,6 @@ from worker.store.disk.lock import lock_directory, unlock_directory
 from worker.store.errors import LogError, PathError, SessionError, SessionLocked, TornLog
 from worker.store.format.records import EpochEnd, Record, SessionStart, User, decode_line
 from worker.store.loader import list_epochs, load_session, log_path
-from worker.store.salvage_plan import PLAN_NAME, plan_present, unfinished_why
 
 QUARANTINE_DIR: Final = "quarantine"
 _NEVER_IN_PLACE: Final = (

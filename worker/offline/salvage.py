@@ -12,7 +12,7 @@ the session must open.
 
 Crash-safe as the store is: before its first rename salvage writes its plan (what it
 moves, where the kept log ends, every line and key it cuts) durably into the session
-directory (worker.store.salvage_plan). A salvage killed at any step, with or without a
+directory (worker.offline.salvage_plan). A salvage killed at any step, with or without a
 power loss, is finished by the next ``loopd salvage``, which does each step again
 whether or not it happened and reports everything the plan cut; until then open and
 verify refuse the session, pointing here.
@@ -33,6 +33,7 @@ from typing import Final
 
 from worker.offline.backup import index_names, last_group_end
 from worker.offline.repair import QUARANTINE_DIR, make_dirs
+from worker.offline.salvage_plan import PLAN_NAME, Cut, SalvagePlan, plan_present
 from worker.offline.trash import TRASH_DIR, stamp
 from worker.store.disk import durable
 from worker.store.disk.files import read_file
@@ -49,7 +50,6 @@ from worker.store.errors import (
 from worker.store.format.records import User, decode_line
 from worker.store.key_index import write_segments
 from worker.store.loader import list_epochs, load_session
-from worker.store.salvage_plan import PLAN_NAME, Cut, SalvagePlan, plan_present
 
 __all__ = ["Cut", "SalvageRefused", "SalvageResult", "salvage_session"]
 

@@ -8,9 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.store.format.dataclass_methods import Value
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Baseline:
+
+@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+class Baseline(Value):
     """``{"system", "memory", "tools"}`` written canonically; ``hash()`` is of those bytes."""
 
     system: str

@@ -16,13 +16,14 @@ from worker.store.carried_state import carried_digest, parse_recent_keys, plan_n
 from worker.store.disk.files import Directory
 from worker.store.errors import InvalidLog, quote
 from worker.store.fencing import Fence
+from worker.store.format.dataclass_methods import Value
 from worker.store.format.records import EpochEnd, SessionStart
 from worker.store.key_index import KeyIndex, entry, load_index, parse_field
 from worker.store.session_state import KeyRef, SessionState
 
 
-@dataclass(frozen=True, slots=True)
-class EpochEndAt:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class EpochEndAt(Value):
     """An epoch's closing EpochEnd and its place."""
 
     path: str

@@ -14,13 +14,14 @@ import json
 from dataclasses import dataclass, replace
 
 from worker.store.errors import InvalidLog
+from worker.store.format.dataclass_methods import Value
 from worker.store.format.records import Owner, SessionStart, User
 from worker.store.key_index import KeyIndex, Segment, entry
 from worker.store.session_state import SessionState
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NextEpoch:
+@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+class NextEpoch(Value):
     """What the commit of an epoch carries into the next one, and the index files it writes."""
 
     next_call: int

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from worker.store.disk.files import Directory, read_file
 from worker.store.errors import InvalidLog, TornLog, quote
 from worker.store.format.app_records import check_apps
+from worker.store.format.dataclass_methods import MutableValue
 from worker.store.format.line_checksums import chain_line
 from worker.store.format.records import (
     EpochEnd,
@@ -47,8 +48,8 @@ def _cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-@dataclass(slots=True)
-class DecodedLog:
+@dataclass(slots=True, repr=False, eq=False)
+class DecodedLog(MutableValue):
     """One epoch log's records, ``(index, part, parts)`` for each line of a group, and
     the CRC-32 of all the log's bytes (what the next line's checksum continues)."""
 

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from worker.store.errors import NotOwnerNow
+from worker.store.format.dataclass_methods import Value
 from worker.store.format.records import Handoff, Owner, Record
 
 
-@dataclass(frozen=True, slots=True)
-class Fence:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class Fence(Value):
     """What the records read so far say about ownership."""
 
     token: int = 0  # the newest token of an Owner or Handoff; 0 when there is none

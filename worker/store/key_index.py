@@ -34,6 +34,7 @@ from typing import Final
 from worker.store.disk import durable
 from worker.store.disk.files import Directory, read_file
 from worker.store.errors import InvalidLog, KeyIndexFileError, SessionIOError, quote
+from worker.store.format.dataclass_methods import MutableValue
 
 INDEX_SUFFIX: Final = ".keys"
 _LINE_BITS: Final = 32
@@ -132,8 +133,8 @@ def entry(key: str, epoch: int, line: int) -> int:
     return key_hash(key) << 64 | epoch << _LINE_BITS | line
 
 
-@dataclass(slots=True)
-class KeyIndex:
+@dataclass(slots=True, repr=False, eq=False)
+class KeyIndex(MutableValue):
     """The index of the sealed epochs ``0..covers-1``: one segment per range holding a key."""
 
     covers: int = 0

@@ -48,9 +48,9 @@ from worker.store.format.records import (
     decode_line,
 )
 from worker.store.key_index import KeyIndex, load_index
-from worker.store.salvage_plan import refuse_unfinished_salvage
 from worker.store.sealed_logs import check_sealed, first_start
 from worker.store.session_state import KeyRef, SessionState, baseline_path, log_path
+from worker.store.unfinished_salvage import refuse_unfinished_salvage
 
 __all__ = [
     "DecodedLog",

@@ -10,7 +10,6 @@ epoch alone says what is pending: open reads no older epoch for it (docs/format.
 
 from __future__ import annotations
 
-import calendar
 import re
 import time
 from collections.abc import Iterable
@@ -26,6 +25,8 @@ def parse_time(text: str) -> float | None:
     match = _RECORD_TIME.fullmatch(text)
     if match is None:
         return None
+    import calendar  # noqa: PLC0415 - it loads datetime and locale, 4 ms (issue 32)
+
     year, month, day, hour, minute, second, micros = (int(g) for g in match.groups())
     try:
         whole = calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0))

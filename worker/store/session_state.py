@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from worker.store.baseline import Baseline
 from worker.store.fencing import NO_FENCE, Fence
+from worker.store.format.dataclass_methods import MutableValue
 from worker.store.format.records import Record
 from worker.store.key_index import KeyIndex
 
@@ -21,16 +22,16 @@ def baseline_path(session_dir: str, epoch: int) -> str:
     return os.path.join(session_dir, f"{epoch}.baseline.json")
 
 
-@dataclass(slots=True)
-class KeyRef:
+@dataclass(slots=True, repr=False, eq=False)
+class KeyRef(MutableValue):
     """Where a request key was applied: its epoch and line (from 1) in that epoch's log."""
 
     epoch: int
     line: int
 
 
-@dataclass(slots=True)
-class SessionState:
+@dataclass(slots=True, repr=False, eq=False)
+class SessionState(MutableValue):
     """Everything ``open`` learns from the files of a session."""
 
     session_id: str

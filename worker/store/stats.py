@@ -11,14 +11,16 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Final
 
+from worker.store.format.dataclass_methods import MutableValue
+
 LATENCY_BUCKETS: Final = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 )  # fmt: skip
 """Seconds: the bounds of every latency histogram of loopd (the last bucket is +Inf)."""
 
 
-@dataclass(slots=True)
-class Histogram:
+@dataclass(slots=True, repr=False, eq=False)
+class Histogram(MutableValue):
     """Counts per bucket of ``LATENCY_BUCKETS`` (the last one past the highest bound)."""
 
     counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
@@ -29,8 +31,8 @@ class Histogram:
         self.total += seconds
 
 
-@dataclass(slots=True)
-class WorkerStats:
+@dataclass(slots=True, repr=False, eq=False)
+class WorkerStats(MutableValue):
     """Everything a worker counts since it started."""
 
     requests: int = 0

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from worker.store.errors import SessionIOError
+from worker.store.format.dataclass_methods import Value
 from worker.store.stats import STATS
 
 
@@ -33,8 +34,8 @@ class Step(enum.Enum):
     TRUNCATE = "truncate"
 
 
-@dataclass(frozen=True, slots=True)
-class Boundary:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class Boundary(Value):
     """One durable step about to happen: what, on which path, and the fd and bytes of a write."""
 
     step: Step

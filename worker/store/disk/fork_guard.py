@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import errno
 import os
-import selectors
-import socket
 import weakref
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:  # only named in annotations: socket costs every importer 3 ms (issue 32)
+    import selectors
+    import socket
 
 _NO_NULL: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOENT, errno.EACCES})
 """Why /dev/null may not open: out of descriptors, or a sandbox without it."""

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import ClassVar, Final
 
+from worker.store.format.dataclass_methods import Value
 from worker.store.format.writer_app import stamped_app, stamped_version
 
 _second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text
@@ -33,8 +34,8 @@ def utc_now() -> str:
     return f"{cached[1]}{fraction:06d}Z"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SessionStart:
+@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+class SessionStart(Value):
     """First record of every epoch log: names the session, the epoch, slot and baseline hash."""
 
     TYPE: ClassVar[str] = "SessionStart"
@@ -106,8 +107,8 @@ class SessionStart:
         return {name: getattr(self, name) for name in names}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class User:
+@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+class User(Value):
     """A user's message; ``key`` is the client's request key (None when it gave none)."""
 
     TYPE: ClassVar[str] = "User"
@@ -117,8 +118,8 @@ class User:
     key: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Assistant:
+@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+class Assistant(Value):
     """The assistant's reply text."""
 
     TYPE: ClassVar[str] = "Assistant"
@@ -126,8 +127,8 @@ class Assistant:
     text: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ToolResult:
+@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+class ToolResult(Value):
     """The result of tool call number ``call`` (>= 1, unique across all epochs)."""
 
     TYPE: ClassVar[str] = "ToolResult"
@@ -138,8 +139,8 @@ class ToolResult:
     ok: bool
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Usage:
+@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+class Usage(Value):
     """Token accounting after a turn; ``context_tokens`` drives the automatic epoch commit."""
 
     TYPE: ClassVar[str] = "Usage"
@@ -149,8 +150,8 @@ class Usage:
     context_tokens: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EpochEnd:
+@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+class EpochEnd(Value):
     """Last record of a closed epoch: the next epoch's number and the carried summary."""
 
     TYPE: ClassVar[str] = "EpochEnd"
@@ -166,8 +167,8 @@ class EpochEnd:
 # -- cluster ownership (docs/scaling.md): the fencing token in the log ----------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Owner:
+@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+class Owner(Value):
     """From here on ``node`` writes this session with fencing token ``token`` (etcd's revision)."""
 
     TYPE: ClassVar[str] = "Owner"
@@ -176,8 +177,8 @@ class Owner:
     token: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Handoff:
+@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+class Handoff(Value):
     """The owner holding ``token`` sealed the log for a move to ``to``: no write follows it.
 
     Only an ``Owner`` with a higher token may come after it (the new owner).
@@ -192,8 +193,8 @@ class Handoff:
 # -- durable timers (docs/format.md, "Schedules") ---------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Schedule:
+@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+class Schedule(Value):
     """A request to apply at or after ``at`` (the records' time format), under key ``key``.
 
     Pending while no request with ``key`` was applied and no ``Unschedule`` cancelled it;
@@ -208,8 +209,8 @@ class Schedule:
     untrusted: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Unschedule:
+@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+class Unschedule(Value):
     """The pending ``Schedule`` with ``key`` is cancelled: it is never delivered."""
 
     TYPE: ClassVar[str] = "Unschedule"
@@ -220,8 +221,8 @@ class Unschedule:
 # -- App versions (docs/format.md, "Apps") ---------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AppChanged:
+@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+class AppChanged(Value):
     """From here on the epoch is served by ``app`` at ``to_version``, not ``from_version``.
 
     Written alone by a worker that resumes a session mid-epoch under another version of

@@ -15,22 +15,34 @@ every operator tool refuse it, pointing to ``loopd salvage``, which finishes it.
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 from dataclasses import dataclass
 from typing import Final
 
-from worker.store.disk.files import Directory
-from worker.store.errors import PathError, SessionIOError
+from worker.store.errors import PathError
 
-PLAN_NAME: Final = "salvage.plan"
+# Open's check for a plan is its own module, which open loads without the plan's types.
+from worker.store.unfinished_salvage import (
+    PLAN_NAME,
+    UnfinishedSalvage,
+    plan_present,
+    refuse_unfinished_salvage,
+    unfinished_why,
+)
+
+__all__ = [
+    "FORMAT",
+    "PLAN_NAME",
+    "BadPlan",
+    "Cut",
+    "SalvagePlan",
+    "UnfinishedSalvage",
+    "plan_present",
+    "refuse_unfinished_salvage",
+    "unfinished_why",
+]
+
 FORMAT: Final = "loopd-salvage-plan 1"
-_ABSENT: Final = frozenset({errno.ENOENT})
-
-
-class UnfinishedSalvage(PathError):
-    """An interrupted salvage left its plan in the session directory; rerun salvage."""
 
 
 class BadPlan(PathError):
@@ -128,37 +140,3 @@ def _plain_name(name: str) -> str:
     if not name or name in (".", "..") or "/" in name or "\0" in name:
         raise ValueError(f"{name!r:.80} is not a plain file name")
     return name
-
-
-def plan_present(directory: str, dir_fd: Directory) -> bool:
-    """Whether the session directory holds an unfinished salvage's plan."""
-    if not isinstance(dir_fd, int):
-        return PLAN_NAME in dir_fd.names()  # salvage is of files; another backend has none
-    try:
-        os.stat(PLAN_NAME, dir_fd=dir_fd, follow_symlinks=False)
-    except OSError as exc:
-        if exc.errno in _ABSENT:
-            return False
-        raise SessionIOError(os.path.join(directory, PLAN_NAME), exc.errno or 0, "stat") from exc
-    return True
-
-
-def refuse_unfinished_salvage(directory: str, dir_fd: Directory) -> None:
-    """Refuse a session an interrupted salvage left half cut (UnfinishedSalvage).
-
-    Open and verify call this first: such a session may show a gap in its epochs, or
-    worse none, and a worker appending to it would have its work cut by the rerun.
-    """
-    if plan_present(directory, dir_fd):
-        raise UnfinishedSalvage(os.path.join(directory, PLAN_NAME), unfinished_why(directory))
-
-
-def unfinished_why(directory: str) -> str:
-    """The one line that sends the operator to finish an interrupted salvage."""
-    home = os.path.dirname(os.path.dirname(directory))
-    session_id = os.path.basename(directory)
-    return (
-        "an interrupted `loopd salvage` left its plan here: the session is half cut "
-        "(some of what it cuts may be in quarantine already). Finish it: "
-        f"loopd salvage --home {home} {session_id} (it lists everything the plan cuts)"
-    )
