@@ -19,6 +19,7 @@ from supervisor.client.cluster import ClusterClient
 from supervisor.client.tcp_direct import DirectLink
 from supervisor.cluster.peer_link import NodeLink
 from supervisor.cluster.transport import Role, TlsFiles
+from supervisor.daemon.tenants import EXISTS_TO_A_TENANT
 from supervisor.errors import ControlError
 from tests.etcd_server import EtcdServer, free_port
 from tests.support import Daemon, log_user_keys
@@ -183,3 +184,22 @@ def test_an_op_of_the_operator_is_refused_to_a_tenant_even_if_its_role_may_ask_i
         call(str(tenants.node.home), "metrics", tenant="acme")
     with pytest.raises(ControlError, match="op 'forget' is the operator's"):
         call(str(tenants.node.home), "forget", session="a1", tenant="acme")
+
+
+def test_a_tenants_create_of_a_taken_id_is_exists_without_the_homes_path(
+    tenants: Tenants,
+) -> None:
+    """Another tenant's id is ``exists`` (ids are one namespace), in words that name
+    neither the home's path nor the node; the operator still gets the detail."""
+    link = tenants.link(tenants.globex)
+    try:
+        with pytest.raises(ControlError) as caught:
+            link.call("create", session="a1")
+    finally:
+        link.close()
+    assert caught.value.code == "exists"
+    assert caught.value.message == EXISTS_TO_A_TENANT
+    with pytest.raises(ControlError) as told:
+        call(str(tenants.node.home), "create", session="a1")
+    assert told.value.code == "exists"
+    assert str(tenants.node.home) in told.value.message

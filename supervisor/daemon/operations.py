@@ -12,7 +12,13 @@ from supervisor.daemon.app_versions import answer_app_versions
 from supervisor.daemon.cluster_node import DaemonNode
 from supervisor.daemon.endpoints import Client, Waiter
 from supervisor.daemon.hosted import HostedSession
-from supervisor.daemon.tenants import TenantBook, TenantError, caller_tenant, refusal
+from supervisor.daemon.tenants import (
+    TenantBook,
+    TenantError,
+    TenantReplies,
+    caller_tenant,
+    refusal,
+)
 from supervisor.hosting.runtime import Hosting
 from supervisor.states import State
 from worker.store.errors import InvalidSessionId
@@ -81,6 +87,9 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
         if tenant is not None and (why := refusal(daemon.tenants, tenant, op, message)):
             client.reply(error(request_id, "forbidden", why))
             return
+        if tenant is not None:  # its errors say no more than its own sessions hold
+            client = TenantReplies(client, daemon.home)
+            waiter = Waiter(client, request_id)
         if op == "ping":
             client.reply(ok(request_id, daemon.daemon_status()))
         elif op == "status":
