@@ -2,8 +2,9 @@
 
 Each test has an etcd and one node (``a``, serving ``--listen tls://`` on loopback) of
 its own. ``ClusterClient.send`` opens its connection with the preamble naming the
-session; the node's TLS thread hands the raw socket to the session's worker, which
-makes the TLS handshake (docs/scaling.md, "How the port is served"). The worker's
+session; the node's TLS thread makes a first TLS handshake and checks the client's
+tenant, then hands the raw socket to the session's worker, which makes the second
+(docs/scaling.md, "How the port is served"). The worker's
 ``status`` (asked on a local direct connection) counts its TLS peers and handshakes.
 """
 
@@ -58,6 +59,24 @@ class Node:
 
     def worker_refusals(self, session: str) -> list[str]:
         return [x for x in self.worker_log(session).splitlines() if "tls: refused" in x]
+
+    def node_refusals(self) -> list[str]:
+        """The ``tls: refused`` lines of the node's TLS thread (the daemon's log)."""
+        text = self.daemon.log_path.read_text(errors="replace")
+        return [x for x in text.splitlines() if "tls: refused" in x]
+
+    def past_the_check(self, session: str) -> socket.socket:
+        """A connection the node's TLS thread checked and let through (the preamble, its
+        handshake, its ok, both close_notify): plain TCP again, the worker's to serve."""
+        host, port = self.address.removeprefix("tls://").split(":")
+        raw = socket.create_connection((host, int(port)), timeout=10)
+        raw.sendall(direct_preamble(session))
+        gate = self.client.client_context().wrap_socket(raw, server_hostname="a")
+        reader = FrameReader()
+        while not (replies := reader.feed(data := gate.recv(1 << 16))):
+            assert data, "the node closed the connection without its answer"
+        assert replies[0].get("ok") is True, replies
+        return gate.unwrap()
 
 
 def start_node(tmp_path: Path, *more: str) -> Iterator[Node]:
@@ -180,18 +199,16 @@ def test_a_worker_killed_mid_request_is_sent_the_request_again_and_answers_from_
 
 
 def test_a_stalled_handshake_and_a_plaintext_client_do_not_stall_the_session(node: Node) -> None:
-    host, port = node.address.removeprefix("tls://").split(":")
     with node.cluster() as cluster:
         cluster.create("s")
         cluster.send("s", "one", key="k1")
-        stalled = socket.create_connection((host, int(port)), timeout=10)
+        stalled = node.past_the_check("s")  # and never a ClientHello for the worker
         try:
-            stalled.sendall(direct_preamble("s"))  # and never a ClientHello
             poll_until(lambda: worker_peers(node.home, "s")["handshakes"] == 1,
                        what="the stalled handshake in the worker")  # fmt: skip
-            with socket.create_connection((host, int(port)), timeout=10) as plain:
+            with node.past_the_check("s") as plain:
                 request = {"id": 1, "op": "request", "request": {"text": "x", "key": "plain"}}
-                plain.sendall(direct_preamble("s") + encode(request))
+                plain.sendall(encode(request))
                 received = b""
                 try:
                     while chunk := plain.recv(4096):
@@ -222,9 +239,11 @@ def test_a_node_certificate_may_not_send_on_the_direct_path(node: Node) -> None:
         as_node.send("s", "stolen", key="kn")
     assert caught.value.code == "forbidden"
     assert "loopd-node" in one_line(caught.value)
-    lines = poll_until(lambda: node.worker_refusals("s") or None, what="the worker's line")
+    # Refused by the node's TLS thread at its check: nothing reached the worker.
+    lines = poll_until(lambda: node.node_refusals() or None, what="the node's line")
     assert len(lines) == 1, lines
     assert "loopd-node" in lines[0], lines
+    assert node.worker_refusals("s") == []
     assert log_user_keys(node.home, "s") == []
     with node.cluster() as cluster:
         assert cluster.send("s", "fine", key="k1")["duplicate"] is False
@@ -238,8 +257,9 @@ def test_a_client_of_another_ca_is_refused_on_the_direct_path(node: Node) -> Non
         bad.send("s", "stolen", key="kx")
     assert caught.value.code in ("tls_refused", "closed")
     assert "node a" in one_line(caught.value)
-    lines = poll_until(lambda: node.worker_refusals("s") or None, what="the worker's line")
+    lines = poll_until(lambda: node.node_refusals() or None, what="the node's line")
     assert all("certificate refused" in line for line in lines), lines
+    assert node.worker_refusals("s") == []
     assert log_user_keys(node.home, "s") == []
     with node.cluster() as cluster:
         assert cluster.send("s", "fine", key="k1")["duplicate"] is False
@@ -305,16 +325,13 @@ def test_handshakes_that_never_finish_cannot_keep_a_client_out(node: Node) -> No
     preamble never lock a session's clients out."""
     from worker.tls_peer import MAX_HANDSHAKES
 
-    host, port = node.address.removeprefix("tls://").split(":")
     with node.cluster() as cluster:
         cluster.create("s")
         cluster.send("s", "one", key="k1")
         stalled: list[socket.socket] = []
         try:
             for _ in range(MAX_HANDSHAKES):
-                raw = socket.create_connection((host, int(port)), timeout=10)
-                raw.sendall(direct_preamble("s"))
-                stalled.append(raw)
+                stalled.append(node.past_the_check("s"))
                 poll_until(lambda: worker_peers(node.home, "s")["handshakes"] == len(stalled),
                            what="the stalled handshakes in the worker")  # fmt: skip
             with node.cluster() as other:  # a new client's handshake closes the oldest
