@@ -14,6 +14,7 @@ import errno
 import os
 from typing import Final
 
+from supervisor.cluster.session_files import TENANTS_DIR
 from supervisor.daemon.endpoints import Client
 from supervisor.errors import ServeError, SupervisorError
 from supervisor.hosting.regular_file import read_regular
@@ -23,7 +24,6 @@ from worker.store.session_id import validate_session_id
 from worker.tls_roles import MAX_TENANT, TENANT_NAME, not_yours
 from worker.wire import Message, WireError, optional_field
 
-TENANTS_DIR: Final = "tenants"
 OPERATOR: Final = "loopd-operator"
 """The tenant that sees every session: the TLS role's name, and an HTTP token's."""
 MAX_FILE_BYTES: Final = 4096
