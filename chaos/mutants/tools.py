@@ -46,6 +46,7 @@ def backup_manifest_before_fsync() -> None:
         contents: dict[str, bytes],
         left: int,
         app: str | None,
+        owner: tuple[str, str] | None,
     ) -> backup.BackupResult:
         partial = target + backup.PARTIAL
         make_dirs(partial)

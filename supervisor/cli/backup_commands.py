@@ -20,10 +20,12 @@ from supervisor.cli.options import timeout_option
 from supervisor.cli.removal_commands import daemon_answers
 from supervisor.cli.store_tools import backup_from_store, restore_into_store, store_option
 from supervisor.client.control import RETRYABLE, call
-from supervisor.errors import ControlError
+from supervisor.errors import ControlError, ServeError
 from supervisor.hosting.intent import IntentError, IntentFile
+from supervisor.moves.session_files import TENANTS_DIR, read_tenant
+from supervisor.sessions.tenants import OPERATOR, TenantBook, TenantError, tenant_problem
 from worker.offline.backup import MANIFEST, BackupError, Point, PointMoved, backup_session
-from worker.offline.restore import check_backup, restore_session
+from worker.offline.restore import Manifest, check_backup, restore_session
 from worker.offline.restore_drops import Drop, DropNotConfirmed, work_dropped
 from worker.store.disk.layout import SESSIONS_DIR, session_dir
 from worker.store.errors import SessionError
@@ -77,10 +79,11 @@ def _named_app(home: str, session_id: str) -> str | None:
 
 def _backup_one(home: str, session_id: str, dest: str, deadline: float) -> bool:
     app = _named_app(home, session_id)
+    tenant = read_tenant(os.path.join(home, TENANTS_DIR, session_id))
     for _attempt in range(MAX_ATTEMPTS):
         point = worker_point(home, session_id, deadline)
         try:
-            result = backup_session(home, session_id, dest, point, app)
+            result = backup_session(home, session_id, dest, point, app, tenant)
         except PointMoved:
             continue
         break
@@ -165,6 +168,14 @@ def _source(src: str, session_id: str | None) -> str:
     help="With --force: the token restore printed for the work acknowledged after the "
     "backup that it drops; it replaces the session only if that is still all it drops.",
 )
+@click.option(
+    "--tenant",
+    metavar="NAME",
+    default=None,
+    help="Give the restored session to tenant NAME (loopd-operator: to no tenant). "
+    "Without it, a restore into the home the backup was taken from gives the session "
+    "back to the backup's tenant, and one into another home to no tenant.",
+)
 @click.argument("src", type=click.Path(file_okay=False))
 @click.argument("session_id", metavar="[ID]", required=False)
 def restore(
@@ -173,6 +184,7 @@ def restore(
     timeout: float,
     force: bool,
     dropping: str,
+    tenant: str | None,
     src: str,
     session_id: str | None,
 ) -> None:
@@ -196,6 +208,8 @@ def restore(
     home = home_given("restore", home)
     if dropping and not force:
         _fail("restore", "--dropping confirms what --force drops: give both")
+    if tenant is not None and (problem := tenant_problem(tenant)):
+        _fail("restore", f"--tenant: {problem}")
     try:
         source = _source(src, session_id)
         manifest = check_backup(source)
@@ -212,17 +226,20 @@ def restore(
                 if drop.records and drop.token != dropping:
                     _refuse_drop(wanted, drop)
                 call(home, "stop", timeout=timeout, session=wanted)
+        owner = _restored_tenant(home, manifest, tenant)
         result = restore_session(home, source, wanted, replace=force, dropping=dropping)
         app = {} if manifest.app is None else {"app": manifest.app}
         if live:
-            call(home, "adopt", timeout=timeout, session=wanted, **app)
-        elif manifest.app is not None:
-            intent = IntentFile(home)
-            intent.load()
-            intent.set_app(wanted, manifest.app)
+            call(home, "adopt", timeout=timeout, session=wanted, owner=owner or OPERATOR, **app)
+        else:
+            TenantBook(home).assign(wanted, owner)  # read by serve at its start
+            if manifest.app is not None:
+                intent = IntentFile(home)
+                intent.load()
+                intent.set_app(wanted, manifest.app)
     except DropNotConfirmed as exc:
         _refuse_drop(wanted, exc.drop, changed=bool(dropping))
-    except (ControlError, SessionError, IntentError) as exc:
+    except (ControlError, SessionError, IntentError, TenantError, ServeError) as exc:
         _fail("restore", exc)
     if result.replaced is not None:
         click.echo(f"moved the session that was there to {result.replaced}")
@@ -238,6 +255,24 @@ def restore(
         f"{len(manifest.files)} files, each matching the manifest"
     )
     click.echo(f"it verifies; next: loopd start {wanted}")
+    if owner is not None:
+        click.echo(f"it is tenant {owner!r}'s, as when it was backed up")
+    elif manifest.tenant is not None and tenant is None:
+        click.echo(
+            f"it is the operator's: the backup's tenant {manifest.tenant!r} was of another home "
+            f"({manifest.home}); --tenant {manifest.tenant} gives it to that tenant here"
+        )
+
+
+def _restored_tenant(home: str, manifest: Manifest, given: str | None) -> str | None:
+    """Whose the restored session is: ``--tenant`` if given; else the backup's tenant if
+    it was taken from this very home (a tenant's name is only known to mean the same
+    party in the home whose tokens and CA named it); else the operator's (None)."""
+    if given is not None:
+        return None if given == OPERATOR else given
+    if manifest.tenant is not None and manifest.home == os.path.realpath(home):
+        return manifest.tenant
+    return None
 
 
 def _list_drop(drop: Drop) -> None:

@@ -1,14 +1,17 @@
 """The direct data path over TCP: one TLS connection to a session's worker on a node.
 
 The connection opens with the plaintext preamble naming the session
-(``transport.direct_preamble``), then TLS at once, without waiting for an answer: the
-node's TLS thread reads the preamble and hands the raw socket to the session's worker,
-which makes the handshake with the node's certificate; the client checks that
-certificate as every client does (the node role, the name etcd gave as
-``server_hostname``). Requests and replies are then the frames of a local direct
-connection (``supervisor/client/direct.py``), and never pass the daemon's loop. If the
-handoff could not be made (no such session there, it failed to start), the node's TLS
-thread makes the handshake instead and answers one error frame.
+(``transport.direct_preamble``), then TLS at once, without waiting for an answer. The
+first handshake is with the node's TLS thread, which checks this client's certificate
+(its tenant) against the session's owner before anything is handed over or woken, and
+answers one frame: an error (the connection ends), or ok, after which both ends close
+that TLS session (close_notify) and the client makes a second handshake on the same
+socket, with the session's worker, which the node handed the raw socket. The client
+checks the node's certificate in each handshake as every client does (the node role,
+the name etcd gave as ``server_hostname``). Requests and replies are then the frames of
+a local direct connection (``supervisor/client/direct.py``), and never pass the daemon's
+loop. If the handoff fails after the check (the session failed to start), the node's TLS
+thread makes the second handshake instead and answers one error frame.
 
 Every failure is a one-line ``ControlError``: ``no_daemon`` (nothing listens), ``tls_refused``
 (either side refused the other's certificate), ``closed`` (the connection ended without
@@ -22,7 +25,7 @@ import itertools
 import ssl
 import time
 
-from supervisor.cluster.peer_link import connect_to_node, read_reply
+from supervisor.cluster.peer_link import connect_to_node, handshake_with_node, read_reply
 from supervisor.cluster.transport import (
     TlsFiles,
     TransportError,
@@ -70,8 +73,10 @@ class DirectLink:
             frame = encode({"id": request_id, "op": "request", "request": payload})
         except WireError as exc:
             raise ControlError("too_large", str(exc)) from exc
-        sock = self._connect()
         where = f"node {self.node} at {self.address}"
+        sock = self._connect()
+        if isinstance(sock, dict):
+            return sock  # the node's one answer (the check refused): the connection ended
         try:
             sock.settimeout(self.timeout)
             sock.sendall(frame)
@@ -114,7 +119,9 @@ class DirectLink:
                           f"node {self.node} at {self.address} closed the connection of "
                           f"session {self.session}")  # fmt: skip
 
-    def _connect(self) -> ssl.SSLSocket:
+    def _connect(self) -> ssl.SSLSocket | Message:
+        """The connection to the worker, made if need be; or the node's one error frame
+        when it refused it (then there is no connection)."""
         if self._sock is not None:
             return self._sock
         where = f"node {self.node} at {self.address}"
@@ -125,10 +132,43 @@ class DirectLink:
             preamble = direct_preamble(self.session)
         except (TransportError, ValueError) as exc:
             raise ControlError("bad_address", str(exc)) from exc
-        sock = connect_to_node(
+        opened = f"session {self.session}"
+        gate = connect_to_node(
             host, port, self.node, self._context, self.timeout, where,
-            preamble=preamble, closed_during_handshake=f"session {self.session}",
+            preamble=preamble, closed_during_handshake=opened,
         )  # fmt: skip
+        # The node's TLS thread checked this certificate's tenant: one frame says
+        # whether the session may be reached; then plain TCP again, for the worker.
+        try:
+            answer = self._read_reply(gate, time.monotonic() + self.timeout)
+            if answer.get("ok") is not True:
+                gate.close()
+                return answer
+            raw = gate.unwrap()  # close_notify each way
+        except ssl.SSLError as exc:
+            gate.close()
+            raise ControlError(
+                "closed", f"{where} closed the connection of {opened} after its check: "
+                f"{refusal(exc)}",
+            ) from exc  # fmt: skip
+        except TimeoutError as exc:
+            gate.close()
+            raise ControlError(
+                "timeout", f"{where} did not answer the check of {opened} within "
+                f"{self.timeout:g} s",
+            ) from exc  # fmt: skip
+        except ControlError:
+            gate.close()
+            raise
+        except OSError as exc:
+            gate.close()
+            raise ControlError(
+                "closed", f"{where} closed the connection of {opened} after its check: "
+                f"{exc.strerror or exc}",
+            ) from exc  # fmt: skip
+        sock = handshake_with_node(  # the worker's
+            raw, self.node, self._context, self.timeout, where, closed_during_handshake=opened
+        )
         self._sock = sock
         self._reader = FrameReader()
         return sock

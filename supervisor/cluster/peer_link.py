@@ -153,10 +153,8 @@ def connect_to_node(
 
     ``preamble`` goes in the clear before the handshake (the direct path's). A failure
     is a one-line ControlError about ``where``: ``no_daemon`` (no connection),
-    ``tls_refused`` (the handshake or the node's certificate refused). With
-    ``closed_during_handshake`` (what was being opened), a connection the peer ended
-    during the handshake is ``closed`` instead: nothing was sent and no certificate was
-    refused, so the caller may look the owner up again.
+    ``tls_refused`` (the handshake or the node's certificate refused), and the rest as
+    ``handshake_with_node`` says.
     """
     try:
         raw = socket.create_connection((host, port), timeout=timeout)
@@ -165,7 +163,38 @@ def connect_to_node(
     try:
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if preamble:
-            raw.sendall(preamble)  # then TLS at once: the worker answers the ClientHello
+            raw.sendall(preamble)  # then TLS at once: the node's TLS thread answers
+    except OSError as exc:
+        raw.close()
+        opened = closed_during_handshake or "this link"
+        raise ControlError(
+            "closed", f"{where} closed the connection of {opened} before its handshake: "
+            f"{exc.strerror or exc}",
+        ) from exc  # fmt: skip
+    return handshake_with_node(
+        raw, node, context, timeout, where, closed_during_handshake=closed_during_handshake
+    )
+
+
+def handshake_with_node(
+    raw: socket.socket,
+    node: str,
+    context: ssl.SSLContext,
+    timeout: float,
+    where: str,
+    *,
+    closed_during_handshake: str | None = None,
+) -> ssl.SSLSocket:
+    """A TLS handshake over ``raw`` with ``node``, whose certificate must be that node's;
+    ``raw`` is closed if it fails.
+
+    A failure is ControlError ``tls_refused``. With ``closed_during_handshake`` (what was
+    being opened), a connection the peer ended during the handshake is ``closed``
+    instead: nothing was sent and no certificate was refused, so the caller may look
+    the owner up again.
+    """
+    try:
+        raw.settimeout(timeout)
         sock = context.wrap_socket(raw, server_hostname=node)
     except (ssl.SSLError, OSError) as exc:
         raw.close()

@@ -45,9 +45,12 @@ __all__ = [
 ]  # fmt: skip
 
 TLS_SCHEME: Final = "tls"
-DIRECT_PREAMBLE: Final = b"loopd-direct "
+DIRECT_PREAMBLE: Final = b"loopd-direct/2 "
 """A connection of the direct data path opens with this, the session's id and a newline,
-in plaintext, then starts TLS (docs/scaling.md, "How the port is served"). Its first
+in plaintext, then starts TLS (docs/scaling.md, "How the port is served"). ``/2``: the
+node's TLS thread makes the first handshake and checks the tenant before the worker
+makes a second; a client of the first protocol (``loopd-direct ``) is refused at its
+preamble instead of being taken for a client of this one. Its first
 byte is never 0x16, the first of a TLS handshake record: a client that starts TLS at
 once is told apart by one byte, as PostgreSQL tells its SSLRequest from a startup."""
 MAX_PREAMBLE: Final = len(DIRECT_PREAMBLE) + MAX_LENGTH + 1

@@ -11,9 +11,18 @@ from typing import Final, Protocol
 from supervisor.daemon.app_versions import answer_app_versions
 from supervisor.daemon.cluster_node import DaemonNode
 from supervisor.hosting.runtime import Hosting
+from supervisor.moves.session_files import carried_tenant
 from supervisor.sessions.endpoints import Client, Waiter
 from supervisor.sessions.hosted import HostedSession
-from supervisor.sessions.tenants import TenantBook, TenantError, caller_tenant, refusal
+from supervisor.sessions.tenants import (
+    OPERATOR,
+    TenantBook,
+    TenantError,
+    TenantReplies,
+    caller_tenant,
+    refusal,
+    tenant_problem,
+)
 from supervisor.states import State
 from worker.ipc.wire import (
     MAX_FRAME,
@@ -81,6 +90,9 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
         if tenant is not None and (why := refusal(daemon.tenants, tenant, op, message)):
             client.reply(error(request_id, "forbidden", why))
             return
+        if tenant is not None:  # its errors say no more than its own sessions hold
+            client = TenantReplies(client, daemon.home)
+            waiter = Waiter(client, request_id)
         if op == "ping":
             client.reply(ok(request_id, daemon.daemon_status()))
         elif op == "status":
@@ -166,9 +178,14 @@ def dispatch(daemon: Daemon, client: Client, message: Message) -> None:
             hosted.stop()
         elif op == "adopt":  # a session moved here (cluster: claimed, served) or restored
             session_id = _session_id(message)
+            named = optional_field(message, "owner", str)  # a restore's: its tenant or none
             try:
-                if session_id not in daemon.sessions:  # restored, forked or moved in: the
-                    daemon.tenants.assign(session_id, None)  # operator's, not a stale file's
+                if named is not None:
+                    daemon.tenants.assign(session_id, _owner(named))
+                elif session_id not in daemon.sessions:  # forked or moved in: the tenant
+                    # a move carried in its sealed files, else the operator's (never a
+                    # stale file's)
+                    daemon.tenants.assign(session_id, carried_tenant(daemon.home, session_id))
             except TenantError as exc:
                 client.reply(error(request_id, "unavailable", f"{exc}; nothing was done"))
                 return
@@ -289,6 +306,14 @@ def _app(message: Message) -> str | None:
     if app is not None and len(app) > MAX_APP_NAME:
         raise WireError(f"field 'app' must be at most {MAX_APP_NAME} characters")
     return app
+
+
+def _owner(owner: str) -> str | None:
+    """The tenant an ``adopt``'s ``owner`` gives the session; None: the operator."""
+    problem = tenant_problem(owner)
+    if problem is not None:
+        raise WireError(f"field 'owner': {problem}")
+    return None if owner == OPERATOR else owner
 
 
 def _session_id(message: Message) -> str:

@@ -1,12 +1,16 @@
-"""The direct data path at a node's TLS port: the preamble, the handoff, and its refusal.
+"""The direct data path at a node's TLS port: the preamble, the check, the handoff.
 
 A client of the direct path opens its TCP connection with a plaintext line,
-``transport.DIRECT_PREAMBLE`` and the session's id, then starts TLS at once without
-waiting for an answer. The TLS thread tells it from a client that starts TLS at once by
-its first byte (0x16 opens every TLS handshake), reads the line and nothing after it
-(the ClientHello stays in the socket, for the worker), and asks the daemon's loop to
-hand the raw socket to the session's worker (``tcp_handover``). When that cannot be
-done, the thread makes the handshake itself and answers one error frame, so the client
+``transport.DIRECT_PREAMBLE`` and the session's id, then starts TLS at once. The TLS
+thread tells it from a client that starts TLS at once by its first byte (0x16 opens
+every TLS handshake), reads the line and nothing after it, and makes a TLS handshake of
+its own (``tls_check``): the peer certificate's tenant is checked against the session's
+owner on the daemon's loop (``check``) before anything is handed over or woken, and a
+session of another tenant is answered exactly as one that is not there. If the client
+may go on, it is told so in one frame, both ends close that TLS session, and the thread
+asks the daemon's loop to hand the raw socket to the session's worker (``tcp_handover``),
+with whom the client makes its second handshake. When the handoff fails after that, the
+thread makes that second handshake itself and answers one error frame, so the client
 always gets its reason in one line over TLS.
 """
 
@@ -27,17 +31,31 @@ from supervisor.cluster.transport import (
     parse_preamble,
     refusal,
 )
-from worker.ipc.tls_roles import tenant_refusal
+from worker.ipc.tls_roles import (
+    Role,
+    describe,
+    direct_refusal,
+    role_of,
+    tenant_of,
+    tenant_refusal,
+)
 from worker.ipc.wire import Message, encode, error
 
 READ_SIZE: Final = 1 << 16
 
 
 class HandsOver(Protocol):
-    """Hands a TCP socket to a session's worker (``tcp_handover.TcpHandover``)."""
+    """Checks a tenant and hands a TCP socket to a session's worker
+    (``tcp_handover.TcpHandover``)."""
+
+    def check(self, session: str, tenant: str | None, done: Callable[[Message], None]) -> None: ...
 
     def request(
-        self, session: str, sock: socket.socket, done: Callable[[Message], None]
+        self,
+        session: str,
+        sock: socket.socket,
+        tenant: str | None,
+        done: Callable[[Message], None],
     ) -> None: ...
 
 
@@ -76,7 +94,50 @@ async def read_preamble(conn: socket.socket) -> str | None:
             raise Refused(f"a preamble longer than {MAX_PREAMBLE} bytes")
 
 
-async def hand_off(handover: HandsOver, session: str, conn: socket.socket) -> Message:
+async def verdict(
+    handover: HandsOver | None, session: str, cert: dict[str, object] | None
+) -> tuple[Message, str | None, str | None]:
+    """What the TLS thread answers a verified direct peer of ``session`` before any
+    handover: ok or the error frame, the peer's tenant (None: the operator), and why it
+    was refused for the node's log (None if it was not)."""
+    role = role_of(cert)
+    tenant = tenant_of(cert) if role is Role.CLIENT else None
+    problem = direct_refusal(cert)
+    if problem is None and role is Role.CLIENT and tenant is None:
+        problem = f"a loopd-client certificate without a tenant (O= or CN=) ({describe(cert)})"
+    if problem is not None:
+        return error(None, "forbidden", problem), None, problem
+    if handover is None:
+        return error(None, "unavailable", "this node does not serve the direct path"), None, None
+    answer = await may_reach(handover, session, tenant)
+    failure = answer.get("error")
+    if isinstance(failure, dict) and failure.get("code") == "forbidden":
+        return answer, tenant, str(failure.get("message"))
+    return answer, tenant, None
+
+
+async def may_reach(handover: HandsOver, session: str, tenant: str | None) -> Message:
+    """The daemon's answer to whether ``tenant`` (None: the operator) may reach
+    ``session``: ok, or the error to answer (the same for another tenant's session as
+    for none). Nothing is woken or handed over."""
+    loop = asyncio.get_running_loop()
+    answered: asyncio.Future[Message] = loop.create_future()
+
+    def deliver(message: Message) -> None:
+        if not answered.done():
+            answered.set_result(message)
+
+    def done(message: Message) -> None:  # on the daemon's loop
+        with contextlib.suppress(RuntimeError):  # the thread's loop has ended
+            loop.call_soon_threadsafe(deliver, message)
+
+    handover.check(session, tenant, done)
+    return await answered
+
+
+async def hand_off(
+    handover: HandsOver, session: str, conn: socket.socket, tenant: str | None
+) -> Message:
     """The daemon's one reply to handing ``conn`` to ``session``'s worker. Until it comes
     the daemon's loop may be passing the descriptor on: nothing here closes it."""
     loop = asyncio.get_running_loop()
@@ -94,7 +155,7 @@ async def hand_off(handover: HandsOver, session: str, conn: socket.socket) -> Me
         except RuntimeError:  # the thread's loop has ended
             conn.close()
 
-    handover.request(session, conn, done)
+    handover.request(session, conn, tenant, done)
     return await answered
 
 

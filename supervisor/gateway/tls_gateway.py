@@ -8,14 +8,17 @@ requests are checked against its role (``transport.ALLOWED``) and relayed, frame
 frame, to the node's own control socket, whose replies go back unchanged: what a remote
 client may ask is exactly what a local one may, less what its certificate forbids. A
 ``loopd-client``'s requests carry its certificate's tenant, set here over whatever it
-sent, and reach that tenant's sessions only (docs/operations.md, "Tenants").
+sent, and reach that tenant's sessions only (docs/operations.md, "Tenants"); the relay
+is ``tls_relay``.
 
 A connection that opens with the plaintext preamble of the direct data path
-(``transport.DIRECT_PREAMBLE`` and a session's id) is not served here: once the
-preamble is read, the raw socket goes to the session's worker (``tcp_handover``), which
-makes the TLS handshake and serves the connection itself, so a client's requests never
-pass this thread nor the daemon's loop. If it cannot go (no such session here, it
-failed to start), the thread makes the handshake and answers one error frame instead.
+(``transport.DIRECT_PREAMBLE`` and a session's id) is served here only until its
+certificate's tenant is checked against the session's owner (``tls_direct``,
+``tls_check``): then the raw socket goes to the session's worker (``tcp_handover``),
+which makes a second TLS handshake and serves the connection itself, so a client's
+requests never pass this thread nor the daemon's loop. A tenant refused, or a session
+that is not here, is answered one error frame by this thread before anything is handed
+over or woken.
 """
 
 from __future__ import annotations
@@ -23,25 +26,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
 import socket
 import threading
 from collections.abc import Callable, Iterator
 from typing import Final
 
 from supervisor.cluster.transport import (
-    ALLOWED,
+    HANDSHAKE_TIMEOUT,
     Role,
     TlsFiles,
     TransportError,
     describe,
-    dns_names,
     own_certificate_problem,
     parse_tls_address,
     refusal,
     role_of,
 )
 from supervisor.errors import ServeError
+from supervisor.gateway.tls_check import GatewayTls
 from supervisor.gateway.tls_direct import (
     HandsOver,
     Refused,
@@ -49,10 +51,10 @@ from supervisor.gateway.tls_direct import (
     answer_instead,
     hand_off,
     read_preamble,
+    verdict,
 )
-from supervisor.moves.move_node import answer_files
+from supervisor.gateway.tls_relay import relay
 from worker.ipc.tls_roles import tenant_of
-from worker.ipc.wire import MAX_FRAME, FrameReader, WireError, encode, error
 
 BACKLOG: Final = 128
 MAX_HANDSHAKES: Final = 32
@@ -62,7 +64,6 @@ to start: without a cap, peers that open and never finish would grow the node; c
 the newest instead would let a few idle connections keep every client out."""
 MAX_CONNECTIONS: Final = 1024
 """Connections (handshaking or relaying) at once; beyond, a new one is closed at once."""
-READ_SIZE: Final = 1 << 16
 
 
 class TlsGateway:
@@ -79,8 +80,12 @@ class TlsGateway:
         try:
             self.host, self.port = parse_tls_address(address)
             self.context = files.server_context()
+            self.direct_context = files.server_context()
         except TransportError as exc:
             raise ServeError(str(exc)) from exc
+        # The direct path's first session ends at once: tickets to resume it are bytes
+        # the client would have to read before the close.
+        self.direct_context.num_tickets = 0
         self.address = address
         self.control_path = control_path
         self.report = report
@@ -227,11 +232,34 @@ class TlsGateway:
             self._arrived.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
 
     async def _direct(self, conn: socket.socket, peer: str, session: str) -> None:
-        """Hand the connection to ``session``'s worker, or answer why not and close."""
-        if self.handover is None:
-            reply = error(None, "unavailable", "this node does not serve the direct path")
-        else:
-            reply = await hand_off(self.handover, session, conn)
+        """Check the peer's tenant over a TLS session of this thread's, then hand the
+        connection to ``session``'s worker; or answer why not, and close."""
+        tls = GatewayTls(conn, self.direct_context)
+        try:
+            with self._handshake(peer):
+                async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                    answer, tenant, problem = await verdict(
+                        self.handover, session, await tls.handshake()
+                    )
+                    await tls.send(answer)
+                    if answer.get("ok") is True:
+                        await tls.close()  # the client's next handshake is the worker's
+        except (OSError, TimeoutError) as exc:
+            self._refuse(peer, refusal(exc))
+            conn.close()
+            return
+        except asyncio.CancelledError:
+            conn.close()
+            raise
+        if answer.get("ok") is not True or self.handover is None:
+            if problem is not None:
+                self._refuse(peer, problem)
+            with contextlib.suppress(OSError, TimeoutError):  # it reads the frame, then ends
+                async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                    await tls.close()
+            conn.close()
+            return
+        reply = await hand_off(self.handover, session, conn, tenant)
         if reply.get("ok") is True:
             self.handed_over += 1
             conn.close()  # the worker holds its own copy now
@@ -258,82 +286,23 @@ class TlsGateway:
             writer.transport.abort()
             return
         try:
-            await self._relay(reader, writer, role, f"{peer} ({describe(cert)})", cert)
+            await relay(
+                reader,
+                writer,
+                role,
+                f"{peer} ({describe(cert)})",
+                cert,
+                self.control_path,
+                self._refuse,
+            )
         except (OSError, asyncio.IncompleteReadError):
             pass  # the peer or the daemon went away: the connection ends
         finally:
             writer.transport.abort()
 
-    async def _relay(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        role: Role,
-        peer: str,
-        cert: dict[str, object],
-    ) -> None:
-        try:
-            daemon_reader, daemon_writer = await asyncio.open_unix_connection(self.control_path)
-        except OSError as exc:
-            writer.write(encode(error(None, "no_daemon", f"the node is not serving: {exc}")))
-            await writer.drain()
-            return
-        back = asyncio.ensure_future(_copy(daemon_reader, writer))
-        frames = FrameReader(MAX_FRAME)
-        allowed = ALLOWED[role]
-        names = dns_names(cert)
-        # A client's tenant goes with each of its requests, over whatever it sent: the
-        # daemon's one rule (supervisor/sessions/tenants.py) then checks every op.
-        tenant = tenant_of(cert) if role is Role.CLIENT else None
-        try:
-            while not back.done():
-                data = await reader.read(READ_SIZE)
-                if not data:
-                    break
-                try:
-                    messages = frames.feed(data)
-                except WireError as exc:  # the peer is told why, then the connection ends
-                    self._refuse(peer, f"a bad frame: {exc}")
-                    writer.write(encode(error(None, "bad_frame", f"{exc}: the connection ends")))
-                    await writer.drain()
-                    return
-                for message in messages:
-                    op = message.get("op")
-                    if op not in allowed:
-                        self._refuse(peer, f"op {op!r:.80} is not allowed to a {role.value} "
-                                     "certificate")  # fmt: skip
-                        answer = error(message.get("id"), "forbidden",
-                            f"a {role.value} certificate may not ask {op!r:.80}")  # fmt: skip
-                    elif op in ("files", "file"):  # a moved session's files, read here
-                        home = os.path.dirname(self.control_path)
-                        answer = await asyncio.to_thread(answer_files, home, message, names)
-                    else:
-                        if tenant is not None:
-                            message["tenant"] = tenant
-                        try:
-                            daemon_writer.write(encode(message))
-                            continue
-                        except WireError as exc:  # a frame the tenant's name made too large
-                            answer = error(message.get("id"), "too_large", str(exc))
-                    # Answered here: written at the pace the peer reads, so a peer that
-                    # never reads its replies stops being read, never grows the node.
-                    writer.write(encode(answer))
-                    await writer.drain()
-                await daemon_writer.drain()
-        finally:
-            back.cancel()
-            daemon_writer.transport.abort()
-
     def _refuse(self, peer: str, why: str) -> None:
         self.refused += 1
         self.report(f"tls: refused {peer}: {why}")
-
-
-async def _copy(source: asyncio.StreamReader, target: asyncio.StreamWriter) -> None:
-    while data := await source.read(READ_SIZE):
-        target.write(data)
-        await target.drain()
-    target.transport.abort()  # the daemon closed its end: so does the peer's
 
 
 def open_gateway(

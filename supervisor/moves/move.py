@@ -31,6 +31,7 @@ from supervisor.cluster.keys import (
 from supervisor.cluster.ownership import OwnerRecord, owner_of, placement_of
 from supervisor.moves.move_stored import node_is_stored
 from supervisor.moves.session_files import (
+    carry_tenant,
     copy_session,
     file_hashes,
     incoming_dir,
@@ -259,6 +260,7 @@ def seal_source(
         fence = session.fence
         if fence.sealed is not None:
             if fence.sealed.to == intent.target and fence.sealed.token == intent.token:
+                carry_tenant(home, intent.session)
                 if sealed is not None:
                     sealed()
                 return
@@ -274,6 +276,8 @@ def seal_source(
             # but its worker had not written it yet: write it for the owner, then seal.
             session.append(Owner(node=intent.source, token=intent.token))
         session.append(Handoff(to=intent.target, token=intent.token))
+        # The tenant goes with the sealed files (before the seal's hashes are taken).
+        carry_tenant(home, intent.session)
         if sealed is not None:
             sealed()
 

@@ -16,13 +16,14 @@ from typing import Final
 
 from supervisor.errors import ServeError, SupervisorError
 from supervisor.hosting.regular_file import read_regular
+from supervisor.moves.session_files import TENANTS_DIR
+from supervisor.sessions.endpoints import Client
 from worker.ipc.tls_roles import MAX_TENANT, TENANT_NAME, not_yours
 from worker.ipc.wire import Message, WireError, optional_field
 from worker.store.disk import durable
 from worker.store.errors import InvalidSessionId, SessionIOError
 from worker.store.session_id import validate_session_id
 
-TENANTS_DIR: Final = "tenants"
 OPERATOR: Final = "loopd-operator"
 """The tenant that sees every session: the TLS role's name, and an HTTP token's."""
 MAX_FILE_BYTES: Final = 4096
@@ -34,6 +35,12 @@ TENANT_OPS: Final = frozenset(
 ``metrics``, ``events`` and ``app_versions`` tell of every session, and ``adopt``,
 ``forget`` and a move's steps act on a home's files."""
 _GONE: Final = frozenset({errno.ENOENT})
+EXISTS_TO_A_TENANT: Final = (
+    "a session of this id exists already (ids are one namespace per home: prefix yours "
+    "with your tenant's name)"
+)
+"""The words of every ``exists`` a tenant gets: never the home's path, nor a cluster's
+node (the operator's ``exists`` still names them)."""
 
 
 class TenantError(SupervisorError):
@@ -81,6 +88,35 @@ def refusal(book: TenantBook, tenant: str, op: str, message: Message) -> str | N
     if book.owner(session) != tenant:
         return not_yours(tenant)  # not even the id: the same bytes for every session
     return None
+
+
+class TenantReplies:
+    """A tenant's client: its errors name no path of the home, and an ``exists`` says
+    that much and no more (where the id is taken is the operator's to know)."""
+
+    def __init__(self, client: Client, home: str) -> None:
+        self.client = client
+        self.home = home
+
+    def _discreet(self, message: Message) -> Message:
+        failure = message.get("error")
+        if message.get("ok") is True or not isinstance(failure, dict):
+            return message
+        words = failure.get("message")
+        if failure.get("code") == "exists":
+            words = EXISTS_TO_A_TENANT
+        elif isinstance(words, str):
+            words = words.replace(self.home, "<home>")
+        return {**message, "error": {**failure, "message": words}}
+
+    def reply(self, message: Message) -> None:
+        self.client.reply(self._discreet(message))
+
+    def reply_relayed(self, message: Message) -> None:
+        self.client.reply_relayed(self._discreet(message))
+
+    def reply_with_fd(self, message: Message, fd: int) -> bool:
+        return self.client.reply_with_fd(self._discreet(message), fd)
 
 
 class TenantBook:

@@ -2,8 +2,9 @@
 
 Each test has an etcd and one node (``a``, serving ``--listen tls://`` on loopback) of
 its own. ``ClusterClient.send`` opens its connection with the preamble naming the
-session; the node's TLS thread hands the raw socket to the session's worker, which
-makes the TLS handshake (docs/scaling.md, "How the port is served"). The worker's
+session; the node's TLS thread makes a first TLS handshake and checks the client's
+tenant, then hands the raw socket to the session's worker, which makes the second
+(docs/scaling.md, "How the port is served"). The worker's
 ``status`` (asked on a local direct connection) counts its TLS peers and handshakes.
 """
 
@@ -24,7 +25,7 @@ import trustme
 from supervisor.client import Client
 from supervisor.client.tcp_direct import DirectLink
 from supervisor.cluster.peer_link import NodeLink
-from supervisor.cluster.transport import Role, direct_preamble
+from supervisor.cluster.transport import Role
 from supervisor.errors import ControlError
 from tests.harness.support import log_user_keys, poll_until, status, stop
 from tests.harness.tls_node import Node, start_node
@@ -135,18 +136,16 @@ def test_a_worker_killed_mid_request_is_sent_the_request_again_and_answers_from_
 
 
 def test_a_stalled_handshake_and_a_plaintext_client_do_not_stall_the_session(node: Node) -> None:
-    host, port = node.address.removeprefix("tls://").split(":")
     with node.cluster() as cluster:
         cluster.create("s")
         cluster.send("s", "one", key="k1")
-        stalled = socket.create_connection((host, int(port)), timeout=10)
+        stalled = node.past_the_check("s")  # and never a ClientHello for the worker
         try:
-            stalled.sendall(direct_preamble("s"))  # and never a ClientHello
             poll_until(lambda: worker_peers(node.home, "s")["handshakes"] == 1,
                        what="the stalled handshake in the worker")  # fmt: skip
-            with socket.create_connection((host, int(port)), timeout=10) as plain:
+            with node.past_the_check("s") as plain:
                 request = {"id": 1, "op": "request", "request": {"text": "x", "key": "plain"}}
-                plain.sendall(direct_preamble("s") + encode(request))
+                plain.sendall(encode(request))
                 received = b""
                 try:
                     while chunk := plain.recv(4096):
@@ -177,9 +176,11 @@ def test_a_node_certificate_may_not_send_on_the_direct_path(node: Node) -> None:
         as_node.send("s", "stolen", key="kn")
     assert caught.value.code == "forbidden"
     assert "loopd-node" in one_line(caught.value)
-    lines = poll_until(lambda: node.worker_refusals("s") or None, what="the worker's line")
+    # Refused by the node's TLS thread at its check: nothing reached the worker.
+    lines = poll_until(lambda: node.node_refusals() or None, what="the node's line")
     assert len(lines) == 1, lines
     assert "loopd-node" in lines[0], lines
+    assert node.worker_refusals("s") == []
     assert log_user_keys(node.home, "s") == []
     with node.cluster() as cluster:
         assert cluster.send("s", "fine", key="k1")["duplicate"] is False
@@ -193,8 +194,9 @@ def test_a_client_of_another_ca_is_refused_on_the_direct_path(node: Node) -> Non
         bad.send("s", "stolen", key="kx")
     assert caught.value.code in ("tls_refused", "closed")
     assert "node a" in one_line(caught.value)
-    lines = poll_until(lambda: node.worker_refusals("s") or None, what="the worker's line")
+    lines = poll_until(lambda: node.node_refusals() or None, what="the node's line")
     assert all("certificate refused" in line for line in lines), lines
+    assert node.worker_refusals("s") == []
     assert log_user_keys(node.home, "s") == []
     with node.cluster() as cluster:
         assert cluster.send("s", "fine", key="k1")["duplicate"] is False
@@ -260,16 +262,13 @@ def test_handshakes_that_never_finish_cannot_keep_a_client_out(node: Node) -> No
     preamble never lock a session's clients out."""
     from worker.loop.tls_peer import MAX_HANDSHAKES
 
-    host, port = node.address.removeprefix("tls://").split(":")
     with node.cluster() as cluster:
         cluster.create("s")
         cluster.send("s", "one", key="k1")
         stalled: list[socket.socket] = []
         try:
             for _ in range(MAX_HANDSHAKES):
-                raw = socket.create_connection((host, int(port)), timeout=10)
-                raw.sendall(direct_preamble("s"))
-                stalled.append(raw)
+                stalled.append(node.past_the_check("s"))
                 poll_until(lambda: worker_peers(node.home, "s")["handshakes"] == len(stalled),
                            what="the stalled handshakes in the worker")  # fmt: skip
             with node.cluster() as other:  # a new client's handshake closes the oldest

@@ -8,6 +8,9 @@ with another tenant's certificate, a guessed session id and a forged ``tenant`` 
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,24 +21,15 @@ from supervisor.client import call
 from supervisor.client.cluster import ClusterClient
 from supervisor.client.tcp_direct import DirectLink
 from supervisor.cluster.peer_link import NodeLink
-from supervisor.cluster.transport import Role, TlsFiles
+from supervisor.cluster.transport import Role, TlsFiles, direct_preamble
 from supervisor.errors import ControlError
+from supervisor.sessions.tenants import EXISTS_TO_A_TENANT
 from tests.harness.etcd_server import EtcdServer, free_port
-from tests.harness.support import Daemon, log_user_keys
+from tests.harness.support import Daemon, log_user_keys, poll_until, status
 from tests.harness.tls_certs import Certificates
+from worker.ipc.wire import encode
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def issue(certs: Certificates, name: str, role: Role, organization: str) -> TlsFiles:
-    """A certificate of ``role`` whose subject's O is ``organization`` (its tenant)."""
-    leaf = certs.ca.issue_cert(
-        name, common_name=name, organization_name=organization, organization_unit_name=role.value
-    )
-    cert, key = certs.root / f"{name}.pem", certs.root / f"{name}.key"
-    leaf.cert_chain_pems[0].write_to_path(str(cert))
-    leaf.private_key_pem.write_to_path(str(key))
-    return TlsFiles(ca=str(certs.ca_path), cert=str(cert), key=str(key))
 
 
 @dataclass
@@ -65,22 +59,21 @@ class Tenants:
         return result
 
 
-@pytest.fixture
-def tenants(tmp_path: Path) -> Iterator[Tenants]:
+def start_tenants(tmp_path: Path, *more: str) -> Iterator[Tenants]:
     root = tmp_path / "tls"
     certs = Certificates(root / "certs")
     etcd = EtcdServer(root / "etcd")
     etcd.start()
     try:
         address = f"tls://127.0.0.1:{free_port()}"
-        args = ["--cluster", etcd.url, "--node", "a", "--listen", address]
+        args = ["--cluster", etcd.url, "--node", "a", "--listen", address, *more]
         node = Daemon(root / "a", *args, *certs.args(certs.issue("a", Role.NODE)))
         try:
             found = Tenants(
                 etcd, node, address,
-                issue(certs, "acme-app", Role.CLIENT, "acme"),
-                issue(certs, "globex-app", Role.CLIENT, "globex"),
-                issue(certs, "alice", Role.OPERATOR, "ops"),
+                certs.issue_tenant("acme-app", Role.CLIENT, "acme"),
+                certs.issue_tenant("globex-app", Role.CLIENT, "globex"),
+                certs.issue_tenant("alice", Role.OPERATOR, "ops"),
             )  # fmt: skip
             with ClusterClient(etcd.url, timeout=20, tls=found.acme) as acme:
                 acme.create("a1")
@@ -90,6 +83,40 @@ def tenants(tmp_path: Path) -> Iterator[Tenants]:
             node.stop()
     finally:
         etcd.stop()
+
+
+@pytest.fixture
+def tenants(tmp_path: Path) -> Iterator[Tenants]:
+    yield from start_tenants(tmp_path)
+
+
+@pytest.fixture
+def hibernating(tmp_path: Path) -> Iterator[Tenants]:
+    yield from start_tenants(tmp_path, "--idle-stop", "2")
+
+
+def first_frame(tenants: Tenants, files: TlsFiles | None, session: str) -> bytes:
+    """The plaintext of the first frame a direct connection to ``session`` gets, after one
+    request sent at once; b"" if the connection ended without one (a handshake refused).
+    ``files`` None: a client with no certificate of its own."""
+    host, port = tenants.address.removeprefix("tls://").split(":")
+    if files is None:
+        context = ssl.create_default_context(cafile=str(Path(tenants.acme.ca)))
+    else:
+        context = files.client_context()
+    raw = socket.create_connection((host, int(port)), timeout=20)
+    received = b""
+    with contextlib.suppress(ssl.SSLError, OSError):
+        raw.sendall(direct_preamble(session))
+        with context.wrap_socket(raw, server_hostname="a") as sock:
+            sock.sendall(encode({"id": 1, "op": "request", "request": {"text": "x", "key": "g"}}))
+            while len(received) < 4 or len(received) < 4 + int.from_bytes(received[:4], "big"):
+                chunk = sock.recv(1 << 16)
+                if not chunk:
+                    break
+                received += chunk
+    raw.close()
+    return received
 
 
 def refused(link: NodeLink, op: str, **fields: object) -> ControlError:
@@ -183,3 +210,51 @@ def test_an_op_of_the_operator_is_refused_to_a_tenant_even_if_its_role_may_ask_i
         call(str(tenants.node.home), "metrics", tenant="acme")
     with pytest.raises(ControlError, match="op 'forget' is the operator's"):
         call(str(tenants.node.home), "forget", session="a1", tenant="acme")
+
+
+def test_a_tenants_create_of_a_taken_id_is_exists_without_the_homes_path(
+    tenants: Tenants,
+) -> None:
+    """Another tenant's id is ``exists`` (ids are one namespace), in words that name
+    neither the home's path nor the node; the operator still gets the detail."""
+    link = tenants.link(tenants.globex)
+    try:
+        with pytest.raises(ControlError) as caught:
+            link.call("create", session="a1")
+    finally:
+        link.close()
+    assert caught.value.code == "exists"
+    assert caught.value.message == EXISTS_TO_A_TENANT
+    with pytest.raises(ControlError) as told:
+        call(str(tenants.node.home), "create", session="a1")
+    assert told.value.code == "exists"
+    assert str(tenants.node.home) in told.value.message
+
+
+def test_the_direct_path_answers_another_tenants_session_in_the_bytes_of_a_guessed_id(
+    tenants: Tenants,
+) -> None:
+    """The node's TLS thread checks the tenant before any handover: another tenant's
+    session and an id nobody created get the same frame, byte for byte (its ``id`` too),
+    before the request sent after the handshake is read."""
+    theirs = first_frame(tenants, tenants.globex, "a1")
+    guessed = first_frame(tenants, tenants.globex, "zz9")
+    assert theirs, "no answer"
+    assert theirs == guessed
+    assert b"forbidden" in theirs
+    assert log_user_keys(tenants.node.home, "a1") == ["k1"]
+    assert tenants.direct(tenants.acme, "a1", "x", "k2")["text"] == "echo: x"  # its owner's
+
+
+def test_a_refused_peer_on_the_direct_path_wakes_no_hibernated_session(
+    hibernating: Tenants,
+) -> None:
+    """Neither a connection without a certificate nor another tenant's wakes a session its
+    idle stop put to sleep: nothing is handed to a worker before the check."""
+    home = hibernating.node.home
+    poll_until(lambda: status(home, "a1")["state"] == "IDLE", what="a1 hibernated")
+    assert first_frame(hibernating, None, "a1") == b""  # refused at the handshake
+    assert b"forbidden" in first_frame(hibernating, hibernating.globex, "a1")
+    assert status(home, "a1")["state"] == "IDLE"
+    woken = hibernating.direct(hibernating.acme, "a1", "x", "k2")  # the owner wakes it
+    assert woken["text"] == "echo: x"

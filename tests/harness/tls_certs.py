@@ -24,6 +24,19 @@ class Certificates:
         self.ca_path = root / "ca.pem"
         self.ca.cert_pem.write_to_path(str(self.ca_path))
 
+    def issue_tenant(self, name: str, role: Role, organization: str) -> TlsFiles:
+        """A certificate of ``role`` whose subject's O is ``organization`` (its tenant)."""
+        leaf = self.ca.issue_cert(
+            name,
+            common_name=name,
+            organization_name=organization,
+            organization_unit_name=role.value,
+        )
+        cert, key = self.root / f"{name}.pem", self.root / f"{name}.key"
+        leaf.cert_chain_pems[0].write_to_path(str(cert))
+        leaf.private_key_pem.write_to_path(str(key))
+        return TlsFiles(ca=str(self.ca_path), cert=str(cert), key=str(key))
+
     def issue(
         self,
         name: str,

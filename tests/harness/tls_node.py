@@ -6,16 +6,18 @@ stops the daemon and etcd after it.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from supervisor.client.cluster import ClusterClient
-from supervisor.cluster.transport import Role, TlsFiles
+from supervisor.cluster.transport import Role, TlsFiles, direct_preamble
 from supervisor.hosting.session_log import log_path
 from tests.harness.etcd_server import EtcdServer, free_port
 from tests.harness.support import Daemon
 from tests.harness.tls_certs import Certificates
+from worker.ipc.wire import FrameReader
 
 
 @dataclass
@@ -39,6 +41,24 @@ class Node:
 
     def worker_refusals(self, session: str) -> list[str]:
         return [x for x in self.worker_log(session).splitlines() if "tls: refused" in x]
+
+    def node_refusals(self) -> list[str]:
+        """The ``tls: refused`` lines of the node's TLS thread (the daemon's log)."""
+        text = self.daemon.log_path.read_text(errors="replace")
+        return [x for x in text.splitlines() if "tls: refused" in x]
+
+    def past_the_check(self, session: str) -> socket.socket:
+        """A connection the node's TLS thread checked and let through (the preamble, its
+        handshake, its ok, both close_notify): plain TCP again, the worker's to serve."""
+        host, port = self.address.removeprefix("tls://").split(":")
+        raw = socket.create_connection((host, int(port)), timeout=10)
+        raw.sendall(direct_preamble(session))
+        gate = self.client.client_context().wrap_socket(raw, server_hostname="a")
+        reader = FrameReader()
+        while not (replies := reader.feed(data := gate.recv(1 << 16))):
+            assert data, "the node closed the connection without its answer"
+        assert replies[0].get("ok") is True, replies
+        return gate.unwrap()
 
 
 def start_node(tmp_path: Path, *more: str) -> Iterator[Node]:

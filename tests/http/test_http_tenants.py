@@ -303,3 +303,18 @@ def test_a_refused_create_leaves_the_id_to_nobody(port: tuple[Port, Path]) -> No
     document = api.document("POST", "/v1/sessions", {"id": "sq0"}, token=TOKENS["acme"])
     assert document["session"] == "sq0"
     assert (home / "tenants" / "sq0").read_text() == "acme\n"
+
+
+def test_a_tenants_create_of_a_taken_id_is_409_without_the_homes_path(
+    port: tuple[Port, Path],
+) -> None:
+    api, home = port
+    status, _headers, raw = api.ask("POST", "/v1/sessions", {"id": "a1"}, token=TOKENS["globex"])
+    assert status == 409
+    assert json.loads(raw)["error"]["code"] == "exists"
+    assert str(home).encode() not in raw
+    assert b"/sessions/" not in raw
+    status, _headers, raw = api.ask("POST", "/v1/sessions", {"id": "a1"},
+                                    token=TOKENS["loopd-operator"])  # fmt: skip
+    assert status == 409
+    assert str(home).encode() in raw  # the operator is told where

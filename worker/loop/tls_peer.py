@@ -1,19 +1,20 @@
 """TCP connections handed to the worker: their TLS handshake, then a peer like any other.
 
-The node's TLS thread reads a connection's preamble naming this session and hands the
-raw socket over (``attach`` with ``tls``, the descriptor by SCM_RIGHTS). The worker then
-makes the TLS handshake itself, with the node's certificate, without ever blocking its
-loop: the socket is non-blocking, each step of the handshake runs when the selector
-says the socket is ready, each handshake has HANDSHAKE_TIMEOUT seconds in all, and at
-most MAX_HANDSHAKES run at once: a new one closes the oldest still running, so peers
-that open handshakes and never finish them cannot keep a client out (a client's own
-handshake takes a round trip or two, a stalled one its whole time). A peer that stalls, sends
-plaintext or a certificate of another CA costs one line on the worker's stderr (its
-session log) and nothing else. A verified peer of a role that may not send
-(``tls_roles.DIRECT_ROLES``), or a client whose certificate's tenant is not the
-session's (the ``owner`` the daemon's ``attach`` names; none: the operator's), has each
-of its requests answered ``forbidden`` (one line), as the TLS thread answers an op a
-role may not ask; nothing of it is applied.
+The node's TLS thread reads a connection's preamble naming this session, checks the
+client certificate's tenant in a TLS session of its own (closed again before the
+handover), and hands the raw socket over (``attach`` with ``tls``, the descriptor by
+SCM_RIGHTS). The worker then makes the client's second TLS handshake itself, with the
+node's certificate, without ever blocking its loop: the socket is non-blocking, each
+step of the handshake runs when the selector says the socket is ready, each handshake
+has HANDSHAKE_TIMEOUT seconds in all, and at most MAX_HANDSHAKES run at once: a new one
+closes the oldest still running, so peers that open handshakes and never finish them
+cannot keep a client out (a client's own handshake takes a round trip or two, a stalled
+one its whole time). A peer that stalls, sends plaintext or a certificate of another CA
+costs one line on the worker's stderr (its session log) and nothing else. A verified
+peer of a role that may not send (``tls_roles.DIRECT_ROLES``), or a client whose
+certificate's tenant is not the session's (the ``owner`` the daemon's ``attach`` names;
+none: the operator's), has each of its requests answered ``forbidden`` (one line), as
+the TLS thread answers an op a role may not ask; nothing of it is applied.
 """
 
 from __future__ import annotations

@@ -107,10 +107,13 @@ def backup_session(
     dest: str,
     point: Point | None,
     app: str | None = None,
+    tenant: str | None = None,
 ) -> BackupResult:
     """Copy the session to ``<dest>/<id>``, up to ``point`` (None: no worker runs it, and
     the newest log is cut at its last whole group). ``app``: the named App the session
-    was created with, kept in the manifest for its restore."""
+    was created with; ``tenant``: the tenant it belongs to (None: the operator); both
+    kept in the manifest for its restore, with the home's real path (the tenant is given
+    back by a restore into that home)."""
     directory = session_dir(home, session_id)
     target = os.path.join(dest, session_id)
     if os.path.lexists(target):
@@ -123,7 +126,8 @@ def backup_session(
         chosen, contents, left = _collect(directory, fd, point)
     finally:
         os.close(fd)
-    return _write(target, session_id, chosen, contents, left, app)
+    owner = None if tenant is None else (tenant, os.path.realpath(home))
+    return _write(target, session_id, chosen, contents, left, app, owner)
 
 
 def _collect(directory: str, fd: int, point: Point | None) -> tuple[Point, dict[str, bytes], int]:
@@ -192,7 +196,7 @@ def write_backup(
     target = os.path.join(dest, session_id)
     if os.path.lexists(target):
         raise BackupError(target, "already exists; back up to a new directory")
-    return _write(target, session_id, point, contents, 0, None)
+    return _write(target, session_id, point, contents, 0, None, None)
 
 
 def _write(
@@ -202,6 +206,7 @@ def _write(
     contents: dict[str, bytes],
     left: int,
     app: str | None,
+    owner: tuple[str, str] | None,
 ) -> BackupResult:
     partial = target + PARTIAL
     if os.path.lexists(partial):
@@ -220,6 +225,8 @@ def _write(
     }
     if app is not None:
         manifest["app"] = app
+    if owner is not None:  # absent from a backup of the operator's or of before tenants
+        manifest["tenant"], manifest["home"] = owner
     text = json.dumps(manifest, indent=1, sort_keys=True).encode() + b"\n"
     durable.write_file_atomic(os.path.join(partial, MANIFEST), text)
     durable.rename(partial, target)

@@ -40,6 +40,8 @@ class Manifest:
     taken: str
     files: dict[str, bytes]  # checked against their sizes and digests
     app: str | None  # the named App the session was created with, if any
+    tenant: str | None = None  # its tenant when it was taken (None: the operator's)
+    home: str | None = None  # the real path of the home it was taken from, with a tenant
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +93,14 @@ def check_backup(source: str) -> Manifest:
         app = document.get("app")
         if app is not None and not isinstance(app, str):
             raise BackupError(where, f"its app must be an App's name, not {app!r:.80}")
-        return Manifest(session, taken, files, app)
+        tenant, home = document.get("tenant"), document.get("home")
+        if (
+            (tenant is None) != (home is None)
+            or not isinstance(tenant, str | None)
+            or (not isinstance(home, str | None))
+        ):
+            raise BackupError(where, "its tenant and home must be two strings, or absent")
+        return Manifest(session, taken, files, app, tenant, home)
     finally:
         os.close(fd)
 
