@@ -25,16 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from supervisor.client.control import (
-    READ_SIZE,
-    RETRYABLE,
-    TIMEVAL,
-    call,
-    exchange,
-    open_control,
-    result_of,
-    timed_out,
-)
+from supervisor.client.control import READ_SIZE, RETRYABLE, call, exchange, result_of
+from supervisor.client.handoff import handed_link
 from supervisor.client.outcomes import outcome_of as _outcome
 from supervisor.client.outcomes import result_or_raise as _result_or_raise
 from supervisor.client.outcomes import take_replies as _take
@@ -296,53 +288,24 @@ class Client:
     def _link(self, session: str, deadline: float) -> socket.socket:
         """The direct connection to ``session``'s worker, asked of the daemon if needed."""
         sock = self._links.get(session)
-        if sock is not None:
-            return sock
+        if sock is None:
+            sock = self._links[session] = self.connect(session, deadline)
+            self._readers.pop(session, None)  # a new connection starts with a new reader
+        return sock
+
+    def connect(self, session: str, deadline: float) -> socket.socket:
+        """A new direct connection to ``session``'s worker, the caller's to own and close:
+        asked of the daemon again while the session restarts, until ``deadline``."""
         while True:
             try:
-                sock = self._connect(session)
+                return self._connect(session)
             except ControlError as exc:
                 if exc.code not in RETRYABLE or time.monotonic() > deadline:
                     raise
                 time.sleep(_RETRY_PAUSE)  # the worker restarts; the daemon queues us
-                continue
-            self._links[session] = sock
-            self._readers.pop(session, None)  # a new connection starts with a new reader
-            return sock
 
     def _connect(self, session: str) -> socket.socket:
-        control = open_control(self.home, self.timeout)
-        connect: Message = {"id": 1, "op": "connect", "session": session}
-        if self.tenant is not None:
-            connect["tenant"] = self.tenant
-        request = encode(connect)
-        try:
-            try:
-                replies, fds = exchange(control, request, 1, time.monotonic() + self.timeout)
-            except TimeoutError as exc:
-                raise timed_out(self.home, self.timeout) from exc
-            except OSError as exc:
-                raise ControlError(
-                    "closed", f"the supervisor closed the connection: {exc}"
-                ) from exc
-        finally:
-            control.close()
-        try:
-            result_of(replies[0])
-        except ControlError:
-            for fd in fds:
-                os.close(fd)
-            raise
-        if len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
-            raise ControlError("closed", "the supervisor sent no connection; retry")
-        link = socket.socket(fileno=fds[0])
-        seconds = int(self.timeout)
-        bound = TIMEVAL.pack(seconds, int((self.timeout - seconds) * 1e6))
-        link.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, bound)
-        link.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, bound)
-        return link
+        return handed_link(self.home, session, self.tenant, self.timeout)
 
     def _reader(self, session: str) -> FrameReader:
         reader = self._readers.get(session)
