@@ -35,7 +35,7 @@ from supervisor.client.streaming import Stream
 from supervisor.errors import ControlError
 from worker.wire import FrameReader, Message, WireError, encode
 
-__all__ = ["Client", "Request"]
+__all__ = ["Client", "Request", "payload_of"]
 
 _RETRY_PAUSE: Final = 0.02
 
@@ -93,7 +93,7 @@ class Client:
             return _result_or_raise(self.send_many(session, [request])[0])
         # The common case, kept short: a live connection, one frame out, one frame back,
         # on a blocking socket whose kernel timeouts (SO_RCVTIMEO) spare a poll per call.
-        payload = _payload(request)
+        payload = payload_of(request)
         request_id = next(self._ids)
         frame = encode({"id": request_id, "op": "request", "request": payload})
         try:
@@ -122,7 +122,7 @@ class Client:
         """
         self._link(session, time.monotonic() + self.retry_for)
         request = Request(text=text, key=key or _made_up_key(), untrusted=untrusted)
-        return Stream(self, session, _payload(request))
+        return Stream(self, session, payload_of(request))
 
     def schedule(
         self,
@@ -226,7 +226,7 @@ class Client:
         reached before anything is sent (then nothing was applied).
         """
         self._link(session, time.monotonic() + self.retry_for)
-        return self._send_payloads(session, [_payload(r) for r in requests])
+        return self._send_payloads(session, [payload_of(r) for r in requests])
 
     def _send_payloads(self, session: str, payloads: list[Message]) -> list[Message]:
         deadline = time.monotonic() + self.retry_for
@@ -350,7 +350,8 @@ def _made_up_key() -> str:
     return f"auto-{uuid.uuid4().hex}"
 
 
-def _payload(request: Request) -> Message:
+def payload_of(request: Request) -> Message:
+    """The ``request`` field of a request's frame (its key made up if it has none)."""
     payload: Message = {"text": request.text, "key": request.key or _made_up_key()}
     if request.untrusted:
         payload["untrusted"] = True

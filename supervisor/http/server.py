@@ -128,6 +128,8 @@ class HttpServer:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            api.links.close()
+            await asyncio.sleep(0)  # the links' connection_lost: each closes its socket
 
     async def _connection(
         self, api: Api, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
