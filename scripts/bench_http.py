@@ -8,12 +8,12 @@ One ``loopd serve --http`` on a temporary home, its App ``scripts.bench_http_app
 monotonic clock at its ``stream()`` call). Measured:
 
 - round trip: one client, one session, one request at a time, keyed: an HTTP send
-  (``http.client``, a kept-alive connection) against ``Client.send``, in interleaved
-  rounds (the order rotated every round); the ratio is the median of the per-round
-  ratios. Also a send by a minimal HTTP client (one ``sendall``, the answer read by its
-  Content-Length, as curl's or Node's cost next to nothing): ``http.client`` alone
-  spends more CPU on a request than ``Client.send`` does, and this row is the port's
-  own share;
+  (``http.client``, a kept-alive connection) against ``Client.send``, one request of
+  each in turn (the order rotated); a round's figure is its median request, the ratio
+  the median of the rounds' ratios. Also a send by a minimal HTTP client (one
+  ``sendall``, the answer read by its Content-Length, as curl's or Node's cost next to
+  nothing): ``http.client`` alone spends more CPU on a request than ``Client.send``
+  does, and this row is the port's own share;
 - first partial: a streamed send of one partial, from the App's ``stream()`` call to
   the partial read by the client (the clock is the machine's monotonic one, the same in
   every process): over SSE, against ``Client.stream`` side by side;
@@ -133,13 +133,17 @@ def round_trip(home: str, port: int, rounds: int, count: int) -> dict[str, Any]:
     sides = {"http": over_http, "minimal": minimal, "client": direct}
     per_round: dict[str, list[float]] = {name: [] for name in sides}
     for r in range(rounds + 1):  # round 0 warms them up and is not counted
-        order = list(sides)[r % 3 :] + list(sides)[: r % 3]
-        for name in order:
-            start = time.perf_counter()
-            for i in range(count):
+        # One request of each side in turn, the order rotated: a burst of the machine's
+        # other load falls on all three alike; a round's figure is its median request.
+        times: dict[str, list[float]] = {name: [] for name in sides}
+        for i in range(count):
+            for name in list(sides)[i % 3 :] + list(sides)[: i % 3]:
+                start = time.perf_counter()
                 sides[name](f"{name}-{r}-{i}")
-            if r:
-                per_round[name].append((time.perf_counter() - start) / count * 1e6)
+                times[name].append((time.perf_counter() - start) * 1e6)
+        if r:
+            for name, taken in times.items():
+                per_round[name].append(statistics.median(taken))
     conn.close()
     raw.close()
     client.close()
