@@ -4,7 +4,9 @@ The client is blocking by design (kernel timeouts on its sockets); the HTTP loop
 never block, so each call runs on one of ``THREADS`` daemon threads, each with its own
 ``Client`` (a client is not shared between threads; its connections to the workers
 are kept between calls). Daemon threads: a call still waiting on a worker when serve
-exits holds nothing that needs an orderly end.
+exits holds nothing that needs an orderly end. A send is not run here but on the
+port's loop (``worker_links``), save for asking the daemon for a connection and a send
+retried by key after its worker died.
 """
 
 from __future__ import annotations
