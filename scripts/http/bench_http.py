@@ -8,9 +8,12 @@ One ``loopd serve --http`` on a temporary home, its App ``scripts.http.bench_htt
 monotonic clock at its ``stream()`` call). Measured:
 
 - round trip: one client, one session, one request at a time, keyed: an HTTP send
-  (``http.client``, a kept-alive connection) against ``Client.send``, in interleaved
-  rounds (the order swapped every round); the ratio is the median of the per-round
-  ratios;
+  (``http.client``, a kept-alive connection) against ``Client.send``, one request of
+  each in turn (the order rotated); a round's figure is its median request, the ratio
+  the median of the rounds' ratios. Also a send by a minimal HTTP client (one
+  ``sendall``, the answer read by its Content-Length, as curl's or Node's cost next to
+  nothing): ``http.client`` alone spends more CPU on a request than ``Client.send``
+  does, and this row is the port's own share;
 - first partial: a streamed send of one partial, from the App's ``stream()`` call to
   the partial read by the client (the clock is the machine's monotonic one, the same in
   every process): over SSE, against ``Client.stream`` side by side;
@@ -97,27 +100,62 @@ def round_trip(home: str, port: int, rounds: int, count: int) -> dict[str, Any]:
         if answer.status != 200:
             raise RuntimeError(f"HTTP send: {answer.status}")
 
+    raw = _connection(port).sock
+    assert raw is not None
+    body = json.dumps({"text": "hello there"}).encode()
+
+    def minimal(key: str) -> None:
+        nonlocal raw
+        if key.endswith("-0"):
+            raw.close()
+            raw = _connection(port).sock
+            assert raw is not None
+        raw.sendall(
+            f"POST /v1/sessions/rt/requests HTTP/1.1\r\nHost: bench\r\nContent-Type: "
+            f"application/json\r\nIdempotency-Key: {key}\r\nContent-Length: {len(body)}"
+            f"\r\n\r\n".encode()
+            + body
+        )
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += raw.recv(65536)
+        head, rest = data.split(b"\r\n\r\n", 1)
+        if not head.startswith(b"HTTP/1.1 200 "):
+            raise RuntimeError(f"minimal HTTP send: {head[:100]!r}")
+        length = int(head.lower().split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+        while len(rest) < length:
+            rest += raw.recv(65536)
+
     def direct(key: str) -> None:
         client.send("rt", "hello there", key=key)
 
-    sides = {"http": over_http, "client": direct}
-    per_round: dict[str, list[float]] = {"http": [], "client": []}
-    for r in range(rounds + 1):  # round 0 warms both up and is not counted
-        order = list(sides) if r % 2 else list(reversed(sides))
-        for name in order:
-            start = time.perf_counter()
-            for i in range(count):
+    sides = {"http": over_http, "minimal": minimal, "client": direct}
+    per_round: dict[str, list[float]] = {name: [] for name in sides}
+    for r in range(rounds + 1):  # round 0 warms them up and is not counted
+        # One request of each side in turn, the order rotated: a burst of the machine's
+        # other load falls on all three alike; a round's figure is its median request.
+        times: dict[str, list[float]] = {name: [] for name in sides}
+        for i in range(count):
+            for name in list(sides)[i % 3 :] + list(sides)[: i % 3]:
+                start = time.perf_counter()
                 sides[name](f"{name}-{r}-{i}")
-            if r:
-                per_round[name].append((time.perf_counter() - start) / count * 1e6)
+                times[name].append((time.perf_counter() - start) * 1e6)
+        if r:
+            for name, taken in times.items():
+                per_round[name].append(statistics.median(taken))
     conn.close()
+    raw.close()
     client.close()
     ratios = [h / c for h, c in zip(per_round["http"], per_round["client"], strict=True)]
+    minimal_ratios = [m / c for m, c in zip(per_round["minimal"], per_round["client"], strict=True)]
     return {
         "http_us": statistics.median(per_round["http"]),
+        "minimal_us": statistics.median(per_round["minimal"]),
         "client_us": statistics.median(per_round["client"]),
         "ratio": statistics.median(ratios),
         "ratio_range": (min(ratios), max(ratios)),
+        "minimal_ratio": statistics.median(minimal_ratios),
+        "minimal_ratio_range": (min(minimal_ratios), max(minimal_ratios)),
     }
 
 
@@ -294,6 +332,9 @@ def render(
         f"| keyed send round trip, one client, one session | {rt['http_us']:.0f} µs | "
         f"{rt['client_us']:.0f} µs | {rt['ratio']:.2f}x, {lo:.2f}-{hi:.2f} over rounds "
         "(≤ 1.3x) |",
+        f"| the same, a minimal HTTP client | {rt['minimal_us']:.0f} µs | {rt['client_us']:.0f} µs "
+        f"| {rt['minimal_ratio']:.2f}x, {rt['minimal_ratio_range'][0]:.2f}-"
+        f"{rt['minimal_ratio_range'][1]:.2f} over rounds |",
         f"| first partial, from `stream()` to the client, p50 / p99 | {sse['p50']:.2f} / "
         f"{sse['p99']:.2f} ms | {direct['p50']:.2f} / {direct['p99']:.2f} ms | "
         "(≤ 5 ms on a quiet machine) |",

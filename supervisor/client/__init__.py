@@ -2,7 +2,8 @@
 
 ``from supervisor.client import Client`` is the public path; the modules are
 ``control`` (one call on the daemon's control socket), ``direct`` (the data path),
-``cluster`` (routing through etcd) and ``status_table`` (how status rows are shown).
+``handoff`` (a direct connection as the daemon hands it over), ``cluster`` (routing
+through etcd) and ``status_table`` (how status rows are shown).
 """
 
 from __future__ import annotations

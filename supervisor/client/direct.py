@@ -25,16 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from supervisor.client.control import (
-    READ_SIZE,
-    RETRYABLE,
-    TIMEVAL,
-    call,
-    exchange,
-    open_control,
-    result_of,
-    timed_out,
-)
+from supervisor.client.control import READ_SIZE, RETRYABLE, call, exchange, result_of
+from supervisor.client.handoff import handed_link
 from supervisor.client.outcomes import outcome_of as _outcome
 from supervisor.client.outcomes import result_or_raise as _result_or_raise
 from supervisor.client.outcomes import take_replies as _take
@@ -43,7 +35,7 @@ from supervisor.client.streaming import Stream
 from supervisor.errors import ControlError
 from worker.ipc.wire import FrameReader, Message, WireError, encode
 
-__all__ = ["Client", "Request"]
+__all__ = ["Client", "Request", "payload_of"]
 
 _RETRY_PAUSE: Final = 0.02
 
@@ -101,7 +93,7 @@ class Client:
             return _result_or_raise(self.send_many(session, [request])[0])
         # The common case, kept short: a live connection, one frame out, one frame back,
         # on a blocking socket whose kernel timeouts (SO_RCVTIMEO) spare a poll per call.
-        payload = _payload(request)
+        payload = payload_of(request)
         request_id = next(self._ids)
         frame = encode({"id": request_id, "op": "request", "request": payload})
         try:
@@ -130,7 +122,7 @@ class Client:
         """
         self._link(session, time.monotonic() + self.retry_for)
         request = Request(text=text, key=key or _made_up_key(), untrusted=untrusted)
-        return Stream(self, session, _payload(request))
+        return Stream(self, session, payload_of(request))
 
     def schedule(
         self,
@@ -234,7 +226,7 @@ class Client:
         reached before anything is sent (then nothing was applied).
         """
         self._link(session, time.monotonic() + self.retry_for)
-        return self._send_payloads(session, [_payload(r) for r in requests])
+        return self._send_payloads(session, [payload_of(r) for r in requests])
 
     def _send_payloads(self, session: str, payloads: list[Message]) -> list[Message]:
         deadline = time.monotonic() + self.retry_for
@@ -296,53 +288,24 @@ class Client:
     def _link(self, session: str, deadline: float) -> socket.socket:
         """The direct connection to ``session``'s worker, asked of the daemon if needed."""
         sock = self._links.get(session)
-        if sock is not None:
-            return sock
+        if sock is None:
+            sock = self._links[session] = self.connect(session, deadline)
+            self._readers.pop(session, None)  # a new connection starts with a new reader
+        return sock
+
+    def connect(self, session: str, deadline: float) -> socket.socket:
+        """A new direct connection to ``session``'s worker, the caller's to own and close:
+        asked of the daemon again while the session restarts, until ``deadline``."""
         while True:
             try:
-                sock = self._connect(session)
+                return self._connect(session)
             except ControlError as exc:
                 if exc.code not in RETRYABLE or time.monotonic() > deadline:
                     raise
                 time.sleep(_RETRY_PAUSE)  # the worker restarts; the daemon queues us
-                continue
-            self._links[session] = sock
-            self._readers.pop(session, None)  # a new connection starts with a new reader
-            return sock
 
     def _connect(self, session: str) -> socket.socket:
-        control = open_control(self.home, self.timeout)
-        connect: Message = {"id": 1, "op": "connect", "session": session}
-        if self.tenant is not None:
-            connect["tenant"] = self.tenant
-        request = encode(connect)
-        try:
-            try:
-                replies, fds = exchange(control, request, 1, time.monotonic() + self.timeout)
-            except TimeoutError as exc:
-                raise timed_out(self.home, self.timeout) from exc
-            except OSError as exc:
-                raise ControlError(
-                    "closed", f"the supervisor closed the connection: {exc}"
-                ) from exc
-        finally:
-            control.close()
-        try:
-            result_of(replies[0])
-        except ControlError:
-            for fd in fds:
-                os.close(fd)
-            raise
-        if len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
-            raise ControlError("closed", "the supervisor sent no connection; retry")
-        link = socket.socket(fileno=fds[0])
-        seconds = int(self.timeout)
-        bound = TIMEVAL.pack(seconds, int((self.timeout - seconds) * 1e6))
-        link.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, bound)
-        link.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, bound)
-        return link
+        return handed_link(self.home, session, self.tenant, self.timeout)
 
     def _reader(self, session: str) -> FrameReader:
         reader = self._readers.get(session)
@@ -387,7 +350,8 @@ def _made_up_key() -> str:
     return f"auto-{uuid.uuid4().hex}"
 
 
-def _payload(request: Request) -> Message:
+def payload_of(request: Request) -> Message:
+    """The ``request`` field of a request's frame (its key made up if it has none)."""
     payload: Message = {"text": request.text, "key": request.key or _made_up_key()}
     if request.untrusted:
         payload["untrusted"] = True

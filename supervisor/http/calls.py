@@ -4,15 +4,18 @@ The client is blocking by design (kernel timeouts on its sockets); the HTTP loop
 never block, so each call runs on one of ``THREADS`` daemon threads, each with its own
 ``Client`` (a client is not shared between threads; its connections to the workers
 are kept between calls). Daemon threads: a call still waiting on a worker when serve
-exits holds nothing that needs an orderly end.
+exits holds nothing that needs an orderly end. A send is not run here but on the
+port's loop (``worker_links``), save for asking the daemon for a connection and a send
+retried by key after its worker died.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Final, TypeVar
 
 from supervisor.client import Client
@@ -43,18 +46,29 @@ class ClientPool:
 
     async def run(self, call: Callable[[Client], _T], tenant: str | None = None) -> _T:
         """``call(client)`` on a pool thread, with a client asking as ``tenant`` (None: the
-        operator); its result or its exception."""
+        operator); its result or its exception. Refused ``busy`` past ``MAX_IN_FLIGHT``."""
+        with self.admitted():
+            return await self.run_admitted(call, tenant)
+
+    @contextlib.contextmanager
+    def admitted(self) -> Iterator[None]:
+        """One call in flight for its duration; ControlError ``busy`` past ``MAX_IN_FLIGHT``
+        (the loop's thread only: a send answered on the loop counts as a call)."""
         if self.in_flight >= MAX_IN_FLIGHT:
             raise ControlError("busy", f"{MAX_IN_FLIGHT} calls in flight; retry later")
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+
+    async def run_admitted(self, call: Callable[[Client], _T], tenant: str | None = None) -> _T:
+        """``run`` within a call already ``admitted`` (not counted again)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[object] = loop.create_future()
         self._start_one()
         self._jobs.put((call, future, loop, tenant))
-        self.in_flight += 1
-        try:
-            return await future  # type: ignore[return-value]
-        finally:
-            self.in_flight -= 1
+        return await future  # type: ignore[return-value]
 
     def close(self) -> None:
         """Ask every thread to end after its call (not waited for: see the module)."""

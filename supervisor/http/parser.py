@@ -81,7 +81,8 @@ async def read_request(reader: asyncio.StreamReader, first: bytes) -> HttpReques
     if length > MAX_BODY:
         raise HttpError(413, "too_large", f"a body of {length} bytes (at most {MAX_BODY})")
     try:
-        body = await asyncio.wait_for(reader.readexactly(length), BODY_DEADLINE)
+        async with asyncio.timeout(BODY_DEADLINE):
+            body = await reader.readexactly(length)
     except asyncio.IncompleteReadError as exc:
         raise HttpError(400, "bad_request", "the connection ended inside a body") from exc
     return HttpRequest(method=method, target=target, headers=headers, body=body)

@@ -18,6 +18,7 @@ from supervisor.http.responses import error_response, json_body, response, statu
 from supervisor.http.sse import Turns
 from supervisor.http.streaming import start_or_join, write_events, write_final_as_json
 from supervisor.http.tokens import TokenTable
+from supervisor.http.worker_links import WorkerLinks
 from supervisor.sessions.tenants import OPERATOR
 
 MAX_KEY: Final = 256
@@ -48,6 +49,7 @@ class Api:
         self.pool = pool
         self.tokens = tokens  # None: no [tenants], no token asked (as before tenants)
         self.turns = Turns()
+        self.links = WorkerLinks(pool)  # a send's own path: no thread between it and the worker
         self._openapi = openapi_document()
 
     async def answer(self, request: HttpRequest, writer: asyncio.StreamWriter) -> bool:
@@ -190,9 +192,7 @@ class Api:
         if joined is not None:  # a stream of this key runs: its reply is this answer
             await write_final_as_json(joined, writer, keep)
             return keep
-        result = await self.pool.run(
-            lambda c: c.send(session, text, key=key, untrusted=untrusted), tenant
-        )
+        result = await self.links.send(session, text, key=key, untrusted=untrusted, tenant=tenant)
         writer.write(response(200, json_body({**result, "key": key}), keep_alive=keep))
         return keep
 

@@ -128,6 +128,8 @@ class HttpServer:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            api.links.close()
+            await asyncio.sleep(0)  # the links' connection_lost: each closes its socket
 
     async def _connection(
         self, api: Api, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -148,15 +150,19 @@ class HttpServer:
     async def _requests(
         self, api: Api, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
+        # Deadlines are asyncio.timeout scopes, not wait_for: wait_for wraps each read in
+        # a task of its own, a few more turns of the loop for every request.
         for _ in range(MAX_REQUESTS_PER_CONNECTION):
             try:
-                first = await asyncio.wait_for(reader.read(1), KEEP_ALIVE_IDLE)
+                async with asyncio.timeout(KEEP_ALIVE_IDLE):
+                    first = await reader.read(1)
             except TimeoutError:
                 return  # no request began: closed without a word
             if not first:
                 return
             try:
-                request = await asyncio.wait_for(read_request(reader, first), HEADER_DEADLINE)
+                async with asyncio.timeout(HEADER_DEADLINE):
+                    request = await read_request(reader, first)
             except TimeoutError:
                 why = f"no whole request head within {HEADER_DEADLINE:g} s"
                 writer.write(error_response(408, "timeout", why, keep_alive=False))

@@ -120,6 +120,20 @@ def test_another_tenants_session_and_a_guessed_id_are_refused_403_with_the_same_
     assert [r for r in records["records"] if r.get("type") == "User"] == []
 
 
+def test_a_send_on_the_connection_the_owner_opened_to_its_worker_is_still_refused_403(
+    port: tuple[Port, Path],
+) -> None:
+    api, _home = port
+    mine = api.document("POST", "/v1/sessions/a1/requests", {"text": "hi"}, token=TOKENS["acme"])
+    # The port now keeps a connection to a1's worker open: acme's, never lent to globex.
+    status, _headers, raw = api.ask(
+        "POST", "/v1/sessions/a1/requests", {"text": "theirs"}, token=TOKENS["globex"]
+    )
+    assert (status, json.loads(raw)["error"]["code"]) == (403, "forbidden")
+    records = api.document("GET", "/v1/sessions/a1/records?since=0", token=TOKENS["acme"])
+    assert [r["key"] for r in records["records"] if r["type"] == "User"] == [mine["key"]]
+
+
 def test_the_owner_reaches_its_session_and_the_operator_reaches_every_one(
     port: tuple[Port, Path],
 ) -> None:
