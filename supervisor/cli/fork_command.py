@@ -5,8 +5,10 @@ NEW (hard links), and NEW's epoch E+1 starts from E's recorded summary. Only sea
 epochs are read, so a live ID is forked without asking its worker. The new epoch's
 baseline is the App's ``next_baseline`` for the session as of E, asked of the App ID
 was created with: a named App in a child interpreter set up as its workers are, the
-default (or ``--app``) App here. A daemon that serves the home is told of NEW
-(``adopt``); otherwise the intent records NEW's named App for the next ``serve``.
+default (or ``--app``) App here; NEW's SessionStart names that App and its version by
+the worker's rule, as a worker's resume would (docs/apps.md, "Versions"). A daemon that
+serves the home is told of NEW (``adopt``); otherwise the intent records NEW's named App
+for the next ``serve``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,15 @@ from supervisor.hosting.apps import IMPORT_TIMEOUT, AppConfig, AppConfigError, a
 from supervisor.hosting.config import ConfigError, config_path, read_apps
 from supervisor.hosting.intent import IntentError, IntentFile
 from worker.app import DEFAULT_APP, DEFAULT_BUDGET, load_app
-from worker.offline.fork import StagedFork, abandon_fork, finish_fork, sealed_through, stage_fork
+from worker.app.version import app_version
+from worker.offline.fork import (
+    AppVersion,
+    StagedFork,
+    abandon_fork,
+    finish_fork,
+    sealed_through,
+    stage_fork,
+)
 from worker.store.baseline import Baseline
 from worker.store.errors import SessionError
 
@@ -41,21 +51,27 @@ _NEXT_BASELINE: Final = """
 import json, sys
 sys.path[:] = json.loads(sys.argv[3])
 from worker.app import load_app
+from worker.app.version import app_version
 from worker.offline.fork import StagedSession
 from worker.store.loader import load_session
 view = StagedSession(load_session(sys.argv[4], sys.argv[5]))
 baseline = load_app(sys.argv[1], int(sys.argv[2])).next_baseline(view, sys.argv[6])
+sys.stdout.buffer.write(json.dumps(app_version(sys.argv[1])).encode() + b"\\n")
 sys.stdout.buffer.write(baseline.to_json())
 """
 
 
-def next_baseline(staged: StagedFork, app: AppConfig | None, spec: str | None) -> Baseline:
-    """The App's ``next_baseline`` for the staged session as of epoch E, and E's summary."""
+def next_baseline(
+    staged: StagedFork, app: AppConfig | None, spec: str | None
+) -> tuple[Baseline, AppVersion]:
+    """The App's ``next_baseline`` for the staged session as of epoch E, and E's summary,
+    and the App and version that built it."""
     if app is None:
         target = spec or DEFAULT_APP
         try:  # the App sees the session read-only, as of the end of epoch E
             view = cast("Session", staged.session)
-            return load_app(target).next_baseline(view, staged.summary)
+            built = load_app(target).next_baseline(view, staged.summary)
+            return built, (target, app_version(target))
         except Exception as exc:
             raise AppUnusable(f"--app {target}", f"{type(exc).__name__}: {exc}") from exc
     where = f"app {app.name!r} ({app.target})"
@@ -80,10 +96,15 @@ def next_baseline(staged: StagedFork, app: AppConfig | None, spec: str | None) -
         lines = done.stderr.decode(errors="replace").strip().splitlines()
         last = lines[-1].strip() if lines else f"exit code {done.returncode}"
         raise AppUnusable(where, f"next_baseline failed: {last[:300]}")
+    head, _newline, body = done.stdout.partition(b"\n")
     try:
-        return Baseline.from_json(done.stdout)
+        version = json.loads(head)
+        baseline = Baseline.from_json(body)
     except ValueError as exc:
         raise AppUnusable(where, f"its next baseline is not one: {exc}") from exc
+    if not isinstance(version, str) or not version:
+        raise AppUnusable(where, f"its version is not one: {head[:100]!r}")
+    return baseline, (app.target, version)
 
 
 def _named_app(home: str, source: str) -> tuple[str | None, AppConfig | None]:
@@ -150,11 +171,11 @@ def fork(
         name, app = _named_app(home, source)
         staged = stage_fork(home, source, new, sealed_through(home, source, epoch))
         try:
-            baseline = next_baseline(staged, app, spec)
+            baseline, built_by = next_baseline(staged, app, spec)
         except BaseException:
             abandon_fork(staged)
             raise
-        result = finish_fork(staged, baseline)
+        result = finish_fork(staged, baseline, built_by)
         if daemon_answers(home, timeout):
             call(
                 home,

@@ -4,9 +4,9 @@ The database cannot link files, so NEW's epochs 0..E are copies of ID's. They ar
 from one snapshot of ID's files (``session_files``), put into a temporary home, and
 forked there by the store's own fork (worker.offline.fork: sealed epochs only, the key
 index rebuilt, the whole history checked, epoch E+1 from E's recorded summary with the
-baseline the App gives); NEW's files are then created in the database in one
-transaction (``put_session``: all of NEW or nothing) and read back as ``verify`` reads
-them. ID is read, never claimed: its worker serves on.
+baseline the App gives, naming that App and its version); NEW's files are then
+created in the database in one transaction (``put_session``: all of NEW or nothing) and
+read back as ``verify`` reads them. ID is read, never claimed: its worker serves on.
 """
 
 from __future__ import annotations
@@ -16,7 +16,14 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from worker.offline.fork import StagedFork, abandon_fork, finish_fork, sealed_through, stage_fork
+from worker.offline.fork import (
+    AppVersion,
+    StagedFork,
+    abandon_fork,
+    finish_fork,
+    sealed_through,
+    stage_fork,
+)
 from worker.store.baseline import Baseline
 from worker.store.disk.layout import session_dir
 from worker.store.errors import SessionExists
@@ -38,7 +45,7 @@ def fork_in_store(
     source: str,
     new: str,
     epoch: int | None,
-    baseline_for: Callable[[StagedFork], Baseline],
+    baseline_for: Callable[[StagedFork], tuple[Baseline, AppVersion | None]],
 ) -> StoredFork:
     """Fork ``source`` as ``new`` inside the store at ``uri`` (SessionError if it cannot)."""
     store = PostgresStore(uri)
@@ -53,11 +60,11 @@ def fork_in_store(
                 out.write(data)
         staged = stage_fork(home, source, new, sealed_through(home, source, epoch))
         try:
-            baseline = baseline_for(staged)
+            baseline, built_by = baseline_for(staged)
         except BaseException:
             abandon_fork(staged)
             raise
-        result = finish_fork(staged, baseline)
+        result = finish_fork(staged, baseline, built_by)
         target = session_dir(home, new)
         made = {}
         for name in sorted(os.listdir(target)):

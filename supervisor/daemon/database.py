@@ -4,9 +4,11 @@ With a store the sessions live in the database; the home keeps the control socke
 logs, the intent and hosting files. At start serve creates or migrates the schema (a
 newer one is refused), reads what a COMMIT promises (``synchronous_commit``,
 ``synchronous_standby_names``) and says it in one line, refuses a server without
-synchronous replication under ``--require-sync-replication``, and lists the sessions.
-Each of those is one short connection, closed before the first worker is forked: a
-worker connects on its own, after its fork. psycopg is imported here only with a store.
+synchronous replication under ``--require-sync-replication``, lists the sessions, and
+(one node alone) reads the App each session's newest SessionStart names, in one query,
+for its status row until its worker reports (supervisor.hosting.epoch_apps). Each of
+those is one short connection, closed before the first worker is forked: a worker
+connects on its own, after its fork. psycopg is imported here only with a store.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable
 from supervisor.daemon.config import ServeConfig
 from supervisor.daemon.home import existing_sessions
 from supervisor.errors import ServeError
+from supervisor.hosting.epoch_apps import remember_stored
 from worker.store.errors import PathError
 
 
@@ -32,6 +35,8 @@ def hosted_sessions(config: ServeConfig, home: str, report: Callable[[str], None
         version = store.ensure_schema()
         durability = store.durability()
         sessions = store.session_ids()
+        if config.cluster is None:  # a node's sessions are etcd's, and may move in later
+            remember_stored(config.store, store.newest_starts())
     except PathError as exc:  # unreachable, not a URI, no driver, a newer schema
         raise ServeError(f"--store: {exc}") from exc
     report(f"sessions in {store.place} (schema version {version}): {durability.promise()}")

@@ -4,6 +4,11 @@ Read from the first line of its newest log (the epoch's ``SessionStart``, docs/f
 "Apps"), whether or not a worker runs: a hibernated session has one too. The line is
 written once, by the rename that makes the log, and never again, so it is read once per
 log file (its device and inode) and kept; a status row then costs a ``stat``.
+
+A session in a database has no log here: its worker reports its epoch's App with its
+state (ready, each state report), and ``serve --store`` reads every session's newest
+SessionStart once at start, in one query (``remember_stored``), for the rows of the
+sessions no worker has reported yet (a hibernated one); no status call asks the database.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Final
 
 from supervisor.hosting.regular_file import open_regular
@@ -28,6 +34,32 @@ KEPT: Final = 100_000
 EpochApp = tuple[str | None, str | None]
 _NONE: Final[EpochApp] = (None, None)
 _known: OrderedDict[tuple[int, int], EpochApp] = OrderedDict()
+# Read by serve at start, per (store URI, session id); each taken by the session's first
+# host (later ones, a session created again, wait for their worker's report).
+_stored: dict[tuple[str, str], EpochApp] = {}
+
+
+def remember_stored(uri: str, starts: Mapping[str, bytes]) -> None:
+    """Keep the App of each session's newest SessionStart line in ``starts`` (by id)."""
+    for session_id, line in starts.items():
+        _stored[(uri, session_id)] = start_app(line)
+
+
+def take_stored(uri: str | None, session_id: str) -> EpochApp | None:
+    """The App serve read at start for the session in the database at ``uri``, once
+    (None: not read, or ``uri`` None: a session in a home)."""
+    return None if uri is None else _stored.pop((uri, session_id), None)
+
+
+def app_reported(state: object) -> EpochApp | None:
+    """``(app, app_version)`` a worker's state report names; None if it names none (a
+    worker from before it reported them)."""
+    if not isinstance(state, dict) or "app" not in state:
+        return None
+    app, version = state.get("app"), state.get("app_version")
+    if isinstance(app, str) and isinstance(version, str):
+        return app, version
+    return _NONE
 
 
 def epoch_app(home: str, session_id: str, epoch: int | None) -> EpochApp:
@@ -66,7 +98,11 @@ def _read_start(fd: int) -> EpochApp:
         if not chunk:
             break
         data += chunk
-    line = data.split(b"\n", 1)[0]
+    return start_app(data.split(b"\n", 1)[0])
+
+
+def start_app(line: bytes) -> EpochApp:
+    """The App a SessionStart ``line`` (no newline) names; (None, None) if it is not one."""
     try:
         record = decode_record(line)
     except ValueError:

@@ -11,6 +11,7 @@ from typing import Final, Protocol
 
 import psutil
 
+from supervisor.hosting.epoch_apps import app_reported, take_stored
 from supervisor.scheduling.files import reported_summary
 from supervisor.sessions.endpoints import Waiter, WorkerChannel
 from supervisor.sessions.exit_advice import fatal_reason, honoured_exit
@@ -83,6 +84,8 @@ class HostedSession(SessionRequests):
         # The worker's [pending, next due], as it last said, or as the daemon's file says.
         self.schedules: object = reported_summary(spec.home, spec.session)
         self.tokens: int | None = None  # its worker's Usage tokens, as it last reported
+        # In a database: as serve read it at start, then as its workers report it.
+        self.epoch_app = take_stored(spec.store, spec.session)
         self.relay = Relay(spec.session)
         self.queued: list[tuple[Waiter, Message]] = []
         self.ready_waiters: list[Waiter] = []
@@ -374,6 +377,7 @@ class HostedSession(SessionRequests):
             self.epoch = int_or_none(state.get("epoch"))
             self.records = int_or_none(state.get("records"))
             self.schedules = state.get("schedules")
+            self.epoch_app = app_reported(state) or self.epoch_app
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

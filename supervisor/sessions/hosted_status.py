@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from supervisor.hosting.epoch_apps import epoch_app
+from supervisor.hosting.epoch_apps import EpochApp, epoch_app
 from supervisor.sessions.spawn import WorkerSpec
 from supervisor.states import State
 from worker.ipc.wire import Message
@@ -45,11 +45,13 @@ class StatusSource(Protocol):
     def tokens(self) -> int | None: ...
     @property
     def spec(self) -> WorkerSpec: ...
+    @property
+    def epoch_app(self) -> EpochApp | None: ...
 
 
 def session_status(hosted: StatusSource) -> Message:
     """State, pid, epoch, records, restarts, uptime, rss, cpu, last error, and the App and
-    version of its current epoch (in a database: None, not read here) of a session."""
+    version of its current epoch of a session."""
     worker = hosted.worker
     running = hosted.state in (State.RUNNING, State.STARTING, State.STOPPING)
     started = hosted.started_at
@@ -72,9 +74,14 @@ def session_status(hosted: StatusSource) -> Message:
 
 
 def app_of(hosted: StatusSource) -> Message:
-    """``app`` and ``app_version`` of the session's current epoch's SessionStart."""
+    """``app`` and ``app_version`` of the session's current epoch's SessionStart: read
+    from its log in a home; in a database, as its worker last reported them, or as serve
+    read them at start (None before either: no status call asks the database)."""
     spec = hosted.spec
-    app, version = (None, None) if spec.store else epoch_app(spec.home, hosted.id, hosted.epoch)
+    if spec.store:
+        app, version = hosted.epoch_app or (None, None)
+    else:
+        app, version = epoch_app(spec.home, hosted.id, hosted.epoch)
     return {"app": app, "app_version": version}
 
 

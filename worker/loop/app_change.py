@@ -20,7 +20,7 @@ def note_app_change(session: Session, app: str, version: str) -> Message | None:
     what changed (``app``, ``from``, ``to``, ``epoch``, ``line``), or None if nothing did.
 
     Nothing is written for an epoch whose SessionStart names no App (written before
-    versions, or by ``loopd fork``) or another App: only a version of the same one moves.
+    versions) or another App: only a version of the same one moves.
     """
     serving = serving_app(session.records)
     if serving is None or serving[0] != app or serving[1] == version:

@@ -9,11 +9,17 @@ from worker.ipc.wire import Message, error, ok
 from worker.loop.schedule_book import book_of
 from worker.loop.turns import PoisonRequest
 from worker.store.errors import KeyExpired, LogSealed, NotOwnerNow, SessionError
+from worker.store.format.records import SessionStart
 from worker.store.session import Session
 from worker.store.stats import STATS
 
 
 def describe(session: Session) -> Message:
+    """The session's state as its worker reports it (ready, state reports, replies), with
+    the App and version its epoch's SessionStart names: the status of a session in a
+    database, whose logs the supervisor does not read, takes them from here."""
+    start = session.records[0]
+    assert isinstance(start, SessionStart)  # an epoch's first record, always
     return {
         "pid": os.getpid(),
         "session": session.id,
@@ -21,6 +27,8 @@ def describe(session: Session) -> Message:
         "records": len(session.records),
         "slot": session.slot,
         "schedules": book_of(session).summary(),  # [pending, next due or None]
+        "app": start.app,
+        "app_version": start.app_version,
     }
 
 

@@ -3,10 +3,11 @@
 NEW holds ID's epochs 0..E as they are (sealed logs never change: each is hard-linked,
 or copied where the file system cannot link) and an epoch E+1 of its own, started
 from E's recorded summary as a resume after the ``EpochEnd`` would start it: the
-carried state E's ``EpochEnd`` binds, the baseline the App gives, and ``forked_from``
-naming ID (docs/format.md, "Forks"). Only sealed epochs are read, never the newest
-log a worker may be appending to, so a live ID needs no coordination: no lock, no
-point named by its worker.
+carried state E's ``EpochEnd`` binds, the baseline the App gives, ``forked_from``
+naming ID (docs/format.md, "Forks"), and the App and version that built that baseline,
+as a worker's resume would name its own (docs/apps.md, "Versions"). Only sealed epochs
+are read, never the newest log a worker may be appending to, so a live ID needs no
+coordination: no lock, no point named by its worker.
 
 Crash safety: NEW is built in ``<home>/trash/<NEW>.<time>.forking/`` (each file and
 the directory fsynced), checked as ``loopd verify`` checks a session, and renamed into
@@ -197,9 +198,16 @@ def _share(source: str, target: str, *, needed: bool) -> str:
     return "copied"
 
 
-def finish_fork(staged: StagedFork, baseline: Baseline) -> ForkResult:
+AppVersion = tuple[str, str]
+"""An App (``module:attribute``) and its version (worker.app.version)."""
+
+
+def finish_fork(
+    staged: StagedFork, baseline: Baseline, built_by: AppVersion | None = None
+) -> ForkResult:
     """Write the fork's own epoch E+1 (``baseline``, carrying what E's EpochEnd binds,
-    ``forked_from``), check the whole session, and rename it into ``sessions/``."""
+    ``forked_from``, naming ``built_by``: the App and version that built ``baseline``,
+    None for none), check the whole session, and rename it into ``sessions/``."""
     state = staged.state
     closing = state.records[-1]
     assert isinstance(closing, EpochEnd)
@@ -210,9 +218,11 @@ def finish_fork(staged: StagedFork, baseline: Baseline) -> ForkResult:
             log_path(staged.staging, staged.epoch),
             "was sealed by a loopd from before the carried fence: fork from a later epoch",
         )
+    app, version = built_by or (None, None)  # given, never this process's stamp
     start = replace(
-        plan.start(state, baseline.hash()), session=staged.new, forked_from=staged.source
-    )
+        plan.start(state, baseline.hash()), session=staged.new, forked_from=staged.source,
+        app=app, app_version=version,
+    )  # fmt: skip
     line, _crc = encode_lines((start,), 0)
     following = staged.epoch + 1
     write_segments(staged.staging, plan.new_segments)
@@ -257,13 +267,15 @@ def fork_session(
     new: str,
     epoch: int | None,
     next_baseline: Callable[[SessionView, str], Baseline],
+    built_by: AppVersion | None = None,
 ) -> ForkResult:
     """Fork ``source`` as ``new`` from ``epoch`` (None: its newest sealed one), the new
-    epoch's baseline ``next_baseline(session as of E, E's summary)``."""
+    epoch's baseline ``next_baseline(session as of E, E's summary)``, built by the App
+    and version ``built_by`` (named by its SessionStart)."""
     staged = stage_fork(home, source, new, sealed_through(home, source, epoch))
     try:
         baseline = next_baseline(staged.session, staged.summary)
     except BaseException:
         abandon_fork(staged)
         raise
-    return finish_fork(staged, baseline)
+    return finish_fork(staged, baseline, built_by)

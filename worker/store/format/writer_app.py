@@ -4,7 +4,8 @@ A worker hosts one App for its whole life; it says which (``module:attribute``) 
 its version (``worker.app.version``) once, after loading it, and every ``SessionStart``
 made in this process from then on (a create, an epoch commit, on every backend: the
 ``SessionStart`` defaults below) names them. A process that never says (a tool, a
-test, ``loopd fork``) writes ``SessionStart`` lines without the block, as before.
+test) writes ``SessionStart`` lines without the block, as before; ``loopd fork`` names
+the App that built its epoch's baseline explicitly (``worker.offline.fork.finish_fork``).
 """
 
 from __future__ import annotations

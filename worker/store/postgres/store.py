@@ -19,7 +19,7 @@ from worker.store.disk.layout import SESSIONS_DIR
 from worker.store.errors import NotOwnerNow, SessionExists, SessionNotFound
 from worker.store.format.records import SessionStart, encode_lines
 from worker.store.loader import baseline_path, load_session
-from worker.store.postgres.backend import PostgresBackend
+from worker.store.postgres.backend import PostgresBackend, _bytes
 from worker.store.postgres.connection import connect, database_error, driver, place_of
 from worker.store.postgres.durability import Durability, read_durability
 from worker.store.postgres.schema import ensure_schema
@@ -67,6 +67,18 @@ class PostgresStore:
         finally:
             conn.close()
         return [str(row[0]) for row in rows]
+
+    def newest_starts(self) -> dict[str, bytes]:
+        """The first line (no newline) of each session's newest log, by id, in one query:
+        its SessionStart, whose chunk starts the log. Only that line leaves the server."""
+        conn = self._connect()
+        try:
+            rows = conn.execute(_NEWEST_STARTS).fetchall()
+        except driver().Error as exc:
+            raise database_error(self.place, exc) from exc
+        finally:
+            conn.close()
+        return {str(session): _bytes(line).rstrip(b"\n") for session, line in rows}
 
     def durability(self) -> Durability:
         """The server's synchronous replication settings, as this store's connections see them."""
@@ -178,6 +190,11 @@ class PostgresStore:
             return self.open_session(session_id)  # a concurrent creator won
 
 
+_NEWEST_STARTS: Final = (
+    "SELECT c.session, substring(c.data FROM 1 FOR position('\\x0a'::bytea IN c.data)) "
+    "FROM (SELECT session, max(epoch) AS epoch FROM loopd_log_chunks GROUP BY session) AS n "
+    "JOIN loopd_log_chunks AS c ON c.session = n.session AND c.epoch = n.epoch AND c.start = 0"
+)
 _CLAIM_ATTEMPTS: Final = 3
 
 
