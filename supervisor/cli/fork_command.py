@@ -14,7 +14,6 @@ for the next ``serve``.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from typing import TYPE_CHECKING, Final, cast
 
@@ -24,11 +23,11 @@ from supervisor.cli.fork_store import fork_in_store
 from supervisor.cli.offline_commands import EXIT_REFUSED, home_given, home_unless_store_option
 from supervisor.cli.options import timeout_option
 from supervisor.cli.removal_commands import daemon_answers
-from supervisor.cli.session_app import AppUnusable
+from supervisor.cli.session_app import AppUnusable, run_as_its_workers
 from supervisor.cli.store_tools import store_option
 from supervisor.client.control import call
 from supervisor.errors import ControlError, SupervisorError
-from supervisor.hosting.apps import IMPORT_TIMEOUT, AppConfig, AppConfigError, app_import_path
+from supervisor.hosting.apps import AppConfig, app_import_path
 from supervisor.hosting.config import ConfigError, config_path, read_apps
 from supervisor.hosting.intent import IntentError, IntentFile
 from worker.app import DEFAULT_APP, DEFAULT_BUDGET, load_app
@@ -78,25 +77,8 @@ def next_baseline(
     budget = app.budget if app.budget is not None else DEFAULT_BUDGET
     path = json.dumps(app_import_path(app))
     args = [app.target, str(budget), path, staged.staging, staged.source, staged.summary]
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", _NEXT_BASELINE, *args],
-            cwd=app.work_dir(),
-            env=app.check_env(),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=IMPORT_TIMEOUT,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise AppUnusable(where, f"its next_baseline took over {IMPORT_TIMEOUT:g} s") from exc
-    except (OSError, AppConfigError) as exc:
-        raise AppUnusable(where, f"cannot be started: {exc}") from exc
-    if done.returncode != 0:
-        lines = done.stderr.decode(errors="replace").strip().splitlines()
-        last = lines[-1].strip() if lines else f"exit code {done.returncode}"
-        raise AppUnusable(where, f"next_baseline failed: {last[:300]}")
-    head, _newline, body = done.stdout.partition(b"\n")
+    out = run_as_its_workers(app, _NEXT_BASELINE, args, "next_baseline")
+    head, _newline, body = out.partition(b"\n")
     try:
         version = json.loads(head)
         baseline = Baseline.from_json(body)

@@ -86,11 +86,24 @@ def _default(spec: str, session_id: str) -> Baseline:
 def _named(app: AppConfig, session_id: str) -> Baseline:
     where = f"app {app.name!r} ({app.target})"
     budget = app.budget if app.budget is not None else DEFAULT_BUDGET
+    # Imported from where its workers import it, in the directory they run in.
+    args = [app.target, str(budget), json.dumps(app_import_path(app)), session_id]
+    out = run_as_its_workers(app, _BASELINE, args, "initial_baseline")
     try:
-        # Imported from where its workers import it, in the directory they run in.
-        args = [app.target, str(budget), json.dumps(app_import_path(app)), session_id]
+        return Baseline.from_json(out)
+    except ValueError as exc:
+        raise AppUnusable(where, f"its initial baseline is not one: {exc}") from exc
+
+
+def run_as_its_workers(app: AppConfig, script: str, args: list[str], call: str) -> bytes:
+    """Run ``script`` in a child interpreter set up as ``app``'s workers are (its working
+    directory and environment; the script sets its import path) and return its output;
+    AppUnusable, in one line, if it cannot start, fails or outlasts the import timeout.
+    ``call`` names the App's method it runs, for those lines."""
+    where = f"app {app.name!r} ({app.target})"
+    try:
         done = subprocess.run(
-            [sys.executable, "-c", _BASELINE, *args],
+            [sys.executable, "-c", script, *args],
             cwd=app.work_dir(),
             env=app.check_env(),
             stdin=subprocess.DEVNULL,
@@ -99,7 +112,7 @@ def _named(app: AppConfig, session_id: str) -> Baseline:
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
-        raise AppUnusable(where, f"its initial baseline took over {IMPORT_TIMEOUT:g} s") from exc
+        raise AppUnusable(where, f"its {call} took over {IMPORT_TIMEOUT:g} s") from exc
     except OSError as exc:  # a cwd that does not exist, most often
         raise AppUnusable(where, f"cannot be started: {exc}") from exc
     except AppConfigError as exc:  # the working directory it is relative to is gone
@@ -107,8 +120,5 @@ def _named(app: AppConfig, session_id: str) -> Baseline:
     if done.returncode != 0:
         lines = done.stderr.decode(errors="replace").strip().splitlines()
         last = lines[-1].strip() if lines else f"exit code {done.returncode}"
-        raise AppUnusable(where, f"initial_baseline failed: {last[:300]}")
-    try:
-        return Baseline.from_json(done.stdout)
-    except ValueError as exc:
-        raise AppUnusable(where, f"its initial baseline is not one: {exc}") from exc
+        raise AppUnusable(where, f"{call} failed: {last[:300]}")
+    return done.stdout

@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import itertools
 import socket
-import threading
 from collections.abc import Callable, Iterator
 from typing import Final
 
@@ -54,6 +53,7 @@ from supervisor.gateway.tls_direct import (
     verdict,
 )
 from supervisor.gateway.tls_relay import relay
+from supervisor.loop_thread import LoopThread, cancel_the_rest
 from worker.ipc.tls_roles import tenant_of
 
 BACKLOG: Final = 128
@@ -97,9 +97,7 @@ class TlsGateway:
         self._arrived: dict[asyncio.Task[None], int] = {}  # each connection's arrival
         self._arrivals = itertools.count()
         self._sock: socket.socket | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._stopped: asyncio.Event | None = None
+        self._thread = LoopThread("loopd-tls", self._serve)
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -148,42 +146,21 @@ class TlsGateway:
             ) from exc
         sock.setblocking(False)
         self._sock = sock
-        ready = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, args=(ready,), name="loopd-tls", daemon=True
-        )
         self._thread.start()
-        ready.wait()
 
     def close(self) -> None:
         """Stop accepting, end every relayed connection, join the thread."""
-        if self._loop is not None and self._stopped is not None:
-            self._loop.call_soon_threadsafe(self._stopped.set)
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._thread.stop()
 
-    def _run(self, ready: threading.Event) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            loop.run_until_complete(self._serve(ready))
-        finally:
-            loop.close()
-
-    async def _serve(self, ready: threading.Event) -> None:
-        self._stopped = asyncio.Event()
+    async def _serve(self, ready: Callable[[], None], stopped: asyncio.Event) -> None:
         assert self._sock is not None
         accepting = asyncio.ensure_future(self._accept(self._sock))
-        ready.set()
+        ready()
         try:
-            await self._stopped.wait()
+            await stopped.wait()
         finally:
             accepting.cancel()
-            tasks = asyncio.all_tasks() - {asyncio.current_task()}
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_the_rest()
             self._sock.close()
 
     async def _accept(self, listener: socket.socket) -> None:

@@ -12,7 +12,7 @@ import contextlib
 import resource
 import socket
 import sys
-import threading
+from collections.abc import Callable
 from typing import Final
 
 from supervisor.errors import ServeError
@@ -27,6 +27,7 @@ from supervisor.http.parser import (
 from supervisor.http.responses import error_response
 from supervisor.http.routes import Api
 from supervisor.http.tokens import TokenTable
+from supervisor.loop_thread import LoopThread, cancel_the_rest
 
 MAX_CONNECTIONS: Final = 2048
 """Connections at once; one more is answered 503 and closed. Each holds at most its
@@ -52,9 +53,7 @@ class HttpServer:
         self.pool = ClientPool(home)
         self.connections = 0
         self._sock: socket.socket | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopped: asyncio.Event | None = None
-        self._thread: threading.Thread | None = None
+        self._thread = LoopThread("loopd-http", self._serve)
 
     def bind(self) -> None:
         """Take the port (ServeError in one line if it cannot be had), not listening yet.
@@ -82,52 +81,31 @@ class HttpServer:
             raise ServeError(f"--http {self.address}: {exc.strerror or exc}") from exc
         self._sock.setblocking(False)
         _enough_descriptors()
-        ready = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, args=(ready,), name="loopd-http", daemon=True
-        )
         self._thread.start()
-        ready.wait()
         print(f"loopd serve: http at {self.host}:{self.port}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         """Stop accepting (or close the port never listened on), end every connection,
         join the thread."""
-        if self._loop is not None and self._stopped is not None:
-            with contextlib.suppress(RuntimeError):  # its loop already ended
-                self._loop.call_soon_threadsafe(self._stopped.set)
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        if self._thread.started:
+            self._thread.stop()
         elif self._sock is not None:  # bound, never served: the loop did not take it
             self._sock.close()
         self.pool.close()
 
-    def _run(self, ready: threading.Event) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            loop.run_until_complete(self._serve(ready))
-        finally:
-            loop.close()
-
-    async def _serve(self, ready: threading.Event) -> None:
-        self._stopped = asyncio.Event()
+    async def _serve(self, ready: Callable[[], None], stopped: asyncio.Event) -> None:
         assert self._sock is not None
         api = Api(self.pool, self.tokens)
         server = await asyncio.start_server(  # which listens again: with our backlog
             lambda r, w: self._connection(api, r, w), sock=self._sock, limit=MAX_HEAD,
             backlog=BACKLOG,
         )  # fmt: skip
-        ready.set()
+        ready()
         try:
-            await self._stopped.wait()
+            await stopped.wait()
         finally:
             server.close()
-            tasks = asyncio.all_tasks() - {asyncio.current_task()}
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_the_rest()
             api.links.close()
             await asyncio.sleep(0)  # the links' connection_lost: each closes its socket
 
