@@ -28,6 +28,8 @@ KEEP_ALIVE_IDLE: Final = 5.0
 """Seconds a connection may wait for its next request's first byte; then it is closed
 without a word (no request began, so none is answered)."""
 BODY_DEADLINE: Final = 30.0
+"""Seconds from the end of a request's head to the end of its body: a slow upload of up
+to ``MAX_BODY`` is served, a stalled one answered 408 and closed."""
 
 _TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _TARGET: Final = re.compile(rb"/[\x21-\x7e]*")
@@ -68,10 +70,15 @@ class HttpRequest:
 async def read_request(reader: asyncio.StreamReader, first: bytes) -> HttpRequest:
     """The request that began with the byte ``first``; HttpError if it is not strict.
 
-    The caller bounds the wait (``HEADER_DEADLINE``); ``reader``'s limit is ``MAX_HEAD``.
+    Its head must be whole within ``HEADER_DEADLINE`` of ``first`` and its body within
+    ``BODY_DEADLINE`` of the head (408 otherwise); ``reader``'s limit is ``MAX_HEAD``.
     """
     try:
-        head = first + await reader.readuntil(b"\r\n\r\n")
+        async with asyncio.timeout(HEADER_DEADLINE):
+            head = first + await reader.readuntil(b"\r\n\r\n")
+    except TimeoutError as exc:
+        why = f"no whole request head within {HEADER_DEADLINE:g} s"
+        raise HttpError(408, "timeout", why) from exc
     except asyncio.IncompleteReadError as exc:
         raise HttpError(400, "bad_request", "the connection ended inside a request's head") from exc
     except asyncio.LimitOverrunError as exc:
@@ -83,6 +90,9 @@ async def read_request(reader: asyncio.StreamReader, first: bytes) -> HttpReques
     try:
         async with asyncio.timeout(BODY_DEADLINE):
             body = await reader.readexactly(length)
+    except TimeoutError as exc:
+        why = f"no whole body of {length} bytes within {BODY_DEADLINE:g} s of its head"
+        raise HttpError(408, "timeout", why) from exc
     except asyncio.IncompleteReadError as exc:
         raise HttpError(400, "bad_request", "the connection ended inside a body") from exc
     return HttpRequest(method=method, target=target, headers=headers, body=body)

@@ -18,7 +18,6 @@ from typing import Final
 from supervisor.errors import ServeError
 from supervisor.http.calls import ClientPool
 from supervisor.http.parser import (
-    HEADER_DEADLINE,
     KEEP_ALIVE_IDLE,
     MAX_HEAD,
     HttpError,
@@ -139,13 +138,7 @@ class HttpServer:
             if not first:
                 return
             try:
-                async with asyncio.timeout(HEADER_DEADLINE):
-                    request = await read_request(reader, first)
-            except TimeoutError:
-                why = f"no whole request head within {HEADER_DEADLINE:g} s"
-                writer.write(error_response(408, "timeout", why, keep_alive=False))
-                await writer.drain()
-                return
+                request = await read_request(reader, first)  # its deadlines are its own
             except HttpError as exc:
                 writer.write(error_response(exc.status, exc.code, exc.message, keep_alive=False))
                 await _linger(reader, writer)

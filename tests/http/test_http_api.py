@@ -5,16 +5,18 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from supervisor.http.parser import HEADER_DEADLINE
 from supervisor.http.routes import ROUTES
 from tests.harness.etcd_server import free_port
 from tests.harness.http_client import Api
-from tests.harness.support import running_daemon
+from tests.harness.support import log_user_keys, running_daemon
 
 SPEC = Path(__file__).parents[2] / "supervisor" / "http" / "openapi.json"
 
@@ -193,6 +195,22 @@ def test_a_head_slower_than_the_deadline_is_answered_408_and_closed(served: Api)
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 408 ")
     assert served.ask("GET", "/v1/sessions/s")[0] == 200
+
+
+def test_a_body_slower_than_the_head_deadline_is_served(served: Api, tmp_path: Path) -> None:
+    """The head has HEADER_DEADLINE (5 s), the body BODY_DEADLINE (30 s) after it."""
+    body = json.dumps({"text": "slow upload"}).encode()
+    head = (
+        "POST /v1/sessions/s/requests HTTP/1.1\r\nHost: x\r\nIdempotency-Key: slow\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", served.port), timeout=20) as sock:
+        sock.sendall(head + body[:5])
+        time.sleep(HEADER_DEADLINE + 1)  # the client's own pace: past the head's deadline
+        sock.sendall(body[5:])
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+    assert log_user_keys(tmp_path / "home", "s").count("slow") == 1
 
 
 def test_a_worker_death_mid_stream_is_a_restart_event_then_the_partials_again(
