@@ -1,6 +1,6 @@
 """A session's files between homes: durable copy, hashes, removal (the move's disk side).
 
-Copies go through ``worker.durable`` (write whole, fsync, fsync the directory), so a
+Copies go through ``worker.store.disk.durable`` (write whole, fsync, fsync the directory), so a
 copy that a move verified is on disk when the move goes on. A session's tenant, kept
 by its home in ``<home>/tenants/<id>``, travels inside the session's directory as
 ``tenant`` (``carry_tenant`` at the seal): it is one of the sealed files, hashed, sent

@@ -5,7 +5,7 @@ copies it may no longer serve) before it hosts any; each worker is then started 
 session's token and the node's lease (``WorkerCluster``). A new session is placed and
 owned in etcd before its worker creates it. Every etcd call ends by ``CALL_TIMEOUT`` in
 all (``gateway_http``); those of ``place`` and ``claim`` are made in a thread of the
-daemon (``supervisor/daemon/cluster_jobs.py``), never in its loop.
+daemon (``supervisor/daemon/cluster_node.py``), never in its loop.
 """
 
 from __future__ import annotations

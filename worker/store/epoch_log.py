@@ -2,7 +2,7 @@
 
 The first problem is raised as TornLog or InvalidLog with its place; the session-level
 reading (which epochs, the baseline, the state carried between epochs) is
-``worker.loader``'s.
+``worker.store.loader``'s.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ class SessionState(MutableValue):
     epoch_sizes: list[int] = field(default_factory=list)  # of the epochs read, oldest first
     first_read: int = 0  # the oldest epoch whose log was read
     next_call: int = 1  # the next tool call number (> max_call, maybe more: reserved ones)
-    fence: Fence = NO_FENCE  # Owner and Handoff of the epochs read (worker.fencing)
+    fence: Fence = NO_FENCE  # Owner and Handoff of the epochs read (worker.store.fencing)
     # False when the newest SessionStart was written before the fence was carried: the
     # fence then knows only this epoch's Owner records (worker/store/carried_state.py).
     fence_known: bool = True
