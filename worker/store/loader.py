@@ -357,7 +357,7 @@ class _Reader:
         return confirm
 
     def _fence(self, path: str, records: list[Record]) -> None:
-        """Follow the Owner and Handoff records in order (worker.store.fencing); InvalidLog if not."""
+        """Follow the Owner and Handoff records in order (store.fencing); InvalidLog if broken."""
         for number, record in enumerate(records, start=1):
             if type(record) in _FENCING or self.fence.sealed is not None:
                 fenced = advance(self.fence, record)
