@@ -19,6 +19,7 @@ from supervisor.client.direct import Request
 from supervisor.errors import ControlError
 from tests.harness.support import poll_until, running_daemon, status
 from worker import Session
+from worker.app.version import app_version
 from worker.ipc.wire import MAX_FRAME, MAX_REQUEST_ID, Message, encode
 from worker.store.format.records import User
 
@@ -179,7 +180,9 @@ def _reply_text_that_just_fits() -> int:
     """A text size whose reply from the worker fits a frame under the daemon's int id,
     with less room to spare than a 256-character id takes."""
     widest = 2**31  # every number at its widest encoding
-    state = {"pid": widest, "session": "s", "epoch": widest, "records": widest, "slot": 0}
+    app = "tests.apps.edge_apps:BigReplyApp"
+    state = {"pid": widest, "session": "s", "epoch": widest, "records": widest, "slot": 0,
+             "schedules": [0, None], "app": app, "app_version": app_version(app)}  # fmt: skip
     result = {"duplicate": False, "key": "long-id", "epoch": widest, "call": widest,
               "text": "", "context_tokens": widest, "committed": False, "group": widest,
               "state": state}  # fmt: skip
