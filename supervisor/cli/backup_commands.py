@@ -15,11 +15,14 @@ from typing import Final, NoReturn
 
 import click
 
-from supervisor.cli.offline_commands import EXIT_REFUSED, home_given, home_unless_store_option
+from supervisor.cli.offline.offline_commands import (
+    EXIT_REFUSED,
+    home_given,
+    home_unless_store_option,
+)
+from supervisor.cli.offline.store_tools import backup_from_store, restore_into_store, store_option
 from supervisor.cli.options import timeout_option
-from supervisor.cli.removal_commands import daemon_answers
-from supervisor.cli.store_tools import backup_from_store, restore_into_store, store_option
-from supervisor.client.control import RETRYABLE, call
+from supervisor.client.control import RETRYABLE, call, daemon_answers
 from supervisor.errors import ControlError, ServeError
 from supervisor.hosting.intent import IntentError, IntentFile
 from supervisor.moves.session_files import TENANTS_DIR, read_tenant

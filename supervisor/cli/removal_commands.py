@@ -18,9 +18,9 @@ from typing import Final, NoReturn
 
 import click
 
-from supervisor.cli.offline_commands import EXIT_REFUSED, require_home
+from supervisor.cli.offline.offline_commands import EXIT_REFUSED, require_home
 from supervisor.cli.options import existing_home_option, timeout_option
-from supervisor.client.control import call
+from supervisor.client.control import call, daemon_answers
 from supervisor.errors import ControlError
 from supervisor.hosting.intent import IntentError, IntentFile
 from supervisor.hosting.session_log import backup_numbers, backup_path, log_path
@@ -29,23 +29,10 @@ from worker.store.disk import durable
 from worker.store.disk.layout import session_dir
 from worker.store.errors import SessionError, SessionNotFound
 
-NO_DAEMON: Final = "no_daemon"
-
 
 def _fail(command: str, why: object) -> NoReturn:
     click.echo(f"loopd {command}: {why}", err=True)
     sys.exit(EXIT_REFUSED)
-
-
-def daemon_answers(home: str, timeout: float) -> bool:
-    """Whether a daemon serves ``home`` (it answers a ping)."""
-    try:
-        call(home, "ping", timeout=timeout)
-    except ControlError as exc:
-        if exc.code == NO_DAEMON:
-            return False
-        raise
-    return True
 
 
 def move_logs_to_trash(home: str, session_id: str, target: str) -> str | None:

@@ -300,3 +300,15 @@ def statuses(home: str, *, timeout: float = 60.0) -> list[Message]:
         if not isinstance(following, str) or following <= after:
             return rows
         after = following
+
+
+def daemon_answers(home: str, timeout: float) -> bool:
+    """Whether a daemon serves ``home`` (it answers a ping); ControlError for any other
+    failure than no daemon at all."""
+    try:
+        call(home, "ping", timeout=timeout)
+    except ControlError as exc:
+        if exc.code == "no_daemon":
+            return False
+        raise
+    return True

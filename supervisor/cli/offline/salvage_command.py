@@ -7,7 +7,7 @@ from typing import Final
 
 import click
 
-from supervisor.cli.offline_commands import EXIT_REFUSED, require_home
+from supervisor.cli.offline.offline_commands import EXIT_REFUSED, require_home
 from supervisor.cli.options import existing_home_option
 from worker.offline.salvage import salvage_session
 from worker.store.errors import SessionError

@@ -19,13 +19,16 @@ from typing import TYPE_CHECKING, Final, cast
 
 import click
 
-from supervisor.cli.fork_store import fork_in_store
-from supervisor.cli.offline_commands import EXIT_REFUSED, home_given, home_unless_store_option
+from supervisor.cli.offline.fork_store import fork_in_store
+from supervisor.cli.offline.offline_commands import (
+    EXIT_REFUSED,
+    home_given,
+    home_unless_store_option,
+)
+from supervisor.cli.offline.session_app import AppUnusable, run_as_its_workers
+from supervisor.cli.offline.store_tools import store_option
 from supervisor.cli.options import timeout_option
-from supervisor.cli.removal_commands import daemon_answers
-from supervisor.cli.session_app import AppUnusable, run_as_its_workers
-from supervisor.cli.store_tools import store_option
-from supervisor.client.control import call
+from supervisor.client.control import call, daemon_answers
 from supervisor.errors import ControlError, SupervisorError
 from supervisor.hosting.apps import AppConfig, app_import_path
 from supervisor.hosting.config import ConfigError, config_path, read_apps

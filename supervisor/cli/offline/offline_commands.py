@@ -9,9 +9,9 @@ from typing import Final
 
 import click
 
+from supervisor.cli.offline.session_app import AppUnusable, initial_baseline
+from supervisor.cli.offline.store_tools import inspect_in_store, store_option, verify_store
 from supervisor.cli.options import HOME_ENV, existing_home_option
-from supervisor.cli.session_app import AppUnusable, initial_baseline
-from supervisor.cli.store_tools import inspect_in_store, store_option, verify_store
 from worker.app import DEFAULT_APP
 from worker.offline.baseline_repair import rebuild_baseline as rebuild_baseline_file
 from worker.offline.index_repair import key_index_damaged, rebuild_key_index
