@@ -6,7 +6,7 @@ from worker.store.format.records import Record, Schedule
 
 
 def carried_schedules_forgotten() -> None:
-    from worker.store import epoch_commit  # noqa: PLC0415 - patched in the child only
+    from worker.store.epochs import epoch_commit  # noqa: PLC0415 - patched in the child only
 
     def carried_schedules(records: list[Record]) -> list[Schedule]:
         # The bug: the epoch commit carries no pending schedule into the next epoch's

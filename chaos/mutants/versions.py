@@ -9,7 +9,7 @@ from worker.store.session_state import SessionState
 
 
 def next_epoch_keeps_its_app() -> None:
-    from worker.store import carried_state  # noqa: PLC0415 - patched in the child only
+    from worker.store.epochs import carried_state  # noqa: PLC0415 - patched in the child only
 
     start = carried_state.NextEpoch.start
 

@@ -17,7 +17,7 @@ from chaos.cases import Case
 from chaos.faults.hook import FaultKind
 from chaos.run.runner import clean_steps, run_case
 from chaos.sweep.sweep import build_cases
-from worker.store import sealed_logs
+from worker.store.epochs import sealed_logs
 from worker.store.format import line_checksums
 
 
@@ -50,7 +50,7 @@ def test_a_store_that_ignores_its_checksums_is_caught(
                summed_from: int) -> int:  # fmt: skip
         return 0
 
-    monkeypatch.setattr("worker.store.epoch_log.chain_line", accept)
+    monkeypatch.setattr("worker.store.epochs.epoch_log.chain_line", accept)
     monkeypatch.setattr(sealed_logs, "sealed_intact", lambda data, binding: True)
     monkeypatch.setattr(line_checksums, "sealed_intact", lambda data, binding: True)
     result = run_case(last, str(tmp_path))

@@ -4,6 +4,7 @@ as the method ``dataclass()`` would have generated for it."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import operator
 import pickle
@@ -12,10 +13,10 @@ from typing import Any
 import pytest
 
 from worker.store.baseline import Baseline
-from worker.store.carried_checks import EpochEndAt
-from worker.store.carried_state import NextEpoch
 from worker.store.disk.durable import Boundary
-from worker.store.epoch_log import DecodedLog
+from worker.store.epochs.carried_checks import EpochEndAt
+from worker.store.epochs.carried_state import NextEpoch
+from worker.store.epochs.epoch_log import DecodedLog
 from worker.store.fencing import Fence
 from worker.store.format.dataclass_methods import MutableValue, Value
 from worker.store.format.record_types import RECORD_TYPES
@@ -32,7 +33,9 @@ SHARED: tuple[type, ...] = (
 def _generated(cls: type) -> type:
     """The same fields, with the methods dataclass() generates (the reference)."""
     params = cls.__dataclass_params__  # type: ignore[attr-defined]
-    fields = [(f.name, object, f) for f in dataclasses.fields(cls)]
+    # Copies of the fields: make_dataclass writes its own type into each Field it is given,
+    # and the class's own fields must keep theirs (the codecs compile from them).
+    fields = [(f.name, object, copy.copy(f)) for f in dataclasses.fields(cls)]
     reference = dataclasses.make_dataclass(cls.__name__, fields, frozen=params.frozen)
     reference.__qualname__ = cls.__qualname__
     return reference

@@ -17,8 +17,8 @@ import pytest
 from tests.harness.forge import rewrite_line
 from tests.harness.support import loopd
 from worker import Baseline, InvalidLog, Session, SessionIOError, ToolResult, User
-from worker.store.carried_state import carried_digest
 from worker.store.disk import durable
+from worker.store.epochs.carried_state import carried_digest
 from worker.store.format.records import EpochEnd, SessionStart, decode_record
 
 BASELINE = Baseline(system="s", memory="", tools=[])

@@ -15,7 +15,7 @@ import pytest
 from tests.harness.forge import rewrite_line
 from tests.harness.support import loopd
 from worker import Baseline, InvalidLog, Session, User
-from worker.store.carried_state import carried_digest, plan_next_epoch
+from worker.store.epochs.carried_state import carried_digest, plan_next_epoch
 from worker.store.errors import LogSealed, NotOwnerNow
 from worker.store.fencing import write_owner
 from worker.store.format.records import EpochEnd, Handoff, Owner, SessionStart, decode_record

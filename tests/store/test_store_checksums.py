@@ -20,7 +20,7 @@ import pytest
 from tests.harness.support import loopd, running_daemon, wait_state
 from worker import Assistant, ChecksumMismatch, Session, User
 from worker.app import DefaultApp
-from worker.store.carried_state import carried_digest
+from worker.store.epochs.carried_state import carried_digest
 from worker.store.format.records import SessionStart, encode_appended, without_checksums
 from worker.store.inspection import inspect_session
 from worker.store.request_records import sealed_records

@@ -20,7 +20,7 @@ from tests.harness.forge import reseal
 from tests.harness.support import loopd
 from worker import Baseline, InvalidLog, InvalidRecord, Session, SessionStart, ToolResult, User
 from worker.store import key_index
-from worker.store.carried_state import carried_digest
+from worker.store.epochs.carried_state import carried_digest
 from worker.store.errors import KeyIndexFileError
 from worker.store.format.records import EpochEnd, decode_record, encode_record
 from worker.store.loader import load_session

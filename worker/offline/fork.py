@@ -27,10 +27,10 @@ from typing import Final
 from worker.offline.repair import make_dirs
 from worker.offline.trash import TRASH_DIR, stamp
 from worker.store.baseline import Baseline
-from worker.store.carried_state import plan_next_epoch
 from worker.store.disk import durable
 from worker.store.disk.files import open_directory, read_file
 from worker.store.disk.layout import SESSIONS_DIR, session_dir
+from worker.store.epochs.carried_state import plan_next_epoch
 from worker.store.errors import PathError, SessionError, SessionIOError
 from worker.store.format.records import EpochEnd, decode_line, encode_lines
 from worker.store.key_index import remove_stale, write_segments

@@ -16,17 +16,17 @@ import os
 from collections.abc import Callable
 from typing import Final
 
-from worker.store.carried_checks import (
+from worker.store.disk.files import Directory, open_directory, read_file
+from worker.store.epochs.carried_checks import (
     EpochEndAt,
     check_carried_digest,
     check_carried_fields,
     check_index_against_history,
     check_planned_digest,
 )
-from worker.store.carried_state import parse_recent_keys
-from worker.store.disk.files import Directory, open_directory, read_file
-from worker.store.epoch_files import list_epochs, load_baseline
-from worker.store.epoch_log import (
+from worker.store.epochs.carried_state import parse_recent_keys
+from worker.store.epochs.epoch_files import list_epochs, load_baseline
+from worker.store.epochs.epoch_log import (
     DecodedLog,
     check_epoch,
     check_groups,
@@ -35,6 +35,7 @@ from worker.store.epoch_log import (
     refuse_reused_call,
     session_of_sealed,
 )
+from worker.store.epochs.sealed_logs import check_sealed, first_start
 from worker.store.errors import InvalidLog, quote
 from worker.store.fencing import NO_FENCE, Fence, advance
 from worker.store.format.records import (
@@ -48,7 +49,6 @@ from worker.store.format.records import (
     decode_line,
 )
 from worker.store.key_index import KeyIndex, load_index
-from worker.store.sealed_logs import check_sealed, first_start
 from worker.store.session_state import KeyRef, SessionState, baseline_path, log_path
 from worker.store.unfinished_salvage import refuse_unfinished_salvage
 

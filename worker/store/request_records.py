@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from worker.store.epochs.sealed_logs import read_sealed
 from worker.store.errors import InvalidLog
 from worker.store.format.records import EpochEnd, Handoff, Owner, Record, SessionStart, User
-from worker.store.sealed_logs import read_sealed
 from worker.store.session import Session
 from worker.store.session_state import KeyRef, log_path
 

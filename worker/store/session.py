@@ -16,14 +16,14 @@ from typing import Final
 from worker.store.backend import SessionStore
 from worker.store.baseline import Baseline
 from worker.store.batch_rules import fence_after, highest_call_after, newest_usage
-from worker.store.carried_state import NextEpoch, plan_next_epoch
 from worker.store.creation import check_slot, make_opened_durable, sync_parents, write_first_epoch
 from worker.store.disk import durable
 from worker.store.disk.files import Directory
 from worker.store.disk.layout import ensure_sessions_dir, lock_existing, session_dir
 from worker.store.disk.lock import lock_directory, unlock_directory
-from worker.store.epoch_commit import switch_to_next_epoch, write_next_epoch
-from worker.store.epoch_log import key_applied_at
+from worker.store.epochs.carried_state import NextEpoch, plan_next_epoch
+from worker.store.epochs.epoch_commit import switch_to_next_epoch, write_next_epoch
+from worker.store.epochs.epoch_log import key_applied_at
 from worker.store.errors import (
     EpochClosed,
     InvalidRecord,

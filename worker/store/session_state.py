@@ -58,6 +58,6 @@ class SessionState(MutableValue):
     next_call: int = 1  # the next tool call number (> max_call, maybe more: reserved ones)
     fence: Fence = NO_FENCE  # Owner and Handoff of the epochs read (worker.store.fencing)
     # False when the newest SessionStart was written before the fence was carried: the
-    # fence then knows only this epoch's Owner records (worker/store/carried_state.py).
+    # fence then knows only this epoch's Owner records (worker/store/epochs/carried_state.py).
     fence_known: bool = True
     log_crc: int = 0  # CRC-32 of the newest log's bytes: the next line's checksum continues it

@@ -160,7 +160,7 @@ class EpochEnd(Value):
     next: int
     summary: str
     # SHA-256 (hex) of the carried fields the next SessionStart must hold
-    # (worker.store.carried_state.carried_digest); absent in logs written before it.
+    # (worker.store.epochs.carried_state.carried_digest); absent in logs written before it.
     carried: str | None = None
 
 

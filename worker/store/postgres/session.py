@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Final
 
 from worker.store.baseline import Baseline
-from worker.store.carried_state import NextEpoch
 from worker.store.disk.files import Directory
-from worker.store.epoch_commit import next_start
+from worker.store.epochs.carried_state import NextEpoch
+from worker.store.epochs.epoch_commit import next_start
 from worker.store.errors import NotOwnerNow, SessionBroken, SessionError
 from worker.store.format.records import SessionStart
 from worker.store.key_index import KeyIndex, stale_names

@@ -9,8 +9,8 @@ whose ``SessionStart`` names their digests.
 from __future__ import annotations
 
 from worker.store.baseline import Baseline
-from worker.store.carried_state import NextEpoch
 from worker.store.disk import durable
+from worker.store.epochs.carried_state import NextEpoch
 from worker.store.format.records import SessionStart, encode_lines
 from worker.store.key_index import write_segments
 from worker.store.schedules import carried_schedules

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from worker.store.disk.files import Directory, open_directory, read_file
-from worker.store.epoch_log import DecodedLog, check_epoch, decode_log, session_of_sealed
+from worker.store.epochs.epoch_log import DecodedLog, check_epoch, decode_log, session_of_sealed
 from worker.store.format.line_checksums import refuse_sealed, sealed_binding, sealed_intact
 from worker.store.format.records import SessionStart, decode_line
 from worker.store.session_state import log_path

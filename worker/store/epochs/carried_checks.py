@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.store.carried_state import carried_digest, parse_recent_keys, plan_next_epoch
 from worker.store.disk.files import Directory
+from worker.store.epochs.carried_state import carried_digest, parse_recent_keys, plan_next_epoch
 from worker.store.errors import InvalidLog, quote
 from worker.store.fencing import Fence
 from worker.store.format.dataclass_methods import Value
