@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from supervisor.cluster.background import Background
 from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.etcd_types import Get, Put, absent
@@ -115,8 +116,8 @@ class NodeLease:
         self._deadline_path = deadline_path
         self._deadline_fd: int | None = None
         self.on_problem: Callable[[str], None] | None = None  # one line per change of health
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._keeper = Background("lease-keepalive", self._keep_alive)
+        self._stop = self._keeper.stopping
         self._callback_owed = False  # on_new_lease failed (etcd away): call it again
         self._failing = 0  # keepalive rounds failed in a row
         self._trouble_kind = ""  # what the last of them was, told once
@@ -172,17 +173,11 @@ class NodeLease:
         if self._deadline_path is not None and self._deadline_fd is None:
             self._deadline_fd = os.open(self._deadline_path, os.O_RDWR | os.O_CREAT, 0o600)
             self._publish()
-        self._thread = threading.Thread(
-            target=self._keep_alive, name="lease-keepalive", daemon=True
-        )
-        self._thread.start()
+        self._keeper.start()
 
     def close(self, *, revoke: bool = True) -> None:
         """Stop the keepalive; revoke the lease (its keys vanish) unless told not to."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._keeper.stop()
         self.clock.lost()
         self._publish()
         if self._deadline_fd is not None:

@@ -12,11 +12,11 @@ try wins; the others find an owner.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Final
 
+from supervisor.cluster.background import Background
 from supervisor.cluster.errors import ClusterError
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.keys import PREFIX
@@ -44,19 +44,15 @@ class StoredFailoverWatch:
         self.interval = interval
         self.on_taken = on_taken  # (session, token): called in this thread
         self.report = report
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._watch = Background("loopd-failover", self._run)
+        self._stop = self._watch.stopping
         self._woken: float | None = None  # when the last deletion of an owner key was seen
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="loopd-failover", daemon=True)
-        self._thread.start()
+        self._watch.start()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._watch.stop()
 
     def _run(self) -> None:
         while not self._stop.is_set():
