@@ -122,7 +122,9 @@ def test_a_dead_hosts_session_is_taken_over_from_a_backup_made_on_it(tmp_path: P
                                            "-cf", "-", "t"])  # fmt: skip
         backup.mkdir()
         subprocess.run([TAR, "-C", str(backup), "-xf", "-"], input=archive, check=True)
-        lost = run_client(operator, certs, url, ["a"], [{"send": "t", "key": "k-lost"}])
+        lost = run_client(  # the operator's session: a client certificate is a tenant's
+            operator, certs, url, ["a"], [{"send": "t", "key": "k-lost"}], role=Role.OPERATOR
+        )
         assert "ok" in lost[0], lost
         a.kill_all()  # the host dies: its daemon and its workers, SIGKILL
         copy = operator.private / "backup" / "t"
