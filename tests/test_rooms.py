@@ -18,7 +18,7 @@ from tests.harness.support import REPO
 PRODUCT = ("worker", "supervisor", "chaos")
 CODE = (*PRODUCT, "tests", "scripts", "examples")
 # "About 20" (STYLE rule 15): past it a folder is several rooms.
-MAX_MODULES = 21
+MAX_MODULES = 21  # its __init__ counted
 MAX_LINES = 400
 _ROW = re.compile(r"^\| `([\w/]+)/` \|", re.M)
 
@@ -33,7 +33,7 @@ def _packages(roots: tuple[str, ...]) -> list[str]:
 
 
 def _modules(folder: Path) -> list[Path]:
-    return [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+    return list(folder.glob("*.py"))  # its __init__ too
 
 
 def _table_rows(doc: str) -> set[str]:

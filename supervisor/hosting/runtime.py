@@ -14,13 +14,18 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Final
 
 from supervisor.errors import ServeError
-from supervisor.hosting.daemon_metrics import DEFAULT_APP_LABEL, DaemonMetrics
 from supervisor.hosting.daemon_output import DaemonOutput
 from supervisor.hosting.events import Event, EventHub, app_changed_event
 from supervisor.hosting.hibernation import Hibernation
 from supervisor.hosting.intent import IntentError, IntentFile
-from supervisor.hosting.metrics_http import ScrapeGate, TokenError, read_token, serve_metrics
-from supervisor.hosting.rss_cache import MeasuredWorker, RssCache
+from supervisor.hosting.metrics.daemon_metrics import DEFAULT_APP_LABEL, DaemonMetrics
+from supervisor.hosting.metrics.metrics_http import (
+    ScrapeGate,
+    TokenError,
+    read_token,
+    serve_metrics,
+)
+from supervisor.hosting.metrics.rss_cache import MeasuredWorker, RssCache
 from supervisor.hosting.sd_notify import Notifier
 from supervisor.hosting.session_actions import Hosted, hibernate, restart_for_memory
 from supervisor.hosting.settings import HostingSettings

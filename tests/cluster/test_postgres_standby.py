@@ -23,7 +23,7 @@ import pytest
 
 from supervisor.client import call
 from tests.harness.postgres_standby import ReplicatedPostgres
-from tests.harness.support import running_daemon
+from tests.harness.support import poll_until, running_daemon
 from worker import Baseline, Session, User
 from worker.store.errors import SessionError
 from worker.store.postgres import PostgresStore
@@ -78,7 +78,7 @@ class KeyedWriter:
                 if session is not None:
                     session.close()
                 session = None
-                time.sleep(0.02)  # the next try connects afresh: no server may accept yet
+                self.stop.wait(0.02)  # the next try connects afresh: no server may accept yet
                 continue
             self.acked.append(key)
             self.ack_times.append(time.monotonic())
@@ -97,14 +97,6 @@ def _user_keys(uri: str, session_id: str = "s") -> list[str]:
     return [str(r["key"]) for r in records if r["type"] == "User"]
 
 
-def _wait(condition: object, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
 def test_the_primary_sigkilled_under_keyed_load_and_its_standby_promoted_loses_no_key(
     replicated: ReplicatedPostgres,
 ) -> None:
@@ -115,15 +107,20 @@ def test_the_primary_sigkilled_under_keyed_load_and_its_standby_promoted_loses_n
     thread = threading.Thread(target=writer.run, name="keyed-writer", daemon=True)
     thread.start()
     try:
-        _wait(lambda: len(writer.acked) >= KEYS_BEFORE_KILL or writer.error, "keys before")
+        poll_until(
+            lambda: len(writer.acked) >= KEYS_BEFORE_KILL or writer.error,
+            timeout=60,
+            what="keys before",
+        )
         replicated.kill_primary()
         acked_at_kill = len(writer.acked)
         promoting = time.monotonic()  # pg_ctl promote -w returns up to 0.1 s after it is done
         replicated.promote()
         promoted = time.monotonic()
-        _wait(
+        poll_until(
             lambda: len(writer.acked) >= acked_at_kill + KEYS_AFTER_PROMOTION or writer.error,
-            "keys after the promotion",
+            timeout=60,
+            what="keys after the promotion",
         )
     finally:
         writer.stop.set()

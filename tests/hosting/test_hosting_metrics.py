@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.hosting.daemon_metrics import DaemonMetrics
-from supervisor.hosting.metrics import Registry
-from supervisor.hosting.metrics_http import parse_listen, serve_metrics
+from supervisor.hosting.metrics.daemon_metrics import DaemonMetrics
+from supervisor.hosting.metrics.exposition import Registry
+from supervisor.hosting.metrics.metrics_http import parse_listen, serve_metrics
 from tests.harness.promtext import ExpositionError, parse
 from worker import Session
 from worker.app import DefaultApp

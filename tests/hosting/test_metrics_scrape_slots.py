@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.hosting.metrics_http import MAX_CONNECTIONS
+from supervisor.hosting.metrics.metrics_http import MAX_CONNECTIONS
 from tests.harness.support import poll_until, running_daemon
 
 TOKEN = "s3cret-token"  # noqa: S105 - the test's own token file

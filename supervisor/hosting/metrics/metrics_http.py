@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from supervisor.hosting.metrics import CONTENT_TYPE
+from supervisor.hosting.metrics.exposition import CONTENT_TYPE
 from supervisor.hosting.regular_file import read_regular
 
 MAX_HEAD: Final = 8192

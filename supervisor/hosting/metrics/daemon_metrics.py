@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from supervisor.hosting.metrics import HistogramValue, Registry
+from supervisor.hosting.metrics.exposition import HistogramValue, Registry
 from worker.ipc.wire import Message
 
 DEFAULT_APP_LABEL = "default"
