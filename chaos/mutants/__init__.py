@@ -148,6 +148,10 @@ _ALL: Final = (
     Mutant(name="epoch-end-not-fsynced", bug="commit_epoch does not fsync its EpochEnd",
            patch=durability.epoch_end_not_fsynced, caught_by="final-state-opens",
            faults=(FaultKind.POWER,)),
+    # Caught by a retry after a restart: the key is in no epoch the index covers.
+    Mutant(name="open-scan-drops-keys",
+           bug="open's scan of the newest log reads no User's key",
+           patch=reading.open_scan_drops_keys, caught_by="no-key-twice"),
     Mutant(name="incomplete-group-accepted",
            bug="open accepts a log whose last group commit is incomplete",
            patch=reading.incomplete_group_accepted, caught_by="keyed-request-complete",

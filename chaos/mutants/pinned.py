@@ -41,6 +41,7 @@ PINNED: Final[dict[str, tuple[str, ...]]] = {
     "open-forgets-prior-counts": ("basic:kill:-:36", "basic:kill:-:56"),
     "open-makes-nothing-durable": ("basic:kill:-:56:pend", "basic:io:eio:56:pend"),
     "open-or-create-always-initializes": ("basic:kill:-:22", "basic:kill:-:56"),
+    "open-scan-drops-keys": ("basic:kill:-:16", "basic:kill:-:40"),
     "operator-summary-ignored": ("operator:kill:-:1", "operator:kill:-:72"),
     "parent-fsync-skipped-on-create": ("basic:power:drop:14", "basic:power:zeros:56"),
     "recorded-summary-rewritten": ("basic:kill:-:22", "basic:kill:-:55"),

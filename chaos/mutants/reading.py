@@ -9,12 +9,15 @@ from typing import Any
 from worker.store import loader, session
 from worker.store.baseline import Baseline
 from worker.store.disk import layout, lock
+from worker.store.epochs import epoch_log
 from worker.store.errors import SessionLocked, TornLog
+from worker.store.format import line_scan
+from worker.store.format.line_scan import LineScan
 from worker.store.format.records import EpochEnd, ToolResult
 
 
 def silent_torn_tail_repair() -> None:
-    original = loader.decode_log
+    original = epoch_log.decode_log
 
     def decode_log(path: str, data: bytes, *, canonical: bool = False) -> loader.DecodedLog:
         try:
@@ -26,7 +29,7 @@ def silent_torn_tail_repair() -> None:
             os.truncate(path, len(keep))  # the bug: repair without being asked
             return original(path, keep, canonical=canonical)
 
-    loader.decode_log = decode_log
+    epoch_log.decode_log = decode_log
 
 
 def no_lock() -> None:
@@ -105,14 +108,14 @@ def key_index_current_epoch_only() -> None:
 
 
 def torn_tail_ignored() -> None:
-    original = loader.decode_log
+    original = epoch_log.decode_log
 
     def decode_log(path: str, data: bytes, *, canonical: bool = False) -> loader.DecodedLog:
         # The bug: an unterminated last line is skipped, not refused (and later appends
         # land after it).
         return original(path, data[: data.rfind(b"\n") + 1], canonical=canonical)
 
-    loader.decode_log = decode_log
+    epoch_log.decode_log = decode_log
 
 
 def lock_released_after_open() -> None:
@@ -160,10 +163,24 @@ def open_or_create_always_initializes() -> None:
 def incomplete_group_accepted() -> None:
     # The bug: the parts of a group commit are not checked, so a group cut short by a
     # torn write reads as whole lines, and its key as applied.
-    loader.check_groups = lambda path, records, framed: None
+    epoch_log.check_groups = lambda path, records, framed: None
 
 
 def open_makes_nothing_durable() -> None:
     # The bug (the store before issue 7): what open read stays in the page cache, so a
     # power loss after the resumed worker acknowledged more work takes it away.
     session._make_durable = lambda state, log_fd: None
+
+
+def open_scan_drops_keys() -> None:
+    original = line_scan.scan_lines
+
+    def scan_lines(data: bytes) -> LineScan | None:
+        scan = original(data)
+        if scan is not None:
+            # The bug: the scan that replaced decoding at open misreads every User's key
+            # as sent without one, so a retry of a key of the open epoch is new again.
+            scan.keys = [None] * len(scan.keys)
+        return scan
+
+    epoch_log.scan_lines = scan_lines  # type: ignore[attr-defined]

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from worker.store.format.records import Record, Schedule
 
 
 def carried_schedules_forgotten() -> None:
     from worker.store.epochs import epoch_commit  # noqa: PLC0415 - patched in the child only
 
-    def carried_schedules(records: list[Record]) -> list[Schedule]:
+    def carried_schedules(records: Sequence[Record]) -> list[Schedule]:
         # The bug: the epoch commit carries no pending schedule into the next epoch's
         # log, so a schedule made before the commit is never found again.
         return []

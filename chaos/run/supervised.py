@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -282,7 +283,7 @@ def _check(home: str, report: SupervisedReport, store: str | None) -> None:
     for session, acked in report.acknowledged.items():
         keys: list[str] = []
 
-        def collect(records: list[Record], keys: list[str] = keys) -> None:
+        def collect(records: Sequence[Record], keys: list[str] = keys) -> None:
             keys.extend(r.key for r in records if isinstance(r, User) and r.key)
 
         try:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import click
@@ -210,7 +210,7 @@ def _check_logs(home: str, acknowledged: dict[str, list[str]], checks: DemoCheck
     for session, keys in acknowledged.items():
         seen: list[str] = []
 
-        def collect(records: list[Record], seen: list[str] = seen) -> None:
+        def collect(records: Sequence[Record], seen: list[str] = seen) -> None:
             seen.extend(r.key for r in records if isinstance(r, User) and r.key)
 
         load_session(session_dir(home, session), session, on_epoch=collect, history=True)

@@ -17,7 +17,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -131,7 +131,7 @@ def _stored_keys(uri: str, session: str) -> list[str]:
     """The key of every User record of every epoch, through the store's loader."""
     keys: list[str] = []
 
-    def collect(records: list[Record]) -> None:
+    def collect(records: Sequence[Record]) -> None:
         keys.extend(str(r.key) for r in records if isinstance(r, User))
 
     read_session(PostgresStore(uri), session, on_epoch=collect, history=True)

@@ -18,7 +18,7 @@ from typing import Final
 from worker.ipc.wire import Message
 from worker.store.errors import SessionError
 from worker.store.format.records import Record, Schedule
-from worker.store.schedules import follow, format_time, parse_time
+from worker.store.schedules import follow_from, format_time, parse_time
 from worker.store.session import Session
 
 MAX_KEY_CHARS: Final = 256
@@ -85,7 +85,7 @@ class ScheduleBook:
             self._epoch, self._seen = self.session.epoch, 0
             self._pending, self._applied = {}, set()
         if len(records) > self._seen:
-            follow(self._pending, self._applied, records[self._seen :])
+            follow_from(self._pending, self._applied, records, self._seen)
             self._seen = len(records)
         return self._pending
 

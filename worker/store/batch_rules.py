@@ -3,11 +3,12 @@ its size."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from worker.store.errors import InvalidRecord, LogSealed, quote
 from worker.store.fencing import Fence, advance
 from worker.store.format.records import AppChanged, Handoff, Owner, Record, ToolResult, Usage, User
+from worker.store.format.records_view import typed
 from worker.store.session_state import SessionState
 
 
@@ -50,8 +51,12 @@ def fence_after(fence: Fence, batch: list[Record], log_path: str) -> Fence:
     return fence
 
 
-def newest_usage(records: list[Record]) -> Usage | None:
-    """The newest Usage of ``records``, or None."""
+def newest_usage(records: Sequence[Record]) -> Usage | None:
+    """The newest Usage of ``records``, or None (an epoch's: decoding only that line)."""
+    epoch = typed(records)
+    if epoch is not None:
+        usage = epoch.last_of_type(Usage)
+        return usage if isinstance(usage, Usage) else None
     for record in reversed(records):
         if isinstance(record, Usage):
             return record

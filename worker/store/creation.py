@@ -7,6 +7,7 @@ import os
 from worker.store.baseline import Baseline
 from worker.store.disk import durable
 from worker.store.errors import InvalidRecord, quote
+from worker.store.format.epoch_records import EpochRecords
 from worker.store.format.records import SessionStart, encode_lines
 from worker.store.session_state import SessionState, baseline_path, log_path
 
@@ -41,7 +42,7 @@ def write_first_epoch(
         epoch=0,
         slot=slot,
         baseline=baseline,
-        records=[start],
+        records=EpochRecords.decoded(log_path(directory, 0), [start]),
         log_size=len(line),
         carry=None,
         log_crc=crc,

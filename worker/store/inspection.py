@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from worker.store.disk.layout import session_dir
 from worker.store.disk.lock import lock_directory, unlock_directory
 from worker.store.errors import SessionLocked, SessionNotFound
 from worker.store.format.records import Record
+from worker.store.format.records_view import typed
 from worker.store.loader import load_session, log_path
 from worker.store.schedules import pending_schedules
 from worker.store.session_state import SessionState
@@ -91,8 +93,8 @@ def inspect_session(
         lock_fd, writer_live, writer_pid = None, True, exc.pid
     counts: list[dict[str, int]] = []
 
-    def count_epoch(records: list[Record]) -> None:
-        counts.append(dict(Counter(r.TYPE for r in records)))
+    def count_epoch(records: Sequence[Record]) -> None:
+        counts.append(type_counts(records))
 
     try:
         # The history (verify, inspect --all) is the thorough check: every line's
@@ -137,3 +139,11 @@ def summarize(
             for s in sorted(pending_schedules(state.records).values(), key=lambda s: s.at)
         ],
     )
+
+
+def type_counts(records: Sequence[Record]) -> dict[str, int]:
+    """How many records of each type an epoch holds (an open epoch's: none decoded)."""
+    epoch = typed(records)
+    if epoch is not None:
+        return dict(Counter(cls.TYPE for cls in epoch.types))
+    return dict(Counter(record.TYPE for record in records))

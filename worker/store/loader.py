@@ -13,7 +13,7 @@ place.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from worker.store.disk.files import Directory, open_directory, read_file
@@ -32,19 +32,20 @@ from worker.store.epochs.epoch_log import (
     check_groups,
     decode_log,
     key_applied_at,
+    read_log,
     refuse_reused_call,
     session_of_sealed,
 )
 from worker.store.epochs.sealed_logs import check_sealed, first_start
 from worker.store.errors import InvalidLog, quote
 from worker.store.fencing import NO_FENCE, Fence, advance
+from worker.store.format.epoch_records import EpochRecords
 from worker.store.format.records import (
     EpochEnd,
     Handoff,
     Owner,
     Record,
     SessionStart,
-    ToolResult,
     User,
     decode_line,
 )
@@ -73,7 +74,7 @@ def load_session(
     session_dir: str,
     session_id: str,
     *,
-    on_epoch: Callable[[list[Record]], None] | None = None,
+    on_epoch: Callable[[Sequence[Record]], None] | None = None,
     dir_fd: Directory | None = None,
     newest_data: bytes | None = None,
     history: bool = False,
@@ -110,7 +111,7 @@ class _Reader:
         directory: str,
         session_id: str,
         dir_fd: Directory,
-        on_epoch: Callable[[list[Record]], None] | None,
+        on_epoch: Callable[[Sequence[Record]], None] | None,
         newest_data: bytes | None,
     ) -> None:
         self.directory = directory
@@ -131,6 +132,8 @@ class _Reader:
         self.crc = 0  # of the newest log
         self.starts: dict[int, SessionStart | None] = {}  # each epoch's, once read
         self.canonical = False  # every line's spelling checked, not only its checksum
+        # Each epoch read: its ToolResults' calls, and (line, key) of each User.
+        self.scans: dict[int, tuple[list[int], list[tuple[int, str | None]]]] = {}
 
     def load(self, history: bool, index_files: bool = True) -> SessionState:
         refuse_unfinished_salvage(self.directory, self.dir_fd)  # before its epochs: a gap
@@ -207,7 +210,7 @@ class _Reader:
             check_planned_digest(path, len(records), last, state)
         return state
 
-    def _read(self, epoch: int, *, newest: bool) -> tuple[str, list[Record]]:
+    def _read(self, epoch: int, *, newest: bool) -> tuple[str, EpochRecords]:
         path = log_path(self.directory, epoch)
         if newest and self.newest_data is not None:
             data = self.newest_data
@@ -216,19 +219,19 @@ class _Reader:
         self.sizes.append(len(data))
         if not newest:
             self._check_sealed(path, data, epoch)
-        decoded = decode_log(path, data, canonical=self.canonical)
         # Each epoch names the session of the next (or the one it was forked from),
         # the newest the directory's: a fork's shared epochs name its origin.
         session_id = self.session_id
         if not newest:
             session_id = session_of_sealed(self.starts[epoch + 1], self.session_id)
-        check_epoch(path, session_id, epoch, decoded.records, newest=newest)
-        check_groups(path, decoded.records, decoded.framed)
+        read = read_log(path, data, session_id, epoch, newest=newest, canonical=self.canonical)
+        records = read.records
+        self.scans[epoch] = (read.calls, read.users)
         if newest:
-            self.crc = decoded.crc
-        first = decoded.records[0]
+            self.crc = read.crc
+        first = records[0]
         self.starts[epoch] = first if isinstance(first, SessionStart) else None
-        return path, decoded.records
+        return path, records
 
     def _check_sealed(self, path: str, data: bytes, epoch: int) -> None:
         """A sealed log must be the length and CRC-32 the next epoch's SessionStart recorded."""
@@ -281,7 +284,7 @@ class _Reader:
         self,
         path: str,
         epoch: int,
-        records: list[Record],
+        records: EpochRecords,
         *,
         newest: bool,
         end: EpochEndAt | None = None,
@@ -298,24 +301,25 @@ class _Reader:
             check_carried_digest(path, first, end)
         if self.on_epoch is not None:
             self.on_epoch(records)
-        if self.fence.sealed is not None or not _FENCING.isdisjoint(map(type, records)):
-            self._fence(path, records)
-        # Comprehensions over the types, not a Python branch per record: a large log's
-        # calls and keys are checked in a few C-speed passes; the place of a problem is
-        # looked up only when there is one.
-        calls = [r.call for r in records if type(r) is ToolResult]
+        self._fence(path, records)
+        # What the scan (or the decode) read of the calls and keys, checked in a few
+        # C-speed passes; the place of a problem is looked up only when there is one.
+        calls, users = self.scans.pop(epoch)
         floor = max(self.max_call + 1, self.next_call)
         if calls and (calls[0] < floor or calls != sorted(set(calls))):
             refuse_reused_call(path, records, floor)
         if calls:
             self.max_call = calls[-1]
-        users = [(n, r) for n, r in enumerate(records, start=1) if isinstance(r, User)]
         self._keys(path, epoch, users, exact=first.key_index is not None)
         if not newest:
             self.prior_users += len(users)
-            self.prior_untrusted += sum(u.untrusted for _n, u in users)
+            self.prior_untrusted += sum(
+                u.untrusted for _n, u in records.of_type(User) if isinstance(u, User)
+            )
 
-    def _keys(self, path: str, epoch: int, users: list[tuple[int, User]], *, exact: bool) -> None:
+    def _keys(
+        self, path: str, epoch: int, users: list[tuple[int, str | None]], *, exact: bool
+    ) -> None:
         """Refuse a key applied twice; index the keys of the epoch.
 
         Within the retry window of old (the same or adjacent epochs) a key was always
@@ -323,15 +327,14 @@ class _Reader:
         key is (``exact``). A key found again further back in a log written before is
         kept with both places (``repeats``).
         """
-        keyed = [(user.key, number) for number, user in users if user.key is not None]
+        keyed = [(key, number) for number, key in users if key is not None]
         if not self.index.segments and _all_new(self.keys, [key for key, _n in keyed]):
             # The common case, in a few C-speed passes: no key seen before, none twice.
             self.keys.update({key: KeyRef(epoch, number) for key, number in keyed})
             return
         window = epoch - 1
         index = self.index
-        for number, user in users:
-            key = user.key
+        for number, key in users:
             if key is None:
                 continue
             applied = self.keys.get(key)
@@ -356,9 +359,18 @@ class _Reader:
 
         return confirm
 
-    def _fence(self, path: str, records: list[Record]) -> None:
-        """Follow the Owner and Handoff records in order (store.fencing); InvalidLog if broken."""
-        for number, record in enumerate(records, start=1):
+    def _fence(self, path: str, records: EpochRecords) -> None:
+        """Follow the Owner and Handoff records in order (store.fencing); InvalidLog if broken.
+
+        After a Handoff every record is followed (nothing but a higher Owner may come).
+        """
+        if self.fence.sealed is not None or records.holds(Handoff):
+            followed = list(enumerate(records, start=1))
+        elif records.holds(Owner):
+            followed = records.of_type(Owner)
+        else:
+            return
+        for number, record in followed:
             if type(record) in _FENCING or self.fence.sealed is not None:
                 fenced = advance(self.fence, record)
                 if isinstance(fenced, str):

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from worker.store.format.records import Record, Schedule, Unschedule, User
+from worker.store.format.records_view import typed
 
+_FOLLOWED: Final = (User, Schedule, Unschedule)
 _RECORD_TIME: Final = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\.(\d{6})Z")
 
 
@@ -66,14 +68,35 @@ def follow(pending: dict[str, Schedule], applied: set[str], records: Iterable[Re
             pending.pop(record.key, None)
 
 
-def pending_schedules(records: Iterable[Record]) -> dict[str, Schedule]:
+def follow_from(
+    pending: dict[str, Schedule], applied: set[str], records: Sequence[Record], start: int = 0
+) -> None:
+    """``follow`` the records from index ``start``, decoding only those it needs.
+
+    An epoch's records (``EpochRecords``) without a schedule among them give their
+    Users' keys without decoding a line: only those can change what is pending.
+    """
+    epoch = typed(records)
+    if epoch is None:
+        follow(pending, applied, records[start:])
+    elif epoch.holds(Schedule, Unschedule, start=start):
+        follow(pending, applied, [r for _n, r in epoch.of_type(*_FOLLOWED, start=start)])
+    else:
+        keys = epoch.request_keys(start)
+        applied.update(keys)
+        if pending:
+            for key in keys:
+                pending.pop(key, None)
+
+
+def pending_schedules(records: Sequence[Record]) -> dict[str, Schedule]:
     """The schedules pending after an epoch's ``records`` (its log, in order), by key."""
     pending: dict[str, Schedule] = {}
-    follow(pending, set(), records)
+    follow_from(pending, set(), records)
     return pending
 
 
-def carried_schedules(records: list[Record]) -> list[Schedule]:
+def carried_schedules(records: Sequence[Record]) -> list[Schedule]:
     """The ``Schedule`` records the epoch after ``records`` starts with: its pending ones,
     in the order they were written, unchanged (a resume computes the same list)."""
     return list(pending_schedules(records).values())

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from worker.store.baseline import Baseline
 from worker.store.fencing import NO_FENCE, Fence
 from worker.store.format.dataclass_methods import MutableValue
-from worker.store.format.records import Record
+from worker.store.format.epoch_records import EpochRecords
 from worker.store.key_index import KeyIndex
 
 
@@ -39,7 +39,7 @@ class SessionState(MutableValue):
     epoch: int
     slot: int
     baseline: Baseline
-    records: list[Record]
+    records: EpochRecords
     log_size: int
     carry: str | None
     prior_users: int = 0

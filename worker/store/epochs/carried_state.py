@@ -105,12 +105,12 @@ def plan_next_epoch(state: SessionState) -> NextEpoch:
     the log gives at its end; it is never sealed there (nothing, ``EpochEnd`` included,
     may follow a ``Handoff`` but a higher ``Owner``), so its token and node are all of it.
     """
-    users = [r for r in state.records if isinstance(r, User)]
+    users = [r for _n, r in state.records.of_type(User) if isinstance(r, User)]
     # A fence read from a SessionStart written before the fence was carried knows only
     # this epoch's Owner records: it is carried (authoritative from then on) once an
     # Owner was written in this epoch, else the next SessionStart keeps the old form
     # rather than carry a token of 0 as if no older epoch had an owner.
-    known = state.fence_known or any(type(r) is Owner for r in state.records)
+    known = state.fence_known or state.records.holds(Owner)
     closing = sorted((ref.line, k) for k, ref in state.keys.items() if ref.epoch == state.epoch)
     covers = state.key_index.covers
     places = [*state.keys.items(), *state.repeats]

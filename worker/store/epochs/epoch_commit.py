@@ -11,6 +11,7 @@ from __future__ import annotations
 from worker.store.baseline import Baseline
 from worker.store.disk import durable
 from worker.store.epochs.carried_state import NextEpoch
+from worker.store.format.epoch_records import EpochRecords
 from worker.store.format.records import SessionStart, encode_lines
 from worker.store.key_index import write_segments
 from worker.store.schedules import carried_schedules
@@ -73,7 +74,7 @@ def switch_to_next_epoch(
     state.key_index = plan.index
     state.epoch = start.epoch
     state.baseline = baseline
-    state.records = [start, *carried]
+    state.records = EpochRecords.decoded(log_path(state.directory, start.epoch), [start, *carried])
     state.carry = summary
     state.log_size = size
     state.log_crc = crc

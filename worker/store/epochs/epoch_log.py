@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -18,7 +18,9 @@ from worker.store.disk.files import Directory, read_file
 from worker.store.errors import InvalidLog, TornLog, quote
 from worker.store.format.app_records import check_apps
 from worker.store.format.dataclass_methods import MutableValue
+from worker.store.format.epoch_records import EpochRecords
 from worker.store.format.line_checksums import chain_line
+from worker.store.format.line_scan import scan_lines
 from worker.store.format.records import (
     EpochEnd,
     Record,
@@ -97,6 +99,40 @@ def decode_log(path: str, data: bytes, *, canonical: bool = False) -> DecodedLog
     return DecodedLog(records, framed, running)
 
 
+@dataclass(slots=True, repr=False, eq=False)
+class ReadLog(MutableValue):
+    """One epoch log as open reads it: its records (decoded when asked for), the CRC-32
+    of its bytes, its ToolResults' call numbers and ``(line, key)`` of each User."""
+
+    records: EpochRecords
+    crc: int
+    calls: list[int]
+    users: list[tuple[int, str | None]]
+
+
+def read_log(
+    path: str, data: bytes, session_id: str, epoch: int, *, newest: bool, canonical: bool
+) -> ReadLog:
+    """Read and check one epoch's log (``check_epoch``, its groups), decoding no record.
+
+    Proven by the scan (``worker.store.format.line_scan``) unless asked for every
+    line's spelling (verify) or a line is not what the scan knows: then decoded line by
+    line, which names the first problem (docs/format.md, "What each reader checks").
+    """
+    scan = None if canonical else scan_lines(data)
+    if scan is None:
+        decoded = decode_log(path, data, canonical=canonical)
+        records = EpochRecords.decoded(path, decoded.records)
+        check_epoch(path, session_id, epoch, records, newest=newest)
+        check_groups(path, decoded.records, decoded.framed)
+        calls = [r.call for r in decoded.records if type(r) is ToolResult]
+        users = [(n, r.key) for n, r in enumerate(decoded.records, 1) if isinstance(r, User)]
+        return ReadLog(records, decoded.crc, calls, users)
+    records = EpochRecords(path, [None] * len(scan.types), scan.types, data, scan.keys)
+    check_epoch(path, session_id, epoch, records, newest=newest)
+    return ReadLog(records, scan.crc, scan.calls, list(zip(scan.users, scan.keys, strict=True)))
+
+
 def check_groups(path: str, records: list[Record], framed: list[tuple[int, int, int]]) -> None:
     """Check that every group commit in the log is whole: parts 1..n on consecutive lines.
 
@@ -158,7 +194,7 @@ def session_of_sealed(following: SessionStart | None, session_id: str) -> str:
 
 
 def check_epoch(
-    path: str, session_id: str, epoch: int, records: list[Record], *, newest: bool
+    path: str, session_id: str, epoch: int, records: Sequence[Record], *, newest: bool
 ) -> None:
     """Check one epoch's structure; InvalidLog with the offending line."""
     if not records:
@@ -177,8 +213,9 @@ def check_epoch(
             path, 1, f"SessionStart.forked_from is {quote(first.forked_from)}: not a fork's"
         )
     # The types once, then counted in C: a large log is checked without a Python step
-    # per record, and the place of a problem is looked up only when there is one.
-    types = list(map(type, records))
+    # (or a decode) per record, and the place of a problem is looked up only when there
+    # is one.
+    types = records.types if isinstance(records, EpochRecords) else list(map(type, records))
     check_apps(path, records, types)
     if types.count(SessionStart) > 1:
         raise InvalidLog(path, types.index(SessionStart, 1) + 1, "a second SessionStart")
@@ -223,7 +260,7 @@ def key_applied_at(dir_fd: Directory, path: str, line: int, key: str) -> bool:
     return isinstance(record, User) and record.key == key
 
 
-def refuse_reused_call(path: str, records: list[Record], floor: int) -> None:
+def refuse_reused_call(path: str, records: Sequence[Record], floor: int) -> None:
     """Raise InvalidLog at the first ToolResult whose call number is below ``floor`` or not new."""
     highest = floor - 1
     for number, record in enumerate(records, start=1):

@@ -11,9 +11,10 @@ from collections.abc import Sequence
 
 from worker.store.errors import InvalidLog, quote
 from worker.store.format.records import AppChanged, Record, SessionStart
+from worker.store.format.records_view import typed
 
 
-def check_apps(path: str, records: list[Record], types: list[type[Record]]) -> None:
+def check_apps(path: str, records: Sequence[Record], types: list[type[Record]]) -> None:
     """InvalidLog at the first App record of an epoch that does not follow on."""
     first = records[0]
     assert isinstance(first, SessionStart)  # check_epoch has made sure
@@ -27,9 +28,13 @@ def check_apps(path: str, records: list[Record], types: list[type[Record]]) -> N
     if AppChanged not in types:
         return
     version = first.app_version
-    for number, record in enumerate(records, 1):
-        if not isinstance(record, AppChanged):
-            continue
+    epoch = typed(records)
+    if epoch is not None:
+        changes = epoch.of_type(AppChanged)
+    else:
+        changes = [(n, r) for n, r in enumerate(records, 1) if isinstance(r, AppChanged)]
+    for number, record in changes:
+        assert isinstance(record, AppChanged)
         if record.app != first.app or record.from_version != version:
             raise InvalidLog(
                 path,
@@ -50,7 +55,11 @@ def serving_app(records: Sequence[Record]) -> tuple[str, str] | None:
     first = records[0] if records else None
     if not isinstance(first, SessionStart) or first.app is None or first.app_version is None:
         return None
-    for record in reversed(records):
-        if isinstance(record, AppChanged):
-            return first.app, record.to_version
+    epoch = typed(records)
+    if epoch is not None:
+        change = epoch.last_of_type(AppChanged)
+    else:
+        change = next((r for r in reversed(records) if isinstance(r, AppChanged)), None)
+    if isinstance(change, AppChanged):
+        return first.app, change.to_version
     return first.app, first.app_version

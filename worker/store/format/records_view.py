@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import overload
 
+from worker.store.format.epoch_records import EpochRecords
 from worker.store.format.records import Record
 
 
@@ -13,7 +14,7 @@ class RecordsView(Sequence[Record]):
 
     __slots__ = ("_records",)
 
-    def __init__(self, records: list[Record]) -> None:
+    def __init__(self, records: Sequence[Record]) -> None:
         self._records = records
 
     @overload
@@ -29,5 +30,16 @@ class RecordsView(Sequence[Record]):
     def __iter__(self) -> Iterator[Record]:
         return iter(self._records)
 
+    def __reversed__(self) -> Iterator[Record]:
+        return reversed(self._records)
+
     def __repr__(self) -> str:
         return f"RecordsView({self._records!r})"
+
+
+def typed(records: Sequence[Record]) -> EpochRecords | None:
+    """The epoch's records behind ``records`` (itself or a view of it), to ask by type
+    without decoding every line; None for a plain sequence."""
+    if isinstance(records, RecordsView):
+        records = records._records
+    return records if isinstance(records, EpochRecords) else None

@@ -17,6 +17,7 @@ from worker.store.baseline import Baseline
 from worker.store.creation import check_slot
 from worker.store.disk.layout import SESSIONS_DIR
 from worker.store.errors import NotOwnerNow, SessionExists, SessionNotFound
+from worker.store.format.epoch_records import EpochRecords
 from worker.store.format.records import SessionStart, encode_lines
 from worker.store.loader import baseline_path, load_session
 from worker.store.postgres.backend import PostgresBackend, _bytes
@@ -150,7 +151,7 @@ class PostgresStore:
             epoch=0,
             slot=slot,
             baseline=baseline,
-            records=[start],
+            records=EpochRecords.decoded(directory, [start]),
             log_size=len(line),
             carry=None,
             log_crc=crc,

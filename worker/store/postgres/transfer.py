@@ -9,12 +9,11 @@ session moves between a home and a database as the same bytes.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
 from worker.store.errors import SessionExists, SessionNotFound
-from worker.store.inspection import Inspection, summarize
+from worker.store.inspection import Inspection, summarize, type_counts
 from worker.store.loader import load_session
 from worker.store.postgres.backend import _LOG_NAME, PostgresBackend
 from worker.store.postgres.connection import database_error, driver
@@ -32,7 +31,7 @@ def read_session(
     store: PostgresStore,
     session_id: str,
     *,
-    on_epoch: Callable[[list[Record]], None] | None = None,
+    on_epoch: Callable[[Sequence[Record]], None] | None = None,
     history: bool = False,
     canonical: bool = False,
 ) -> SessionState:
@@ -94,8 +93,8 @@ def inspect_stored(store: PostgresStore, session_id: str, *, history: bool = Fal
     """``inspect_session`` of a session in the database (``--all``: ``history``, canonical)."""
     counts: list[dict[str, int]] = []
 
-    def count_epoch(records: list[Record]) -> None:
-        counts.append(dict(Counter(r.TYPE for r in records)))
+    def count_epoch(records: Sequence[Record]) -> None:
+        counts.append(type_counts(records))
 
     state = read_session(
         store, session_id, on_epoch=count_epoch, history=history, canonical=history

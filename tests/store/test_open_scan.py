@@ -1,0 +1,171 @@
+"""Open reads the newest log's bytes without decoding its records (issue 32).
+
+What the scan reads must equal what decoding every line gives; anything the scan does
+not know sends open to the line-by-line read, which names the line; a record is
+decoded when asked for, and a line whose checksum was made to match but which is not a
+record is refused at its place then (and by verify at once).
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+import pytest
+
+from worker import (
+    Assistant,
+    Baseline,
+    InvalidLog,
+    Session,
+    ToolResult,
+    Usage,
+    User,
+)
+from worker.store.errors import LogError
+from worker.store.format.epoch_records import EpochRecords
+from worker.store.format.line_scan import scan_lines
+from worker.store.format.records import (
+    AppChanged,
+    Owner,
+    Schedule,
+    encode_record,
+    without_checksums,
+)
+from worker.store.inspection import inspect_session
+from worker.store.loader import SessionState, load_session
+
+BASELINE = Baseline(system="s", memory="", tools=[])
+AT = "2030-01-01T00:00:00.000000Z"
+# Keys a regular expression could misread: escapes, quotes, non-ASCII, a field's name.
+KEYS = ['k"1', "k\\2", "ké3", 'k,"key":"4', "k\n5", "k\u20286"]
+
+
+def _session(home: Path) -> Path:
+    """A session whose newest log holds every shape the scan reads: groups of 2 to 12
+    lines, lone records, keyed, unkeyed and untrusted requests, schedules, an Owner."""
+    call = 0
+    with Session.create(str(home), "s", BASELINE) as session:
+        session.append(Owner(node="n1", token=3))
+        for n in range(24):
+            call += 1
+            group: list[User | ToolResult | Assistant | Usage | Schedule] = [
+                User(
+                    text=f'request {n} ,"key":"x"',
+                    untrusted=n % 3 == 0,
+                    key=KEYS[n % len(KEYS)] + str(n) if n % 4 else None,
+                ),
+                ToolResult(call=call, tool="echo", output=f'{{"call":{n + 100}}}', ok=True),
+            ]
+            group += [Assistant(text="a")] * (n % 11)
+            if n % 5 == 0:
+                group.append(Schedule(key=f"later{n}", at=AT, text="t"))
+            session.append_many(group) if len(group) > 1 else session.append(group[0])
+            session.append(Usage(prompt_tokens=n, completion_tokens=1, context_tokens=n + 1))
+    return home / "sessions" / "s" / "0.jsonl"
+
+
+def _fields(state: SessionState) -> dict[str, object]:
+    return {
+        name: getattr(state, name)
+        for name in state.__slots__
+        if name not in ("records", "key_index")
+    }
+
+
+def test_open_by_the_scan_learns_what_decoding_every_line_gives(home: Path) -> None:
+    log = _session(home)
+    directory = str(log.parent)
+    assert scan_lines(log.read_bytes()) is not None  # the scan knows every line here
+    scanned = load_session(directory, "s")
+    decoded = load_session(directory, "s", canonical=True)  # every line decoded and checked
+    assert _fields(scanned) == _fields(decoded)
+    assert isinstance(scanned.records, EpochRecords)
+    # Open decoded its first and last lines and the Owner's, no other.
+    assert scanned.records.undecoded == len(scanned.records) - 3
+    assert list(scanned.records) == list(decoded.records)
+    assert scanned.records.undecoded == 0
+    assert sorted(scanned.keys) == sorted(decoded.keys)
+    assert len(scanned.keys) == 18
+
+
+def test_a_session_opened_by_the_scan_serves_retries_schedules_and_its_newest_usage(
+    home: Path,
+) -> None:
+    _session(home)
+    with Session.open(str(home), "s") as session:
+        ref = session.find_key(KEYS[1] + "1")
+        assert ref is not None
+        assert session.records[ref.line - 1] == User(
+            time=session.records[ref.line - 1].time, text='request 1 ,"key":"x"',
+            untrusted=False, key=KEYS[1] + "1",
+        )  # fmt: skip
+        assert session.find_key("k\n55") is None
+        records = session.records
+        pending = [r for r in records if isinstance(r, Schedule)]
+        assert [s.key for s in pending] == [f"later{n}" for n in range(0, 24, 5)]
+        session.append(User(text="more", key=KEYS[0] + "x"))
+        assert session.find_key(KEYS[0] + "x") is not None
+    with Session.open(str(home), "s") as session:
+        state = session._state
+        assert state.records[-1] == User(time=state.records[-1].time, text="more",
+                                         key=KEYS[0] + "x")  # fmt: skip
+        usage = [r for r in session.records if isinstance(r, Usage)][-1]
+        assert session._last_usage == usage
+
+
+def _rechain(lines: list[bytes]) -> bytes:
+    """``lines`` (without checksums) with each one's checksum made to match, as a forger would."""
+    out, running = b"", 0
+    for line in lines:
+        head = line[:-1] + b',"crc":"'
+        value = zlib.crc32(head, running)
+        tail = b'%08x"}\n' % value
+        running = zlib.crc32(tail, value)
+        out += head + tail
+    return out
+
+
+def test_a_checksummed_line_that_is_no_record_is_refused_at_its_place_when_read(
+    home: Path,
+) -> None:
+    log = _session(home)
+    lines = without_checksums(log.read_bytes()).splitlines()
+    number = next(n for n, line in enumerate(lines, 1) if line.startswith(b'{"type":"Assistant"'))
+    lines[number - 1] = lines[number - 1].replace(b'"text":"a"', b'"text":5')
+    log.write_bytes(_rechain(lines))
+    with Session.open(str(home), "s") as session:  # open trusts a checksummed line's fields
+        with pytest.raises(LogError) as refused:
+            list(session.records)
+        assert f"{log}:{number}: undecodable record: Assistant.text must be a string" in str(
+            refused.value
+        )
+    with pytest.raises(LogError, match=f":{number}: undecodable record: Assistant.text"):
+        inspect_session(str(home), "s", history=True)  # verify's read refuses it at once
+
+
+def test_lines_the_scan_does_not_know_are_read_line_by_line_and_the_first_bad_one_named(
+    home: Path,
+) -> None:
+    log = _session(home)
+    lines = without_checksums(log.read_bytes()).splitlines()
+    # A group cut in the middle of the log (its lines all checksummed): never what the
+    # writer leaves, so refused where the frame breaks, as the decode always said.
+    number = next(n for n, line in enumerate(lines, 1) if b'"part":2,"parts":3' in line)
+    del lines[number - 1]
+    log.write_bytes(_rechain(lines))
+    assert scan_lines(log.read_bytes()) is None
+    with pytest.raises(InvalidLog, match=f":{number}: part 3 of 3 where part 2 of 3"):
+        Session.open(str(home), "s")
+
+
+def test_an_app_change_is_checked_and_read_from_its_line_alone(home: Path) -> None:
+    log = _session(home)
+    lines = without_checksums(log.read_bytes()).splitlines()
+    change = AppChanged(app="m:App", from_version="1", to_version="2")
+    lines.append(encode_record(change).rstrip(b"\n"))
+    log.write_bytes(_rechain(lines))
+    assert scan_lines(log.read_bytes()) is not None
+    # The SessionStart names no App, so an AppChanged from one is refused at its line.
+    with pytest.raises(InvalidLog, match=f":{len(lines)}: AppChanged from 'm:App'"):
+        Session.open(str(home), "s")

@@ -1,0 +1,158 @@
+"""What open needs of a log's lines, read from their bytes without decoding a record.
+
+``scan_lines`` proves a log the way ``decode_lines_fast`` does (every line the store's,
+ending in its checksum, the last checksum the CRC-32 of every byte before it, every
+group commit whole) and reads, in a few C-speed passes of ``re`` and ``bytes`` over the
+whole log, what open checks and keeps: each line's record type, the call number of
+each ``ToolResult``, the key of each ``User``. The records themselves are decoded when
+something asks for them (``worker.store.format.epoch_records``).
+
+It never names a problem: on anything it does not recognise (a line without a
+checksum, an unknown type, a field out of the writer's order, a group cut short) it
+returns None, and the caller decodes the log line by line, which names the first bad
+line exactly as before. docs/format.md, "What each reader checks".
+
+Why the patterns are sound on the store's lines: a line is one JSON object of strings,
+numbers, booleans and nulls, written compactly with ``"type"`` first; a ``"`` inside a
+string is always escaped, so ``,"key":"`` or ``{"type":"`` can only be a key's start,
+and a raw newline only ends a line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from dataclasses import dataclass
+from itertools import compress, count
+from operator import is_
+from typing import Final
+
+from worker.store.format.dataclass_methods import MutableValue
+from worker.store.format.record_fields import WRITTEN_ALONE
+from worker.store.format.record_types import (
+    RECORD_TYPES,
+    Record,
+    SessionStart,
+    ToolResult,
+    User,
+)
+
+_START: Final = b'{"type":"'
+_NEXT_START: Final = b'\n{"type":"'
+_CRC_FIELD: Final = b',"crc":"'
+_TYPE: Final = re.compile(rb'\{"type":"(\w+)"')
+# Each line's end: its checksum, after its place in a group commit when it has one.
+_END: Final = re.compile(
+    rb',"part":(\d+),"parts":(\d+),"crc":"[0-9a-f]{8}"\}\n|,"crc":"[0-9a-f]{8}"\}\n'
+)
+# Whole groups of 2 to 9 lines, each line's place written "part/parts," ("/," alone).
+_GROUPS: Final = re.compile(
+    rb"(?:/,|"
+    + b"|".join(b"".join(b"%d/%d," % (i, n) for i in range(1, n + 1)) for n in range(2, 10))
+    + rb")*"
+)
+# A ToolResult's call: its fields in the writer's order are type, time, call.
+_CALL: Final = re.compile(rb'\{"type":"ToolResult","time":"[^"\\\n]*","call":(\d+)[,}]')
+# A User's key, its last field but the group's and the checksum (b"" when it has none).
+_KEY: Final = re.compile(rb'\{"type":"User",(?:[^\n]*,"key":("(?:[^"\\\n]|\\.)*")|)')
+_ALONE_LATER: Final = tuple(cls for cls in WRITTEN_ALONE if cls is not SessionStart)
+_CLASSES: Final[dict[bytes, type[Record]]] = {cls.TYPE.encode(): cls for cls in RECORD_TYPES}
+
+
+@dataclass(slots=True, repr=False, eq=False)
+class LineScan(MutableValue):
+    """One log's lines as open needs them, none decoded.
+
+    ``types`` holds each line's record class; ``calls`` the ToolResults' call numbers
+    in line order; ``users`` the line numbers (from 1) of the User records and
+    ``keys`` their request keys (None: sent without one); ``crc`` the CRC-32 of all
+    the log's bytes.
+    """
+
+    types: list[type[Record]]
+    calls: list[int]
+    users: list[int]
+    keys: list[str | None]
+    crc: int
+
+
+def scan_lines(data: bytes) -> LineScan | None:
+    """Read ``data`` (a whole log, ending in a newline) as open needs it; None to decode it.
+
+    None unless every line is one the store wrote with its checksum, the last line's
+    checksum is the CRC-32 of the bytes before it, and every group commit is whole.
+    """
+    lines = data.count(b"\n")
+    if (
+        not lines
+        or not data.endswith(b"\n")
+        or not data.startswith(_START)
+        or data.count(_NEXT_START) != lines - 1
+    ):
+        return None
+    at = data.rfind(_CRC_FIELD) + len(_CRC_FIELD)
+    view = memoryview(data)
+    before = zlib.crc32(view[:at])
+    if data[at:] != b'%08x"}\n' % before:
+        return None
+    classes = _CLASSES
+    types = list(map(classes.get, _TYPE.findall(data)))
+    if len(types) != lines or None in types:
+        return None
+    ends = _END.findall(data)
+    if len(ends) != lines or not _whole_groups(ends):
+        return None
+    if any(ends[i][0] for i in _written_alone(types)):  # type: ignore[arg-type]
+        return None
+    calls = _CALL.findall(data)
+    if len(calls) != types.count(ToolResult):
+        return None
+    keys = _KEY.findall(data)
+    if len(keys) != types.count(User):
+        return None
+    try:
+        decoded: list[str | None] = json.loads(
+            b"[" + b",".join(key or b"null" for key in keys) + b"]"
+        )
+    except ValueError:
+        return None
+    if not all(type(key) is str for key in decoded if key is not None):
+        return None
+    users = list(compress(count(1), map(is_, types, [User] * lines)))
+    return LineScan(
+        types,  # type: ignore[arg-type]  # None was refused above
+        list(map(int, calls)),
+        users,
+        decoded,
+        zlib.crc32(view[at:], before),
+    )
+
+
+def _whole_groups(ends: list[tuple[bytes, bytes]]) -> bool:
+    """True if the lines' group parts (b"" when a line is alone) make only whole groups."""
+    if _GROUPS.fullmatch(b",".join(map(b"/".join, ends)) + b","):
+        return True  # in C: groups of up to 9 lines, the common case
+    expect = 0  # the next part of the open group (0: none open)
+    size = b""
+    for part, parts in ends:
+        if not part:
+            if expect:
+                return False
+        elif not expect:
+            if part != b"1" or parts == b"1":
+                return False
+            size, expect = parts, 2
+        elif part != b"%d" % expect or parts != size:
+            return False
+        else:
+            expect = 0 if part == parts else expect + 1
+    return not expect
+
+
+def _written_alone(types: list[type[Record]]) -> list[int]:
+    """The indexes of the lines whose records are written alone, never in a group."""
+    alone_later = any(map(types.__contains__, _ALONE_LATER))
+    if types[0] is SessionStart and not alone_later and types.count(SessionStart) == 1:
+        return [0]  # the common case, in C: only the first line's SessionStart
+    return [i for i, cls in enumerate(types) if cls in WRITTEN_ALONE]
