@@ -167,6 +167,26 @@ class KeyIndex(MutableValue):
                 at += 1
         return None
 
+    def maybe_present(self, keys: list[str]) -> list[str]:
+        """The ``keys`` whose hash is in some segment: every other one is in no sealed epoch.
+
+        One pass per segment over the keys, none per key and segment in Python beyond a
+        bisect: open checks the newest epoch's keys with it (``find`` then confirms the
+        few it returns against the logs).
+        """
+        if not self.segments or not keys:
+            return []
+        wanted = [key_hash(key) for key in keys]
+        hit = [False] * len(keys)
+        for segment in self.segments:
+            hashes, size = segment.hashes, len(segment.hashes)
+            at = [bisect.bisect_left(hashes, value) for value in wanted]
+            hit = [
+                seen or (spot < size and hashes[spot] == value)
+                for seen, spot, value in zip(hit, at, wanted, strict=True)
+            ]
+        return [key for key, seen in zip(keys, hit, strict=True) if seen]
+
     def extended(self, epochs: int, entries: Iterable[int]) -> tuple[KeyIndex, list[Segment]]:
         """The index of ``epochs`` sealed epochs, and its segments that are new.
 

@@ -328,8 +328,10 @@ class _Reader:
         kept with both places (``repeats``).
         """
         keyed = [(key, number) for number, key in users if key is not None]
-        if not self.index.segments and _all_new(self.keys, [key for key, _n in keyed]):
-            # The common case, in a few C-speed passes: no key seen before, none twice.
+        keys = [key for key, _n in keyed]
+        if _all_new(self.keys, keys) and not self.index.maybe_present(keys):
+            # The common case, in a few C-speed passes: no key seen before, none twice,
+            # none whose hash a sealed epoch's index holds.
             self.keys.update({key: KeyRef(epoch, number) for key, number in keyed})
             return
         window = epoch - 1
@@ -393,6 +395,6 @@ class _Reader:
         self.next_call = first.next_call
 
 
-def _all_new(seen: dict[str, KeyRef], keys: list[str | None]) -> bool:
+def _all_new(seen: dict[str, KeyRef], keys: Sequence[str | None]) -> bool:
     """True if no key in ``keys`` is in ``seen`` and none comes twice."""
     return len(set(keys)) == len(keys) and seen.keys().isdisjoint(keys)
