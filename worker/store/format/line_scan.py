@@ -20,6 +20,7 @@ and a raw newline only ends a line.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import zlib
@@ -41,21 +42,30 @@ from worker.store.format.record_types import (
 _START: Final = b'{"type":"'
 _NEXT_START: Final = b'\n{"type":"'
 _CRC_FIELD: Final = b',"crc":"'
-_TYPE: Final = re.compile(rb'\{"type":"(\w+)"')
-# Each line's end: its checksum, after its place in a group commit when it has one.
-_END: Final = re.compile(
-    rb',"part":(\d+),"parts":(\d+),"crc":"[0-9a-f]{8}"\}\n|,"crc":"[0-9a-f]{8}"\}\n'
-)
-# Whole groups of 2 to 9 lines, each line's place written "part/parts," ("/," alone).
-_GROUPS: Final = re.compile(
-    rb"(?:/,|"
-    + b"|".join(b"".join(b"%d/%d," % (i, n) for i in range(1, n + 1)) for n in range(2, 10))
-    + rb")*"
-)
-# A ToolResult's call: its fields in the writer's order are type, time, call.
-_CALL: Final = re.compile(rb'\{"type":"ToolResult","time":"[^"\\\n]*","call":(\d+)[,}]')
-# A User's key, its last field but the group's and the checksum (b"" when it has none).
-_KEY: Final = re.compile(rb'\{"type":"User",(?:[^\n]*,"key":("(?:[^"\\\n]|\\.)*")|)')
+
+
+@functools.cache
+def _patterns() -> tuple[re.Pattern[bytes], ...]:
+    """The scan's patterns, compiled on the first scan rather than at import (issue 32).
+
+    Each line's type; each line's end (its checksum, after its place in a group commit
+    when it has one); whole groups of 2 to 9 lines, each line's place written
+    "part/parts," ("/," alone); a ToolResult's call (its fields in the writer's order
+    are type, time, call); a User's key, its last field but the group's and the
+    checksum (b"" when it has none).
+    """
+    groups = b"|".join(b"".join(b"%d/%d," % (i, n) for i in range(1, n + 1)) for n in range(2, 10))
+    return (
+        re.compile(rb'\{"type":"(\w+)"'),
+        re.compile(
+            rb',"part":(\d+),"parts":(\d+),"crc":"[0-9a-f]{8}"\}\n|,"crc":"[0-9a-f]{8}"\}\n'
+        ),
+        re.compile(rb"(?:/,|" + groups + rb")*"),
+        re.compile(rb'\{"type":"ToolResult","time":"[^"\\\n]*","call":(\d+)[,}]'),
+        re.compile(rb'\{"type":"User",(?:[^\n]*,"key":("(?:[^"\\\n]|\\.)*")|)'),
+    )
+
+
 _ALONE_LATER: Final = tuple(cls for cls in WRITTEN_ALONE if cls is not SessionStart)
 _CLASSES: Final[dict[bytes, type[Record]]] = {cls.TYPE.encode(): cls for cls in RECORD_TYPES}
 
@@ -96,19 +106,19 @@ def scan_lines(data: bytes) -> LineScan | None:
     before = zlib.crc32(view[:at])
     if data[at:] != b'%08x"}\n' % before:
         return None
-    classes = _CLASSES
-    types = list(map(classes.get, _TYPE.findall(data)))
+    type_of, end_of, _groups, call_of, key_of = _patterns()
+    types = list(map(_CLASSES.get, type_of.findall(data)))
     if len(types) != lines or None in types:
         return None
-    ends = _END.findall(data)
+    ends = end_of.findall(data)
     if len(ends) != lines or not _whole_groups(ends):
         return None
     if any(ends[i][0] for i in _written_alone(types)):  # type: ignore[arg-type]
         return None
-    calls = _CALL.findall(data)
+    calls = call_of.findall(data)
     if len(calls) != types.count(ToolResult):
         return None
-    keys = _KEY.findall(data)
+    keys = key_of.findall(data)
     if len(keys) != types.count(User):
         return None
     try:
@@ -131,7 +141,7 @@ def scan_lines(data: bytes) -> LineScan | None:
 
 def _whole_groups(ends: list[tuple[bytes, bytes]]) -> bool:
     """True if the lines' group parts (b"" when a line is alone) make only whole groups."""
-    if _GROUPS.fullmatch(b",".join(map(b"/".join, ends)) + b","):
+    if _patterns()[2].fullmatch(b",".join(map(b"/".join, ends)) + b","):
         return True  # in C: groups of up to 9 lines, the common case
     expect = 0  # the next part of the open group (0: none open)
     size = b""
