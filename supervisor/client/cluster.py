@@ -183,13 +183,29 @@ class ClusterClient:
                         direct.close()
                 attempt += 1
                 if attempt > 1:
-                    time.sleep(_pause(attempt - 1, deadline))
+                    self._await_owner_change(found, _pause(attempt - 1, deadline))
                 continue
             token = result.get("token")
             if type(token) is not int:
                 raise ClusterError(f"session {session}: a reply without a fencing token")
             self.guard.check(session, token)
             return result
+
+    def _await_owner_change(self, found: Route, seconds: float) -> None:
+        """Pause ``seconds`` before trying the owner again, or less: until the owner key
+        changes from the one ``found`` was read at (its lease expired, another node
+        claimed it). A failover's takeover is then tried at once, not after the pause
+        that has grown while the old owner's lease ran out (issue 30)."""
+        if seconds <= 0:
+            return
+        until = time.monotonic() + seconds
+        key = owner_key(found.session)
+        try:
+            if self.etcd.watch(key, start_revision=found.token + 1, wait=seconds):
+                return
+        except (ClusterError, OSError):
+            pass  # no watch (etcd away, its history compacted): the pause alone
+        time.sleep(max(0.0, until - time.monotonic()))
 
     def status(self) -> list[object]:
         """The status rows of every live node's sessions, each with its node's name."""
