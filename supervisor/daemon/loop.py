@@ -49,8 +49,6 @@ from worker.store.disk.layout import SESSIONS_DIR
 __all__ = ["ServeConfig", "Supervisor"]
 
 STARTS_PER_TURN: Final = 8
-LINK_GRACE: Final = 1.0
-"""Seconds to wait, after a worker's death, for the end of its channel (its last words)."""
 
 
 class Supervisor:
@@ -78,10 +76,10 @@ class Supervisor:
 
     def watch_worker(self, hosted: HostedSession, worker: WorkerProcess) -> WorkerLink:
         link = WorkerLink(worker.sock, hosted)
-        watch = WorkerWatch(hosted, worker, link)
-        link.on_end = lambda: self._link_ended(watch)
-        connect(self.loop, link, self._tasks, lambda _exc: self._link_ended(watch))
-        self.loop.add_reader(worker.pidfd, self._worker_died, watch)
+        watch = WorkerWatch(hosted, worker, link, self.loop, self._finish)
+        link.on_end = watch.on_link_end
+        connect(self.loop, link, self._tasks, lambda _exc: watch.on_link_end())
+        self.loop.add_reader(worker.pidfd, watch.on_death)
         if worker.output is not None:
             self.hosting.watch_output(hosted.id, worker.pid, worker.output)
         return link
@@ -111,33 +109,8 @@ class Supervisor:
         if isinstance(timer, asyncio.TimerHandle | HolderWait):
             timer.cancel()
 
-    def _worker_died(self, watch: WorkerWatch) -> None:
-        self.loop.remove_reader(watch.worker.pidfd)
-        watch.died = True
-        if watch.link_ended:
-            self._finish(watch)
-        else:
-            # Its last words (an "exiting" reason, late replies) are still in the socket:
-            # wait for their end of stream, but not forever (a grandchild may hold it).
-            watch.grace = self.loop.call_later(LINK_GRACE, self._give_up_on_link, watch)
-
-    def _give_up_on_link(self, watch: WorkerWatch) -> None:
-        if watch.link.transport is None:
-            watch.link.sock.close()
-            self._link_ended(watch)
-        else:
-            watch.link.abort()  # connection_lost follows and ends the link
-
-    def _link_ended(self, watch: WorkerWatch) -> None:
-        if watch.link_ended:
-            return
-        watch.link_ended = True
-        if watch.died:
-            self._finish(watch)
-
     def _finish(self, watch: WorkerWatch) -> None:
-        if watch.grace is not None:
-            watch.grace.cancel()
+        """The worker died and its channel ended: the session moves on."""
         watch.hosted.on_exit()
         self.hosting.on_exit(watch.hosted, watch.worker.pid, watch.hosted.exit_code or 0)
         self._check_done()
