@@ -17,11 +17,10 @@ import signal
 import socket
 from collections import deque
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import psutil
 
-from supervisor.daemon.cluster_node import DaemonNode
 from supervisor.daemon.config import ServeConfig
 from supervisor.daemon.connection import connect
 from supervisor.daemon.database import hosted_sessions
@@ -31,11 +30,8 @@ from supervisor.daemon.listener import Listener
 from supervisor.daemon.local_sessions import adopt_local, forget_local
 from supervisor.daemon.worker_specs import UnknownApp, prepare_workers, worker_spec
 from supervisor.errors import ServeError
-from supervisor.gateway.tcp_handover import TcpHandover
-from supervisor.gateway.tls_gateway import TlsGateway, open_gateway
 from supervisor.hosting.intent import IntentError, IntentFile
 from supervisor.hosting.runtime import Hosting
-from supervisor.node.serving import ServingNode, WorkerCluster
 from supervisor.sessions.endpoints import Client, Waiter
 from supervisor.sessions.hosted import HostedSession
 from supervisor.sessions.lock_wait import HolderWait
@@ -45,6 +41,15 @@ from supervisor.states import State
 from supervisor.templates.pool import close_templates
 from worker.ipc.wire import Message, error
 from worker.store.disk.layout import SESSIONS_DIR
+
+if TYPE_CHECKING:
+    from supervisor.daemon.cluster_node import DaemonNode
+    from supervisor.gateway.tls_gateway import TlsGateway
+    from supervisor.node.serving import WorkerCluster
+
+# The cluster's code (etcd, the node, moves, the TLS gateway) is imported by _join_cluster,
+# with --cluster only: a daemon of one home starts without it (a restart is downtime, and
+# forked workers inherit whatever the daemon has imported).
 
 __all__ = ["ServeConfig", "Supervisor"]
 
@@ -176,6 +181,11 @@ class Supervisor:
 
     def _join_cluster(self, url: str) -> list[str]:
         """Register this node and claim its sessions (quarantining the others); those it serves."""
+        from supervisor.daemon.cluster_node import DaemonNode  # noqa: PLC0415 - --cluster only
+        from supervisor.gateway.tcp_handover import TcpHandover  # noqa: PLC0415 - --cluster only
+        from supervisor.gateway.tls_gateway import open_gateway  # noqa: PLC0415 - --cluster only
+        from supervisor.node.serving import ServingNode  # noqa: PLC0415 - --cluster only
+
         if self.config.node is None:
             raise ServeError("--cluster needs --node NAME")
         self.gateway = open_gateway(
