@@ -14,12 +14,15 @@ says ``live`` or whose schedule came due while no daemon ran is due at once; sch
 made for the same instant) are begun ``DELIVERIES_PER_TURN`` a loop turn: each may wake
 a hibernated session, a fork of the daemon, and a burst of them in one turn held the
 loop for all of them (47 wakes, 0.3 s, in the timers benchmark's restart) before it
-read a control request or the first woken worker's ready.
+read a control request or the first woken worker's ready. The catch-up wakes the
+sessions with a schedule overdue first, the oldest first, and only then the live ones
+with nothing known to be due.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -116,13 +119,26 @@ class ScheduleTimers:
         self.delivered = 0  # requests delivered (applied or found applied)
 
     def begin(self) -> None:
-        """Arm a timer for every derived file (a live one: at once); the sessions are
-        hosted before the loop runs, so each timer finds its session."""
+        """Arm a timer for every derived file; the catch-up is begun in the loop's first
+        turns: the sessions with a schedule overdue, the oldest first, then the other
+        live ones (their worker may have changed the schedules without a word). The
+        sessions are hosted before the loop runs, so each delivery finds its session."""
+        now = time.time()
+        catch_up: list[tuple[float, str]] = []
         for session_id in derived_sessions(self.home):
             derived = read_derived(self.home, session_id)
-            if derived is not None:
-                self.known[session_id] = derived
-                self._arm(session_id, 0.0 if derived.live else None)
+            if derived is None:
+                continue
+            self.known[session_id] = derived
+            when = parse_time(derived.next) if derived.next is not None else None
+            if when is not None and when <= now:
+                catch_up.append((when, session_id))
+            elif derived.live:
+                catch_up.append((math.inf, session_id))
+            else:
+                self._arm(session_id)
+        for _when, session_id in sorted(catch_up):
+            self._fire(session_id)
 
     def close(self) -> None:
         for timer in self._timers.values():
