@@ -9,7 +9,6 @@ import click
 
 from supervisor.cli import tls_options as tls
 from supervisor.cli.daemon_commands import (
-    EXIT_ERROR,
     MAX_SLOT,
     _call,
     _cluster_fail,
@@ -17,6 +16,7 @@ from supervisor.cli.daemon_commands import (
     _print_status,
 )
 from supervisor.cli.options import (
+    EXIT_ERROR,
     client_home_option,
     cluster_option,
     retired_replicas_option,

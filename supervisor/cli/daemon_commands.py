@@ -11,6 +11,7 @@ import click
 
 from supervisor.cli import tls_options as tls
 from supervisor.cli.options import (
+    EXIT_ERROR,
     client_home_option,
     cluster_option,
     home_option,
@@ -23,7 +24,6 @@ from supervisor.client.status_table import status_lines, with_node_column
 from supervisor.cluster.errors import ClusterError
 from supervisor.errors import ControlError
 
-EXIT_ERROR: Final = 1
 MAX_BUDGET: Final = 1 << 40
 MAX_RESTARTS: Final = 1_000_000
 MAX_LEASE_TTL: Final = 3600

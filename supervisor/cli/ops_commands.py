@@ -9,8 +9,8 @@ from typing import Final
 
 import click
 
-from supervisor.cli.daemon_commands import EXIT_ERROR, _call, _fail, _print_status
-from supervisor.cli.options import home_option, timeout_option
+from supervisor.cli.daemon_commands import _call, _fail, _print_status
+from supervisor.cli.options import EXIT_ERROR, home_option, timeout_option
 from supervisor.client.rolling import Done, restart_all
 from supervisor.errors import ControlError
 from supervisor.hosting.bounds import seconds

@@ -8,6 +8,8 @@ import click
 
 from supervisor.hosting.bounds import seconds
 
+EXIT_ERROR: Final = 1
+"""A command that could not do what it was asked (its one line on stderr says why)."""
 HOME_ENV: Final = "LOOPD_HOME"
 
 home_option = click.option(

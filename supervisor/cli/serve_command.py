@@ -9,9 +9,9 @@ from typing import Final, cast
 import click
 
 from supervisor.cli import tls_options as tls
-from supervisor.cli.daemon_commands import EXIT_ERROR
 from supervisor.cli.options import (
     ETCD_URL,
+    EXIT_ERROR,
     home_option,
     retired_replicas_option,
 )
@@ -29,7 +29,6 @@ from supervisor.hosting.config import (
     render_config,
 )
 from supervisor.hosting.settings import hosting_options, settings_from
-from supervisor.http import bind_http
 from supervisor.http.tokens import read_tokens
 from supervisor.sessions.poison import DEFAULT_POISON_AFTER
 from supervisor.sessions.spawn import StartMethod
@@ -228,7 +227,10 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
         # Its own thread and loop, a client of the daemon like any other (docs/http.md).
         # Bound first (a port in use is said before anything starts), listening only once
         # the control socket does: a call let in earlier would be answered no_daemon.
-        http = bind_http(cast("str | None", get("http")), home, tokens)
+        if get("http") is not None:
+            from supervisor.http.server import bind_http  # noqa: PLC0415 - --http only
+
+            http = bind_http(cast(str, get("http")), home, tokens)
         daemon = Supervisor(config)
         code = daemon.run() if http is None else daemon.run(on_listening=http.listen)
     except (HomeLocked, ServeError) as exc:

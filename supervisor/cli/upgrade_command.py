@@ -7,8 +7,8 @@ from typing import Final
 
 import click
 
-from supervisor.cli.daemon_commands import EXIT_ERROR, _fail
-from supervisor.cli.options import home_option, timeout_option
+from supervisor.cli.daemon_commands import _fail
+from supervisor.cli.options import EXIT_ERROR, home_option, timeout_option
 from supervisor.client.upgrade import Upgraded, plan_upgrade, upgrade_sessions
 from supervisor.errors import ControlError
 

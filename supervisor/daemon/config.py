@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from supervisor.cluster.transport import TlsFiles
 from supervisor.hosting.apps import AppConfig
 from supervisor.hosting.settings import HostingSettings
 from supervisor.sessions.poison import DEFAULT_POISON_AFTER
 from supervisor.sessions.spawn import StartMethod
 from supervisor.states import RestartPolicy
 from worker.loop.turns import DEFAULT_MAX_BATCH
+
+if TYPE_CHECKING:
+    from supervisor.cluster.transport import TlsFiles  # ssl: imported with a TLS option only
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,6 +16,8 @@ from worker.ipc.wire import Message, WireError, encode_reply, error
 
 MAX_PENDING: Final = 256
 """Requests of one connection awaiting their reply before the daemon stops reading it."""
+LINK_GRACE: Final = 1.0
+"""Seconds to wait, after a worker's death, for the end of its channel (its last words)."""
 
 
 class ClientConnection(FramedConnection):
@@ -111,11 +113,45 @@ class WorkerLink(FramedConnection):
 
 @dataclass(slots=True)
 class WorkerWatch:
-    """A worker's two ends: its pidfd firing and its channel's end of stream."""
+    """A worker's two ends, its pidfd firing and its channel's end of stream: ``on_both``
+    once both came, in either order (the channel given up ``LINK_GRACE`` after the death)."""
 
     hosted: HostedSession
     worker: WorkerProcess
     link: WorkerLink
+    loop: asyncio.AbstractEventLoop
+    on_both: Callable[[WorkerWatch], None]
     died: bool = False
     link_ended: bool = False
     grace: asyncio.TimerHandle | None = None
+
+    def on_death(self) -> None:
+        """The pidfd's reader: the worker died."""
+        self.loop.remove_reader(self.worker.pidfd)
+        self.died = True
+        if self.link_ended:
+            self._finish()
+        else:
+            # Its last words (an "exiting" reason, late replies) are still in the socket:
+            # wait for their end of stream, but not forever (a grandchild may hold it).
+            self.grace = self.loop.call_later(LINK_GRACE, self._give_up_on_link)
+
+    def on_link_end(self) -> None:
+        """The channel ended (its end of stream, or it could not be put on the loop)."""
+        if self.link_ended:
+            return
+        self.link_ended = True
+        if self.died:
+            self._finish()
+
+    def _give_up_on_link(self) -> None:
+        if self.link.transport is None:
+            self.link.sock.close()
+            self.on_link_end()
+        else:
+            self.link.abort()  # connection_lost follows and ends the link
+
+    def _finish(self) -> None:
+        if self.grace is not None:
+            self.grace.cancel()
+        self.on_both(self)

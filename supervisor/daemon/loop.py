@@ -17,11 +17,10 @@ import signal
 import socket
 from collections import deque
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import psutil
 
-from supervisor.daemon.cluster_node import DaemonNode
 from supervisor.daemon.config import ServeConfig
 from supervisor.daemon.connection import connect
 from supervisor.daemon.database import hosted_sessions
@@ -31,11 +30,8 @@ from supervisor.daemon.listener import Listener
 from supervisor.daemon.local_sessions import adopt_local, forget_local
 from supervisor.daemon.worker_specs import UnknownApp, prepare_workers, worker_spec
 from supervisor.errors import ServeError
-from supervisor.gateway.tcp_handover import TcpHandover
-from supervisor.gateway.tls_gateway import TlsGateway, open_gateway
 from supervisor.hosting.intent import IntentError, IntentFile
 from supervisor.hosting.runtime import Hosting
-from supervisor.node.serving import ServingNode, WorkerCluster
 from supervisor.sessions.endpoints import Client, Waiter
 from supervisor.sessions.hosted import HostedSession
 from supervisor.sessions.lock_wait import HolderWait
@@ -46,11 +42,18 @@ from supervisor.templates.pool import close_templates
 from worker.ipc.wire import Message, error
 from worker.store.disk.layout import SESSIONS_DIR
 
+if TYPE_CHECKING:
+    from supervisor.daemon.cluster_node import DaemonNode
+    from supervisor.gateway.tls_gateway import TlsGateway
+    from supervisor.node.serving import WorkerCluster
+
+# The cluster's code (etcd, the node, moves, the TLS gateway) is imported by _join_cluster,
+# with --cluster only: a daemon of one home starts without it (a restart is downtime, and
+# forked workers inherit whatever the daemon has imported).
+
 __all__ = ["ServeConfig", "Supervisor"]
 
 STARTS_PER_TURN: Final = 8
-LINK_GRACE: Final = 1.0
-"""Seconds to wait, after a worker's death, for the end of its channel (its last words)."""
 
 
 class Supervisor:
@@ -78,10 +81,10 @@ class Supervisor:
 
     def watch_worker(self, hosted: HostedSession, worker: WorkerProcess) -> WorkerLink:
         link = WorkerLink(worker.sock, hosted)
-        watch = WorkerWatch(hosted, worker, link)
-        link.on_end = lambda: self._link_ended(watch)
-        connect(self.loop, link, self._tasks, lambda _exc: self._link_ended(watch))
-        self.loop.add_reader(worker.pidfd, self._worker_died, watch)
+        watch = WorkerWatch(hosted, worker, link, self.loop, self._finish)
+        link.on_end = watch.on_link_end
+        connect(self.loop, link, self._tasks, lambda _exc: watch.on_link_end())
+        self.loop.add_reader(worker.pidfd, watch.on_death)
         if worker.output is not None:
             self.hosting.watch_output(hosted.id, worker.pid, worker.output)
         return link
@@ -111,33 +114,8 @@ class Supervisor:
         if isinstance(timer, asyncio.TimerHandle | HolderWait):
             timer.cancel()
 
-    def _worker_died(self, watch: WorkerWatch) -> None:
-        self.loop.remove_reader(watch.worker.pidfd)
-        watch.died = True
-        if watch.link_ended:
-            self._finish(watch)
-        else:
-            # Its last words (an "exiting" reason, late replies) are still in the socket:
-            # wait for their end of stream, but not forever (a grandchild may hold it).
-            watch.grace = self.loop.call_later(LINK_GRACE, self._give_up_on_link, watch)
-
-    def _give_up_on_link(self, watch: WorkerWatch) -> None:
-        if watch.link.transport is None:
-            watch.link.sock.close()
-            self._link_ended(watch)
-        else:
-            watch.link.abort()  # connection_lost follows and ends the link
-
-    def _link_ended(self, watch: WorkerWatch) -> None:
-        if watch.link_ended:
-            return
-        watch.link_ended = True
-        if watch.died:
-            self._finish(watch)
-
     def _finish(self, watch: WorkerWatch) -> None:
-        if watch.grace is not None:
-            watch.grace.cancel()
+        """The worker died and its channel ended: the session moves on."""
         watch.hosted.on_exit()
         self.hosting.on_exit(watch.hosted, watch.worker.pid, watch.hosted.exit_code or 0)
         self._check_done()
@@ -203,6 +181,11 @@ class Supervisor:
 
     def _join_cluster(self, url: str) -> list[str]:
         """Register this node and claim its sessions (quarantining the others); those it serves."""
+        from supervisor.daemon.cluster_node import DaemonNode  # noqa: PLC0415 - --cluster only
+        from supervisor.gateway.tcp_handover import TcpHandover  # noqa: PLC0415 - --cluster only
+        from supervisor.gateway.tls_gateway import open_gateway  # noqa: PLC0415 - --cluster only
+        from supervisor.node.serving import ServingNode  # noqa: PLC0415 - --cluster only
+
         if self.config.node is None:
             raise ServeError("--cluster needs --node NAME")
         self.gateway = open_gateway(

@@ -6,10 +6,9 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Callable
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from supervisor.daemon.app_versions import answer_app_versions
-from supervisor.daemon.cluster_node import DaemonNode
 from supervisor.hosting.runtime import Hosting
 from supervisor.moves.session_files import carried_tenant
 from supervisor.sessions.endpoints import Client, Waiter
@@ -38,6 +37,9 @@ from worker.ipc.wire import (
 from worker.store.disk.layout import session_dir
 from worker.store.errors import InvalidSessionId
 from worker.store.session_id import validate_session_id
+
+if TYPE_CHECKING:
+    from supervisor.daemon.cluster_node import DaemonNode  # imported with --cluster only
 
 MAX_STATUS_PAGE: Final = 1000
 """Rows a status page may be asked for."""

@@ -6,10 +6,7 @@ Modules: ``parser`` (one request off a connection, strictly), ``responses`` (sta
 lines, JSON bodies, the wire codes' statuses), ``calls`` (blocking client calls on a
 pool of threads), ``sse`` (resumable event streams of streaming turns), ``routes`` (the
 endpoints) and ``server`` (the listening thread, connections, keep-alive).
+
+Nothing is imported here: ``serve`` reads ``tokens`` at every start and imports
+``server`` with ``--http`` only.
 """
-
-from __future__ import annotations
-
-from supervisor.http.server import HttpServer, bind_http
-
-__all__ = ["HttpServer", "bind_http"]

@@ -8,15 +8,26 @@ starting one holds it until ready) and arms the next timer from the answer; a de
 that fails (the worker died, the session is unavailable) is tried again with a pause
 that doubles up to ``RETRY_MOST``. A STOPPED or FATAL session is not started for it:
 its due schedules are delivered when it runs again.
+
+Deliveries that come due together (a restart's catch-up, where every session whose file
+says ``live`` or whose schedule came due while no daemon ran is due at once; schedules
+made for the same instant) are begun ``DELIVERIES_PER_TURN`` a loop turn: each may wake
+a hibernated session, a fork of the daemon, and a burst of them in one turn held the
+loop for all of them (47 wakes, 0.3 s, in the timers benchmark's restart) before it
+read a control request or the first woken worker's ready. The catch-up wakes the
+sessions with a schedule overdue first, the oldest first, and only then the live ones
+with nothing known to be due.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from itertools import islice
+from typing import Final, Protocol, runtime_checkable
 
 from supervisor.scheduling.delivery import (
     DELIVER_DUE,
@@ -36,6 +47,9 @@ from supervisor.states import State
 from worker.ipc.wire import Message
 from worker.store.errors import SessionError
 from worker.store.schedules import parse_time
+
+DELIVERIES_PER_TURN: Final = 8
+"""Deliveries begun in one loop turn at most (each may wake a session: a fork)."""
 
 
 class Hosted(Protocol):
@@ -100,21 +114,40 @@ class ScheduleTimers:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._busy: set[str] = set()  # a delivery is in flight
         self._pause: dict[str, float] = {}  # the next retry's pause, after a failure
+        self._due: dict[str, None] = {}  # timers that fired, their deliveries not yet begun
+        self._draining: asyncio.Handle | None = None  # the next turn's _deliver_some
         self.delivered = 0  # requests delivered (applied or found applied)
 
     def begin(self) -> None:
-        """Arm a timer for every derived file (a live one: at once); the sessions are
-        hosted before the loop runs, so each timer finds its session."""
+        """Arm a timer for every derived file; the catch-up is begun in the loop's first
+        turns: the sessions with a schedule overdue, the oldest first, then the other
+        live ones (their worker may have changed the schedules without a word). The
+        sessions are hosted before the loop runs, so each delivery finds its session."""
+        now = time.time()
+        catch_up: list[tuple[float, str]] = []
         for session_id in derived_sessions(self.home):
             derived = read_derived(self.home, session_id)
-            if derived is not None:
-                self.known[session_id] = derived
-                self._arm(session_id, 0.0 if derived.live else None)
+            if derived is None:
+                continue
+            self.known[session_id] = derived
+            when = parse_time(derived.next) if derived.next is not None else None
+            if when is not None and when <= now:
+                catch_up.append((when, session_id))
+            elif derived.live:
+                catch_up.append((math.inf, session_id))
+            else:
+                self._arm(session_id)
+        for _when, session_id in sorted(catch_up):
+            self._fire(session_id)
 
     def close(self) -> None:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
+        if self._draining is not None:
+            self._draining.cancel()
+            self._draining = None
+        self._due.clear()
 
     def summary(self, session_id: str) -> list[object]:
         """``[pending, next due]`` as the daemon knows them (status)."""
@@ -180,7 +213,23 @@ class ScheduleTimers:
         self._timers[session_id] = self.loop.call_later(delay, self._fire, session_id)
 
     def _fire(self, session_id: str) -> None:
+        """A session's timer: its delivery is begun in the next turn that has room."""
         self._timers.pop(session_id, None)
+        self._due[session_id] = None
+        if self._draining is None:
+            self._draining = self.loop.call_soon(self._deliver_some)
+
+    def _deliver_some(self) -> None:
+        """Begin the deliveries of up to ``DELIVERIES_PER_TURN`` fired timers, oldest
+        first; the rest in the next turns, after the loop has read what is ready."""
+        self._draining = None
+        for session_id in list(islice(self._due, DELIVERIES_PER_TURN)):
+            del self._due[session_id]
+            self._deliver(session_id)
+        if self._due:
+            self._draining = self.loop.call_soon(self._deliver_some)
+
+    def _deliver(self, session_id: str) -> None:
         hosted = self.sessions.get(session_id)
         if session_id in self._busy or not isinstance(hosted, Deliverable):
             return
