@@ -14,17 +14,20 @@ from __future__ import annotations
 import errno
 import re
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import partial
+from itertools import accumulate
 from typing import TYPE_CHECKING, Final
 
 from worker.store.errors import InvalidLog, NotOwnerNow, SessionIOError
 from worker.store.postgres.boundaries import Point, reach
 from worker.store.postgres.connection import database_error, driver
+from worker.store.postgres.opening import NAMES
 from worker.store.postgres.pipeline import BINARY, TEXT, Prepared, write_pipelined
 
 if TYPE_CHECKING:
     from worker.store.postgres.connection import Connection
+    from worker.store.postgres.opening import Opening
 
 _LOG_NAME: Final = re.compile(r"(0|[1-9][0-9]*)\.jsonl")
 _OWNER: Final = "SELECT owner_token FROM loopd_sessions WHERE session = %s FOR SHARE"
@@ -55,9 +58,12 @@ class PostgresBackend:
         self.before_commit: Callable[[], None] | None = None
         # Whether _APPEND is prepared on this connection (None: not known after a rollback).
         self._prepared: bool | None = False
-        # Inside snapshot(): the names, read once (the open asks for them twice).
+        # Inside snapshot(): the names, read once (the open asks for them twice), and the
+        # logs (their chunks' starts and bytes) and files an open read with its claim.
         self._in_snapshot = False
         self._snapshot_names: list[str] | None = None
+        self._snapshot_logs: dict[str, tuple[list[int], list[bytes]]] = {}
+        self._snapshot_files: dict[str, bytes] = {}
 
     def _conn(self) -> Connection:
         if self.conn is None:
@@ -70,11 +76,7 @@ class PostgresBackend:
         """The session's file names and ``<n>.jsonl`` for each epoch with a log."""
         if self._snapshot_names is not None:
             return list(self._snapshot_names)
-        rows = self._fetch(
-            "SELECT name FROM loopd_files WHERE session = %s UNION ALL "
-            "SELECT DISTINCT epoch::text || '.jsonl' FROM loopd_log_chunks WHERE session = %s",
-            (self.session_id, self.session_id),
-        )
+        rows = self._fetch(NAMES, {"session": self.session_id})
         names = [str(row[0]) for row in rows]
         if self._in_snapshot:
             self._snapshot_names = names  # a snapshot sees the same names until it ends
@@ -83,13 +85,18 @@ class PostgresBackend:
     def read(self, name: str, path: str) -> bytes:
         """The bytes of ``name``: a file's, or an epoch log's chunks joined in order."""
         if _LOG_NAME.fullmatch(name):
+            held = self._snapshot_logs.get(name)
+            if held is not None:
+                return joined(path, *held)
             rows = self._fetch(
                 "SELECT start, data FROM loopd_log_chunks WHERE session = %s AND epoch = %s "
                 "ORDER BY start",
                 (self.session_id, int(name[: -len(".jsonl")])),
                 binary=True,  # bytea as its bytes: no hex text to send and decode
             )
-            return _joined(path, rows)
+            return joined(path, [_int(row[0]) for row in rows], [_bytes(row[1]) for row in rows])
+        if name in self._snapshot_files:
+            return self._snapshot_files[name]
         rows = self._fetch(
             "SELECT data FROM loopd_files WHERE session = %s AND name = %s",
             (self.session_id, name),
@@ -99,21 +106,38 @@ class PostgresBackend:
         return _bytes(rows[0][0])
 
     @contextmanager
-    def snapshot(self) -> Iterator[None]:
-        """Read everything inside as of one moment (a REPEATABLE READ transaction)."""
+    def snapshot(self, opening: Opening | None = None) -> Iterator[None]:
+        """Read everything inside as of one moment (a REPEATABLE READ transaction).
+
+        With ``opening`` the transaction is the one an open's pipeline began
+        (``opening.claim_and_read``), and what it read there is not read again.
+        """
         conn = self._conn()
         try:
-            with self._rolled_back_on_error(), conn.transaction():
-                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                self._in_snapshot = True
-                yield
+            with self._rolled_back_on_error():
+                if opening is None:
+                    with conn.transaction():
+                        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                        self._in_snapshot = True
+                        yield
+                else:
+                    self._in_snapshot, self._snapshot_names = True, list(opening.names)
+                    self._snapshot_logs, self._snapshot_files = opening.logs, opening.files
+                    try:
+                        yield
+                    except BaseException:
+                        with suppress(driver().Error):
+                            conn.execute("ROLLBACK")
+                        raise
+                    conn.execute("COMMIT")
         except driver().Error as exc:
             raise database_error(self.directory, exc) from exc
         finally:
             self._in_snapshot, self._snapshot_names = False, None
+            self._snapshot_logs, self._snapshot_files = {}, {}
 
     def _fetch(
-        self, query: str, args: tuple[object, ...], *, binary: bool = False
+        self, query: str, args: tuple[object, ...] | dict[str, object], *, binary: bool = False
     ) -> list[tuple[object, ...]]:
         try:
             return self._conn().execute(query, args, binary=binary).fetchall()
@@ -135,7 +159,7 @@ class PostgresBackend:
         try:
             if self._prepared is None:
                 self._prepared = _is_prepared(conn, _APPEND)
-            pid = conn.info.backend_pid
+            pid = conn.pgconn.backend_pid
             sent = partial(self._before_commit, pid)
             rows = write_pipelined(conn, _APPEND, values, prepare=not self._prepared, on_sent=sent)
             self._prepared = True
@@ -238,24 +262,26 @@ def _is_prepared(conn: Connection, statement: Prepared) -> bool:
     return row is not None and int(str(row[0])) > 0
 
 
-def _joined(path: str, rows: list[tuple[object, ...]]) -> bytes:
+def joined(path: str, starts: list[int], chunks: list[bytes]) -> bytes:
     """A log's bytes from its chunks; InvalidLog where a chunk does not start at the end."""
-    if not rows:
+    if not chunks:
         raise SessionIOError(path, errno.ENOENT, "read")
-    parts: list[bytes] = []
-    size = 0
-    for start, data in rows:
-        if start != size:
-            joined = b"".join(parts)
-            raise InvalidLog(
-                path,
-                joined.count(b"\n") + 1,
-                f"a stored chunk starts at byte {start}, the log so far ends at byte {size}",
-            )
-        chunk = _bytes(data)
-        parts.append(chunk)
-        size += len(chunk)
-    return b"".join(parts)
+    ends = list(accumulate(map(len, chunks), initial=0))
+    if starts != ends[:-1]:
+        n = next(n for n, start in enumerate(starts) if start != ends[n])
+        raise InvalidLog(
+            path,
+            b"".join(chunks[:n]).count(b"\n") + 1,
+            f"a stored chunk starts at byte {starts[n]}, the log so far ends at byte {ends[n]}",
+        )
+    return b"".join(chunks)
+
+
+def _int(value: object) -> int:
+    """An integer column's value."""
+    if isinstance(value, int):
+        return value
+    raise TypeError(f"an integer column held {type(value).__name__}")
 
 
 def _bytes(value: object) -> bytes:

@@ -23,6 +23,7 @@ from worker.store.loader import baseline_path, load_session
 from worker.store.postgres.backend import PostgresBackend, _bytes
 from worker.store.postgres.connection import connect, database_error, driver, place_of
 from worker.store.postgres.durability import Durability, read_durability
+from worker.store.postgres.opening import claim_and_read
 from worker.store.postgres.schema import ensure_schema
 from worker.store.postgres.session import PostgresSession
 from worker.store.session_id import validate_session_id
@@ -162,15 +163,28 @@ class PostgresStore:
         """Claim the session and read it; SessionNotFound if absent.
 
         Without ``token`` the claim takes the next token; with one (an etcd owner's) the
-        database's must not be newer (NotOwnerNow), and becomes it.
+        database's must not be newer (NotOwnerNow), and becomes it. The claim and the
+        first reads go in one round trip (``opening``); when that claim takes nothing,
+        the schema is checked and the claim made again statement by statement, which
+        says why (or claims a session created in between).
         """
         directory = self.session_dir(session_id)
-        conn = self._connect()
+        conn = connect(self.uri, self.place)
         try:
-            claimed = _claim(conn, directory, session_id, token)
-            backend = PostgresBackend(conn, directory, session_id, claimed)
-            with backend.snapshot():
-                state = load_session(directory, session_id, dir_fd=backend)
+            opening = claim_and_read(conn, session_id, token)
+            if opening.token is None:
+                if conn.info.transaction_status != driver().pq.TransactionStatus.IDLE:
+                    conn.execute("ROLLBACK")
+                ensure_schema(conn, self.place)
+                backend = PostgresBackend(
+                    conn, directory, session_id, _claim(conn, directory, session_id, token)
+                )
+                with backend.snapshot():
+                    state = load_session(directory, session_id, dir_fd=backend)
+            else:
+                backend = PostgresBackend(conn, directory, session_id, opening.token)
+                with backend.snapshot(opening):
+                    state = load_session(directory, session_id, dir_fd=backend)
         except driver().Error as exc:
             conn.close()
             raise database_error(directory, exc) from exc
