@@ -169,3 +169,40 @@ def test_an_app_change_is_checked_and_read_from_its_line_alone(home: Path) -> No
     # The SessionStart names no App, so an AppChanged from one is refused at its line.
     with pytest.raises(InvalidLog, match=f":{len(lines)}: AppChanged from 'm:App'"):
         Session.open(str(home), "s")
+
+
+def test_records_near_the_end_are_read_from_the_end_and_equal_every_lines_decoding(
+    home: Path,
+) -> None:
+    """The last lines are found from the end (a lookup of the newest Usage splits no log);
+    asked for in any order, each of them and every other line is the decoded record."""
+    directory = str(_session(home).parent)
+    decoded = list(load_session(directory, "s", canonical=True).records)
+    assert len(decoded) > 130  # more than two blocks of lines
+    scanned = load_session(directory, "s").records
+    assert isinstance(scanned, EpochRecords)
+    tail = list(range(len(decoded) - 1, len(decoded) - 70, -1))
+    for number in tail[::3] + tail:  # backwards, skipping, then again
+        assert scanned[number] == decoded[number]
+    assert scanned[-66] == decoded[-66]
+    assert scanned[5] == decoded[5]  # the first block: every line's end found now
+    assert list(scanned) == decoded
+
+
+def test_request_keys_from_a_line_on_are_the_keys_of_the_users_from_that_line(
+    home: Path,
+) -> None:
+    directory = str(_session(home).parent)
+    scanned = load_session(directory, "s").records
+    assert isinstance(scanned, EpochRecords)
+    records = list(load_session(directory, "s", canonical=True).records)
+    for start in (0, 1, 2, 40, len(records) - 5, len(records) - 1, len(records)):
+        users = [r for r in records[start:] if isinstance(r, User)]
+        assert scanned.request_keys(start) == [u.key for u in users if u.key is not None]
+    scanned.extend(
+        [
+            User(text="late", key="late-key"),
+            Usage(prompt_tokens=1, completion_tokens=1, context_tokens=2),
+        ]
+    )
+    assert scanned.request_keys(len(records)) == ["late-key"]
