@@ -8,6 +8,7 @@ record is refused at its place then (and by verify at once).
 
 from __future__ import annotations
 
+import gc
 import zlib
 from pathlib import Path
 
@@ -206,3 +207,26 @@ def test_request_keys_from_a_line_on_are_the_keys_of_the_users_from_that_line(
         ]
     )
     assert scanned.request_keys(len(records)) == ["late-key"]
+
+
+def test_a_read_pauses_the_cyclic_gc_and_restores_it_after_a_load_or_a_refusal(
+    home: Path,
+) -> None:
+    """The scan's passes allocate a tuple per line and the loader an entry per key: no
+    collection runs among them; the collector's state is as it was afterwards."""
+    log = _session(home)
+    seen: list[bool] = []
+    assert gc.isenabled()
+    load_session(str(log.parent), "s", on_epoch=lambda _records: seen.append(gc.isenabled()))
+    assert seen == [False]
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        load_session(str(log.parent), "s")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    log.write_bytes(log.read_bytes()[:-1])  # torn: refused
+    with pytest.raises(LogError):
+        load_session(str(log.parent), "s")
+    assert gc.isenabled()
