@@ -42,14 +42,18 @@ _START: Final = b'{"type":"'
 _NEXT_START: Final = b'\n{"type":"'
 _CRC_FIELD: Final = b',"crc":"'
 _TYPE: Final = re.compile(rb'\{"type":"(\w+)"')
-# Each line's end: its checksum, after its place in a group commit when it has one.
+# Each line's end: its checksum, after its place in a group commit when it has one (one
+# group, b'2,"parts":4' or b"" alone: no tuple per line).
 _END: Final = re.compile(
-    rb',"part":(\d+),"parts":(\d+),"crc":"[0-9a-f]{8}"\}\n|,"crc":"[0-9a-f]{8}"\}\n'
+    rb',"part":(\d+,"parts":\d+),"crc":"[0-9a-f]{8}"\}\n|,"crc":"[0-9a-f]{8}"\}\n'
 )
-# Whole groups of 2 to 9 lines, each line's place written "part/parts," ("/," alone).
+_PARTS: Final = b',"parts":'
+# Whole groups of 2 to 9 lines, each line's place as _END reads it and ";" (";" alone).
 _GROUPS: Final = re.compile(
-    rb"(?:/,|"
-    + b"|".join(b"".join(b"%d/%d," % (i, n) for i in range(1, n + 1)) for n in range(2, 10))
+    rb"(?:;|"
+    + b"|".join(
+        b"".join(b"%d%s%d;" % (i, _PARTS, n) for i in range(1, n + 1)) for n in range(2, 10)
+    )
     + rb")*"
 )
 # A ToolResult's call: its fields in the writer's order are type, time, call.
@@ -103,7 +107,7 @@ def scan_lines(data: bytes) -> LineScan | None:
     ends = _END.findall(data)
     if len(ends) != lines or not _whole_groups(ends):
         return None
-    if any(ends[i][0] for i in _written_alone(types)):  # type: ignore[arg-type]
+    if any(ends[i] for i in _written_alone(types)):  # type: ignore[arg-type]
         return None
     calls = _CALL.findall(data)
     if len(calls) != types.count(ToolResult):
@@ -129,13 +133,14 @@ def scan_lines(data: bytes) -> LineScan | None:
     )
 
 
-def _whole_groups(ends: list[tuple[bytes, bytes]]) -> bool:
-    """True if the lines' group parts (b"" when a line is alone) make only whole groups."""
-    if _GROUPS.fullmatch(b",".join(map(b"/".join, ends)) + b","):
+def _whole_groups(ends: list[bytes]) -> bool:
+    """True if the lines' group places (b"" when a line is alone) make only whole groups."""
+    if _GROUPS.fullmatch(b";".join(ends) + b";"):
         return True  # in C: groups of up to 9 lines, the common case
     expect = 0  # the next part of the open group (0: none open)
     size = b""
-    for part, parts in ends:
+    for end in ends:
+        part, _, parts = end.partition(_PARTS)
         if not part:
             if expect:
                 return False
