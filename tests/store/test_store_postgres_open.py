@@ -1,10 +1,12 @@
 """An open on PostgreSQL: its claim and first reads in one round trip, as checked as before.
 
-The claim, then a snapshot of the names, the newest two logs and the newest baseline,
-go as one libpq pipeline (worker/store/postgres/opening.py); these tests hold it to what
-the statements one by one promised: a write in flight is waited for and read, nothing
-is claimed in a database of another schema, a stored log with a gap is refused. A real
-server (tests/harness/postgres_server.py), a fresh database per test.
+The claim, then a snapshot of the names, the newest two logs, the newest baseline and
+the key index segments, go as one libpq pipeline
+(worker/store/postgres/opening.py); these tests hold it to what the statements one by
+one promised: a write in flight is waited for and read, nothing is claimed in a
+database of another schema, a stored log with a gap is refused, and what the pipeline
+did not read is read in a snapshot. A real server (tests/harness/postgres_server.py),
+a fresh database per test.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 from tests.harness.postgres_server import PostgresServer
 from tests.harness.support import poll_until
 from worker import Baseline, InvalidLog, NotOwnerNow, Session, SessionNotFound, User
-from worker.store.postgres import PostgresStore, SchemaTooNew
+from worker.store.postgres import PostgresStore, SchemaTooNew, opening
 from worker.store.postgres import store as store_module
 from worker.store.postgres.connection import connect
 
@@ -44,7 +46,7 @@ def _token(store: PostgresStore, session_id: str) -> int:
     return int(row[0])
 
 
-def test_an_open_claims_and_reads_in_one_round_trip_then_ends_its_snapshot(
+def test_an_open_claims_and_reads_in_one_round_trip(
     store: PostgresStore, baseline: Baseline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with Session.create(store, "traced", baseline) as session:
@@ -73,7 +75,7 @@ def test_an_open_claims_and_reads_in_one_round_trip_then_ends_its_snapshot(
     lines = [line.split("\t") for line in trace.read_text().splitlines() if line]
     sides = "".join(line[0] for line in lines)
     round_trips = sides.count("FB")
-    assert round_trips == 2, sides  # the claim and the reads; the snapshot's COMMIT
+    assert round_trips == 1, sides  # the claim, then BEGIN, the reads and COMMIT
     sent = [line[2].strip() for line in lines if line[0] == "F"]
     assert sent.count("Sync") == 2  # the claim's own transaction, then the snapshot's
     assert sum("loopd_log_chunks" in line[-1] for line in lines if line[0] == "F") >= 2
@@ -163,3 +165,30 @@ def test_a_stored_log_whose_chunks_leave_a_gap_is_refused_at_open(
         )
     with pytest.raises(InvalidLog, match=r"0\.jsonl:3: a stored chunk starts at byte \d+, the log"):
         Session.open(store, "gap")
+
+
+def test_what_the_pipeline_did_not_read_is_read_again_in_a_snapshot_and_refused_exactly(
+    store: PostgresStore, baseline: Baseline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Session.create(store, "segments", baseline) as session:
+        session.append(_user(0))
+        session.commit_epoch("first", baseline)
+        session.append(_user(1))
+    # A pipeline that reads the baseline alone: the loader asks for the key index
+    # segment, and everything is read again in a snapshot of its own.
+    baseline_only = opening._FILES.replace(b" OR name LIKE '%.keys'", b"")
+    assert baseline_only != opening._FILES
+    monkeypatch.setattr(opening, "_FILES", baseline_only)
+    with Session.open(store, "segments") as again:
+        assert again.find_key("k0") is not None
+        assert [r.key for r in again.records if isinstance(r, User)] == ["k1"]
+    monkeypatch.undo()
+    with psycopg.connect(store.uri, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT name FROM loopd_files WHERE session = 'segments' AND name LIKE '%.keys'"
+        ).fetchone()
+        assert row is not None
+        conn.execute("DELETE FROM loopd_files WHERE name = %s", (row[0],))
+    with pytest.raises(InvalidLog, match=rf"names {row[0]}, which is missing"):
+        Session.open(store, "segments")
+    assert _token(store, "segments") == 3  # the claim committed before the refusal

@@ -14,7 +14,7 @@ from __future__ import annotations
 import errno
 import re
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from functools import partial
 from itertools import accumulate
 from typing import TYPE_CHECKING, Final
@@ -44,6 +44,10 @@ _APPEND: Final = Prepared(
 )
 
 
+class NotPreloaded(Exception):
+    """A read of something an open's pipeline did not read (an older epoch's log)."""
+
+
 class PostgresBackend:
     """One session's rows, held by the writer whose token is ``token`` (worker.store.backend)."""
 
@@ -58,12 +62,11 @@ class PostgresBackend:
         self.before_commit: Callable[[], None] | None = None
         # Whether _APPEND is prepared on this connection (None: not known after a rollback).
         self._prepared: bool | None = False
-        # Inside snapshot(): the names, read once (the open asks for them twice), and the
-        # logs (their chunks' starts and bytes) and files an open read with its claim.
+        # Inside snapshot(): the names, read once (the open asks for them twice).
         self._in_snapshot = False
         self._snapshot_names: list[str] | None = None
-        self._snapshot_logs: dict[str, tuple[list[int], list[bytes]]] = {}
-        self._snapshot_files: dict[str, bytes] = {}
+        # Inside preloaded(): what the open's pipeline read, and nothing else.
+        self._preloaded: Opening | None = None
 
     def _conn(self) -> Connection:
         if self.conn is None:
@@ -74,6 +77,8 @@ class PostgresBackend:
 
     def names(self) -> list[str]:
         """The session's file names and ``<n>.jsonl`` for each epoch with a log."""
+        if self._preloaded is not None:
+            return list(self._preloaded.names)
         if self._snapshot_names is not None:
             return list(self._snapshot_names)
         rows = self._fetch(NAMES, {"session": self.session_id})
@@ -84,10 +89,14 @@ class PostgresBackend:
 
     def read(self, name: str, path: str) -> bytes:
         """The bytes of ``name``: a file's, or an epoch log's chunks joined in order."""
+        preloaded = self._preloaded
+        if preloaded is not None:
+            if name in preloaded.logs:
+                return joined(path, *preloaded.logs[name])
+            if name in preloaded.files:
+                return preloaded.files[name]
+            raise NotPreloaded(name)
         if _LOG_NAME.fullmatch(name):
-            held = self._snapshot_logs.get(name)
-            if held is not None:
-                return joined(path, *held)
             rows = self._fetch(
                 "SELECT start, data FROM loopd_log_chunks WHERE session = %s AND epoch = %s "
                 "ORDER BY start",
@@ -95,8 +104,6 @@ class PostgresBackend:
                 binary=True,  # bytea as its bytes: no hex text to send and decode
             )
             return joined(path, [_int(row[0]) for row in rows], [_bytes(row[1]) for row in rows])
-        if name in self._snapshot_files:
-            return self._snapshot_files[name]
         rows = self._fetch(
             "SELECT data FROM loopd_files WHERE session = %s AND name = %s",
             (self.session_id, name),
@@ -106,35 +113,28 @@ class PostgresBackend:
         return _bytes(rows[0][0])
 
     @contextmanager
-    def snapshot(self, opening: Opening | None = None) -> Iterator[None]:
-        """Read everything inside as of one moment (a REPEATABLE READ transaction).
-
-        With ``opening`` the transaction is the one an open's pipeline began
-        (``opening.claim_and_read``), and what it read there is not read again.
-        """
+    def snapshot(self) -> Iterator[None]:
+        """Read everything inside as of one moment (a REPEATABLE READ transaction)."""
         conn = self._conn()
         try:
-            with self._rolled_back_on_error():
-                if opening is None:
-                    with conn.transaction():
-                        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                        self._in_snapshot = True
-                        yield
-                else:
-                    self._in_snapshot, self._snapshot_names = True, list(opening.names)
-                    self._snapshot_logs, self._snapshot_files = opening.logs, opening.files
-                    try:
-                        yield
-                    except BaseException:
-                        with suppress(driver().Error):
-                            conn.execute("ROLLBACK")
-                        raise
-                    conn.execute("COMMIT")
+            with self._rolled_back_on_error(), conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                self._in_snapshot = True
+                yield
         except driver().Error as exc:
             raise database_error(self.directory, exc) from exc
         finally:
             self._in_snapshot, self._snapshot_names = False, None
-            self._snapshot_logs, self._snapshot_files = {}, {}
+
+    @contextmanager
+    def preloaded(self, opening: Opening) -> Iterator[None]:
+        """Read only what an open's pipeline read (``opening.claim_and_read``), as of its
+        snapshot; NotPreloaded for anything else (read it all again in one snapshot)."""
+        self._preloaded = opening
+        try:
+            yield
+        finally:
+            self._preloaded = None
 
     def _fetch(
         self, query: str, args: tuple[object, ...] | dict[str, object], *, binary: bool = False

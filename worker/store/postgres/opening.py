@@ -8,17 +8,18 @@ transactions of one pipeline, and the replies are read in one wait:
    pipeline's first Sync commits; it claims only where ``loopd_schema`` holds this
    code's version (an open needs that check anyway, and a database of another version
    is then claimed by nothing here);
-2. ``BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY``, then the session's names, the
-   chunks of its newest two epochs' logs, the newest epoch's baseline and the key index
-   segments: what an open reads of a session whose newest epoch carries its state. The
-   server runs them once the claim committed, so the snapshot holds every write of an
-   owner the claim deposed (the claim waited for one in flight).
+2. ``BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY``, the session's names, the chunks
+   of its newest two epochs' logs, the newest epoch's baseline and the key index
+   segments (what an open reads of a session whose newest epoch carries its state),
+   then ``COMMIT``. The server begins the snapshot once the claim committed, so it holds
+   every write of an owner the claim deposed (the claim waited for one in flight); no
+   lock is held while the log is sent.
 
-The snapshot is left open for the loader's other reads (the older epochs of a session
-written before the key index); the caller ends it. When the claim updated nothing
-(the session is absent, the database's token is newer, the schema is not this code's
-or not there), nothing read is used: the caller rolls the snapshot back and claims as
-before, statement by statement, which says why.
+What the loader asks for beyond these reads (the older epochs of a session written
+before the key index) it reads in a snapshot of its own, again from the start. When
+the claim updated nothing (the session is absent, the database's token is newer, the
+schema is not this code's or not there), nothing read is used: the caller claims
+again statement by statement, which says why.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ _FILES: Final = (
 
 @dataclass(frozen=True, slots=True)
 class Opening:
-    """What the pipeline found: the token claimed (None: no claim) and the snapshot's reads.
+    """What the pipeline found: the token claimed (None: no claim) and what it read.
 
     ``logs`` holds, by name, the newest two logs' chunks (each one's start, then the
     chunks, in order; the backend checks and joins them), ``files`` the newest baseline
@@ -98,12 +99,12 @@ class Opening:
 
 
 def claim_and_read(conn: Connection, session_id: str, token: int | None) -> Opening:
-    """Claim ``session_id`` and begin its snapshot with its first reads, in one round trip.
+    """Claim ``session_id`` and read what an open reads of it, in one round trip.
 
-    Returns with the snapshot's transaction open (aborted if a read failed); the caller
-    commits or rolls it back. A claim that failed or updated nothing is None, and the
-    caller claims again, statement by statement (its reads are not used). A failure of
-    the reads after a claim raises the driver's error, as does a lost connection.
+    Both transactions have ended when this returns. A claim that failed or updated
+    nothing is None, and the reads are not used. A read that failed raises the
+    driver's error (the claim stays committed, as it did when the snapshot came
+    after it), as does a lost connection.
     """
     psycopg = driver()
     pgconn = conn.pgconn
@@ -120,15 +121,19 @@ def claim_and_read(conn: Connection, session_id: str, token: int | None) -> Open
         pgconn.send_query_params(
             statement, [session], param_types=[_TEXT_TYPE], result_format=BINARY
         )
+    pgconn.send_query_params(b"COMMIT", None)
     pgconn.pipeline_sync()
     flush(pgconn)
     claim = pipeline_results(pgconn, psycopg)
-    reads = pipeline_results(pgconn, psycopg)
+    snapshot = pipeline_results(pgconn, psycopg)  # BEGIN, the four reads, COMMIT
     pgconn.exit_pipeline_mode()
     claimed = _claimed(claim, psycopg)
     if claimed is None:
+        if pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            # A failed step leaves the snapshot's transaction aborted, its COMMIT not run.
+            conn.execute("ROLLBACK")
         return Opening(None, [], {}, {})
-    _begun, names, newest, previous, stored = _checked(reads, psycopg, conn)
+    names, newest, previous, stored = _checked(snapshot, psycopg, conn)[1:5]
     found = [(names.get_value(n, 0) or b"").decode() for n in range(names.ntuples)]
     epochs = [int(name[: -len(".jsonl")]) for name in found if name.endswith(".jsonl")]
     logs: dict[str, tuple[list[int], list[bytes]]] = {}
@@ -153,13 +158,16 @@ def _claimed(results: list[PGresult], psycopg: ModuleType) -> int | None:
 
 
 def _checked(results: list[PGresult], psycopg: ModuleType, conn: Connection) -> list[PGresult]:
-    """The snapshot's five results; the first error's driver exception if a step failed."""
+    """The snapshot's six results; the first error's driver exception if a step failed."""
     pq = psycopg.pq
     for result in results:
         if result.status == pq.ExecStatus.FATAL_ERROR:
             raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
-    if len(results) != 5:
-        raise psycopg.OperationalError(f"the open's reads gave {len(results)} results, not 5")
+        if result.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
+            status = pq.ExecStatus(result.status).name
+            raise psycopg.OperationalError(f"a step of the open's snapshot ended {status}")
+    if len(results) != 6:
+        raise psycopg.OperationalError(f"the open's snapshot gave {len(results)} results, not 6")
     return results
 
 

@@ -87,7 +87,7 @@ def flush(pgconn: PGconn) -> None:
 
 
 def pipeline_results(pgconn: PGconn, psycopg: ModuleType) -> list[PGresult]:
-    """Every result up to the pipeline's Sync, in order."""
+    """Every result up to the pipeline's next Sync, in order."""
     sync = psycopg.pq.ExecStatus.PIPELINE_SYNC
     bad = psycopg.pq.ConnStatus.BAD
     results: list[PGresult] = []
