@@ -102,12 +102,13 @@ def scan_lines(data: bytes) -> LineScan | None:
         return None
     classes = _CLASSES
     types = list(map(classes.get, _TYPE.findall(data)))
-    if len(types) != lines or None in types:
+    kinds = set(types)  # asked about below in one hash each, not one pass of the list each
+    if len(types) != lines or None in kinds:
         return None
     ends = _END.findall(data)
     if len(ends) != lines or not _whole_groups(ends):
         return None
-    if any(ends[i] for i in _written_alone(types)):  # type: ignore[arg-type]
+    if any(ends[i] for i in _written_alone(types, kinds)):  # type: ignore[arg-type]
         return None
     calls = _CALL.findall(data)
     if len(calls) != types.count(ToolResult):
@@ -155,9 +156,10 @@ def _whole_groups(ends: list[bytes]) -> bool:
     return not expect
 
 
-def _written_alone(types: list[type[Record]]) -> list[int]:
-    """The indexes of the lines whose records are written alone, never in a group."""
-    alone_later = any(map(types.__contains__, _ALONE_LATER))
+def _written_alone(types: list[type[Record]], kinds: set[type[Record]]) -> list[int]:
+    """The indexes of the lines whose records are written alone, never in a group
+    (``kinds``: the classes among ``types``)."""
+    alone_later = not kinds.isdisjoint(_ALONE_LATER)
     if types[0] is SessionStart and not alone_later and types.count(SessionStart) == 1:
         return [0]  # the common case, in C: only the first line's SessionStart
     return [i for i, cls in enumerate(types) if cls in WRITTEN_ALONE]
