@@ -45,7 +45,7 @@ _APPEND: Final = Prepared(
 
 
 class NotPreloaded(Exception):
-    """A read of something an open's pipeline did not read (an older epoch's log)."""
+    """A read of what an open's pipeline did not read (an older epoch's log, a file absent)."""
 
 
 class PostgresBackend:
