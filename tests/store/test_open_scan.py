@@ -8,6 +8,8 @@ record is refused at its place then (and by verify at once).
 
 from __future__ import annotations
 
+import gc
+import json
 import zlib
 from pathlib import Path
 
@@ -169,3 +171,107 @@ def test_an_app_change_is_checked_and_read_from_its_line_alone(home: Path) -> No
     # The SessionStart names no App, so an AppChanged from one is refused at its line.
     with pytest.raises(InvalidLog, match=f":{len(lines)}: AppChanged from 'm:App'"):
         Session.open(str(home), "s")
+
+
+def test_records_near_the_end_are_read_from_the_end_and_equal_every_lines_decoding(
+    home: Path,
+) -> None:
+    """The last lines are found from the end (a lookup of the newest Usage splits no log);
+    asked for in any order, each of them and every other line is the decoded record."""
+    directory = str(_session(home).parent)
+    decoded = list(load_session(directory, "s", canonical=True).records)
+    assert len(decoded) > 130  # more than two blocks of lines
+    scanned = load_session(directory, "s").records
+    assert isinstance(scanned, EpochRecords)
+    tail = list(range(len(decoded) - 1, len(decoded) - 70, -1))
+    for number in tail[::3] + tail:  # backwards, skipping, then again
+        assert scanned[number] == decoded[number]
+    assert scanned[-66] == decoded[-66]
+    assert scanned[5] == decoded[5]  # the first block: every line's end found now
+    assert list(scanned) == decoded
+
+
+def test_request_keys_from_a_line_on_are_the_keys_of_the_users_from_that_line(
+    home: Path,
+) -> None:
+    directory = str(_session(home).parent)
+    scanned = load_session(directory, "s").records
+    assert isinstance(scanned, EpochRecords)
+    records = list(load_session(directory, "s", canonical=True).records)
+    for start in (0, 1, 2, 40, len(records) - 5, len(records) - 1, len(records)):
+        users = [r for r in records[start:] if isinstance(r, User)]
+        assert scanned.request_keys(start) == [u.key for u in users if u.key is not None]
+    scanned.extend(
+        [
+            User(text="late", key="late-key"),
+            Usage(prompt_tokens=1, completion_tokens=1, context_tokens=2),
+        ]
+    )
+    assert scanned.request_keys(len(records)) == ["late-key"]
+
+
+def test_a_read_pauses_the_cyclic_gc_and_restores_it_after_a_load_or_a_refusal(
+    home: Path,
+) -> None:
+    """The scan's passes allocate a tuple per line and the loader an entry per key: no
+    collection runs among them; the collector's state is as it was afterwards."""
+    log = _session(home)
+    seen: list[bool] = []
+    assert gc.isenabled()
+    load_session(str(log.parent), "s", on_epoch=lambda _records: seen.append(gc.isenabled()))
+    assert seen == [False]
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        load_session(str(log.parent), "s")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    log.write_bytes(log.read_bytes()[:-1])  # torn: refused
+    with pytest.raises(LogError):
+        load_session(str(log.parent), "s")
+    assert gc.isenabled()
+
+
+def test_a_user_spelled_otherwise_is_read_line_by_line_and_its_key_still_learned(
+    home: Path,
+) -> None:
+    log = _session(home)
+    lines = without_checksums(log.read_bytes()).splitlines()
+    number = next(n for n, line in enumerate(lines, 1) if b'"key":"k' in line)
+    key = json.loads(lines[number - 1])["key"]
+    lines[number - 1] = lines[number - 1].replace(b'"key":"', b'"key": "')
+    log.write_bytes(_rechain(lines))
+    assert scan_lines(log.read_bytes()) is None  # not the writer's spelling: not scanned
+    with Session.open(str(home), "s") as session:
+        ref = session.find_key(key)
+        assert ref is not None
+        assert ref.line == number
+
+
+def test_matches_a_line_does_not_give_are_never_counted_for_another_line(home: Path) -> None:
+    log = _session(home)
+    lines = without_checksums(log.read_bytes()).splitlines()
+    first = next(n for n, line in enumerate(lines) if line.startswith(b'{"type":"Assistant"'))
+    last = max(n for n, line in enumerate(lines) if line.startswith(b'{"type":"Assistant"'))
+    # One line gives a type match too many (a nested object), a later one a match too few
+    # (its type escaped): the counts agree, the lines between would take their
+    # neighbour's type.
+    lines[first] = lines[first].replace(b'"text":"a"', b'"text":{"type":"User","key":"x"}')
+    lines[last] = lines[last].replace(b'"type":"Assistant"', b'"type":"\\u0041ssistant"')
+    log.write_bytes(_rechain(lines))
+    assert scan_lines(log.read_bytes()) is None
+    with pytest.raises(LogError, match=f":{first + 1}: "):
+        Session.open(str(home), "s")
+
+
+def test_a_refusal_while_open_reads_its_newest_usage_lets_the_lock_go(home: Path) -> None:
+    log = _session(home)
+    lines = without_checksums(log.read_bytes()).splitlines()
+    number = max(n for n, line in enumerate(lines, 1) if line.startswith(b'{"type":"Usage"'))
+    lines[number - 1] = lines[number - 1].replace(b'"prompt_tokens":', b'"prompt_tokens":-')
+    lines.append(encode_record(User(text="after")).rstrip(b"\n"))
+    log.write_bytes(_rechain(lines))
+    for _ in range(2):  # refused the same way again: nothing was left locked or open
+        with pytest.raises(LogError, match=f":{number}: undecodable record"):
+            Session.open(str(home), "s")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Final
 
 from worker.store.disk.files import Directory, open_directory, read_file
 from worker.store.epochs.carried_checks import (
@@ -30,6 +29,7 @@ from worker.store.epochs.epoch_log import (
     DecodedLog,
     check_epoch,
     check_groups,
+    cyclic_gc_paused,
     decode_log,
     key_applied_at,
     read_log,
@@ -67,8 +67,6 @@ __all__ = [
     "log_path",
 ]
 
-_FENCING: Final[frozenset[type[Record]]] = frozenset((Owner, Handoff))
-
 
 def load_session(
     session_dir: str,
@@ -97,7 +95,8 @@ def load_session(
     try:
         reader = _Reader(session_dir, session_id, fd, on_epoch, newest_data)
         reader.canonical = canonical
-        return reader.load(history, index_files)
+        with cyclic_gc_paused():
+            return reader.load(history, index_files)
     finally:
         if dir_fd is None and isinstance(fd, int):
             os.close(fd)
@@ -373,7 +372,7 @@ class _Reader:
         else:
             return
         for number, record in followed:
-            if type(record) in _FENCING or self.fence.sealed is not None:
+            if type(record) in (Owner, Handoff) or self.fence.sealed is not None:
                 fenced = advance(self.fence, record)
                 if isinstance(fenced, str):
                     raise InvalidLog(path, number, fenced)

@@ -107,11 +107,13 @@ class Session(SessionView):
             raise
         try:
             _make_durable(state, log_fd)
+            # Its newest Usage is decoded here: a line that does not decode is refused
+            # with the lock and the log let go, as any refusal of open is.
+            return cls(state, lock_fd, log_fd)
         except BaseException:
             durable.close(log_fd)
             unlock_directory(lock_fd)
             raise
-        return cls(state, lock_fd, log_fd)
 
     @classmethod
     def open_or_create(

@@ -33,13 +33,14 @@ from worker.store.format.records import (
 
 
 @contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC while a log is decoded, then restore its previous state.
+def cyclic_gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC while a log is decoded or scanned, then restore its state.
 
     Decoding allocates one container per line and keeps them all; each allocation
     burst would trigger collections that rescan every record kept so far, making a
-    large open superlinear. Records reference only strings and numbers, so no cycle
-    can form while the collector is paused.
+    large open superlinear. The scan's passes allocate a tuple per line and the
+    loader an entry per key: a collection every 700 of them. Records reference only
+    strings and numbers, so no cycle can form while the collector is paused.
     """
     was_enabled = gc.isenabled()
     gc.disable()
@@ -76,7 +77,7 @@ def decode_log(path: str, data: bytes, *, canonical: bool = False) -> DecodedLog
     lines = data.split(b"\n")
     tail = lines.pop()  # b"" when the data ends in a newline
     if not tail:
-        with _cyclic_gc_paused():
+        with cyclic_gc_paused():
             fast = decode_lines_fast(data, lines, canonical=canonical)
         if fast is not None:
             return DecodedLog(fast[0], [], fast[1])  # its groups are already proven whole

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import accumulate
+from itertools import accumulate, repeat
 from operator import is_
 from typing import Final, overload
 
@@ -30,7 +30,17 @@ _BLOCK: Final = 64  # lines decoded together when one is asked for by its index
 class EpochRecords(Sequence[Record]):
     """The records of the epoch a session has open, in log order (line n is ``[n - 1]``)."""
 
-    __slots__ = ("_data", "_ends", "_keys", "_pending", "_read", "_records", "_types", "path")
+    __slots__ = (
+        "_data",
+        "_ends",
+        "_keys",
+        "_pending",
+        "_read",
+        "_records",
+        "_tail",
+        "_types",
+        "path",
+    )
 
     def __init__(
         self,
@@ -47,6 +57,7 @@ class EpochRecords(Sequence[Record]):
         self._types = types
         self._data = data
         self._ends: list[int] | None = None  # each line's end in ``data``, once needed
+        self._tail: list[int] | None = None  # where each of the last lines starts, and the end
         self._keys = keys
         self._read = len(records)  # the lines of ``data``
         self._pending = records.count(None)  # lines not decoded yet: ``data`` is let go at 0
@@ -76,9 +87,13 @@ class EpochRecords(Sequence[Record]):
             number = range(len(self._records))[index]
             if 0 < number < self._read - 1:
                 # Its neighbours with it: a reader going line by line decodes in blocks
-                # (one that does not decode is left for when it is asked for).
-                block = number - number % _BLOCK
-                near = range(block, min(block + _BLOCK, self._read))
+                # (one that does not decode is left for when it is asked for). Near the
+                # end, before every line's end is known, only those found from the end.
+                start = number - number % _BLOCK
+                stop = min(start + _BLOCK, self._read)
+                if self._ends is None and number >= self._read - _BLOCK:
+                    start = max(start, self._read - _BLOCK)
+                near = range(start, stop)
                 with contextlib.suppress(TornLog):
                     self._decode([n for n in near if self._records[n] is None])
             if self._records[number] is None:
@@ -120,8 +135,9 @@ class EpochRecords(Sequence[Record]):
         self.extend((record,))
 
     def __setitem__(self, index: int, record: Record) -> None:
-        """Put ``record`` in place of the one at ``index`` (its key list left as read)."""
+        """Put ``record`` in place of the one at ``index``."""
         number = range(len(self._records))[index]
+        self._keys = None  # the keys read at open may no longer be the records'
         if self._records[number] is None:
             self._pending -= 1
         self._records[number] = record
@@ -165,8 +181,9 @@ class EpochRecords(Sequence[Record]):
             users = (r for _n, r in self.of_type(User, start=start))
             return [u.key for u in users if isinstance(u, User) and u.key is not None]
         if start:
-            before = sum(map(is_, self._types[:start], [User] * start))
-            return [key for key in self._keys[before:] if key is not None]
+            # Counted from the end: a writer asks for the few records it just appended.
+            after = sum(map(is_, self._types[start:], repeat(User)))
+            return [key for key in self._keys[len(self._keys) - after :] if key is not None]
         return [key for key in self._keys if key is not None]
 
     # -- decoding ---------------------------------------------------------------------
@@ -174,21 +191,20 @@ class EpochRecords(Sequence[Record]):
     def _decode(self, numbers: list[int]) -> None:
         """Decode the lines at ``numbers`` (indexes, ascending) into ``_records``.
 
-        Their bytes were proven the writer's at open (the checksum chain), so a line is
-        decoded as ``decode_lines_fast`` does, one ``json.loads`` for them all; a line
-        that does not decode to a record is decoded alone to say why (TornLog).
+        Their bytes were proven the writer's at open (the checksum chain), so a line's
+        spelling is trusted as ``decode_lines_fast`` trusts it; each line is its own
+        ``json.loads`` (one for several could give a line's values to its neighbour), and
+        a line that does not decode to a record is decoded strictly to say why (TornLog).
         """
         if not numbers:
             return
-        lines = [self._line(n) for n in numbers]
-        try:
-            values = json.loads(b"[" + b",".join(lines) + b"]")
-        except ValueError:
-            values = [None] * len(lines)
-        if len(values) != len(lines):
-            values = [None] * len(lines)
         decoders = DECODERS
-        for number, line, value in zip(numbers, lines, values, strict=True):
+        for number in numbers:
+            line = self._line(number)
+            try:
+                value = json.loads(line)
+            except (ValueError, RecursionError):
+                value = None
             name = value.get("type") if type(value) is dict else None
             decoder = decoders.get(name) if type(name) is str else None
             record = decoder(value) if decoder is not None else None
@@ -200,7 +216,7 @@ class EpochRecords(Sequence[Record]):
             self._records[number] = record
             self._pending -= 1
         if not self._pending:
-            self._data, self._ends = b"", None
+            self._data, self._ends, self._tail = b"", None, None
 
     def _line(self, number: int) -> bytes:
         """Line ``number`` (an index) of the bytes read at open, without its newline."""
@@ -209,8 +225,24 @@ class EpochRecords(Sequence[Record]):
             return data[: data.find(b"\n")]
         ends = self._ends
         if ends is None:
-            if number == self._read - 1:  # the last line read, found from the end
-                return data[data.rfind(b"\n", 0, len(data) - 1) + 1 : -1]
+            first = self._read - _BLOCK
+            if number >= first:  # one of the last lines: found from the end, not by a split
+                tail = self._tail
+                if tail is None:
+                    tail = self._tail = _tail_starts(data, min(_BLOCK, self._read))
+                at = number - max(first, 0)
+                return data[tail[at] : tail[at + 1] - 1]
             lines = data.split(b"\n")[:-1]
             ends = self._ends = list(accumulate(map((1).__add__, map(len, lines))))
         return data[ends[number - 1] : ends[number] - 1]
+
+
+def _tail_starts(data: bytes, count: int) -> list[int]:
+    """Where each of the last ``count`` lines of ``data`` starts, then ``len(data)``."""
+    starts = [len(data)]
+    end = len(data) - 1  # the last line's newline
+    for _ in range(count):
+        end = data.rfind(b"\n", 0, end)
+        starts.append(end + 1)
+    starts.reverse()
+    return starts

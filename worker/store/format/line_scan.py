@@ -42,27 +42,33 @@ from worker.store.format.record_types import (
 _START: Final = b'{"type":"'
 _NEXT_START: Final = b'\n{"type":"'
 _CRC_FIELD: Final = b',"crc":"'
+_PARTS: Final = b',"parts":'
 
 
 @functools.cache
 def _patterns() -> tuple[re.Pattern[bytes], ...]:
     """The scan's patterns, compiled on the first scan rather than at import (issue 32).
 
-    Each line's type; each line's end (its checksum, after its place in a group commit
-    when it has one); whole groups of 2 to 9 lines, each line's place written
-    "part/parts," ("/," alone); a ToolResult's call (its fields in the writer's order
-    are type, time, call); a User's key, its last field but the group's and the
-    checksum (b"" when it has none).
+    Each is anchored at a line's start (the newline before it: the scan reads
+    ``b"\\n" + data``), so a match belongs to the line it starts, and one that a line
+    does not give makes the count differ (the scan declines). In order: each line's
+    type; each line's end, its checksum after its place in a group commit when it has
+    one (one group, ``b'2,"parts":4'``, or b"" alone); whole groups of 2 to 9 lines,
+    each line's place as the end reads it and ";" (";" alone); a ToolResult's call (its
+    fields in the writer's order are type, time, call); a User's key (a string or
+    null), its last field but the group's and the checksum: a User spelled otherwise
+    does not match.
     """
-    groups = b"|".join(b"".join(b"%d/%d," % (i, n) for i in range(1, n + 1)) for n in range(2, 10))
+    groups = b"|".join(
+        b"".join(b"%d%s%d;" % (i, _PARTS, n) for i in range(1, n + 1)) for n in range(2, 10)
+    )
+    place = rb'(?=,"part":\d+,"parts":\d+,"crc":"|,"crc":")'
     return (
-        re.compile(rb'\{"type":"(\w+)"'),
-        re.compile(
-            rb',"part":(\d+),"parts":(\d+),"crc":"[0-9a-f]{8}"\}\n|,"crc":"[0-9a-f]{8}"\}\n'
-        ),
-        re.compile(rb"(?:/,|" + groups + rb")*"),
-        re.compile(rb'\{"type":"ToolResult","time":"[^"\\\n]*","call":(\d+)[,}]'),
-        re.compile(rb'\{"type":"User",(?:[^\n]*,"key":("(?:[^"\\\n]|\\.)*")|)'),
+        re.compile(rb'\n\{"type":"(\w+)"'),
+        re.compile(rb',"part":(\d+,"parts":\d+),"crc":"[0-9a-f]{8}"\}\n|,"crc":"[0-9a-f]{8}"\}\n'),
+        re.compile(rb"(?:;|" + groups + rb")*"),
+        re.compile(rb'\n\{"type":"ToolResult","time":"[^"\\\n]*","call":(\d+)[,}]'),
+        re.compile(rb'\n\{"type":"User",[^\n]*,"key":("(?:[^"\\\n]|\\.)*"|null)' + place),
     )
 
 
@@ -107,24 +113,24 @@ def scan_lines(data: bytes) -> LineScan | None:
     if data[at:] != b'%08x"}\n' % before:
         return None
     type_of, end_of, _groups, call_of, key_of = _patterns()
-    types = list(map(_CLASSES.get, type_of.findall(data)))
-    if len(types) != lines or None in types:
+    lined = b"\n" + data  # every line, the first too, after a newline
+    types = list(map(_CLASSES.get, type_of.findall(lined)))
+    kinds = set(types)  # asked about below in one hash each, not one pass of the list each
+    if len(types) != lines or None in kinds:
         return None
     ends = end_of.findall(data)
     if len(ends) != lines or not _whole_groups(ends):
         return None
-    if any(ends[i][0] for i in _written_alone(types)):  # type: ignore[arg-type]
+    if any(ends[i] for i in _written_alone(types, kinds)):  # type: ignore[arg-type]
         return None
-    calls = call_of.findall(data)
+    calls = call_of.findall(lined)
     if len(calls) != types.count(ToolResult):
         return None
-    keys = key_of.findall(data)
+    keys = key_of.findall(lined)
     if len(keys) != types.count(User):
         return None
     try:
-        decoded: list[str | None] = json.loads(
-            b"[" + b",".join(key or b"null" for key in keys) + b"]"
-        )
+        decoded: list[str | None] = json.loads(b"[" + b",".join(keys) + b"]")
     except ValueError:
         return None
     if not all(type(key) is str for key in decoded if key is not None):
@@ -139,13 +145,14 @@ def scan_lines(data: bytes) -> LineScan | None:
     )
 
 
-def _whole_groups(ends: list[tuple[bytes, bytes]]) -> bool:
-    """True if the lines' group parts (b"" when a line is alone) make only whole groups."""
-    if _patterns()[2].fullmatch(b",".join(map(b"/".join, ends)) + b","):
+def _whole_groups(ends: list[bytes]) -> bool:
+    """True if the lines' group places (b"" when a line is alone) make only whole groups."""
+    if _patterns()[2].fullmatch(b";".join(ends) + b";"):
         return True  # in C: groups of up to 9 lines, the common case
     expect = 0  # the next part of the open group (0: none open)
     size = b""
-    for part, parts in ends:
+    for end in ends:
+        part, _, parts = end.partition(_PARTS)
         if not part:
             if expect:
                 return False
@@ -160,9 +167,10 @@ def _whole_groups(ends: list[tuple[bytes, bytes]]) -> bool:
     return not expect
 
 
-def _written_alone(types: list[type[Record]]) -> list[int]:
-    """The indexes of the lines whose records are written alone, never in a group."""
-    alone_later = any(map(types.__contains__, _ALONE_LATER))
+def _written_alone(types: list[type[Record]], kinds: set[type[Record]]) -> list[int]:
+    """The indexes of the lines whose records are written alone, never in a group
+    (``kinds``: the classes among ``types``)."""
+    alone_later = not kinds.isdisjoint(_ALONE_LATER)
     if types[0] is SessionStart and not alone_later and types.count(SessionStart) == 1:
         return [0]  # the common case, in C: only the first line's SessionStart
     return [i for i, cls in enumerate(types) if cls in WRITTEN_ALONE]

@@ -16,15 +16,18 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
+from itertools import accumulate
 from typing import TYPE_CHECKING, Final
 
 from worker.store.errors import InvalidLog, NotOwnerNow, SessionIOError
 from worker.store.postgres.boundaries import Point, reach
 from worker.store.postgres.connection import database_error, driver
+from worker.store.postgres.opening import NAMES
 from worker.store.postgres.pipeline import BINARY, TEXT, Prepared, write_pipelined
 
 if TYPE_CHECKING:
     from worker.store.postgres.connection import Connection
+    from worker.store.postgres.opening import Opening
 
 _LOG_NAME: Final = re.compile(r"(0|[1-9][0-9]*)\.jsonl")
 _OWNER: Final = "SELECT owner_token FROM loopd_sessions WHERE session = %s FOR SHARE"
@@ -39,6 +42,10 @@ _APPEND: Final = Prepared(
     types=(23, 20, 17, 25, 20),  # int4, int8, bytea, text, int8
     formats=(TEXT, TEXT, BINARY, TEXT, TEXT),
 )
+
+
+class NotPreloaded(Exception):
+    """A read of what an open's pipeline did not read (an older epoch's log, a file absent)."""
 
 
 class PostgresBackend:
@@ -58,6 +65,8 @@ class PostgresBackend:
         # Inside snapshot(): the names, read once (the open asks for them twice).
         self._in_snapshot = False
         self._snapshot_names: list[str] | None = None
+        # Inside preloaded(): what the open's pipeline read, and nothing else.
+        self._preloaded: Opening | None = None
 
     def _conn(self) -> Connection:
         if self.conn is None:
@@ -68,13 +77,11 @@ class PostgresBackend:
 
     def names(self) -> list[str]:
         """The session's file names and ``<n>.jsonl`` for each epoch with a log."""
+        if self._preloaded is not None:
+            return list(self._preloaded.names)
         if self._snapshot_names is not None:
             return list(self._snapshot_names)
-        rows = self._fetch(
-            "SELECT name FROM loopd_files WHERE session = %s UNION ALL "
-            "SELECT DISTINCT epoch::text || '.jsonl' FROM loopd_log_chunks WHERE session = %s",
-            (self.session_id, self.session_id),
-        )
+        rows = self._fetch(NAMES, {"session": self.session_id})
         names = [str(row[0]) for row in rows]
         if self._in_snapshot:
             self._snapshot_names = names  # a snapshot sees the same names until it ends
@@ -82,6 +89,13 @@ class PostgresBackend:
 
     def read(self, name: str, path: str) -> bytes:
         """The bytes of ``name``: a file's, or an epoch log's chunks joined in order."""
+        preloaded = self._preloaded
+        if preloaded is not None:
+            if name in preloaded.logs:
+                return joined(path, *preloaded.logs[name])
+            if name in preloaded.files:
+                return preloaded.files[name]
+            raise NotPreloaded(name)
         if _LOG_NAME.fullmatch(name):
             rows = self._fetch(
                 "SELECT start, data FROM loopd_log_chunks WHERE session = %s AND epoch = %s "
@@ -89,7 +103,7 @@ class PostgresBackend:
                 (self.session_id, int(name[: -len(".jsonl")])),
                 binary=True,  # bytea as its bytes: no hex text to send and decode
             )
-            return _joined(path, rows)
+            return joined(path, [_int(row[0]) for row in rows], [_bytes(row[1]) for row in rows])
         rows = self._fetch(
             "SELECT data FROM loopd_files WHERE session = %s AND name = %s",
             (self.session_id, name),
@@ -112,8 +126,18 @@ class PostgresBackend:
         finally:
             self._in_snapshot, self._snapshot_names = False, None
 
+    @contextmanager
+    def preloaded(self, opening: Opening) -> Iterator[None]:
+        """Read only what an open's pipeline read (``opening.claim_and_read``), as of its
+        snapshot; NotPreloaded for anything else (read it all again in one snapshot)."""
+        self._preloaded = opening
+        try:
+            yield
+        finally:
+            self._preloaded = None
+
     def _fetch(
-        self, query: str, args: tuple[object, ...], *, binary: bool = False
+        self, query: str, args: tuple[object, ...] | dict[str, object], *, binary: bool = False
     ) -> list[tuple[object, ...]]:
         try:
             return self._conn().execute(query, args, binary=binary).fetchall()
@@ -135,7 +159,7 @@ class PostgresBackend:
         try:
             if self._prepared is None:
                 self._prepared = _is_prepared(conn, _APPEND)
-            pid = conn.info.backend_pid
+            pid = conn.pgconn.backend_pid
             sent = partial(self._before_commit, pid)
             rows = write_pipelined(conn, _APPEND, values, prepare=not self._prepared, on_sent=sent)
             self._prepared = True
@@ -238,24 +262,26 @@ def _is_prepared(conn: Connection, statement: Prepared) -> bool:
     return row is not None and int(str(row[0])) > 0
 
 
-def _joined(path: str, rows: list[tuple[object, ...]]) -> bytes:
+def joined(path: str, starts: list[int], chunks: list[bytes]) -> bytes:
     """A log's bytes from its chunks; InvalidLog where a chunk does not start at the end."""
-    if not rows:
+    if not chunks:
         raise SessionIOError(path, errno.ENOENT, "read")
-    parts: list[bytes] = []
-    size = 0
-    for start, data in rows:
-        if start != size:
-            joined = b"".join(parts)
-            raise InvalidLog(
-                path,
-                joined.count(b"\n") + 1,
-                f"a stored chunk starts at byte {start}, the log so far ends at byte {size}",
-            )
-        chunk = _bytes(data)
-        parts.append(chunk)
-        size += len(chunk)
-    return b"".join(parts)
+    ends = list(accumulate(map(len, chunks), initial=0))
+    if starts != ends[:-1]:
+        n = next(n for n, start in enumerate(starts) if start != ends[n])
+        raise InvalidLog(
+            path,
+            b"".join(chunks[:n]).count(b"\n") + 1,
+            f"a stored chunk starts at byte {starts[n]}, the log so far ends at byte {ends[n]}",
+        )
+    return b"".join(chunks)
+
+
+def _int(value: object) -> int:
+    """An integer column's value."""
+    if isinstance(value, int):
+        return value
+    raise TypeError(f"an integer column held {type(value).__name__}")
 
 
 def _bytes(value: object) -> bytes:

@@ -66,34 +66,38 @@ def write_pipelined(
             pgconn.send_prepare(statement.name, statement.sql, param_types=statement.types)
         pgconn.send_query_params(b"BEGIN", None)
         pgconn.send_query_prepared(statement.name, values, param_formats=statement.formats)
-        _flush(pgconn)
+        flush(pgconn)
         on_sent()
         pgconn.send_query_params(b"COMMIT", None)
         pgconn.pipeline_sync()
-        _flush(pgconn)
-        results = _results(pgconn, psycopg)
+        flush(pgconn)
+        results = pipeline_results(pgconn, psycopg)
         pgconn.exit_pipeline_mode()
-        written = _checked(results, psycopg, conn.info.encoding)
+        written = _checked(results, psycopg, conn)
     except BaseException:
         conn.close()
         raise
     return written
 
 
-def _flush(pgconn: PGconn) -> None:
+def flush(pgconn: PGconn) -> None:
     """Send everything queued (the connection is non-blocking: wait while the socket is full)."""
     while pgconn.flush():
         _wait(pgconn.socket, select.POLLOUT)
 
 
-def _results(pgconn: PGconn, psycopg: ModuleType) -> list[PGresult]:
-    """Every result up to the pipeline's Sync, in order."""
+def pipeline_results(pgconn: PGconn, psycopg: ModuleType) -> list[PGresult]:
+    """Every result up to the pipeline's next Sync, in order."""
     sync = psycopg.pq.ExecStatus.PIPELINE_SYNC
     bad = psycopg.pq.ConnStatus.BAD
     results: list[PGresult] = []
+    readable: select.poll | None = None  # one poller for every wait (a log comes in many)
     while True:
         if pgconn.is_busy():
-            _wait(pgconn.socket, select.POLLIN)
+            if readable is None:
+                readable = select.poll()
+                readable.register(pgconn.socket, select.POLLIN)
+            readable.poll()
             pgconn.consume_input()  # OperationalError once the server has gone
             continue
         result = pgconn.get_result()
@@ -106,13 +110,13 @@ def _results(pgconn: PGconn, psycopg: ModuleType) -> list[PGresult]:
         results.append(result)
 
 
-def _checked(results: list[PGresult], psycopg: ModuleType, encoding: str) -> int:
+def _checked(results: list[PGresult], psycopg: ModuleType, conn: Connection) -> int:
     """The statement's row count; the first error's driver exception if any step failed."""
     pq = psycopg.pq
     for result in results:
         if result.status == pq.ExecStatus.FATAL_ERROR:
             # As psycopg raises it: the SQLSTATE's class, the server's message and fields.
-            raise psycopg.errors.error_from_result(result, encoding=encoding)
+            raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
         if result.status != pq.ExecStatus.COMMAND_OK:
             status = psycopg.pq.ExecStatus(result.status).name
             raise psycopg.OperationalError(f"a pipelined step ended {status}")

@@ -20,9 +20,10 @@ from worker.store.errors import NotOwnerNow, SessionExists, SessionNotFound
 from worker.store.format.epoch_records import EpochRecords
 from worker.store.format.records import SessionStart, encode_lines
 from worker.store.loader import baseline_path, load_session
-from worker.store.postgres.backend import PostgresBackend, _bytes
+from worker.store.postgres.backend import NotPreloaded, PostgresBackend, _bytes
 from worker.store.postgres.connection import connect, database_error, driver, place_of
 from worker.store.postgres.durability import Durability, read_durability
+from worker.store.postgres.opening import claim_and_read
 from worker.store.postgres.schema import ensure_schema
 from worker.store.postgres.session import PostgresSession
 from worker.store.session_id import validate_session_id
@@ -162,15 +163,27 @@ class PostgresStore:
         """Claim the session and read it; SessionNotFound if absent.
 
         Without ``token`` the claim takes the next token; with one (an etcd owner's) the
-        database's must not be newer (NotOwnerNow), and becomes it.
+        database's must not be newer (NotOwnerNow), and becomes it. The claim and the
+        first reads go in one round trip (``opening``); when that claim takes nothing,
+        the schema is checked and the claim made again statement by statement, which
+        says why (or claims a session created in between).
         """
         directory = self.session_dir(session_id)
-        conn = self._connect()
+        conn = connect(self.uri, self.place)
+        state: SessionState | None = None
         try:
-            claimed = _claim(conn, directory, session_id, token)
-            backend = PostgresBackend(conn, directory, session_id, claimed)
-            with backend.snapshot():
-                state = load_session(directory, session_id, dir_fd=backend)
+            opening = claim_and_read(conn, session_id, token)
+            if opening.token is None:
+                ensure_schema(conn, self.place)
+                claimed = _claim(conn, directory, session_id, token)
+                backend = PostgresBackend(conn, directory, session_id, claimed)
+            else:
+                backend = PostgresBackend(conn, directory, session_id, opening.token)
+                with backend.preloaded(opening):
+                    state = _loaded(directory, session_id, backend)
+            if state is None:  # it reads more than the pipeline did: all in one snapshot
+                with backend.snapshot():
+                    state = load_session(directory, session_id, dir_fd=backend)
         except driver().Error as exc:
             conn.close()
             raise database_error(directory, exc) from exc
@@ -189,6 +202,14 @@ class PostgresStore:
             return self.create_session(session_id, baseline, slot)
         except SessionExists:
             return self.open_session(session_id)  # a concurrent creator won
+
+
+def _loaded(directory: str, session_id: str, backend: PostgresBackend) -> SessionState | None:
+    """The session loaded from what the open's pipeline read; None if it needs more."""
+    try:
+        return load_session(directory, session_id, dir_fd=backend)
+    except NotPreloaded:
+        return None
 
 
 _NEWEST_STARTS: Final = (
