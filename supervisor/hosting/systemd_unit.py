@@ -37,7 +37,9 @@ MemoryMax=24G
 KillMode=mixed
 TimeoutStopSec=30
 Restart=on-failure
-RestartSec=1
+# A restart is downtime: scheduled requests due meanwhile wait for it (systemd's
+# start limit, 5 starts in 10 s, still ends a crash loop).
+RestartSec=100ms
 
 [Install]
 WantedBy=multi-user.target
