@@ -321,9 +321,11 @@ def decode_lines_fast(
     append = records.append
     decoders = _DECODERS
     expect = size = 0  # the next part of the open group, and its size (0: none open)
-    # Every element is an object: each starts a line, and every line starts with "{".
     for value in values:
-        decoder = decoders.get(value["type"])
+        # A forged line's element may be no object, or its "type" no string: the
+        # line-by-line path then names it (never a KeyError out of open).
+        name = value.get("type") if type(value) is dict else None
+        decoder = decoders.get(name) if type(name) is str else None
         record = decoder(value) if decoder is not None else None
         if record is None:
             return None
