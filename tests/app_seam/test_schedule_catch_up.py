@@ -168,9 +168,15 @@ def test_the_catch_up_wakes_the_sessions_with_a_schedule_overdue_first_then_the_
     due = _schedule_then_stop(home, overdue, resting=resting, kill=True)
     with _states_at_restart(home) as states:
         woken = {name for name, state in states.items() if state != "IDLE"}
-        order = [*sorted(overdue, key=due.__getitem__), *resting]
-        assert 0 < len(woken) < len(order), states  # the status was answered amid it
-        assert woken == set(order[: len(woken)]), sorted(woken)
+        assert 0 < len(woken) < len(overdue) + len(resting), states  # answered amid it
+        # The overdue ones in the order they came due. A session whose schedule the
+        # killed daemon had not yet recorded is one more live session to it (woken with
+        # the live ones, by name), so on a loaded machine the last few may come after
+        # some live ones; in the files' order the live ones, which sort first, all would.
+        woken_overdue = woken & set(overdue)
+        in_order = sorted(overdue, key=due.__getitem__)
+        assert woken_overdue == set(in_order[: len(woken_overdue)]), sorted(woken)
+        assert len(woken_overdue) > len(woken & set(resting)), sorted(woken)
         for name in overdue:
             poll_until(partial(_delivered, home, name, "due"), timeout=120, what=name)
 
