@@ -122,10 +122,14 @@ def test_a_claim_in_flight_is_waited_for_and_then_refuses_the_write(
         writer.start()
 
         def waiting() -> bool:
-            row = claim.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE 'INSERT INTO loopd_log_chunks%'"
-            ).fetchone()
+            # From a connection of its own in autocommit: inside the claim's transaction
+            # pg_stat_activity is read once and kept, so a first look taken before the
+            # write blocked would be all the later ones saw.
+            with psycopg.connect(store.uri, autocommit=True) as watcher:
+                row = watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE 'INSERT INTO loopd_log_chunks%'"
+                ).fetchone()
             return row is not None and row[0] == 1
 
         poll_until(waiting, what="the write to wait for the claim's lock")
