@@ -36,6 +36,7 @@ from worker.store.format.records import (
 )
 from worker.store.inspection import inspect_session
 from worker.store.loader import SessionState, load_session
+from worker.store.request_records import request_records
 
 BASELINE = Baseline(system="s", memory="", tools=[])
 AT = "2030-01-01T00:00:00.000000Z"
@@ -275,3 +276,25 @@ def test_a_refusal_while_open_reads_its_newest_usage_lets_the_lock_go(home: Path
     for _ in range(2):  # refused the same way again: nothing was left locked or open
         with pytest.raises(LogError, match=f":{number}: undecodable record"):
             Session.open(str(home), "s")
+
+
+def test_a_retry_of_an_early_key_decodes_its_request_not_the_rest_of_the_epoch(
+    home: Path,
+) -> None:
+    with Session.create(str(home), "s", BASELINE) as session:
+        for n in range(400):
+            session.append_many([User(text=f"r{n}", key=f"k{n}"), Assistant(text=f"a{n}")])
+    with Session.open(str(home), "s") as session:
+        ref = session.find_key("k1")
+        assert ref is not None
+        records = session._state.records
+        assert isinstance(records, EpochRecords)
+        before = records.undecoded
+        assert [type(r) for r in request_records(session, ref)] == [User, Assistant]
+        # A block of lines around the request, not the 700-odd lines after it.
+        assert before - records.undecoded <= 64, before - records.undecoded
+        last = session.find_key("k399")
+        assert last is not None
+        assert request_records(session, last)[1] == Assistant(
+            time=session.records[-1].time, text="a399"
+        )

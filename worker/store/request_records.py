@@ -38,7 +38,10 @@ def request_records(session: Session, ref: KeyRef) -> list[Record]:
     if not 1 <= ref.line <= len(records) or not isinstance(records[ref.line - 1], User):
         raise InvalidLog(path, ref.line, "the request's line is not a User record")
     found = [records[ref.line - 1]]
-    for record in records[ref.line :]:
+    # By index, not by slice: the current epoch's records are decoded on demand (a few
+    # lines at a time), and a slice would decode every line to the epoch's end.
+    for index in range(ref.line, len(records)):
+        record = records[index]
         if isinstance(record, _ENDS_A_REQUEST):
             break
         found.append(record)
