@@ -20,6 +20,19 @@ from tests.harness.etcd_server import EtcdServer
 pytestmark = pytest.mark.timeout(60)
 
 
+def _note_watches(cluster: ClusterClient) -> threading.Event:
+    """An event set when ``cluster`` begins to watch etcd (its watch is wrapped)."""
+    watching = threading.Event()
+    watch = cluster.etcd.watch
+
+    def noted_watch(*args: object, **kwargs: object) -> object:
+        watching.set()
+        return watch(*args, **kwargs)  # type: ignore[arg-type]
+
+    cluster.etcd.watch = noted_watch  # type: ignore[method-assign,assignment]
+    return watching
+
+
 def test_a_request_without_an_owner_waits_for_the_takeover_and_routes_there(
     etcd: EtcdServer, tmp_path: Path
 ) -> None:
@@ -27,14 +40,7 @@ def test_a_request_without_an_owner_waits_for_the_takeover_and_routes_there(
         a = register(client, "a", tmp_path / "a")
         place_new(client, "s1", "a", a.lease_id)
         a.lease.close()  # its node gone: nobody owns s1 (a failover's first second)
-        watching = threading.Event()
-        watch = cluster.etcd.watch
-
-        def noted_watch(*args: object, **kwargs: object) -> object:
-            watching.set()
-            return watch(*args, **kwargs)  # type: ignore[arg-type]
-
-        cluster.etcd.watch = noted_watch  # type: ignore[method-assign,assignment]
+        watching = _note_watches(cluster)
         taken: list[int] = []
 
         def take_over() -> None:  # once the client waits: the placed node is back
@@ -73,14 +79,7 @@ def test_a_retry_after_an_unreachable_owner_waits_only_until_its_owner_key_chang
         a = register(client, "a", tmp_path / "a")
         place_new(client, "s1", "a", a.lease_id)
         found = cluster._route("s1", fresh=True)
-        watching = threading.Event()
-        watch = cluster.etcd.watch
-
-        def noted_watch(*args: object, **kwargs: object) -> object:
-            watching.set()
-            return watch(*args, **kwargs)  # type: ignore[arg-type]
-
-        cluster.etcd.watch = noted_watch  # type: ignore[method-assign,assignment]
+        watching = _note_watches(cluster)
 
         def lose_the_owner() -> None:  # once the client waits: a's lease ends
             if watching.wait(20):
