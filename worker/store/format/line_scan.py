@@ -40,7 +40,6 @@ from worker.store.format.record_types import (
 )
 
 _START: Final = b'{"type":"'
-_NEXT_START: Final = b'\n{"type":"'
 _CRC_FIELD: Final = b',"crc":"'
 _PARTS: Final = b',"parts":'
 
@@ -100,12 +99,7 @@ def scan_lines(data: bytes) -> LineScan | None:
     checksum is the CRC-32 of the bytes before it, and every group commit is whole.
     """
     lines = data.count(b"\n")
-    if (
-        not lines
-        or not data.endswith(b"\n")
-        or not data.startswith(_START)
-        or data.count(_NEXT_START) != lines - 1
-    ):
+    if not lines or not data.endswith(b"\n") or not data.startswith(_START):
         return None
     at = data.rfind(_CRC_FIELD) + len(_CRC_FIELD)
     view = memoryview(data)
@@ -114,6 +108,7 @@ def scan_lines(data: bytes) -> LineScan | None:
         return None
     type_of, end_of, _groups, call_of, key_of = _patterns()
     lined = b"\n" + data  # every line, the first too, after a newline
+    # One type a line: a line that does not start with ``{"type":"<word>"`` gives none.
     types = list(map(_CLASSES.get, type_of.findall(lined)))
     kinds = set(types)  # asked about below in one hash each, not one pass of the list each
     if len(types) != lines or None in kinds:
