@@ -30,17 +30,19 @@ if TYPE_CHECKING:
 REPOINT_TIMEOUT: Final = 5.0
 """Seconds a re-pointed standby is given to stream to the new primary before it is
 restarted (then as long again before it is rebuilt)."""
-_POSITION: Final = (
+POSITION: Final = (
     "SELECT pg_wal_lsn_diff(GREATEST(COALESCE(pg_last_wal_receive_lsn(), '0/0'), "
     "COALESCE(pg_last_wal_replay_lsn(), '0/0')), '0/0')::bigint"
 )
+"""A standby's WAL position in bytes: what it received and flushed, or replayed (after
+a restart, before its receiver connects, only the replay position is known)."""
 
 
 def positions(db: ReplicatedDatabase) -> dict[int, int]:
     """Each standby's WAL position in bytes (the one that does not answer is left out)."""
     found = {}
     for n in db.standbys:
-        said = db.query(n, _POSITION)
+        said = db.query(n, POSITION)
         if said is not None and said.isdigit():
             found[n] = int(said)
     return found

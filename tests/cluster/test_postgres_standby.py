@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from supervisor.client import call
-from tests.harness.postgres_standby import ReplicatedPostgres
+from tests.harness.postgres_standby import QUORUM, ReplicatedPostgres
 from tests.harness.support import poll_until, running_daemon
 from worker import Baseline, Session, User
 from worker.store.errors import SessionError
@@ -145,6 +145,49 @@ def test_the_primary_sigkilled_under_keyed_load_and_its_standby_promoted_loses_n
     assert stored == [f"k{n}" for n in range(len(stored))]
     assert writer.reopened >= 1
     assert resumed < RESUME_BOUND
+
+
+def test_the_primary_killed_with_one_standby_behind_promotes_the_other_and_loses_no_key(
+    replicated: ReplicatedPostgres,
+) -> None:
+    """One standby SIGKILLed while keys are acknowledged through the other, then started
+    again once the primary is lost: only the other holds those keys, and promoting the
+    standby behind would lose them (``ANY 1``)."""
+    dbname = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(replicated.primary.uri(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {dbname}")
+    writer = KeyedWriter(replicated.uri(dbname))
+    thread = threading.Thread(target=writer.run, name="keyed-writer", daemon=True)
+    thread.start()
+    behind, ahead = replicated.standbys
+    try:
+        poll_until(lambda: len(writer.acked) >= 10 or writer.error, timeout=60, what="keys")
+        replicated.kill(behind)
+        acked_at_stop = len(writer.acked)
+        poll_until(
+            lambda: len(writer.acked) >= acked_at_stop + 20 or writer.error,
+            timeout=STANDBY_LOSS_BOUND,
+            what="keys acknowledged through one standby",
+        )
+        replicated.kill_primary()
+        acked_at_kill = len(writer.acked)
+        behind.launch(QUORUM)  # back, with no primary to stream from
+        promoted = replicated.promote()
+        poll_until(
+            lambda: len(writer.acked) >= acked_at_kill + KEYS_AFTER_PROMOTION or writer.error,
+            timeout=60,
+            what="keys after the promotion",
+        )
+    finally:
+        writer.stop.set()
+        thread.join(30)
+    assert writer.error is None, writer.error
+    stored = _user_keys(promoted.uri(dbname))
+    assert sorted(set(writer.acked) - set(stored)) == []  # what a wrong choice loses
+    assert stored == [f"k{n}" for n in range(len(stored))]
+    positions = replicated.positions
+    assert positions[replicated.servers.index(behind)] < positions[replicated.servers.index(ahead)]
+    assert promoted is ahead
 
 
 def test_one_standby_sigkilled_under_keyed_load_stops_no_write(

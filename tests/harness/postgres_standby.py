@@ -7,9 +7,10 @@ it; a server's own name in the list never streams to it). Each standby is
 ``standby.signal`` and ``primary_conninfo``; the conninfo gets the standby's name as
 ``application_name``), started on a port of its own. ``kill`` SIGKILLs a server's
 postmaster and waits for its server processes to exit (each notices its postmaster's
-death); ``promote`` is the failover of ``chaos/cluster/promotion.py`` on loopback: the
-most advanced standby promoted (``pg_ctl promote -w``), the other re-pointed at it by
-``ALTER SYSTEM SET primary_conninfo`` and ``pg_reload_conf()``.
+death); ``promote`` is the failover of ``chaos/cluster/promotion.py`` on loopback, with
+that module's choice (``most_advanced``): the most advanced standby promoted
+(``pg_ctl promote -w``), the other re-pointed at it by ``ALTER SYSTEM SET
+primary_conninfo`` and ``pg_reload_conf()``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Final
 import psutil
 import psycopg
 
+from chaos.cluster.promotion import POSITION, most_advanced
 from tests.harness.postgres_server import PostgresServer
 from tests.harness.support import poll_until
 
@@ -33,10 +35,6 @@ _STREAMING: Final = (
     "SELECT count(*) FROM pg_stat_replication "
     "WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum')"
 )
-_POSITION: Final = (
-    "SELECT pg_wal_lsn_diff(GREATEST(COALESCE(pg_last_wal_receive_lsn(), '0/0'), "
-    "COALESCE(pg_last_wal_replay_lsn(), '0/0')), '0/0')::bigint"
-)
 
 
 class ReplicatedPostgres:
@@ -45,6 +43,8 @@ class ReplicatedPostgres:
     def __init__(self) -> None:
         self.servers = [PostgresServer() for _ in NAMES]
         self.current = 0
+        self.positions: dict[int, int] = {}
+        """Each standby's WAL position (bytes) when the last promotion chose one."""
 
     @property
     def primary(self) -> PostgresServer:
@@ -111,10 +111,11 @@ class ReplicatedPostgres:
         positions = {}
         for standby in self.standbys:
             with psycopg.connect(standby.uri(), autocommit=True) as conn:
-                row = conn.execute(_POSITION).fetchone()
+                row = conn.execute(POSITION).fetchone()
             assert row is not None
             positions[self.servers.index(standby)] = int(row[0])
-        chosen = max(positions, key=lambda n: (positions[n], -n))
+        self.positions = positions
+        chosen = most_advanced(positions)
         self.servers[chosen].run("pg_ctl", "-D", str(self.servers[chosen].data), "-w", "promote")
         self.current = chosen
         other = next(s for s in self.standbys if s.started)
