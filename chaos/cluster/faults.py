@@ -247,6 +247,7 @@ def apply(fault: Fault, rig: Rig) -> None:
         host = _database_host(fault, rig)
         fault.detail["killed"] = signal_host(host, signal.SIGKILL)
         host.kill_all()
+        fault.detail["killed_at"] = time.monotonic()  # every process of it reaped
 
 
 def _database_host(fault: Fault, rig: Rig) -> Host:

@@ -195,8 +195,8 @@ def recovery_times(history: History) -> None:
     acknowledgement before the kill came from that node, the seconds from the last of
     its processes reaped to the session's next acknowledgement of a request begun after
     it (``served_again_s``); None if there was none before the next fault began (that
-    fault's time is not this one's); for a standby's loss, the acknowledgements while
-    it was down and the longest time without one (``writes_while_down``)."""
+    fault's time is not this one's); for a standby's loss, the requests acknowledged
+    while it was down and the longest time without one (``writes_while_down``)."""
     acks = sorted((r for r in history.requests if r.outcome == "ack"), key=lambda r: r.end)
     starts = sorted(float(f["applied"]) for f in history.faults if f.get("applied"))
     for fault in history.faults:
@@ -205,8 +205,8 @@ def recovery_times(history: History) -> None:
         if fault["kind"] == "kill-db-primary" and at is not None:
             after = [r.end for r in acks if r.end > at]
             detail["resumed_s"] = round(after[0] - at, 3) if after else None
-        if fault["kind"] == "kill-db-standby" and fault["applied"] and fault["healed"]:
-            detail.update(writes_while_down(acks, fault["applied"], fault["healed"]))
+        if fault["kind"] == "kill-db-standby" and "killed_at" in detail:
+            detail.update(writes_while_down(acks, detail["killed_at"], detail["heal_began"]))
         if fault["kind"] == "kill-host" and fault["applied"]:
             applied, node = float(fault["applied"]), fault["targets"][0]
             killed = float(detail.get("killed_at", applied))
@@ -224,9 +224,11 @@ def recovery_times(history: History) -> None:
 
 
 def writes_while_down(acks: list[Request], down: float, up: float) -> dict[str, Any]:
-    """Of a standby's loss, from its kill (``down``) to its streaming again (``up``):
-    how many acknowledgements ended meanwhile, and the longest time without one."""
-    ends = [r.end for r in acks if down < r.end < up]
+    """Of a standby's loss, from the last of its processes reaped (``down``) to the start
+    of its heal (``up``): how many requests begun after the one were acknowledged before
+    the other (each needed a COMMIT the other standby confirmed; a reply in flight at the
+    kill is not counted), and the longest time without an acknowledgement."""
+    ends = [r.end for r in acks if down < r.start and r.end < up]
     edges = [down, *ends, up]
     pause = max(b - a for a, b in itertools.pairwise(edges))
     return {"acked_while_down": len(ends), "longest_pause_s": round(pause, 3)}
