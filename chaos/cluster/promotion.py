@@ -39,12 +39,16 @@ a restart, before its receiver connects, only the replay position is known)."""
 
 
 def positions(db: ReplicatedDatabase) -> dict[int, int]:
-    """Each standby's WAL position in bytes (the one that does not answer is left out)."""
+    """Each standby's WAL position in bytes; HarnessError if one does not answer (it may
+    be the only one holding the newest acknowledged writes: promoting the other could
+    lose them, a choice for an operator, not for the rig)."""
     found = {}
     for n in db.standbys:
         said = db.query(n, POSITION)
-        if said is not None and said.isdigit():
-            found[n] = int(said)
+        if said is None or not said.isdigit():
+            raise HarnessError(f"{db.name(n)} does not tell its WAL position ({said!r}): "
+                               "no standby is promoted")  # fmt: skip
+        found[n] = int(said)
     return found
 
 
