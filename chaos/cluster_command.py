@@ -115,8 +115,8 @@ def summary(report: Report) -> list[str]:
     type=click.Choice(["files", "postgres"]),
     default="files",
     show_default=True,
-    help="where sessions live: each node's disk, or a PostgreSQL primary and its "
-    "synchronous standby that the run starts on two hosts of their own (and kills).",
+    help="where sessions live: each node's disk, or a PostgreSQL primary and two "
+    "quorum standbys that the run starts on three hosts of their own (and kills).",
 )
 @click.option(
     "--json-report",
@@ -150,7 +150,7 @@ def cluster(
 ) -> None:
     """A TLS cluster across network namespaces under keyed load and network faults
     (partitions, netem, host kills, pauses past the lease, etcd member loss, moves; with
-    --store postgres the database primary killed and its standby promoted); the whole
+    --store postgres the database primary killed and a standby promoted); the whole
     history checked. Needs root, iproute2, openssl and etcd (and PostgreSQL). Exit 1 on a
     violation, 2 if it cannot run, 3 with --require-served if a session was not served."""
     if json_report is not None and not os.path.isdir(os.path.dirname(json_report) or "."):

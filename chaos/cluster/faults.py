@@ -10,7 +10,8 @@ process of a node's host for longer than its lease, then SIGCONTs them.
 ``kill-etcd-member`` (three members only) SIGKILLs one member's host and starts it again
 on its data. ``move`` moves a session to another node (``loopd move`` from the client
 host). With ``--store postgres``, ``kill-db-primary`` and ``kill-db-standby`` SIGKILL a
-database server's host (``chaos/cluster/database.py`` heals them: a promotion, a
+database server's host: the primary's, or one of its two standbys' in turn
+(``chaos/cluster/database.py`` heals them: a failover to the most advanced standby, a
 restart). Every fault is picked from the run's seeded random generator.
 """
 
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from chaos.cluster.netns_hosts import IP, HarnessError, Host
+from chaos.cluster.promotion import fail_over
 from chaos.proc_states import all_stopped
 
 if TYPE_CHECKING:
@@ -128,7 +130,7 @@ class Rig:
     netem: bool = True
     """The kernel has ``sch_netem``; without it a ``tbf`` rate limit stands in."""
     database: ReplicatedDatabase | None = None
-    """The sessions' PostgreSQL primary and standby (``--store postgres``), else None."""
+    """The sessions' PostgreSQL primary and standbys (``--store postgres``), else None."""
 
 
 def qdisc(detail: dict[str, Any]) -> list[str]:
@@ -196,8 +198,8 @@ def pick(rng: random.Random, rig: Rig) -> Fault:
     if kind in DATABASE_KINDS:
         assert rig.database is not None
         db = rig.database
-        return Fault(kind, [db.name(db.primary if kind == "kill-db-primary" else db.standby)],
-                     hold)  # fmt: skip
+        return Fault(kind, [db.name(db.primary if kind == "kill-db-primary"
+                                    else db.standby_to_kill())], hold)  # fmt: skip
     return Fault(kind, [node], hold)
 
 
@@ -245,6 +247,7 @@ def apply(fault: Fault, rig: Rig) -> None:
         host = _database_host(fault, rig)
         fault.detail["killed"] = signal_host(host, signal.SIGKILL)
         host.kill_all()
+        fault.detail["killed_at"] = time.monotonic()  # every process of it reaped
 
 
 def _database_host(fault: Fault, rig: Rig) -> Host:
@@ -274,8 +277,8 @@ def heal(fault: Fault, rig: Rig) -> None:
         rig.restart_etcd(int(fault.targets[0].removeprefix("etcd")))
     elif kind == "kill-db-primary":
         assert rig.database is not None
-        fault.detail.update(rig.database.promote())
+        fault.detail.update(fail_over(rig.database))
     elif kind == "kill-db-standby":
         assert rig.database is not None
-        fault.detail.update(rig.database.restart_standby())
+        fault.detail.update(rig.database.restart_standby(fault.targets[0]))
     fault.healed = time.monotonic()

@@ -9,6 +9,7 @@ verdict of ``loopd verify`` on every home. ``chaos/cluster/checker.py`` judges i
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -194,7 +195,8 @@ def recovery_times(history: History) -> None:
     acknowledgement before the kill came from that node, the seconds from the last of
     its processes reaped to the session's next acknowledgement of a request begun after
     it (``served_again_s``); None if there was none before the next fault began (that
-    fault's time is not this one's)."""
+    fault's time is not this one's); for a standby's loss, the requests acknowledged
+    while it was down and the longest time without one (``writes_while_down``)."""
     acks = sorted((r for r in history.requests if r.outcome == "ack"), key=lambda r: r.end)
     starts = sorted(float(f["applied"]) for f in history.faults if f.get("applied"))
     for fault in history.faults:
@@ -203,6 +205,8 @@ def recovery_times(history: History) -> None:
         if fault["kind"] == "kill-db-primary" and at is not None:
             after = [r.end for r in acks if r.end > at]
             detail["resumed_s"] = round(after[0] - at, 3) if after else None
+        if fault["kind"] == "kill-db-standby" and "killed_at" in detail:
+            detail.update(writes_while_down(acks, detail["killed_at"], detail["heal_began"]))
         if fault["kind"] == "kill-host" and fault["applied"]:
             applied, node = float(fault["applied"]), fault["targets"][0]
             killed = float(detail.get("killed_at", applied))
@@ -219,15 +223,35 @@ def recovery_times(history: History) -> None:
             detail["served_again_s"] = served
 
 
+def writes_while_down(acks: list[Request], down: float, up: float) -> dict[str, Any]:
+    """Of a standby's loss, from the last of its processes reaped (``down``) to the start
+    of its heal (``up``): how many requests begun after the one were acknowledged before
+    the other (each needed a COMMIT the other standby confirmed; a reply in flight at the
+    kill is not counted), and the longest time without an acknowledgement."""
+    ends = [r.end for r in acks if down < r.start and r.end < up]
+    edges = [down, *ends, up]
+    pause = max(b - a for a, b in itertools.pairwise(edges))
+    return {"acked_while_down": len(ends), "longest_pause_s": round(pause, 3)}
+
+
+_SERVED: Final = "served again after a host kill"
+_RESUMED: Final = "writes resumed after a promotion"
+_PAUSED: Final = "longest pause in writes while a standby was down"
+_NEVER: Final = {_SERVED: "not before the next fault", _RESUMED: "not before the next fault",
+                 _PAUSED: "nothing acknowledged while it was down"}  # fmt: skip
+
+
 def recovery_summary(history: History) -> list[str]:
     """One line per measure of ``recovery_times``: how many, p50, p99, max, never."""
-    measures: dict[str, list[float | None]] = {"served again after a host kill": [],
-                                               "writes resumed after a promotion": []}  # fmt: skip
+    measures: dict[str, list[float | None]] = {what: [] for what in _NEVER}
     for fault in history.faults:
         detail = fault["detail"]
-        measures["served again after a host kill"] += detail.get("served_again_s", {}).values()
+        measures[_SERVED] += detail.get("served_again_s", {}).values()
         if "resumed_s" in detail:
-            measures["writes resumed after a promotion"].append(detail["resumed_s"])
+            measures[_RESUMED].append(detail["resumed_s"])
+        if "longest_pause_s" in detail:
+            paused = detail["longest_pause_s"] if detail["acked_while_down"] else None
+            measures[_PAUSED].append(paused)
     lines = []
     for what, values in measures.items():
         seen = sorted(v for v in values if v is not None)
@@ -235,10 +259,10 @@ def recovery_summary(history: History) -> list[str]:
             continue
         never = len(values) - len(seen)
         if not seen:
-            lines.append(f"{what}: not before the next fault, {never} times")
+            lines.append(f"{what}: {_NEVER[what]}, {never} times")
             continue
         p99 = seen[min(len(seen) - 1, int(0.99 * len(seen)))]
         lines.append(f"{what}: {len(seen)} times, p50 {seen[len(seen) // 2]:.2f} s, "
-                     f"p99 {p99:.2f} s, max {seen[-1]:.2f} s; not before the next fault "
+                     f"p99 {p99:.2f} s, max {seen[-1]:.2f} s; {_NEVER[what]} "
                      f"{never}")  # fmt: skip
     return lines

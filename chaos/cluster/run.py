@@ -1,8 +1,8 @@
 """``loopd chaos cluster``: a TLS cluster across namespaced hosts under load and faults.
 
 The hosts (``chaos/cluster/netns_hosts.py``): one per etcd member (1 or 3), one per node, one
-for the clients, and with ``--store postgres`` two for the database (a primary and its
-synchronous standby, ``chaos/cluster/database.py``), on one bridge; certificates by
+for the clients, and with ``--store postgres`` three for the database (a primary and two
+standbys with quorum commit, ``chaos/cluster/database.py``), on one bridge; certificates by
 ``openssl`` (``chaos/cluster/certs.py``). The client host runs the sessions' setup, then
 several load processes (``chaos/cluster/load.py``); meanwhile the seeded faults
 (``chaos/cluster/faults.py``) are applied and healed one after another. Then the load
@@ -31,7 +31,7 @@ from typing import Any, Final
 from chaos.cluster import faults as cluster_faults
 from chaos.cluster.certs import OpensslCertificates
 from chaos.cluster.checker import check
-from chaos.cluster.database import ReplicatedDatabase, database_problem
+from chaos.cluster.database import SERVERS, ReplicatedDatabase, database_problem
 from chaos.cluster.history import (
     History,
     read_node,
@@ -152,7 +152,8 @@ class ClusterRun:
             self.nodes[f"n{n}"] = self.hosts.add(f"n{n}", disk=True)
         self.client = self.hosts.add("client")
         if self.options.store == "postgres":
-            servers = [self.hosts.add(f"pg{n}", disk=True, traversable=True) for n in (0, 1)]
+            servers = [self.hosts.add(f"pg{n}", disk=True, traversable=True)
+                       for n in range(SERVERS)]  # fmt: skip
             self.database = ReplicatedDatabase(servers, f"10.{self.hosts.net}.0.0/24")
             self.database.start()
             self.node_options = ("--store", self.database.uri(), "--require-sync-replication")

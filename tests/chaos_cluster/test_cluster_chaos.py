@@ -216,12 +216,18 @@ def promotions(report: dict[str, Any]) -> list[dict[str, Any]]:
     return [f["detail"] for f in report["history"]["faults"] if f["kind"] == "kill-db-primary"]
 
 
+def standby_losses(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f["detail"] for f in report["history"]["faults"] if f["kind"] == "kill-db-standby"]
+
+
 @pytest.mark.timeout(400)
 def test_a_slice_on_postgres_with_its_primary_killed_holds_and_writes_resume(
     tmp_path: Path,
 ) -> None:
-    """The sessions in a PostgreSQL primary with a synchronous standby, each a host of its
-    own; the primary SIGKILLed and the standby promoted among the node faults."""
+    """The sessions in a PostgreSQL primary with two quorum standbys, each a host of its
+    own; the primary SIGKILLed and the most advanced standby promoted, the other
+    re-pointed at it without a restart, and a standby SIGKILLed with writes going on,
+    among the node faults."""
     require_rig()
     postgres_bin()
     out = tmp_path / "report.json"
@@ -236,6 +242,11 @@ def test_a_slice_on_postgres_with_its_primary_killed_holds_and_writes_resume(
     assert [f["error"] for f in report["history"]["faults"]] == [None] * 4, report["notes"]
     (promoted,) = promotions(report)
     assert promoted["resumed_s"] is not None, promoted  # acknowledged again after it
+    furthest = max(promoted["positions"].values())
+    assert promoted["positions"][promoted["promoted"]] == furthest, promoted
+    assert promoted["repointed_by"] == "reload", promoted
+    (lost,) = standby_losses(report)
+    assert lost["acked_while_down"] > 0, lost  # ANY 1: the other standby confirmed them
     assert report["outcomes"]["ack"] > 50
     # Every session's log was read out of the database, and each verifies.
     logs = report["history"]["logs"]
@@ -256,3 +267,4 @@ def test_the_long_cluster_chaos_run_on_postgres_holds(tmp_path: Path) -> None:
     assert all(held(report).values()), report["invariants"]
     assert {"kill-db-primary", "kill-db-standby"} <= set(report["faults"])
     assert all(d["resumed_s"] is not None for d in promotions(report))
+    assert all(d["acked_while_down"] > 0 for d in standby_losses(report))
