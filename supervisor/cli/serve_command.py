@@ -132,11 +132,13 @@ MAX_LEASE_TTL: Final = 3600
 @click.option(
     "--start-method",
     type=click.Choice([m.value for m in StartMethod]),
-    default=StartMethod.FORK.value,
+    default=StartMethod.AUTO.value,
     show_default=True,
-    help="template: workers fork from their App's template, a child that imported the "
-    "App once (docs/templates.md); fork: workers fork from the warm supervisor and import "
-    "their App themselves; exec: each worker is a fresh interpreter.",
+    help="auto: template for every App but loopd's built-in default App, whose workers "
+    "fork from the warm supervisor; template: workers fork from their App's template, a "
+    "child that imported the App once (docs/templates.md); fork: workers fork from the "
+    "warm supervisor and import their App themselves; exec: each worker is a fresh "
+    "interpreter.",
 )
 @hosting_options
 @tls.serve_tls_options

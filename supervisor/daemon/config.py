@@ -36,7 +36,7 @@ class ServeConfig:
     poison_after: int = DEFAULT_POISON_AFTER
     seed: int | None = None
     worker_env: dict[str, str] = field(default_factory=dict)
-    start_method: StartMethod = StartMethod.FORK
+    start_method: StartMethod = StartMethod.AUTO
     cluster: str | None = None  # etcd URL: serve as a node of a cluster (docs/scaling.md)
     node: str | None = None
     lease_ttl: int | None = None

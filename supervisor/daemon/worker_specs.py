@@ -76,14 +76,21 @@ def prepare_workers(
     config: ServeConfig, loop: asyncio.AbstractEventLoop, report: Callable[[str], None]
 ) -> None:
     """Before the first worker: warm the supervisor up for forks (``prepare_forks``; if it
-    was skipped, ``report`` says why) and, with templates, start one per App serve hosts
-    (``--app`` and each of ``[apps]``), so that their imports overlap with serve's start."""
+    was skipped, ``report`` says why) and start a template for each App serve hosts
+    (``--app`` and each of ``[apps]``) whose workers the start method forks from one, so
+    that their imports overlap with serve's start. None (only the default App under
+    ``auto``, or ``fork``, ``exec``): no template, and the supervisor is no subreaper."""
     skipped = prepare_forks(config.start_method)
     if skipped is not None:
         report(skipped)
-    if config.start_method is StartMethod.TEMPLATE:
-        specs = [
-            worker_spec(config, "template"),
-            *(worker_spec(config, "template", app=name) for name in config.apps),
-        ]
-        open_templates([app_identity(spec) for spec in specs], loop, report)
+    specs = [
+        worker_spec(config, "template"),
+        *(worker_spec(config, "template", app=name) for name in config.apps),
+    ]
+    templated = [
+        app_identity(spec)
+        for spec in specs
+        if config.start_method.for_app(spec.app) is StartMethod.TEMPLATE
+    ]
+    if templated:
+        open_templates(templated, loop, report)

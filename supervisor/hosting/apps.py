@@ -234,8 +234,9 @@ def check_importable(target: str, *, name: str | None = None, app: AppConfig | N
     """Import ``target`` in a child interpreter set up as its workers are; AppConfigError."""
     where = f"app {name!r} ({target})" if name else f"--app {target}"
     env = app.check_env() if app else dict(os.environ)
-    # The import path of a forked worker (the default start method), not that of a fresh
-    # ``python -c``, whose sys.path[0] would be its own working directory.
+    # The import path of a forked worker (fork, template: the default start method's two
+    # ways), not that of a fresh ``python -c``, whose sys.path[0] would be its own working
+    # directory.
     paths = app_import_path(app)
     try:
         done = subprocess.run(

@@ -45,11 +45,26 @@ class StartMethod(enum.Enum):
     streams, and never returns into supervisor code. TEMPLATE forks the worker from its
     App's template, a child of the supervisor that imported the App once
     (supervisor/templates/, docs/templates.md); until that template is ready, as FORK.
+    AUTO, the default, is TEMPLATE for every App but loopd's built-in default App and FORK
+    for that one: the supervisor imported and warmed it (worker/warm_up.py), so the
+    supervisor is that App's template already, one round trip closer.
     """
 
     EXEC = "exec"
     FORK = "fork"
     TEMPLATE = "template"
+    AUTO = "auto"
+
+    def for_app(self, app: str | None) -> StartMethod:
+        """How a worker of ``app`` (module:attribute; None: the default App) is started."""
+        if self is StartMethod.AUTO:
+            return StartMethod.FORK if is_default_app(app) else StartMethod.TEMPLATE
+        return self
+
+
+def is_default_app(app: str | None) -> bool:
+    """``app`` is loopd's built-in default App (``--app`` unset, or naming it)."""
+    return (app or DEFAULT_APP) == DEFAULT_APP
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,8 +151,9 @@ class WorkerProcess:
         output_w: int | None = None
         if spec.capture_output:
             self.output, output_w = os.pipe2(os.O_CLOEXEC)
+        method = spec.start_method.for_app(spec.app)
         try:
-            if spec.start_method is StartMethod.EXEC:
+            if method is StartMethod.EXEC:
                 self._popen = subprocess.Popen(
                     spec.argv(child.fileno(), beat_fd),
                     pass_fds=(child.fileno(), beat_fd),
@@ -149,7 +165,7 @@ class WorkerProcess:
                     cwd=spec.cwd,
                 )
                 self.pid = self._popen.pid
-            elif spec.start_method is StartMethod.TEMPLATE:
+            elif method is StartMethod.TEMPLATE:
                 self.pid = _from_template(spec, child.fileno(), beat_fd, output_w) or (
                     _fork_worker(spec, child.fileno(), beat_fd, output_w)
                 )

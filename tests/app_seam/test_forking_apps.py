@@ -1,8 +1,9 @@
 """An App that forks a helper: the helper never holds the session's lock or a client's
 socket, and goes with its worker's process group.
 
-Every test runs a real ``loopd serve`` (the default start method, fork) hosting
-tests.apps.forking_apps:ForkingApp, and talks to it through the real ``Client``.
+Every test runs a real ``loopd serve`` (the default start method, auto: the App's
+template forks its workers) hosting tests.apps.forking_apps:ForkingApp, and talks to it
+through the real ``Client``.
 """
 
 from __future__ import annotations

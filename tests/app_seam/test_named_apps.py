@@ -16,7 +16,7 @@ from tests.harness.named_app_homes import home_with_apps
 from tests.harness.support import REPO, loopd, poll_until, running_daemon, status, wait_state
 
 
-@pytest.mark.parametrize("method", ["fork", "exec"])
+@pytest.mark.parametrize("method", ["auto", "fork", "exec"])  # auto: a template
 def test_a_session_created_with_a_named_app_runs_it_after_a_kill_and_a_supervisor_restart(
     tmp_path: Path, method: str
 ) -> None:

@@ -12,11 +12,19 @@ import pytest
 
 from supervisor.client import Client, call
 from supervisor.errors import ControlError
-from tests.harness.support import REPO, Daemon, poll_until, running_daemon, status, wait_state
+from tests.harness.support import (
+    REPO,
+    Daemon,
+    loopd,
+    poll_until,
+    running_daemon,
+    status,
+    wait_state,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
-TEMPLATE = ("--start-method", "template")  # opt-in: fork is the default
+TEMPLATE = ("--start-method", "template")  # the default App too (auto: not it)
 HEAVY = "tests.apps.template_apps:HeavyApp"
 
 
@@ -60,6 +68,52 @@ def test_workers_of_a_heavy_app_come_from_its_template_and_never_import_it(
         for pid in workers:  # reparented to serve, which reaps it
             assert psutil.Process(pid).ppid() == daemon.proc.pid
         assert [p.pid for p in daemon.templates()] == [template]
+
+
+def test_by_default_the_app_and_each_named_app_get_a_template_whose_workers_serve_reaps(
+    tmp_path: Path,
+) -> None:
+    """No ``--start-method``: ``auto``. Serve's ``--app`` and a named App with its own
+    environment (another App identity) each get a template, a child of serve; their
+    workers come from them (neither imports its App) and are serve's children."""
+    home, serves, named = tmp_path / "home", tmp_path / "imports", tmp_path / "named-imports"
+    home.mkdir()
+    (home / "loopd.toml").write_text(
+        f'[apps.heavy]\napp = "{HEAVY}"\nenv = {{ LOOPD_TEST_IMPORTS = "{named}" }}\n'
+    )
+    with running_daemon(home, "--app", HEAVY, env={"LOOPD_TEST_IMPORTS": str(serves)}) as daemon:
+        templates = set(_ready_templates(daemon, 2))
+        assert {p.pid for p in daemon.templates()} == templates
+        for pid in templates:
+            assert psutil.Process(pid).ppid() == daemon.proc.pid
+        assert len(templates & _importers(serves)) == len(templates & _importers(named)) == 1
+        [plain] = _create_and_answer(home, "s1")
+        created = loopd("create", "--home", str(home), "s2", "--app", "heavy")
+        assert created.returncode == 0, created.stderr
+        with Client(str(home), timeout=60) as client:
+            assert client.send("s2", "hi", key="k-s2")["heavy"]
+        workers = {plain, int(str(status(home, "s2")["pid"]))}
+        assert not workers & (_importers(serves) | _importers(named)), "a worker imported"
+        for pid in workers:
+            assert psutil.Process(pid).ppid() == daemon.proc.pid
+        psutil.Process(plain).kill()  # reaped by serve with its real status, restarted
+        row = wait_state(home, "s1", "RUNNING", restarts=1)
+        assert row["last_error"] == "worker killed by SIGKILL", row
+        assert int(str(row["pid"])) not in _importers(serves)
+
+
+def test_by_default_the_default_app_gets_no_template_its_workers_fork_from_serve(
+    tmp_path: Path,
+) -> None:
+    """No ``--start-method`` and no ``--app``: loopd's default App, which serve imported
+    and warmed itself, is forked from serve as with ``fork``: no template, no round trip."""
+    home = tmp_path / "home"
+    with running_daemon(home) as daemon:  # templates start before serve listens
+        [worker] = _create_and_answer(home, "s1")
+        children = psutil.Process(daemon.proc.pid).children(recursive=True)
+        assert [p.pid for p in children] == [worker]
+        assert psutil.Process(worker).ppid() == daemon.proc.pid
+        assert "template of App" not in daemon.log_path.read_text(errors="replace")
 
 
 def test_workers_forked_from_serve_import_the_app_each(tmp_path: Path) -> None:

@@ -150,7 +150,7 @@ def _soak(tmp_path: Path, seconds: float) -> None:
             leak = f"the daemon holds {len(now)} fds, more than its {fds_before}: {extra}"
             raise AssertionError(leak) from exc
         workers = [c for c in supervisor.children() if c.name() != TEMPLATE_NAME]
-        assert len(workers) == len(SESSIONS)  # and the App's template, which is not a worker
+        assert len(workers) == len(SESSIONS)  # a template (start method template) is none
         assert call(str(home), "ping")
         follower.close()
         assert daemon.stop() == 0

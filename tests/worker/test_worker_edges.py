@@ -1,6 +1,7 @@
 """One client must never kill a session's worker: a client gone before its reply (under
-the default fork start method), a request id of a mebibyte, a valid request followed by
-garbage in the same write. Real daemons, real workers, real sockets."""
+the default start method: its App's template forks it), a request id of a mebibyte, a
+valid request followed by garbage in the same write. Real daemons, real workers, real
+sockets."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def test_clients_that_close_before_their_reply_leave_a_forked_worker_alive(
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "home"
-    with running_daemon(home, *SLOW):  # the default start method: fork
+    with running_daemon(home, *SLOW):  # the default start method: from a template
         call(str(home), "create", session="s")
         first: dict[str, Any] = status(home, "s")
         marker = home / f"sleeping-{first['pid']}"
