@@ -63,6 +63,17 @@ def _delivered(home: Path, session: str, key: str) -> list[float]:
     return found
 
 
+def _recorded(home: Path, names: list[str]) -> dict[str, float]:
+    """The due time the daemon's file of each of ``names`` holds, of those that hold one."""
+    recorded = {}
+    for name in names:
+        derived = read_derived(str(home), name)
+        when = parse_time(derived.next) if derived is not None and derived.next else None
+        if when is not None:
+            recorded[name] = when
+    return recorded
+
+
 def _schedule_then_stop(
     home: Path, names: list[str], *args: str, resting: tuple[str, ...] = (), kill: bool = False
 ) -> dict[str, float]:
@@ -80,6 +91,12 @@ def _schedule_then_stop(
                 answer = client.schedule(name, _iso(time.time() + AHEAD), "later", key="due")
                 due[name] = parse_time(str(answer["at"])) or 0.0
         if kill:
+            # Every schedule in the daemon's files before the kill: the files are written
+            # as the workers report, a moment after each answer (later on a loaded machine).
+            poll_until(
+                lambda: len(_recorded(home, names)) == len(names),
+                timeout=60, what="every schedule recorded",
+            )  # fmt: skip
             kill_node(daemon)
     finally:
         assert daemon.stop() in ((-signal.SIGKILL,) if kill else (0,))
@@ -167,17 +184,9 @@ def test_the_catch_up_wakes_the_sessions_with_a_schedule_overdue_first_then_the_
     resting = tuple(f"a{n:02d}" for n in range(SESSIONS // 2))
     overdue = [f"b{n:02d}" for n in range(SESSIONS // 2)]  # scheduled in this order
     _schedule_then_stop(home, overdue, resting=resting, kill=True)
-    # What the restarted daemon will know: a session whose schedule the killed daemon had
-    # not yet recorded (its file says live, no time) is one more live session to it, woken
-    # with the live ones, by name. On a loaded machine the last few are such.
-    recorded = {}
-    for name in overdue:
-        derived = read_derived(str(home), name)
-        when = parse_time(derived.next) if derived is not None and derived.next else None
-        if when is not None:
-            recorded[name] = when
-    assert len(recorded) >= len(overdue) // 2, recorded  # else the test proves little
-    live = set(resting) | (set(overdue) - set(recorded))
+    recorded = _recorded(home, overdue)  # each due time, as the restarted daemon reads it
+    assert len(recorded) == len(overdue), recorded
+    live = set(resting)
     with _states_at_restart(home) as states:
         woken = {name for name, state in states.items() if state != "IDLE"}
         assert 0 < len(woken) < len(overdue) + len(resting), states  # answered amid it

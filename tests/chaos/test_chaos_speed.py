@@ -175,10 +175,10 @@ def test_the_json_report_is_valid_while_the_run_goes_and_survives_a_sigkill(
 
     def written() -> bool:
         assert run.poll() is None, "the run ended before it wrote a report"
-        return report.exists()
+        return report.exists() and html.exists()  # the JSON report is written first
 
     try:
-        poll_until(written, timeout=90, what="the run's first JSON report")
+        poll_until(written, timeout=90, what="the run's first JSON and HTML reports")
         data = json.loads(report.read_text())
         assert data["status"] == "running"
         assert data["cases_done"] >= 1
