@@ -1,6 +1,7 @@
 """Template benchmark: a woken hibernated session's first request, and PSS per live worker,
-for the default App and a heavy App, with templates (``--start-method template``) and
-without (``--start-method fork``), side by side in one run.
+for the default App and a heavy App, with templates (``--start-method template``),
+without (``--start-method fork``) and as serve's default (``auto``: a template for every
+App but the default one), side by side in one run.
 
     python -m scripts.supervisor.bench_template [--samples N] [--heavy-imports openai]
 
@@ -76,7 +77,7 @@ def one_run(app: str, method: str, samples: int, heavy: str) -> dict[str, float]
     try:
         wait_for(lambda: answers(home), 300, "serve to listen")
         template = None
-        if method == "template":
+        if method == "template" or (method == "auto" and app != DEFAULT_APP):
 
             def ready() -> bool:
                 with open(log_path, encoding="utf-8", errors="replace") as f:
@@ -119,7 +120,7 @@ def main() -> None:
         ("default App", DEFAULT_APP),
         (f"heavy App ({args.heavy_imports})", HEAVY_APP),
     ):
-        for method in ("fork", "template"):
+        for method in ("fork", "template", "auto"):  # auto: serve's default
             print(f"  {label}, {method} ...", file=sys.stderr)
             results[(label, method)] = one_run(app, method, args.samples, args.heavy_imports)
     base = results[("default App", "template")]["pss"]
@@ -132,7 +133,7 @@ def main() -> None:
         print(
             f"| {label} | {method} | {r['p50'] * 1000:.0f} / {r['p99'] * 1000:.0f} ms | "
             f"{r['pss'] / 2**20:.1f} MiB ({int(r['live'])} workers) | {r['pss'] / base:.2f}x | "
-            + (f"{r['template_pss'] / 2**20:.1f} MiB |" if method == "template" else "- |")
+            + (f"{r['template_pss'] / 2**20:.1f} MiB |" if r["template_pss"] else "- |")
         )
 
 
