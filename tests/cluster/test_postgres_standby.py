@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,9 +103,10 @@ def _user_keys(uri: str, session_id: str = "s") -> list[str]:
     return [str(r["key"]) for r in records if r["type"] == "User"]
 
 
-def test_the_primary_sigkilled_under_keyed_load_and_its_standby_promoted_loses_no_key(
-    replicated: ReplicatedPostgres,
-) -> None:
+@contextmanager
+def _writing(replicated: ReplicatedPostgres) -> Iterator[tuple[str, KeyedWriter]]:
+    """A new database on the primary and a ``KeyedWriter`` writing keys into it on a
+    thread; stopped and joined at the end, its error (if any) raised."""
     dbname = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(replicated.primary.uri(), autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {dbname}")
@@ -112,6 +114,17 @@ def test_the_primary_sigkilled_under_keyed_load_and_its_standby_promoted_loses_n
     thread = threading.Thread(target=writer.run, name="keyed-writer", daemon=True)
     thread.start()
     try:
+        yield dbname, writer
+    finally:
+        writer.stop.set()
+        thread.join(30)
+    assert writer.error is None, writer.error
+
+
+def test_the_primary_sigkilled_under_keyed_load_and_its_standby_promoted_loses_no_key(
+    replicated: ReplicatedPostgres,
+) -> None:
+    with _writing(replicated) as (dbname, writer):
         poll_until(
             lambda: len(writer.acked) >= KEYS_BEFORE_KILL or writer.error,
             timeout=60,
@@ -127,10 +140,6 @@ def test_the_primary_sigkilled_under_keyed_load_and_its_standby_promoted_loses_n
             timeout=60,
             what="keys after the promotion",
         )
-    finally:
-        writer.stop.set()
-        thread.join(30)
-    assert writer.error is None, writer.error
     stored = _user_keys(replicated.primary.uri(dbname))
     lost = sorted(set(writer.acked) - set(stored))
     twice = sorted({k for k in stored if stored.count(k) > 1})
@@ -153,14 +162,8 @@ def test_the_primary_killed_with_one_standby_behind_promotes_the_other_and_loses
     """One standby SIGKILLed while keys are acknowledged through the other, then started
     again once the primary is lost: only the other holds those keys, and promoting the
     standby behind would lose them (``ANY 1``)."""
-    dbname = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(replicated.primary.uri(), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {dbname}")
-    writer = KeyedWriter(replicated.uri(dbname))
-    thread = threading.Thread(target=writer.run, name="keyed-writer", daemon=True)
-    thread.start()
     behind, ahead = replicated.standbys
-    try:
+    with _writing(replicated) as (dbname, writer):
         poll_until(lambda: len(writer.acked) >= 10 or writer.error, timeout=60, what="keys")
         replicated.kill(behind)
         acked_at_stop = len(writer.acked)
@@ -178,10 +181,6 @@ def test_the_primary_killed_with_one_standby_behind_promotes_the_other_and_loses
             timeout=60,
             what="keys after the promotion",
         )
-    finally:
-        writer.stop.set()
-        thread.join(30)
-    assert writer.error is None, writer.error
     stored = _user_keys(promoted.uri(dbname))
     assert sorted(set(writer.acked) - set(stored)) == []  # what a wrong choice loses
     assert stored == [f"k{n}" for n in range(len(stored))]
@@ -194,13 +193,7 @@ def test_one_standby_sigkilled_under_keyed_load_stops_no_write(
     replicated: ReplicatedPostgres,
 ) -> None:
     """``ANY 1``: the other standby confirms every COMMIT while one is down."""
-    dbname = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(replicated.primary.uri(), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {dbname}")
-    writer = KeyedWriter(replicated.uri(dbname))
-    thread = threading.Thread(target=writer.run, name="keyed-writer", daemon=True)
-    thread.start()
-    try:
+    with _writing(replicated) as (dbname, writer):
         poll_until(lambda: len(writer.acked) >= 10 or writer.error, timeout=60, what="keys")
         replicated.kill(replicated.standbys[0])
         acked_at_kill = len(writer.acked)
@@ -209,10 +202,6 @@ def test_one_standby_sigkilled_under_keyed_load_stops_no_write(
             timeout=STANDBY_LOSS_BOUND,
             what="keys acknowledged with one standby down",
         )
-    finally:
-        writer.stop.set()
-        thread.join(30)
-    assert writer.error is None, writer.error
     assert writer.reopened == 0  # no write failed: the session was never opened again
     stored = _user_keys(replicated.primary.uri(dbname))
     assert stored == writer.acked
