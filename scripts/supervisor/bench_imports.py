@@ -2,8 +2,10 @@
 
     python -m scripts.supervisor.bench_imports OLD [NEW] [--rounds N]
 
-OLD and NEW (default: this working tree) are unpacked with ``git archive`` into a
-temporary directory (the repository is not touched) and measured alternately in the
+OLD and NEW (default: this working tree) are unpacked with ``git archive`` (the working
+tree: its tracked files copied as they are now) into a temporary directory, the
+repository untouched, byte-compiled there as an installed package is, and measured
+alternately in the
 same run (the machines are shared and noisy): for each command, ``python -X importtime``
 with the tree first on ``sys.path``, and the sum of the cumulative microseconds of
 every top-level import the command made after ``site`` (for ``from worker import
@@ -51,8 +53,29 @@ def unpack(commit: str, into: Path) -> Path:
     into.mkdir()
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(into, filter="data")
-    # Byte-compiled once here, as an installed package is: otherwise every measured
-    # interpreter would compile the sources (and none may write its cache).
+    return compiled(into)
+
+
+def copy_working_tree(into: Path) -> Path:
+    """The working tree's tracked files as they are now, in ``into``.
+
+    Not the tree itself: with ``PYTHONDONTWRITEBYTECODE`` set (or a tree that cannot be
+    written) it holds no byte code, and every measured interpreter would compile the
+    sources, which doubled the figure against an unpacked commit's.
+    """
+    listed = subprocess.run(
+        [GIT, "ls-files", "-z"], cwd=TREE, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    for name in filter(None, (os.fsdecode(raw) for raw in listed)):
+        source = TREE / name
+        if source.is_file():  # a tracked file deleted in the working tree is absent
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, into / name)
+    return compiled(into)
+
+
+def compiled(into: Path) -> Path:
+    """``into`` with its byte code written once, as an installed package has it."""
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(into)], check=True)
     return into
 
@@ -94,7 +117,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="loopd-imports-") as tmp:
         trees = {
             "old": unpack(args.old, Path(tmp) / "old"),
-            "new": TREE if args.new is None else unpack(args.new, Path(tmp) / "new"),
+            "new": (
+                copy_working_tree(Path(tmp) / "new")
+                if args.new is None
+                else unpack(args.new, Path(tmp) / "new")
+            ),
         }
         figures: dict[tuple[str, str], list[int]] = {}
         for _round in range(args.rounds):
