@@ -14,8 +14,9 @@ passes its budget, and answers a request whose key is already in the log from th
 from __future__ import annotations
 
 import importlib
+import sys
 import warnings
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from worker.app.turn import progress, schedule, stream
 from worker.ipc.wire import Message, WireError, field, optional_field
@@ -33,6 +34,9 @@ from worker.store.format.records import (
 )
 from worker.store.request_records import request_records
 from worker.store.session import Session
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 DEFAULT_APP: Final = "worker.app:DefaultApp"
 DEFAULT_BUDGET: Final = 4000
@@ -285,12 +289,28 @@ def warn_moved(old: str) -> None:
     """Warn that module ``old`` is deprecated, at the line of the App that imported it."""
     # stacklevel 1 is this function, 2 the deprecated module, 3 its importer: warnings
     # skips the frames of importlib in between (the default filters would hide those).
+    # A loader of its own on sys.meta_path (pytest's assertion rewriter marks every
+    # module of an installed plugin's distribution, loopd's too) runs the module from its
+    # own exec_module, one frame more between the module and its importer: skipped too.
+    stacklevel = 3
+    frame = sys._getframe(2)  # the frame above the deprecated module
+    while frame.f_back is not None and (
+        _import_machinery(frame) or frame.f_code.co_name == "exec_module"
+    ):
+        stacklevel += 0 if _import_machinery(frame) else 1
+        frame = frame.f_back
     warnings.warn(
         f"{old} is deprecated and goes in the next release: import from worker.app "
         "(docs/apps.md lists its names)",
         DeprecationWarning,
-        stacklevel=3,
+        stacklevel=stacklevel,
     )
+
+
+def _import_machinery(frame: FrameType) -> bool:
+    """Whether ``frame`` is importlib's own: warnings skips such frames in its stacklevel."""
+    name = frame.f_code.co_filename
+    return "importlib" in name and "_bootstrap" in name
 
 
 __all__ = [  # the App author's imports: docs/apps.md lists exactly these
