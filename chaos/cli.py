@@ -19,8 +19,8 @@ from chaos.cli_options import (
     scenarios_option,
 )
 from chaos.cluster_command import cluster
-from chaos.mutants import MUTANTS
-from chaos.report.scoring import feature_table, score_mutant
+from chaos.mutants import MUTANTS, SERVE_MUTANTS
+from chaos.report.scoring import SERVE_SEED, feature_table, score_mutant, score_serve_mutant
 from chaos.run.runner import clean_steps, run_case
 from chaos.run.supervised import run_supervised
 from chaos.run_command import run
@@ -81,7 +81,9 @@ def mutants(scenarios: tuple[str, ...], jobs: int, quick: bool, base: str | None
     """Run the rig against each deliberately broken store; exit 1 if one survives.
 
     Prints, per mutant, the invariants that caught it, whether the one it must break is
-    among them, an example case, and at the end the score, in all and per feature.
+    among them, an example case, and at the end the score, in all and per feature. The
+    supervisor's mutants (templates, the catch-up) are scored by a run of a real serve
+    with and without each (not with --scenario).
     """
     survivors = []
     by_feature: dict[str, list[bool]] = {}
@@ -104,9 +106,28 @@ def mutants(scenarios: tuple[str, ...], jobs: int, quick: bool, base: str | None
             first = score.example()
             if first is not None:
                 click.echo(f"         e.g. {first.case} ({first.boundary}): {first.violations[0]}")
+        serve_mutants = {} if scenarios else SERVE_MUTANTS
+        for name, mutant in serve_mutants.items():
+            serve_score = score_serve_mutant(name, workdir)
+            by_feature.setdefault(mutant.area, []).append(serve_score.caught_as_expected)
+            run = f"{mutant.scenarios[0]} run" + (
+                f" (seed {SERVE_SEED})" if mutant.scenarios[0] == "supervised" else ""
+            )
+            found = ", ".join(f"{i} ({n})" for i, n in serve_score.invariants.most_common())
+            if not serve_score.caught_as_expected:
+                survivors.append(name)
+                clean = "; ".join(serve_score.clean.failures + serve_score.clean.violations)
+                click.echo(
+                    f"SURVIVED {name}: {run}; {mutant.caught_by} held (caught only by "
+                    f"{found or 'no invariant'})" + (f"; without it: {clean}" if clean else "")
+                )
+                continue
+            click.echo(f"caught   {name} by {mutant.caught_by}: {run}; {found}")
+            click.echo(f"         e.g. {serve_score.example()}")
+    total = len(MUTANTS) + len(serve_mutants)
     for line in feature_table(by_feature):
         click.echo(line)
-    click.echo(f"score: {len(MUTANTS) - len(survivors)}/{len(MUTANTS)} mutants caught")
+    click.echo(f"score: {total - len(survivors)}/{total} mutants caught")
     if survivors:
         sys.exit(EXIT_VIOLATION)
 

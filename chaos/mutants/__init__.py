@@ -20,6 +20,7 @@ from chaos.mutants import (
     reading,
     schedules,
     seam,
+    serve,
     slow_turns,
     streaming,
     tools,
@@ -307,11 +308,47 @@ SEAM_MUTANTS: Final[dict[str, Mutant]] = {
 }
 
 
+# The supervisor's mutants: patched into a real ``loopd serve`` (chaos/run/mutant_serve.py),
+# so into the templates and workers it forks; scored by the supervisor-level run that
+# ``scenarios`` names (chaos.report.scoring.score_serve_mutant), each run clean as well.
+SUPERVISED: Final = "supervised"  # chaos.run.supervised: the load, the killer, templates
+CATCH_UP: Final = "catch-up"  # chaos.run.catch_up: schedules overdue at a restart
+SERVE_MUTANTS: Final[dict[str, Mutant]] = {
+    m.name: m
+    for m in (
+        Mutant(
+            name="template-worker-keeps-template-channel",
+            bug="a worker forked by a template keeps the template's channel open",
+            patch=serve.template_worker_keeps_template_channel,
+            caught_by="workers-share-no-descriptor",
+            faults=(),
+            scenarios=(SUPERVISED,),
+            feature="templates",
+        ),
+        Mutant(
+            name="catch-up-in-name-order",
+            bug="a restarted supervisor wakes the overdue sessions in name order, "
+            "not the earliest due first",
+            patch=serve.catch_up_in_name_order,
+            caught_by="catch-up-earliest-due-first",
+            faults=(),
+            scenarios=(CATCH_UP,),
+            feature="scheduled requests",
+        ),
+    )
+}
+
+
+def find(name: str) -> Mutant | None:
+    """The mutant ``name``, of any rig (None: no such mutant)."""
+    return MUTANTS.get(name) or SEAM_MUTANTS.get(name) or SERVE_MUTANTS.get(name)
+
+
 def apply(name: str | None) -> None:
     """Break the store in this process as the mutant ``name`` says (None: leave it whole)."""
     if name is None:
         return
-    found = MUTANTS.get(name) or SEAM_MUTANTS.get(name)
+    found = find(name)
     if found is None:
-        raise ValueError(f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}")
+        raise ValueError(f"unknown mutant {name!r}; known: {', '.join([*MUTANTS, *SERVE_MUTANTS])}")
     found.patch()

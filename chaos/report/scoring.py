@@ -8,18 +8,26 @@ about the mutant.
 from __future__ import annotations
 
 import dataclasses
+import os
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Final
 
 from chaos.cases import Case, CaseResult, ThenPower
-from chaos.mutants import MUTANTS
+from chaos.mutants import CATCH_UP, MUTANTS, SERVE_MUTANTS, SUPERVISED
 from chaos.mutants.pinned import PINNED
+from chaos.run.catch_up import run_catch_up
 from chaos.run.runner import clean_steps
+from chaos.run.supervised import SupervisedReport, run_supervised
 from chaos.scenarios.scenarios import SCENARIOS
 from chaos.sweep.parallel import run_cases
 from chaos.sweep.sweep import ALL_FAULTS, build_cases
 
 _store_failures: dict[frozenset[str], frozenset[str]] = {}
+_serve_failures: dict[str, SupervisedReport] = {}
+SERVE_SEED: Final = 11
+"""The supervised run's seed when it scores a mutant (three sessions, 150 requests each)."""
 
 
 @dataclass(slots=True)
@@ -82,6 +90,55 @@ def score_mutant(
             score.caught.append(result)
             score.invariants.update(v.split(":")[0] for v in result.violations)
     return score
+
+
+@dataclass(slots=True)
+class ServeScore:
+    """What a supervisor-level run found against one of ``SERVE_MUTANTS``: the invariants
+    it broke that the same run without the mutant held."""
+
+    name: str
+    clean: SupervisedReport
+    broken: SupervisedReport
+    invariants: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def caught_as_expected(self) -> bool:
+        return SERVE_MUTANTS[self.name].caught_by in self.invariants
+
+    def example(self) -> str | None:
+        """A violation of the expected invariant (else any the clean run did not show)."""
+        for violation in self.broken.violations:
+            if violation.split(":")[0] == SERVE_MUTANTS[self.name].caught_by:
+                return violation
+        return next((v for v in self.broken.violations if v.split(":")[0] in self.invariants),
+                    None)  # fmt: skip
+
+
+def serve_rig(rig: str, workdir: str, mutant: str | None) -> SupervisedReport:
+    """Run the supervisor-level run ``rig`` (``SUPERVISED``, ``CATCH_UP``) once, in a
+    fresh home under ``workdir``, ``mutant`` patched into serve."""
+    base = tempfile.mkdtemp(prefix=f"{rig}-", dir=workdir)
+    home = os.path.join(base, "home")
+    if rig == SUPERVISED:
+        return run_supervised(home, sessions=3, requests=150, duration=60.0, seed=SERVE_SEED,
+                              mutant=mutant)  # fmt: skip
+    if rig == CATCH_UP:
+        return run_catch_up(home, mutant=mutant)
+    raise ValueError(f"no supervisor-level run {rig!r}")
+
+
+def score_serve_mutant(name: str, workdir: str) -> ServeScore:
+    """Run the mutant's supervisor-level run with it and without it (once per run)."""
+    rig = SERVE_MUTANTS[name].scenarios[0]
+    if rig not in _serve_failures:
+        _serve_failures[rig] = serve_rig(rig, workdir, None)
+    clean = _serve_failures[rig]
+    broken = serve_rig(rig, workdir, name)
+    held = Counter({i: n for i, n in broken.invariants.items() if i not in clean.invariants})
+    if clean.failures:  # the run could not judge without the mutant: it proves nothing
+        held = Counter()
+    return ServeScore(name=name, clean=clean, broken=broken, invariants=held)
 
 
 def feature_table(by_feature: dict[str, list[bool]]) -> list[str]:

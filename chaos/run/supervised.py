@@ -5,6 +5,15 @@ inside, at random write boundaries (the ChaosApp installs a boundary hook in eac
 it is loaded into). Clients retry with their keys. At the end every acknowledged request
 must be in its session's log exactly once, and every session must verify.
 
+Each violation names its invariant (``invariant: what``): ``acknowledged-in-log``,
+``applied-once``, ``session-verifies``, ``no-worker-outlives-serve``, and
+``workers-share-no-descriptor``: no two of serve's workers hold the same socket or pipe
+(past the standard streams) at two looks in a row (every ``LOOK_INTERVAL`` during the
+load, and twice after it, before serve is stopped). Each worker holds its own channel,
+heartbeat cell and client connections, nothing of another session's and nothing of the
+template that forked it; a fresh fork holds the supervisor's descriptors for the moment
+before it closes them, not for two looks.
+
 The boundary kills are drawn from the run's seed, the session and the worker's
 incarnation (the how-many-th worker of that session it is), never from a pid, so the
 same seed replays the same schedule of boundary kills. The outside killer draws its
@@ -28,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -53,6 +63,10 @@ PROBABILITY_ENV: Final = "LOOPD_CHAOS_KILL_PROBABILITY"
 APP_ENV: Final = "LOOPD_CHAOS_APP"  # the user's App the chaos workers host
 SCHEDULE_ENV: Final = "LOOPD_CHAOS_SCHEDULE_DIR"  # where workers count their incarnations
 STORE_ENV: Final = "LOOPD_CHAOS_STORE"  # set: the sessions are in this PostgreSQL store
+WORKER_PREFIX: Final = "loopd:"  # a worker's process name (supervisor/templates/worker_child.py)
+_SHARABLE: Final = ("socket:[", "pipe:[")  # what two processes may hold the same of
+LOOK_INTERVAL: Final = 0.01
+"""Seconds between two looks at the workers' descriptors (``workers-share-no-descriptor``)."""
 
 
 class _RandomKill:
@@ -144,6 +158,14 @@ class SupervisedReport:
     violations: list[str] = field(default_factory=list)
     elapsed: float = 0.0
 
+    def violate(self, invariant: str, what: str) -> None:
+        self.violations.append(f"{invariant}: {what}")
+
+    @property
+    def invariants(self) -> Counter[str]:
+        """The invariants violated, with their counts."""
+        return Counter(v.split(":")[0] for v in self.violations)
+
 
 def run_supervised(
     home: str,
@@ -157,12 +179,16 @@ def run_supervised(
     app: str | None = None,
     schedule_dir: str | None = None,
     store: str | None = None,
+    mutant: str | None = None,
+    start_method: str | None = None,
 ) -> SupervisedReport:
     """Run the load and the kills for at most ``duration`` seconds; check the logs.
 
     ``app`` (module:attribute, importable from the working directory) replaces the
     default app in the workers; ``schedule_dir`` is where they count their incarnations
-    (default: beside the home); ``store``: a PostgreSQL store's URI (``serve --store``).
+    (default: beside the home); ``store``: a PostgreSQL store's URI (``serve --store``);
+    ``mutant``: one of ``chaos.mutants.SERVE_MUTANTS``, patched into serve;
+    ``start_method``: serve's ``--start-method`` (default: its own, ``auto``).
     """
     rng = random.Random(seed)
     report = SupervisedReport(sessions=sessions)
@@ -178,12 +204,14 @@ def run_supervised(
     # Workers die here by design, often and in a row: no intensity limit, a short
     # backoff so that the run measures the store and the restart path, not the waiting,
     # and no request taken for poison for the deaths it happened to be in flight for.
+    serve = ["chaos.run.mutant_serve", mutant] if mutant else ["supervisor"]
     daemon = subprocess.Popen(
-        [sys.executable, "-m", "supervisor", "serve", "--home", home, "--app",
+        [sys.executable, "-m", *serve, "serve", "--home", home, "--app",
          "chaos.run.supervised:chaos_app", "--budget", "150", "--max-restarts", "100000",
          "--start-retries", "100000", "--backoff-base", "0.005", "--backoff-max", "0.05",
          "--stable-after", "0.5", "--poison-after", "1000",
-         *(["--store", store] if store else [])],
+         *(["--store", store] if store else []),
+         *(["--start-method", start_method] if start_method else [])],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         # It dies with the rig (its workers follow: their control channel closes).
         preexec_fn=functools.partial(die_with_parent, os.getpid()),  # noqa: PLW1509 - no thread yet
@@ -191,7 +219,7 @@ def run_supervised(
     start = time.monotonic()
     deadline = start + duration
     try:
-        _wait_listening(home, daemon, deadline)
+        wait_listening(home, daemon, deadline)
         names = [f"chaos-{n}" for n in range(sessions)]
         for name in names:
             call_with_retry(home, "create", session=name, deadline=deadline)
@@ -201,13 +229,16 @@ def run_supervised(
                                                           report)) for name in names]  # fmt: skip
         killer = threading.Thread(target=_killer, args=(daemon.pid, rng, kill_interval, done,
                                                         report))  # fmt: skip
+        looker = threading.Thread(target=_look_for_shared, args=(daemon.pid, done, report))
         killer.start()
+        looker.start()
         for client in clients:
             client.start()
         for client in clients:
             client.join()
         done.set()
         killer.join()
+        looker.join()
         rows = call(home, "status")
         report.restarts = sum(int(r["restarts"]) for r in rows) if isinstance(rows, list) else 0
     finally:
@@ -221,13 +252,13 @@ def run_supervised(
         _gone, alive = psutil.wait_procs(workers, timeout=10)
         for proc in alive:
             proc.kill()
-            report.violations.append(f"worker {proc.pid} outlived the supervisor")
+            report.violate("no-worker-outlives-serve", f"worker {proc.pid} outlived the supervisor")
     report.elapsed = time.monotonic() - start
     _check(home, report, store)
     return report
 
 
-def _wait_listening(home: str, daemon: subprocess.Popen[bytes], deadline: float) -> None:
+def wait_listening(home: str, daemon: subprocess.Popen[bytes], deadline: float) -> None:
     while time.monotonic() < deadline:
         if daemon.poll() is not None:
             raise RuntimeError(f"the supervisor exited with {daemon.returncode}")
@@ -296,11 +327,78 @@ def _check(home: str, report: SupervisedReport, store: str | None) -> None:
                 load_session(session_dir(home, session), session, on_epoch=collect,
                              history=True)  # fmt: skip
         except SessionError as exc:
-            report.violations.append(f"{session} does not verify: {exc}")
+            report.violate("session-verifies", f"{session} does not verify: {exc}")
             continue
         twice = sorted({k for k in keys if keys.count(k) > 1})
         if twice:
-            report.violations.append(f"{session}: applied twice: {twice}")
+            report.violate("applied-once", f"{session}: applied twice: {twice}")
         lost = sorted(set(acked) - set(keys))
         if lost:
-            report.violations.append(f"{session}: acknowledged but not in the log: {lost}")
+            report.violate(
+                "acknowledged-in-log", f"{session}: acknowledged but not in the log: {lost}"
+            )
+
+
+def _look_for_shared(daemon_pid: int, done: threading.Event, report: SupervisedReport) -> None:
+    """Sample serve's workers' descriptors every ``LOOK_INTERVAL`` until ``done``, and
+    twice more then (the last workers, idle, before serve is stopped)."""
+    parent = psutil.Process(daemon_pid)
+    shared = _SharedDescriptors(report)
+    last = 2
+    while last:
+        if done.wait(LOOK_INTERVAL):
+            last -= 1
+        try:
+            shared.sample(parent.children())
+        except psutil.NoSuchProcess:
+            return
+
+
+class _SharedDescriptors:
+    """``workers-share-no-descriptor`` (module doc): a socket or pipe that the same two
+    workers (pid and start time) hold at two ticks in a row is a violation, once."""
+
+    def __init__(self, report: SupervisedReport) -> None:
+        self.report = report
+        self.last: dict[str, frozenset[tuple[int, float, str]]] = {}
+        self.seen: set[str] = set()
+
+    def sample(self, children: list[psutil.Process]) -> None:
+        holders: dict[str, set[tuple[int, float, str]]] = {}
+        for child in children:
+            try:
+                name = child.name()
+                if not name.startswith(WORKER_PREFIX):
+                    continue
+                holder = (child.pid, child.create_time(), name)
+            except psutil.Error:
+                continue
+            for held in _held(child.pid):
+                holders.setdefault(held, set()).add(holder)
+        now = {held: frozenset(who) for held, who in holders.items() if len(who) > 1}
+        for held, both in now.items():
+            again = both & self.last.get(held, frozenset())
+            if len(again) > 1 and held not in self.seen:
+                self.seen.add(held)
+                names = ", ".join(f"{n} (pid {p})" for p, _t, n in sorted(again))
+                self.report.violate("workers-share-no-descriptor", f"{names} hold the same {held}")
+        self.last = now
+
+
+def _held(pid: int) -> set[str]:
+    """The sockets and pipes ``pid`` holds past its standard streams (none if it is gone)."""
+    try:
+        numbers = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return set()
+    held = set()
+    for number in numbers:
+        if int(number) <= 2:
+            continue
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{number}")
+        except OSError:
+            continue
+        if target.startswith(_SHARABLE):
+            held.add(target)
+    return held

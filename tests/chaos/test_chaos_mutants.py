@@ -1,5 +1,8 @@
 """Test the tester: the rig catches every deliberately broken store, for the right reason.
 
+The supervisor's mutants (``SERVE_MUTANTS``) are run in a real serve by the
+supervisor-level runs, with and without each.
+
 By default each mutant is run on its pinned cases (``chaos/mutants/pinned.py``, picked
 from its whole quick selection by ``python -m scripts.chaos.pin_mutant_cases``); the whole
 quick selection of every mutant runs with ``-m mutants_full``.
@@ -12,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from chaos.cases import Case
-from chaos.mutants import MUTANTS
+from chaos.mutants import MUTANTS, SERVE_MUTANTS
 from chaos.mutants.pinned import PINNED
-from chaos.report.scoring import feature_table, score_mutant
+from chaos.report.scoring import SERVE_SEED, feature_table, score_mutant, score_serve_mutant
+from chaos.run.supervised import run_supervised
 
 REPIN = "python -m scripts.chaos.pin_mutant_cases --only {name}"
 
@@ -64,3 +68,26 @@ def test_the_score_per_feature_counts_each_features_caught_mutants_of_its_own() 
         "  streaming       1/2",
     ]
     assert {m.area for m in MUTANTS.values()} >= {"durable writes", "the epoch commit"}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", sorted(SERVE_MUTANTS))
+def test_a_supervisor_mutant_is_caught_by_its_invariant_alone(name: str, tmp_path: Path) -> None:
+    """A real serve with the mutant patched in breaks the invariant it must break and no
+    other; the same run without it breaks none."""
+    score = score_serve_mutant(name, str(tmp_path))
+    assert not score.clean.violations, score.clean.violations
+    assert not score.clean.failures, score.clean.failures
+    assert not score.broken.failures, score.broken.failures
+    assert set(score.invariants) == {SERVE_MUTANTS[name].caught_by}, score.broken.violations
+
+
+@pytest.mark.timeout(120)
+def test_the_template_mutant_leaves_the_plain_fork_whole(tmp_path: Path) -> None:
+    """Only the template path is broken: with every worker forked from serve itself, the
+    same run holds every invariant."""
+    report = run_supervised(str(tmp_path / "home"), sessions=3, requests=150, duration=60.0,
+                            seed=SERVE_SEED, mutant="template-worker-keeps-template-channel",
+                            start_method="fork")  # fmt: skip
+    assert not report.violations, report.violations
+    assert not report.failures, report.failures

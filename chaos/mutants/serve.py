@@ -1,0 +1,70 @@
+"""Mutants of the supervisor, patched into a real ``loopd serve`` (chaos/run/mutant_serve.py)
+before it starts: what it forks (its templates and their workers) inherits the patch.
+
+They are scored by the supervisor-level runs (``chaos.run.supervised``,
+``chaos.run.catch_up``), not by the store's cases.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import NoReturn
+
+from supervisor.templates.order import AppIdentity, ForkOrder
+
+
+def template_worker_keeps_template_channel() -> None:
+    from supervisor.templates import template_main, worker_child  # noqa: PLC0415 - serve only
+
+    become_worker = worker_child.become_worker  # template_main's, by import
+    close_all_but = worker_child.close_all_but
+    run_template = template_main.run_template
+    channel: list[int] = []
+
+    def run_template_noting_channel(
+        sock: socket.socket, identity: AppIdentity, parent: int
+    ) -> NoReturn:
+        channel.append(sock.fileno())
+        run_template(sock, identity, parent)
+
+    def become_worker_keeping(
+        order: ForkOrder, channel_fd: int, beat_fd: int, output_fd: int | None, *, on_path: bool
+    ) -> NoReturn:
+        # The bug: a worker forked by a template keeps the template's own channel (the
+        # template closed every other descriptor already, so what its workers inherit
+        # was taken for theirs). Every worker of one template then holds that socket.
+        worker_child.close_all_but = lambda *keep: close_all_but(*keep, *channel)
+        become_worker(order, channel_fd, beat_fd, output_fd, on_path=on_path)
+
+    template_main.run_template = run_template_noting_channel
+    template_main.become_worker = become_worker_keeping  # type: ignore[attr-defined]
+
+
+def catch_up_in_name_order() -> None:
+    from supervisor.scheduling import timers  # noqa: PLC0415 - patched in serve only
+    from supervisor.scheduling.files import derived_sessions, read_derived  # noqa: PLC0415
+    from worker.store.schedules import parse_time  # noqa: PLC0415
+
+    def begin(self: timers.ScheduleTimers) -> None:
+        now = time.time()
+        overdue: list[str] = []
+        live: list[str] = []
+        for session_id in derived_sessions(self.home):
+            derived = read_derived(self.home, session_id)
+            if derived is None:
+                continue
+            self.known[session_id] = derived
+            when = parse_time(derived.next) if derived.next is not None else None
+            if when is not None and when <= now:
+                overdue.append(session_id)
+            elif derived.live:
+                live.append(session_id)
+            else:
+                self._arm(session_id)
+        # The bug: the overdue sessions are woken in the order of their files (by name),
+        # not the earliest due first; each is still delivered once, none early.
+        for session_id in [*overdue, *live]:
+            self._fire(session_id)
+
+    timers.ScheduleTimers.begin = begin  # type: ignore[method-assign]
