@@ -34,7 +34,7 @@ from typing import Final, TypeVar
 import psutil
 
 from chaos.lifeline import die_with_parent
-from chaos.run.supervised import SupervisedReport, wait_listening
+from chaos.run.supervised import SupervisedReport, serve_stderr, wait_listening
 from supervisor.client import Client, call
 from supervisor.scheduling.files import read_derived
 from worker.store.disk.layout import session_dir
@@ -126,12 +126,15 @@ def _serve(home: str, mutant: str | None, deadline: float) -> Iterator[subproces
     """A real ``loopd serve`` (``mutant`` patched in), hibernating; SIGTERMed and reaped at
     the end of the block unless it was killed in it, its workers after it."""
     serve = ["chaos.run.mutant_serve", mutant] if mutant else ["supervisor"]
+    os.makedirs(os.path.dirname(os.path.abspath(home)), exist_ok=True)
+    stderr = os.open(serve_stderr(home), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     daemon = subprocess.Popen(
         [sys.executable, "-m", *serve, "serve", "--home", home, "--idle-stop", "600"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=stderr,
         # It dies with the rig (its workers follow: their control channel closes).
         preexec_fn=functools.partial(die_with_parent, os.getpid()),  # noqa: PLW1509 - no thread yet
     )  # fmt: skip
+    os.close(stderr)  # serve holds its own copy
     try:
         wait_listening(home, daemon, deadline)
         yield daemon

@@ -205,6 +205,7 @@ def run_supervised(
     # backoff so that the run measures the store and the restart path, not the waiting,
     # and no request taken for poison for the deaths it happened to be in flight for.
     serve = ["chaos.run.mutant_serve", mutant] if mutant else ["supervisor"]
+    stderr = os.open(serve_stderr(home), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     daemon = subprocess.Popen(
         [sys.executable, "-m", *serve, "serve", "--home", home, "--app",
          "chaos.run.supervised:chaos_app", "--budget", "150", "--max-restarts", "100000",
@@ -212,10 +213,11 @@ def run_supervised(
          "--stable-after", "0.5", "--poison-after", "1000",
          *(["--store", store] if store else []),
          *(["--start-method", start_method] if start_method else [])],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env, stdout=subprocess.DEVNULL, stderr=stderr,
         # It dies with the rig (its workers follow: their control channel closes).
         preexec_fn=functools.partial(die_with_parent, os.getpid()),  # noqa: PLW1509 - no thread yet
     )  # fmt: skip
+    os.close(stderr)  # serve holds its own copy
     start = time.monotonic()
     deadline = start + duration
     try:
@@ -258,10 +260,25 @@ def run_supervised(
     return report
 
 
+def serve_stderr(home: str) -> str:
+    """Where the rig's serve writes its stderr: beside its home, as the schedule directory."""
+    home = os.path.abspath(home)
+    return os.path.join(os.path.dirname(home), f"{os.path.basename(home)}.serve.stderr")
+
+
 def wait_listening(home: str, daemon: subprocess.Popen[bytes], deadline: float) -> None:
+    """Return once serve answers a ping; RuntimeError with the end of its stderr if it exits."""
     while time.monotonic() < deadline:
         if daemon.poll() is not None:
-            raise RuntimeError(f"the supervisor exited with {daemon.returncode}")
+            try:
+                with open(serve_stderr(home), "rb") as said:
+                    said.seek(max(0, os.fstat(said.fileno()).st_size - 2000))
+                    tail = said.read().decode(errors="replace").strip()
+            except OSError:
+                tail = ""
+            raise RuntimeError(
+                f"the supervisor exited with {daemon.returncode}" + (f": {tail}" if tail else "")
+            )
         if os.path.exists(os.path.join(home, SOCKET_NAME)):
             try:
                 call(home, "ping", timeout=5)

@@ -27,7 +27,6 @@ def become_worker(
     code = 1
     try:
         os.setsid()  # its own session and process group, for killpg
-        name_process(f"loopd:{order.session}")
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
@@ -42,6 +41,9 @@ def become_worker(
             os.dup2(output_fd, 1)  # dup2 clears close-on-exec on the copies
             os.dup2(output_fd, 2)
         close_all_but(channel_fd, beat_fd)
+        # Named once it holds only its own descriptors: a process that goes by a worker's
+        # name never holds what it inherited (the rig's workers-share-no-descriptor).
+        name_process(f"loopd:{order.session}")
         os.environ.pop(STORE_ENV, None)  # the order's store or none, never one inherited
         os.environ.update(order.env)
         if order.cwd is not None:

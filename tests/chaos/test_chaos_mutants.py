@@ -10,6 +10,9 @@ quick selection of every mutant runs with ``-m mutants_full``.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -70,12 +73,21 @@ def test_the_score_per_feature_counts_each_features_caught_mutants_of_its_own() 
     assert {m.area for m in MUTANTS.values()} >= {"durable writes", "the epoch commit"}
 
 
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory of a short path: under xdist, pytest's ``tmp_path`` and the rig's own
+    folders make a home whose control socket is past the Unix socket's 108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="loopd-m-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("name", sorted(SERVE_MUTANTS))
-def test_a_supervisor_mutant_is_caught_by_its_invariant_alone(name: str, tmp_path: Path) -> None:
+def test_a_supervisor_mutant_is_caught_by_its_invariant_alone(name: str, short_dir: Path) -> None:
     """A real serve with the mutant patched in breaks the invariant it must break and no
     other; the same run without it breaks none."""
-    score = score_serve_mutant(name, str(tmp_path))
+    score = score_serve_mutant(name, str(short_dir))
     assert not score.clean.violations, score.clean.violations
     assert not score.clean.failures, score.clean.failures
     assert not score.broken.failures, score.broken.failures
@@ -83,10 +95,10 @@ def test_a_supervisor_mutant_is_caught_by_its_invariant_alone(name: str, tmp_pat
 
 
 @pytest.mark.timeout(120)
-def test_the_template_mutant_leaves_the_plain_fork_whole(tmp_path: Path) -> None:
+def test_the_template_mutant_leaves_the_plain_fork_whole(short_dir: Path) -> None:
     """Only the template path is broken: with every worker forked from serve itself, the
     same run holds every invariant."""
-    report = run_supervised(str(tmp_path / "home"), sessions=3, requests=150, duration=60.0,
+    report = run_supervised(str(short_dir / "home"), sessions=3, requests=150, duration=60.0,
                             seed=SERVE_SEED, mutant="template-worker-keeps-template-channel",
                             start_method="fork")  # fmt: skip
     assert not report.violations, report.violations
