@@ -11,8 +11,9 @@ Each violation names its invariant (``invariant: what``): ``acknowledged-in-log`
 (past the standard streams) at two looks in a row (every ``LOOK_INTERVAL`` during the
 load, and twice after it, before serve is stopped). Each worker holds its own channel,
 heartbeat cell and client connections, nothing of another session's and nothing of the
-template that forked it; a fresh fork holds the supervisor's descriptors for the moment
-before it closes them, not for two looks.
+template that forked it. Only processes named as workers (``loopd:ID``) are looked at, and
+a fresh fork takes that name only once it has closed what it inherited
+(supervisor/templates/worker_child.py); two looks in a row are a margin on top.
 
 The boundary kills are drawn from the run's seed, the session and the worker's
 incarnation (the how-many-th worker of that session it is), never from a pid, so the
