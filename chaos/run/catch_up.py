@@ -44,9 +44,10 @@ from worker.store.loader import load_session
 from worker.store.schedules import parse_time
 
 DUE_KEY: Final = "due"
-AHEAD: Final = 2.0
+AHEAD: Final = 4.0
 """Seconds from the last schedule's making to the first one's time: past the wait for
-the daemon's files and the kill, so that each comes due while no supervisor runs."""
+the daemon's files and the kill, so that each comes due while no supervisor runs (a
+second or two on a machine at a load of 10: the sessions are created before it)."""
 SPACING: Final = 0.05
 """Seconds between two sessions' due times."""
 ORDER: Final = "catch-up-earliest-due-first"
