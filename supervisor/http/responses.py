@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from http import HTTPStatus
-from typing import Final
+from typing import Final, Protocol
 
 STATUS_OF_CODE: Final = {
     "bad_request": 400,
@@ -26,6 +26,15 @@ STATUS_OF_CODE: Final = {
     "timeout": 504,
 }
 """The HTTP status of each wire protocol error code; any other code is a 500."""
+
+
+class Writer(Protocol):
+    """Where a request's answer is written: its connection (``connection.HttpConnection``)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None:
+        """Return once the connection takes more (ConnectionResetError if it is gone)."""
 
 
 def status_of(code: str) -> int:
@@ -50,7 +59,7 @@ def response(
     extra: tuple[tuple[str, str], ...] = (),
 ) -> bytes:
     """The whole response: status line, headers with Content-Length, body."""
-    reason = HTTPStatus(status).phrase
+    reason = _REASONS.get(status) or HTTPStatus(status).phrase
     lines = [
         f"HTTP/1.1 {status} {reason}",
         f"Content-Type: {content_type}",
@@ -59,6 +68,10 @@ def response(
         *(f"{name}: {value}" for name, value in extra),
     ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+_REASONS: Final = {200: "OK", 201: "Created"}
+"""The answers of nearly every request: their reason phrases without an Enum call."""
 
 
 def error_response(
