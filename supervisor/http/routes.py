@@ -231,7 +231,14 @@ class Api:
 
 def _segments(target: str) -> list[str]:
     """The target's path, split at its slashes, each part unquoted."""
+    if _PLAIN_PATH.fullmatch(target):  # no query, fragment, escape or authority: itself
+        return target.split("/")[1:]
     return [unquote(s) for s in urlsplit(target).path.split("/")[1:]]
+
+
+_PLAIN_PATH: Final = re.compile(r"/(?!/)[^?#%]*")
+"""A target ``urlsplit`` and ``unquote`` give back unchanged (``parser._TARGET`` has
+already refused whitespace and control characters)."""
 
 
 def _send_fields(request: HttpRequest) -> tuple[str, bool, str, bool]:

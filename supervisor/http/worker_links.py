@@ -60,12 +60,13 @@ class WorkerLink(asyncio.Protocol):
 
     def __init__(self, links: WorkerLinks, key: _Key) -> None:
         self.key = key
-        self.waiting: dict[int, Done] = {}
+        self.waiting: dict[int, tuple[float, Done]] = {}  # by id: (deadline, done)
         self.lost = False
         self._links = links
         self._transport: asyncio.Transport | None = None
         self._reader = FrameReader()
         self._ids = itertools.count(1)
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -80,9 +81,9 @@ class WorkerLink(asyncio.Protocol):
             return
         for reply in replies:
             request_id = reply.get("id")
-            done = self.waiting.pop(request_id, None) if type(request_id) is int else None
-            if done is not None:
-                done(reply)
+            waiting = self.waiting.pop(request_id, None) if type(request_id) is int else None
+            if waiting is not None:
+                waiting[1](reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -90,9 +91,10 @@ class WorkerLink(asyncio.Protocol):
         self._fail(LinkLost())
 
     def request(self, payload: Message, done: Done) -> int:
-        """Write one request's frame; its id. ``done`` is called with its reply (LinkLost
-        if the connection ends first). LinkLost or ControlError ``too_large`` past the
-        frame limit: nothing sent, ``done`` never called."""
+        """Write one request's frame; its id. ``done`` is called with its reply, LinkLost
+        if the connection ends first, ControlError ``timeout`` past ``REPLY_TIMEOUT``.
+        LinkLost or ControlError ``too_large`` past the frame limit: nothing sent,
+        ``done`` never called."""
         if self.lost or self._transport is None:
             raise LinkLost
         request_id = next(self._ids)
@@ -100,7 +102,11 @@ class WorkerLink(asyncio.Protocol):
             frame = encode({"id": request_id, "op": "request", "request": payload})
         except WireError as exc:
             raise ControlError("too_large", str(exc)) from exc
-        self.waiting[request_id] = done
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REPLY_TIMEOUT
+        self.waiting[request_id] = (deadline, done)
+        if self._timer is None:
+            self._timer = loop.call_at(deadline, self._expire)
         self._transport.write(frame)
         return request_id
 
@@ -112,9 +118,26 @@ class WorkerLink(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()  # connection_lost follows, on the loop
 
+    def _expire(self) -> None:
+        """Answer ``timeout`` to the requests past their deadline, the oldest first; arm
+        the timer again for the next. One timer a connection, not one a request: the
+        deadlines come in the order of the requests (each ``REPLY_TIMEOUT`` after it)."""
+        self._timer = None
+        now = asyncio.get_running_loop().time()
+        for request_id, (deadline, done) in list(self.waiting.items()):
+            if deadline > now:
+                self._timer = asyncio.get_running_loop().call_at(deadline, self._expire)
+                return
+            del self.waiting[request_id]
+            done(ControlError("timeout", f"session {self.key[1]} did not answer within "
+                              f"{REPLY_TIMEOUT:g} s"))  # fmt: skip
+
     def _fail(self, exc: Exception) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         waiting, self.waiting = self.waiting, {}
-        for done in waiting.values():
+        for _deadline, done in waiting.values():
             done(exc)
 
 
@@ -160,11 +183,9 @@ class WorkerLinks:
         link = self._links.get((tenant, session))
         if link is None or link.lost or self.pool.in_flight >= MAX_IN_FLIGHT:
             return False
-        loop = asyncio.get_running_loop()
         payload = payload_of(Request(text=text, key=key, untrusted=untrusted))
 
         def replied(outcome: Outcome) -> None:
-            timer.cancel()
             if isinstance(outcome, LinkLost) and not self._closed:
                 # As ``send``: the worker died with it in flight, sent again by key.
                 retry = asyncio.ensure_future(self.pool.run_admitted(
@@ -197,19 +218,12 @@ class WorkerLinks:
                 result = task.result()
                 done(result if isinstance(result, dict) else {"result": result})
 
-        def timed_out() -> None:
-            link.abandon(request_id)
-            self.pool.release()
-            done(ControlError("timeout", f"session {session} did not answer within "
-                              f"{REPLY_TIMEOUT:g} s"))  # fmt: skip
-
         self._links.move_to_end((tenant, session))
         try:
-            request_id = link.request(payload, replied)
+            link.request(payload, replied)
         except (LinkLost, ControlError):
             return False  # ``send`` meets it again and answers it
         self.pool.admit()
-        timer = loop.call_later(REPLY_TIMEOUT, timed_out)
         return True
 
     def forget(self, link: WorkerLink) -> None:
@@ -235,15 +249,9 @@ class WorkerLinks:
             else:
                 future.set_result(outcome)
 
-        request_id = link.request(payload, replied)
+        request_id = link.request(payload, replied)  # ControlError timeout, by the link
         try:
-            async with asyncio.timeout(REPLY_TIMEOUT):
-                return await future
-        except TimeoutError as exc:
-            session = link.key[1]
-            raise ControlError(
-                "timeout", f"session {session} did not answer within {REPLY_TIMEOUT:g} s"
-            ) from exc
+            return await future
         finally:
             if not future.done():
                 link.abandon(request_id)
