@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 import psutil
 
 from scripts.harness.serve import start_serve, stop_serve
-from scripts.http.bench_http import APP, _connection, _create, _free_port, minimal_send
+from scripts.http.bench_http import APP, _connection, _create, _free_port
+from scripts.http.minimal_client import minimal_send
 from supervisor.client import Client
 
 RECONNECT_EVERY = 500

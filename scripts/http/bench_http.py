@@ -50,6 +50,7 @@ import psutil
 from scripts.harness.benchmarks_doc import write_section
 from scripts.harness.serve import start_serve as _start_daemon
 from scripts.harness.serve import stop_serve as _stop_daemon
+from scripts.http.minimal_client import minimal_send
 from supervisor.client import Client
 
 APP = "scripts.http.bench_http_app:TickApp"
@@ -142,30 +143,6 @@ def round_trip(home: str, port: int, rounds: int, count: int) -> dict[str, Any]:
         "minimal_ratio": statistics.median(minimal_ratios),
         "minimal_ratio_range": (min(minimal_ratios), max(minimal_ratios)),
     }
-
-
-def minimal_send(raw: socket.socket, session: str, key: str) -> None:
-    """A keyed send of ``hello there`` written in one ``sendall``, its answer read by its
-    Content-Length (as curl or Node would, at next to no cost of the client's)."""
-    body = b'{"text": "hello there"}'
-    raw.sendall(
-        f"POST /v1/sessions/{session}/requests HTTP/1.1\r\nHost: bench\r\nContent-Type: "
-        f"application/json\r\nIdempotency-Key: {key}\r\nContent-Length: {len(body)}"
-        f"\r\n\r\n".encode()
-        + body
-    )
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = raw.recv(65536)
-        if not chunk:
-            raise RuntimeError("minimal HTTP send: the connection closed")
-        data += chunk
-    head, rest = data.split(b"\r\n\r\n", 1)
-    if not head.startswith(b"HTTP/1.1 200 "):
-        raise RuntimeError(f"minimal HTTP send: {head[:100]!r}")
-    length = int(head.lower().split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
-    while len(rest) < length:
-        rest += raw.recv(65536)
 
 
 def _sse_first_partial(port: int, session: str, key: str) -> float:
