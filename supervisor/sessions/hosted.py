@@ -317,17 +317,20 @@ class HostedSession(SessionRequests):
             self._timer = self.loop.call_at(now + delay, self.start)
 
     def _wait_for_holder(self) -> bool:
-        """The lock is held by a worker of a previous supervisor, finishing its last batch:
+        """The lock is held by an earlier worker (a previous supervisor's, or one forked by a
+        template that died before it answered), finishing its last batch:
         wait for it to exit (BACKOFF, bounded by the hang timeout), then start. False if
         the holder is anything else (not ours: not fighting it)."""
         holder = self._holder
-        proc = outgoing_worker(holder, self.id) if holder is not None else None
+        current = self.worker.pid if self.worker is not None else None
+        proc = outgoing_worker(holder, self.id, current) if holder is not None else None
         if proc is None:
             return False
         bound = self.hang.timeout if self.hang.timeout is not None else STOP_DEADLINE
         self.last_error = (
-            f"the session is locked by pid {holder}, a worker of the previous supervisor "
-            f"finishing its last batch: waiting up to {bound:g} s for it to exit"
+            f"the session is locked by pid {holder}, an earlier worker of it (a previous "
+            f"supervisor's, or one a template forked before it died) finishing its last "
+            f"batch: waiting up to {bound:g} s for it to exit"
         )
         self.machine.move(State.BACKOFF)
         self._timer = self.loop.wait_for_exit(proc, bound, self._holder_gone, self._fatal)

@@ -3,8 +3,10 @@
 A supervisor that dies (SIGKILL, the OOM killer) leaves its workers running: each sees
 its channel end at its loop's next turn and exits, but one busy with a batch of
 requests holds its session's lock until the batch is done. The next supervisor's
-worker then finds the session locked. When the holder is a loopd worker that is not
-one of ours, it is such a worker: the session waits for it to exit (its pidfd on the
+worker then finds the session locked. So does the next start after a template died
+between forking a worker and answering (the worker lives on until it sees its channel
+closed). When the holder is a loopd worker of the session other than its current one,
+it is such a worker: the session waits for it to exit (its pidfd on the
 loop), bounded by the hang timeout; a holder still there then is SIGKILLed, as its own
 supervisor's hang check would have done, and the session starts.
 """
@@ -24,12 +26,18 @@ KILL_GRACE: Final = 5.0
 """Seconds a holder SIGKILLed past its bound has to disappear before the session is FATAL."""
 
 
-def outgoing_worker(pid: int, session: str) -> psutil.Process | None:
-    """The process ``pid`` if it is a loopd worker of ``session`` that is not ours."""
+def outgoing_worker(pid: int, session: str, current: int | None) -> psutil.Process | None:
+    """The process ``pid`` if it is a loopd worker of ``session`` other than its current
+    worker (``current``: that worker's pid, None when it has none).
+
+    A child of this supervisor can be one: serve is the subreaper of its templates'
+    workers, and a template that died between forking a worker and answering failed that
+    start while the worker lived on, holding the lock until it sees its channel closed.
+    """
     try:
         proc = psutil.Process(pid)
-        if proc.ppid() == os.getpid():
-            return None  # one of ours: never "on its way out"
+        if pid == current and proc.ppid() == os.getpid():
+            return None  # the session's own worker: never "on its way out"
         name = proc.name()
         argv = proc.cmdline()
     except psutil.Error:

@@ -72,6 +72,9 @@ class SaidKind(enum.Enum):
     """The App did not import (``text`` is the one-line error); the template ends."""
     THREADS = "threads"
     """The App's import started threads (``text`` names them): forking it is refused."""
+    HOLDS = "holds"
+    """The App's import left descriptors open or processes running (``text`` names them):
+    forking it is refused (a worker's own descriptors would land on those numbers)."""
     FORKED = "forked"
     """A worker was forked (``pid``); it is the supervisor's child already."""
     FORK_FAILED = "fork_failed"

@@ -30,7 +30,8 @@ class Templates:
         self.report = report
         self.running: dict[AppIdentity, Template] = {}
         self.plain: set[AppIdentity] = set()
-        """Apps whose import started threads: forked from the supervisor, never templated."""
+        """Apps whose import started threads or left descriptors or processes: forked from
+        the supervisor, never templated."""
 
     def open(self, identity: AppIdentity) -> None:
         """Start ``identity``'s template unless one runs or the App is refused one."""
@@ -76,11 +77,14 @@ class Templates:
             raise
 
     def _hear(self, template: Template) -> None:
+        was = template.state
         said = template.hear_nowait()
         if template.state is not TemplateState.IMPORTING and self.loop is not None:
             self.loop.remove_reader(template.sock)  # later answers are read in fork_worker
         label = template.identity.label()
         if said is None:
+            if was is TemplateState.IMPORTING and template.state is TemplateState.ENDED:
+                self._ended(template, was)  # it ended without a word: os._exit at import?
             return
         if said.kind is SaidKind.READY:
             took = time.monotonic() - template.started
@@ -97,15 +101,24 @@ class Templates:
                 f"({said.text}); its workers are forked from the supervisor and import it "
                 "themselves"
             )
+        elif said.kind is SaidKind.HOLDS:
+            self.plain.add(template.identity)
+            self.report(
+                f"template of App {label}: refused, its import left {said.text} (a "
+                "template's workers cannot share them); its workers are forked from the "
+                "supervisor and import it themselves. Open them on first use to have a "
+                "template (docs/templates.md)"
+            )
 
-    def _ended(self, template: Template) -> None:
-        """The template died or was given up: reap it and forget it."""
+    def _ended(self, template: Template, was: TemplateState | None = None) -> None:
+        """The template died or was given up: reap it and forget it (``was``: its state
+        before, when it was moved already)."""
         if template.returncode is not None:
             return  # reaped already
         if self.loop is not None:
             self.loop.remove_reader(template.sock)
             self.loop.remove_reader(template.pidfd)
-        was = template.state
+        was = was or template.state
         template.kill()
         code = template.reap()
         template.close()
@@ -115,6 +128,13 @@ class Templates:
             self.report(
                 f"template of App {template.identity.label()}: ended ({_describe(code)}); "
                 "the next worker start of that App starts another"
+            )
+        elif was is TemplateState.IMPORTING:
+            self.report(
+                f"template of App {template.identity.label()}: ended while importing the "
+                f"App, before it said whether the App imported ({_describe(code)}: an App "
+                "that exits at import?); its workers import it themselves, and the next "
+                "start tries a template again"
             )
         reaper.reap_strays()
 

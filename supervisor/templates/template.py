@@ -157,10 +157,16 @@ class Template:
         return said.pid
 
     def kill(self) -> None:
-        """SIGKILL the template (its pidfd: never another process of the same pid)."""
+        """SIGKILL the template (its pidfd: never another process of the same pid) and its
+        process group: what its App's import started, and an intermediate mid-fork (the
+        workers have sessions of their own). The group is the template's pid, which no
+        other group can take before the template is reaped."""
         self.move(TemplateState.ENDED)
         with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
 
     def reap(self) -> int:
         """Wait for the template (call once it is dead, or after kill); its exit code."""

@@ -8,8 +8,12 @@ real exit status. The worker's pid is said only after the intermediate is reaped
 then the worker is the supervisor's child already (a zombie one if it died at once).
 
 The template is single-threaded when it forks: an App whose import started a thread is
-refused (THREADS) rather than forked with a lock some thread held; its workers are then
-forked from the supervisor and import the App themselves.
+refused (THREADS) rather than forked with a lock some thread held. So is one whose import
+left a descriptor open or a process running (HOLDS): the workers' own descriptors are put
+at their numbers over whatever the template held, so a log file the App opened at import
+would be written into a worker's channel or its session's log, and a child the App
+started would outlive serve. The workers of a refused App are forked from the
+supervisor and import it themselves, each with its own.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from typing import Final, NoReturn
 
@@ -57,10 +62,12 @@ def run_template(sock: socket.socket, identity: AppIdentity, parent: int) -> NoR
     try:
         _become_template(sock, identity, parent)
         before = set(sys.modules)
-        said = _import_app(identity)
+        held = _open_descriptors()
+        began = time.time_ns()
+        said = _import_app(identity, held)
         sock.send(said.encode())
         if said.kind is SaidKind.READY:
-            _take_orders(sock, _source_files(set(sys.modules) - before))
+            _take_orders(sock, _source_files(set(sys.modules) - before, began))
         else:
             code = 1
     except BaseException:  # noqa: BLE001 - nothing may unwind into the supervisor's code
@@ -94,19 +101,58 @@ def _become_template(sock: socket.socket, identity: AppIdentity, parent: int) ->
     sys.path[:0] = [*identity.path, *extra]
 
 
-def _import_app(identity: AppIdentity) -> Said:
-    """Import the module and resolve the factory (not called: that is the worker's)."""
+def _import_app(identity: AppIdentity, held: set[int]) -> Said:
+    """Import the module and resolve the factory (not called: that is the worker's);
+    ``held``: the descriptors open before the import."""
     module_name, _, attribute = identity.app.partition(":")
     try:
         target: object = importlib.import_module(module_name)
         for part in attribute.split("."):
             target = getattr(target, part)
-    except Exception as exc:  # noqa: BLE001 - any import failure is the App's, reported
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any import failure is the App's
         return Said(kind=SaidKind.FAILED, text=bounded(f"{type(exc).__name__}: {exc}"))
     threads = _other_threads()
     if threads:
         return Said(kind=SaidKind.THREADS, text=", ".join(threads))
+    left = _left_open(held) + _left_running()
+    if left:
+        return Said(kind=SaidKind.HOLDS, text=bounded(", ".join(left)))
     return Said(kind=SaidKind.READY)
+
+
+def _open_descriptors() -> set[int]:
+    """The descriptors this process holds (not the listing's own, closed once listed)."""
+    return {fd for fd in map(int, os.listdir("/proc/self/fd")) if _target(fd) is not None}
+
+
+def _target(fd: int) -> str | None:
+    """What ``fd`` is open on; None if it is closed."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+
+
+def _left_open(held: set[int]) -> list[str]:
+    """The descriptors opened since ``held`` was taken, each with what it is."""
+    return [f"descriptor {fd} ({_target(fd)})" for fd in sorted(_open_descriptors() - held)]
+
+
+def _left_running() -> list[str]:
+    """This process's children (the App's import started them), SIGKILLed: the template
+    is refused and ends, and they must not outlive it (serve reaps them, as subreaper)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return []
+    children: list[int] = []
+    for task in tasks:
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/children") as listed:
+            children += [int(pid) for pid in listed.read().split()]
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return [f"process {pid}" for pid in sorted(children)]
 
 
 def _other_threads() -> list[str]:
@@ -120,15 +166,22 @@ def _other_threads() -> list[str]:
     return names + [f"{unnamed} thread(s) not started by threading"] * (unnamed > 0)
 
 
-def _source_files(modules: set[str]) -> dict[str, int]:
-    """The file of each module the App's import added, and its mtime (ns)."""
+def _source_files(modules: set[str], began: int) -> dict[str, int]:
+    """The file of each module the App's import added, and its mtime (ns).
+
+    A file written while the import ran (``began`` to now) may hold other code than what
+    was imported: its mtime is kept as -1, so that the first order finds it changed and
+    the next template imports it again. A file dated past now (a clock or an archive's
+    dates) is not taken for one.
+    """
     files = {}
     for name in modules:
         path = getattr(sys.modules.get(name), "__file__", None)
         if isinstance(path, str):
             with contextlib.suppress(OSError):
                 files[path] = os.stat(path).st_mtime_ns
-    return files
+    now = time.time_ns()
+    return {path: -1 if began <= mtime <= now else mtime for path, mtime in files.items()}
 
 
 def _changed(files: dict[str, int]) -> str | None:

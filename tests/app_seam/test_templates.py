@@ -265,3 +265,45 @@ def test_what_an_app_left_behind_is_reaped_by_serve_not_left_a_zombie(tmp_path: 
         # Killed with its worker's process group; then serve's child (its subreaper),
         # which must wait for it: a zombie would stay until serve exits.
         poll_until(lambda: not psutil.pid_exists(helper), what=f"the helper {helper} reaped")
+
+
+_GATED = """
+import os
+import time
+from pathlib import Path
+
+from worker.app import DefaultApp
+
+VERSION = "{version}"
+_GATE = Path(os.environ["LOOPD_TEST_GATE"])
+with open("/proc/self/comm", encoding="utf-8") as _comm:
+    if _comm.read().strip() == "loopd-template":  # a slow import, held open by the test
+        (_GATE.parent / "reading").touch()
+        _until = time.monotonic() + 60
+        while not _GATE.exists() and time.monotonic() < _until:
+            time.sleep(0.01)
+
+
+class VersionedApp(DefaultApp):
+    def handle(self, session, request):
+        return {**super().handle(session, request), "version": VERSION}
+"""
+
+
+def test_an_app_changed_while_its_template_imported_it_is_imported_again_before_any_fork(
+    tmp_path: Path,
+) -> None:
+    """A deploy that lands during a slow import: the template read v1, the file says v2.
+    Its mtime falls inside the import, so the template forks nothing from v1."""
+    home, source, gate = tmp_path / "home", tmp_path / "gated_app.py", tmp_path / "gate"
+    source.write_text(_GATED.replace("{version}", "v1"))
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]), "LOOPD_TEST_GATE": str(gate)}
+    with running_daemon(home, "--app", "gated_app:VersionedApp", env=env) as daemon:
+        poll_until((tmp_path / "reading").exists, timeout=60, what="the template's import")
+        source.write_text(_GATED.replace("{version}", "v2"))
+        gate.touch()
+        _ready_templates(daemon)
+        with Client(str(home), timeout=60) as client:
+            call(str(home), "create", session="s1")
+            assert client.send("s1", "a", key="k1")["version"] == "v2"
+        assert "gated_app.py changed since its import" in daemon.log_path.read_text()

@@ -142,8 +142,9 @@ def test_an_old_worker_still_busy_past_the_hang_timeout_is_killed_then_the_sessi
                        what="the session to start after the old worker was killed")  # fmt: skip
             assert not [state for state in seen if state.startswith("FATAL")], seen
             waiting = (
-                f"BACKOFF: the session is locked by pid {old}, a worker of the previous "
-                "supervisor finishing its last batch: waiting up to 2 s for it to exit"
+                f"BACKOFF: the session is locked by pid {old}, an earlier worker of it (a "
+                "previous supervisor's, or one a template forked before it died) finishing "
+                "its last batch: waiting up to 2 s for it to exit"
             )
             assert waiting in seen  # waited for first, then killed
             assert not psutil.pid_exists(old) or psutil.Process(old).status() == "zombie"
