@@ -7,8 +7,8 @@ They are scored by the supervisor-level runs (``chaos.run.supervised``,
 
 from __future__ import annotations
 
+import math
 import socket
-import time
 from typing import NoReturn
 
 from supervisor.templates.order import AppIdentity, ForkOrder
@@ -43,28 +43,11 @@ def template_worker_keeps_template_channel() -> None:
 
 def catch_up_in_name_order() -> None:
     from supervisor.scheduling import timers  # noqa: PLC0415 - patched in serve only
-    from supervisor.scheduling.files import derived_sessions, read_derived  # noqa: PLC0415
-    from worker.store.schedules import parse_time  # noqa: PLC0415
 
-    def begin(self: timers.ScheduleTimers) -> None:
-        now = time.time()
-        overdue: list[str] = []
-        live: list[str] = []
-        for session_id in derived_sessions(self.home):
-            derived = read_derived(self.home, session_id)
-            if derived is None:
-                continue
-            self.known[session_id] = derived
-            when = parse_time(derived.next) if derived.next is not None else None
-            if when is not None and when <= now:
-                overdue.append(session_id)
-            elif derived.live:
-                live.append(session_id)
-            else:
-                self._arm(session_id)
+    def catch_up_order(catch_up: list[tuple[float, str]]) -> list[str]:
         # The bug: the overdue sessions are woken in the order of their files (by name),
         # not the earliest due first; each is still delivered once, none early.
-        for session_id in [*overdue, *live]:
-            self._fire(session_id)
+        overdue = sorted(s for when, s in catch_up if when != math.inf)
+        return [*overdue, *(s for when, s in sorted(catch_up) if when == math.inf)]
 
-    timers.ScheduleTimers.begin = begin  # type: ignore[method-assign]
+    timers.catch_up_order = catch_up_order

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ from typing import Final, TypeVar
 import psutil
 
 from chaos.lifeline import die_with_parent
-from chaos.run.supervised import SupervisedReport, serve_stderr, wait_listening
+from chaos.run.supervised import SupervisedReport, serve_stderr, stop_serve, wait_listening
 from supervisor.client import Client, call
 from supervisor.scheduling.files import read_derived
 from worker.store.disk.layout import session_dir
@@ -142,18 +141,8 @@ def _serve(home: str, mutant: str | None, deadline: float) -> Iterator[subproces
     except BaseException:
         _kill_tree(daemon)
         raise
-    if daemon.returncode is not None:
-        return
-    workers = psutil.Process(daemon.pid).children(recursive=True)
-    daemon.send_signal(signal.SIGTERM)
-    try:
-        daemon.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        daemon.kill()
-        daemon.wait()
-    _gone, alive = psutil.wait_procs(workers, timeout=10)
-    for proc in alive:
-        proc.kill()
+    if daemon.returncode is None:
+        stop_serve(daemon)
 
 
 def _kill_tree(daemon: subprocess.Popen[bytes]) -> None:

@@ -7,13 +7,7 @@ must be in its session's log exactly once, and every session must verify.
 
 Each violation names its invariant (``invariant: what``): ``acknowledged-in-log``,
 ``applied-once``, ``session-verifies``, ``no-worker-outlives-serve``, and
-``workers-share-no-descriptor``: no two of serve's workers hold the same socket or pipe
-(past the standard streams) at two looks in a row (every ``LOOK_INTERVAL`` during the
-load, and twice after it, before serve is stopped). Each worker holds its own channel,
-heartbeat cell and client connections, nothing of another session's and nothing of the
-template that forked it. Only processes named as workers (``loopd:ID``) are looked at, and
-a fresh fork takes that name only once it has closed what it inherited
-(supervisor/templates/worker_child.py); two looks in a row are a margin on top.
+``workers-share-no-descriptor`` (chaos/run/shared_descriptors.py).
 
 The boundary kills are drawn from the run's seed, the session and the worker's
 incarnation (the how-many-th worker of that session it is), never from a pid, so the
@@ -46,6 +40,7 @@ from typing import Final
 import psutil
 
 from chaos.lifeline import die_with_parent
+from chaos.run.shared_descriptors import look_for_shared
 from supervisor.client import Client, call, call_with_retry
 from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
@@ -64,10 +59,6 @@ PROBABILITY_ENV: Final = "LOOPD_CHAOS_KILL_PROBABILITY"
 APP_ENV: Final = "LOOPD_CHAOS_APP"  # the user's App the chaos workers host
 SCHEDULE_ENV: Final = "LOOPD_CHAOS_SCHEDULE_DIR"  # where workers count their incarnations
 STORE_ENV: Final = "LOOPD_CHAOS_STORE"  # set: the sessions are in this PostgreSQL store
-WORKER_PREFIX: Final = "loopd:"  # a worker's process name (supervisor/templates/worker_child.py)
-_SHARABLE: Final = ("socket:[", "pipe:[")  # what two processes may hold the same of
-LOOK_INTERVAL: Final = 0.01
-"""Seconds between two looks at the workers' descriptors (``workers-share-no-descriptor``)."""
 
 
 class _RandomKill:
@@ -232,7 +223,7 @@ def run_supervised(
                                                           report)) for name in names]  # fmt: skip
         killer = threading.Thread(target=_killer, args=(daemon.pid, rng, kill_interval, done,
                                                         report))  # fmt: skip
-        looker = threading.Thread(target=_look_for_shared, args=(daemon.pid, done, report))
+        looker = threading.Thread(target=look_for_shared, args=(daemon.pid, done, report.violate))
         killer.start()
         looker.start()
         for client in clients:
@@ -245,20 +236,27 @@ def run_supervised(
         rows = call(home, "status")
         report.restarts = sum(int(r["restarts"]) for r in rows) if isinstance(rows, list) else 0
     finally:
-        workers = psutil.Process(daemon.pid).children(recursive=True)
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
-        _gone, alive = psutil.wait_procs(workers, timeout=10)
-        for proc in alive:
-            proc.kill()
-            report.violate("no-worker-outlives-serve", f"worker {proc.pid} outlived the supervisor")
+        for pid in stop_serve(daemon):
+            report.violate("no-worker-outlives-serve", f"worker {pid} outlived the supervisor")
     report.elapsed = time.monotonic() - start
     _check(home, report, store)
     return report
+
+
+def stop_serve(daemon: subprocess.Popen[bytes]) -> list[int]:
+    """SIGTERM serve and reap it (SIGKILL past 30 s); the pids of the processes below it
+    still alive 10 s after, SIGKILLed."""
+    workers = psutil.Process(daemon.pid).children(recursive=True)
+    daemon.send_signal(signal.SIGTERM)
+    try:
+        daemon.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        daemon.wait()
+    _gone, alive = psutil.wait_procs(workers, timeout=10)
+    for proc in alive:
+        proc.kill()
+    return [proc.pid for proc in alive]
 
 
 def serve_stderr(home: str) -> str:
@@ -355,68 +353,3 @@ def _check(home: str, report: SupervisedReport, store: str | None) -> None:
             report.violate(
                 "acknowledged-in-log", f"{session}: acknowledged but not in the log: {lost}"
             )
-
-
-def _look_for_shared(daemon_pid: int, done: threading.Event, report: SupervisedReport) -> None:
-    """Sample serve's workers' descriptors every ``LOOK_INTERVAL`` until ``done``, and
-    twice more then (the last workers, idle, before serve is stopped)."""
-    parent = psutil.Process(daemon_pid)
-    shared = _SharedDescriptors(report)
-    last = 2
-    while last:
-        if done.wait(LOOK_INTERVAL):
-            last -= 1
-        try:
-            shared.sample(parent.children())
-        except psutil.NoSuchProcess:
-            return
-
-
-class _SharedDescriptors:
-    """``workers-share-no-descriptor`` (module doc): a socket or pipe that the same two
-    workers (pid and start time) hold at two ticks in a row is a violation, once."""
-
-    def __init__(self, report: SupervisedReport) -> None:
-        self.report = report
-        self.last: dict[str, frozenset[tuple[int, float, str]]] = {}
-        self.seen: set[str] = set()
-
-    def sample(self, children: list[psutil.Process]) -> None:
-        holders: dict[str, set[tuple[int, float, str]]] = {}
-        for child in children:
-            try:
-                name = child.name()
-                if not name.startswith(WORKER_PREFIX):
-                    continue
-                holder = (child.pid, child.create_time(), name)
-            except psutil.Error:
-                continue
-            for held in _held(child.pid):
-                holders.setdefault(held, set()).add(holder)
-        now = {held: frozenset(who) for held, who in holders.items() if len(who) > 1}
-        for held, both in now.items():
-            again = both & self.last.get(held, frozenset())
-            if len(again) > 1 and held not in self.seen:
-                self.seen.add(held)
-                names = ", ".join(f"{n} (pid {p})" for p, _t, n in sorted(again))
-                self.report.violate("workers-share-no-descriptor", f"{names} hold the same {held}")
-        self.last = now
-
-
-def _held(pid: int) -> set[str]:
-    """The sockets and pipes ``pid`` holds past its standard streams (none if it is gone)."""
-    try:
-        numbers = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return set()
-    held = set()
-    for number in numbers:
-        if int(number) <= 2:
-            continue
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{number}")
-        except OSError:
-            continue
-        if target.startswith(_SHARABLE):
-            held.add(target)
-    return held

@@ -96,6 +96,12 @@ class _Answer:
         return False
 
 
+def catch_up_order(catch_up: list[tuple[float, str]]) -> list[str]:
+    """The sessions of ``(due time, id)`` pairs in the order a restart wakes them: the
+    earliest due first (a live one with nothing overdue is due at infinity), then by id."""
+    return [session_id for _when, session_id in sorted(catch_up)]
+
+
 class ScheduleTimers:
     """One per daemon: which sessions have schedules, and a timer for each."""
 
@@ -137,7 +143,7 @@ class ScheduleTimers:
                 catch_up.append((math.inf, session_id))
             else:
                 self._arm(session_id)
-        for _when, session_id in sorted(catch_up):
+        for session_id in catch_up_order(catch_up):
             self._fire(session_id)
 
     def close(self) -> None:
