@@ -128,13 +128,23 @@ def serve_rig(rig: str, workdir: str, mutant: str | None) -> SupervisedReport:
     raise ValueError(f"no supervisor-level run {rig!r}")
 
 
+SERVE_TRIES: Final = 3
+"""Runs of a supervisor mutant before it is taken to have survived (one survived once in
+a CI run at a load of 2 cores' worth: the look every 10 ms missed the two workers)."""
+
+
 def score_serve_mutant(name: str, workdir: str) -> ServeScore:
-    """Run the mutant's supervisor-level run with it and without it (once per run)."""
+    """Run the mutant's supervisor-level run with it (up to ``SERVE_TRIES`` times, until
+    its invariant fires: whether two workers are looked at while both live is timing)
+    and without it (once per run)."""
     rig = SERVE_MUTANTS[name].scenarios[0]
     if rig not in _serve_failures:
         _serve_failures[rig] = serve_rig(rig, workdir, None)
     clean = _serve_failures[rig]
-    broken = serve_rig(rig, workdir, name)
+    for _try in range(SERVE_TRIES):
+        broken = serve_rig(rig, workdir, name)
+        if SERVE_MUTANTS[name].caught_by in broken.invariants:
+            break
     held = Counter({i: n for i, n in broken.invariants.items() if i not in clean.invariants})
     if clean.failures:  # the run could not judge without the mutant: it proves nothing
         held = Counter()
