@@ -11,6 +11,7 @@ descriptors and the same number of workers as before.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -27,6 +28,7 @@ import pytest
 
 from supervisor.client import call
 from supervisor.control_socket import socket_path
+from supervisor.errors import ControlError
 from tests.harness.support import REPO, TEMPLATE_NAME, poll_until, running_daemon, status
 from worker.ipc.wire import encode
 
@@ -86,6 +88,49 @@ def _silent_follower(home: Path) -> socket.socket:
     return sock
 
 
+def _wait_all(clients: list[subprocess.Popen[str]], deadline: float) -> list[int | None]:
+    """Each client's exit code, None for one still running at ``deadline``."""
+    for client in clients:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            client.wait(timeout=max(0.0, deadline - time.monotonic()))
+    return [client.poll() for client in clients]
+
+
+def _end_all(clients: list[subprocess.Popen[str]]) -> list[str]:
+    """End whatever client still runs and take every client's stderr (closed after).
+
+    A client still running is asked where it waits (SIGUSR1: it prints its stack and
+    exits), then SIGKILLed if it did not end within 10 s.
+    """
+    for client in clients:
+        if client.poll() is None:
+            client.send_signal(signal.SIGUSR1)
+    for client in clients:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            client.wait(timeout=10)
+        if client.poll() is None:
+            client.kill()
+        client.wait()
+    stderr = []
+    for client in clients:
+        if client.stderr is not None:
+            stderr.append(client.stderr.read())
+            client.stderr.close()
+    return stderr
+
+
+def _states(home: Path) -> object:
+    """Every session's row, to tell why a client waited (best effort: serve may be gone)."""
+    try:
+        rows = [status(home, s) for s in SESSIONS]
+    except (ControlError, OSError, AssertionError) as exc:  # the report must not hide behind it
+        return f"status failed: {exc}"
+    for row in rows:  # a stopped (T) or zombie (Z) worker is the first thing to know
+        with contextlib.suppress(psutil.Error, TypeError):
+            row["process"] = psutil.Process(row["pid"]).status()  # type: ignore[arg-type]
+    return rows
+
+
 def _followers(home: Path) -> object:
     reply = call(str(home), "ping")
     assert isinstance(reply, dict)
@@ -98,10 +143,11 @@ def _soak(tmp_path: Path, seconds: float) -> None:
     args = ("--hang-timeout", "1", "--backoff-base", "0.01", "--backoff-max", "0.05",
             "--max-restarts", "100000", "--start-retries", "100000", "--stable-after", "0.2",
             "--budget", "3000")  # fmt: skip
-    with running_daemon(home, *args) as daemon:
+    with running_daemon(home, *args) as daemon, contextlib.ExitStack() as cleanup:
         for session in SESSIONS:
             call(str(home), "create", session=session)
         follower = _silent_follower(home)  # counted among the descriptors before
+        cleanup.callback(follower.close)  # also when a check fails: no socket left to gc
         supervisor = psutil.Process(daemon.proc.pid)
         poll_until(lambda: _followers(home) == 1, what="the follower to be registered")
         fds_before = supervisor.num_fds()
@@ -122,17 +168,10 @@ def _soak(tmp_path: Path, seconds: float) -> None:
         ]
         try:
             faults = _chaos(home, rng, time.monotonic() + seconds)
-            codes = [c.wait(timeout=seconds + 60) for c in clients]
+            codes = _wait_all(clients, time.monotonic() + seconds + 60)
         finally:
-            for client in clients:
-                if client.poll() is None:
-                    client.kill()
-                    client.wait()
-        stderr = [c.stderr.read() if c.stderr else "" for c in clients]
-        for client in clients:
-            if client.stderr is not None:
-                client.stderr.close()
-        assert codes == [0] * len(kinds), stderr
+            stderr = _end_all(clients)
+        assert codes == [0] * len(kinds), (codes, stderr, _states(home))
         # No request was refused, a new one or a retry, however many epochs had passed.
         assert not [line for err in stderr for line in err.splitlines() if "refused" in line]
         assert faults["SIGKILL"] > 0

@@ -11,10 +11,13 @@ whole batch is. A refused request is written to stderr (``refused <key>: ...``).
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+import signal
 import socket
 import sys
 import time
+import traceback
 from typing import TextIO
 
 import msgpack
@@ -43,6 +46,7 @@ def _send_with_retries(
     """
     rest = batch
     for _attempt in range(4):
+        began = time.monotonic()
         try:
             outcomes = client.send_many(session, rest)
         except ControlError as exc:
@@ -55,6 +59,10 @@ def _send_with_retries(
                 acked.write(f"{session} {outcome['key']}\n")
             elif kind == "refused":
                 print(f"refused {outcome['key']}: {outcome['error']}", file=sys.stderr, flush=True)
+            else:  # why a client took long, should the soak's deadline pass
+                took = time.monotonic() - began
+                print(f"unanswered {outcome['key']} after {took:.1f} s: {outcome['error']}",
+                      file=sys.stderr, flush=True)  # fmt: skip
         acked.flush()
         rest = [r for r, o in zip(rest, outcomes, strict=True) if o["outcome"] == "unanswered"]
         if not rest:
@@ -70,8 +78,16 @@ def _send_with_retries(
         acked.flush()
 
 
+def say_where_and_end(_signo: int, frame: object) -> None:
+    """SIGUSR1 (the soak's deadline passed): print where this client waits, and end."""
+    stack = "".join(traceback.format_stack(frame))  # type: ignore[arg-type]
+    print(f"stuck at:\n{stack}", file=sys.stderr, flush=True)
+    os._exit(3)
+
+
 def main(argv: list[str]) -> int:
     home, out, seed, seconds, *sessions = argv
+    signal.signal(signal.SIGUSR1, say_where_and_end)
     rng = random.Random(int(seed))
     deadline = time.monotonic() + float(seconds)
     client = Client(home, timeout=30, retry_for=30)

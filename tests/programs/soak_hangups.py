@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import random
+import signal
 import sys
 import time
 
 from supervisor.client import Client, Request
 from supervisor.errors import ControlError
+from tests.programs.soak_client import say_where_and_end
 from worker.ipc.wire import encode
 
 
@@ -37,6 +39,7 @@ def _hang_up(home: str, session: str, key: str) -> None:
 
 def main(argv: list[str]) -> int:
     home, out, seed, seconds, *sessions = argv
+    signal.signal(signal.SIGUSR1, say_where_and_end)
     rng = random.Random(int(seed))
     deadline = time.monotonic() + float(seconds)
     n = 0
