@@ -12,7 +12,9 @@ a fresh database per test.
 from __future__ import annotations
 
 import os
+import re
 import threading
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,17 @@ import pytest
 
 from tests.harness.postgres_server import PostgresServer
 from tests.harness.support import poll_until
-from worker import Baseline, InvalidLog, NotOwnerNow, Session, SessionNotFound, User
+from worker import (
+    Assistant,
+    Baseline,
+    InvalidLog,
+    NotOwnerNow,
+    Session,
+    SessionNotFound,
+    User,
+)
+from worker.store.errors import LogError
+from worker.store.format.records import without_checksums
 from worker.store.postgres import PostgresStore, SchemaTooNew, opening
 from worker.store.postgres import store as store_module
 from worker.store.postgres.connection import connect
@@ -192,3 +204,53 @@ def test_what_the_pipeline_did_not_read_is_read_again_in_a_snapshot_and_refused_
     with pytest.raises(InvalidLog, match=rf"names {row[0]}, which is missing"):
         Session.open(store, "segments")
     assert _token(store, "segments") == 3  # the claim committed before the refusal
+
+
+def _rechained(lines: list[bytes]) -> bytes:
+    """``lines`` (without checksums) with each one's checksum made to match, as a forger would."""
+    out, running = b"", 0
+    for line in lines:
+        head = line[:-1] + b',"crc":"'
+        value = zlib.crc32(head, running)
+        tail = b'%08x"}\n' % value
+        running = zlib.crc32(tail, value)
+        out += head + tail
+    return out
+
+
+@pytest.mark.parametrize(
+    ("line", "damage", "refusal"),
+    [
+        pytest.param(
+            7, (b'{"type":"Assistant"', b'{"kind":"Assistant"'), "undecodable record",
+            id="a-line-that-starts-with-no-type",
+        ),
+        pytest.param(
+            6, (b'"key":"k2"', b'"key":"k0"'),
+            "request key 'k0' was already applied (epoch 0, line 2)",
+            id="a-key-applied-twice",
+        ),
+    ],
+)  # fmt: skip
+def test_a_damaged_record_in_the_stored_log_is_refused_at_open_with_its_line(
+    store: PostgresStore, baseline: Baseline, line: int, damage: tuple[bytes, bytes], refusal: str
+) -> None:
+    with Session.create(store, "damaged", baseline) as session:
+        for n in range(6):  # lines 2n + 2 and 2n + 3: User k<n> and its answer, one group
+            session.append_many([_user(n), Assistant(text=f"answer {n}")])
+    with psycopg.connect(store.uri, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT data FROM loopd_log_chunks WHERE session = 'damaged' ORDER BY start"
+        ).fetchall()
+        lines = without_checksums(b"".join(bytes(row[0]) for row in rows)).splitlines()
+        assert damage[0] in lines[line - 1]
+        lines[line - 1] = lines[line - 1].replace(*damage)
+        with conn.transaction():
+            conn.execute("DELETE FROM loopd_log_chunks WHERE session = 'damaged'")
+            conn.execute(
+                "INSERT INTO loopd_log_chunks (session, epoch, start, data) "
+                "VALUES ('damaged', 0, 0, %s)",
+                (_rechained(lines),),
+            )
+    with pytest.raises(LogError, match=rf"0\.jsonl:{line}: {re.escape(refusal)}"):
+        Session.open(store, "damaged")

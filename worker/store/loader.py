@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from itertools import compress, repeat
+from operator import is_not
 
 from worker.store.disk.files import Directory, open_directory, read_file
 from worker.store.epochs.carried_checks import (
@@ -131,8 +133,8 @@ class _Reader:
         self.crc = 0  # of the newest log
         self.starts: dict[int, SessionStart | None] = {}  # each epoch's, once read
         self.canonical = False  # every line's spelling checked, not only its checksum
-        # Each epoch read: its ToolResults' calls, and (line, key) of each User.
-        self.scans: dict[int, tuple[list[int], list[tuple[int, str | None]]]] = {}
+        # Each epoch read: its ToolResults' calls, the line of each User and its key.
+        self.scans: dict[int, tuple[list[int], list[int], list[str | None]]] = {}
 
     def load(self, history: bool, index_files: bool = True) -> SessionState:
         refuse_unfinished_salvage(self.directory, self.dir_fd)  # before its epochs: a gap
@@ -225,7 +227,7 @@ class _Reader:
             session_id = session_of_sealed(self.starts[epoch + 1], self.session_id)
         read = read_log(path, data, session_id, epoch, newest=newest, canonical=self.canonical)
         records = read.records
-        self.scans[epoch] = (read.calls, read.users)
+        self.scans[epoch] = (read.calls, read.users, read.keys)
         if newest:
             self.crc = read.crc
         first = records[0]
@@ -290,9 +292,8 @@ class _Reader:
     ) -> None:
         """Check one epoch's calls and keys against what came before, and add them up.
 
-        With ``end`` (the EpochEnd before, when the history is read) its carried state
-        is checked against the older epochs' and the digest ``end`` recorded.
-        """
+        With ``end`` (the EpochEnd before, when the history is read) its carried state is
+        checked against the older epochs' and the digest ``end`` recorded."""
         first = records[0]
         assert isinstance(first, SessionStart)
         if end is not None and first.carries_state:
@@ -303,13 +304,13 @@ class _Reader:
         self._fence(path, records)
         # What the scan (or the decode) read of the calls and keys, checked in a few
         # C-speed passes; the place of a problem is looked up only when there is one.
-        calls, users = self.scans.pop(epoch)
+        calls, users, keys = self.scans.pop(epoch)
         floor = max(self.max_call + 1, self.next_call)
         if calls and (calls[0] < floor or calls != sorted(set(calls))):
             refuse_reused_call(path, records, floor)
         if calls:
             self.max_call = calls[-1]
-        self._keys(path, epoch, users, exact=first.key_index is not None)
+        self._keys(path, epoch, users, keys, exact=first.key_index is not None)
         if not newest:
             self.prior_users += len(users)
             self.prior_untrusted += sum(
@@ -317,25 +318,24 @@ class _Reader:
             )
 
     def _keys(
-        self, path: str, epoch: int, users: list[tuple[int, str | None]], *, exact: bool
+        self, path: str, epoch: int, users: list[int], keys: list[str | None], *, exact: bool
     ) -> None:
-        """Refuse a key applied twice; index the keys of the epoch.
+        """Refuse a key applied twice; index the keys of the epoch (``users``: their lines).
 
-        Within the retry window of old (the same or adjacent epochs) a key was always
-        applied once; from the first epoch whose SessionStart has a key index on, every
-        key is (``exact``). A key found again further back in a log written before is
-        kept with both places (``repeats``).
+        Within the retry window of old (the same or adjacent epochs) a key was always applied
+        once; from the first epoch whose SessionStart has a key index on, every key is
+        (``exact``). One found again further back in a log written before keeps both places.
         """
-        keyed = [(key, number) for number, key in users if key is not None]
-        keys = [key for key, _n in keyed]
-        if _all_new(self.keys, keys) and not self.index.maybe_present(keys):
-            # The common case, in a few C-speed passes: no key seen before, none twice,
-            # none whose hash a sealed epoch's index holds.
-            self.keys.update({key: KeyRef(epoch, number) for key, number in keyed})
+        present = [key for key in keys if key is not None]
+        if _all_new(self.keys, present) and not self.index.maybe_present(present):
+            # The common case, in C-speed passes: no key seen before, none twice, none
+            # whose hash a sealed epoch's index holds (zip reuses its pair: no tuples).
+            places = compress(map(KeyRef, repeat(epoch), users), map(is_not, keys, repeat(None)))
+            self.keys.update(zip(present, places, strict=True))
             return
         window = epoch - 1
         index = self.index
-        for number, key in users:
+        for number, key in zip(users, keys, strict=True):
             if key is None:
                 continue
             applied = self.keys.get(key)

@@ -103,12 +103,17 @@ def decode_log(path: str, data: bytes, *, canonical: bool = False) -> DecodedLog
 @dataclass(slots=True, repr=False, eq=False)
 class ReadLog(MutableValue):
     """One epoch log as open reads it: its records (decoded when asked for), the CRC-32
-    of its bytes, its ToolResults' call numbers and ``(line, key)`` of each User."""
+    of its bytes, its ToolResults' call numbers, the line of each User and its key.
+
+    ``users`` and ``keys`` are two lists, not one of pairs: the loader indexes the keys
+    with them in C (a pair per User was an allocation each, and the cyclic GC's work
+    once the load ended)."""
 
     records: EpochRecords
     crc: int
     calls: list[int]
-    users: list[tuple[int, str | None]]
+    users: list[int]
+    keys: list[str | None]
 
 
 def read_log(
@@ -128,10 +133,11 @@ def read_log(
         check_groups(path, decoded.records, decoded.framed)
         calls = [r.call for r in decoded.records if type(r) is ToolResult]
         users = [(n, r.key) for n, r in enumerate(decoded.records, 1) if isinstance(r, User)]
-        return ReadLog(records, decoded.crc, calls, users)
+        lines, keys = [n for n, _key in users], [key for _n, key in users]
+        return ReadLog(records, decoded.crc, calls, lines, keys)
     records = EpochRecords(path, [None] * len(scan.types), scan.types, data, scan.keys)
     check_epoch(path, session_id, epoch, records, newest=newest)
-    return ReadLog(records, scan.crc, scan.calls, list(zip(scan.users, scan.keys, strict=True)))
+    return ReadLog(records, scan.crc, scan.calls, scan.users, scan.keys)
 
 
 def check_groups(path: str, records: list[Record], framed: list[tuple[int, int, int]]) -> None:

@@ -51,7 +51,9 @@ def _patterns() -> tuple[re.Pattern[bytes], ...]:
     Each is anchored at a line's start (the newline before it: the scan reads
     ``b"\\n" + data``), so a match belongs to the line it starts, and one that a line
     does not give makes the count differ (the scan declines). In order: each line's
-    type; each line's end, its checksum after its place in a group commit when it has
+    type, or b"" for a line that does not start with one (a match at every line's
+    start: their count is the lines', with no pass of its own to count them); each
+    line's end, its checksum after its place in a group commit when it has
     one (one group, ``b'2,"parts":4'``, or b"" alone); whole groups of 2 to 9 lines,
     each line's place as the end reads it and ";" (";" alone); a ToolResult's call (its
     fields in the writer's order are type, time, call); a User's key (a string or
@@ -63,7 +65,7 @@ def _patterns() -> tuple[re.Pattern[bytes], ...]:
     )
     place = rb'(?=,"part":\d+,"parts":\d+,"crc":"|,"crc":")'
     return (
-        re.compile(rb'\n\{"type":"(\w+)"'),
+        re.compile(rb'\n\{"type":"(\w+)"|\n'),
         re.compile(rb',"part":(\d+,"parts":\d+),"crc":"[0-9a-f]{8}"\}\n|,"crc":"[0-9a-f]{8}"\}\n'),
         re.compile(rb"(?:;|" + groups + rb")*"),
         re.compile(rb'\n\{"type":"ToolResult","time":"[^"\\\n]*","call":(\d+)[,}]'),
@@ -72,6 +74,7 @@ def _patterns() -> tuple[re.Pattern[bytes], ...]:
 
 
 _ALONE_LATER: Final = tuple(cls for cls in WRITTEN_ALONE if cls is not SessionStart)
+_KEY_TYPES: Final = frozenset((str, type(None)))
 _CLASSES: Final[dict[bytes, type[Record]]] = {cls.TYPE.encode(): cls for cls in RECORD_TYPES}
 
 
@@ -98,8 +101,7 @@ def scan_lines(data: bytes) -> LineScan | None:
     None unless every line is one the store wrote with its checksum, the last line's
     checksum is the CRC-32 of the bytes before it, and every group commit is whole.
     """
-    lines = data.count(b"\n")
-    if not lines or not data.endswith(b"\n") or not data.startswith(_START):
+    if not data.endswith(b"\n") or not data.startswith(_START):
         return None
     at = data.rfind(_CRC_FIELD) + len(_CRC_FIELD)
     view = memoryview(data)
@@ -108,10 +110,12 @@ def scan_lines(data: bytes) -> LineScan | None:
         return None
     type_of, end_of, _groups, call_of, key_of = _patterns()
     lined = b"\n" + data  # every line, the first too, after a newline
-    # One type a line: a line that does not start with ``{"type":"<word>"`` gives none.
-    types = list(map(_CLASSES.get, type_of.findall(lined)))
+    # One type a line (each newline but the last starts one): b"", and so None, for a
+    # line that does not start with ``{"type":"<word>"``.
+    types = list(map(_CLASSES.get, type_of.findall(lined, 0, len(lined) - 1)))
+    lines = len(types)
     kinds = set(types)  # asked about below in one hash each, not one pass of the list each
-    if len(types) != lines or None in kinds:
+    if None in kinds:
         return None
     ends = end_of.findall(data)
     if len(ends) != lines or not _whole_groups(ends):
@@ -128,7 +132,7 @@ def scan_lines(data: bytes) -> LineScan | None:
         decoded: list[str | None] = json.loads(b"[" + b",".join(keys) + b"]")
     except ValueError:
         return None
-    if not all(type(key) is str for key in decoded if key is not None):
+    if not _KEY_TYPES.issuperset(map(type, decoded)):  # each a string or null
         return None
     users = list(compress(count(1), map(is_, types, [User] * lines)))
     return LineScan(
