@@ -171,7 +171,8 @@ def _soak(tmp_path: Path, seconds: float) -> None:
             codes = _wait_all(clients, time.monotonic() + seconds + 60)
         finally:
             stderr = _end_all(clients)
-        assert codes == [0] * len(kinds), (codes, stderr, _states(home))
+        serve_log = daemon.log_path.read_text(errors="replace").splitlines()[-80:]
+        assert codes == [0] * len(kinds), (codes, stderr, _states(home), serve_log)
         # No request was refused, a new one or a retry, however many epochs had passed.
         assert not [line for err in stderr for line in err.splitlines() if "refused" in line]
         assert faults["SIGKILL"] > 0
