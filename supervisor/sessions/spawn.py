@@ -184,22 +184,17 @@ class WorkerProcess:
                 os.close(output_w)
         reaper.claim(self.pid)  # waited for here, never reaped as a stray (a subreaper's)
         self.pidfd = os.pidfd_open(self.pid)
-        try:
-            self.create_time: float | None = psutil.Process(self.pid).create_time()
-        except psutil.NoSuchProcess:
-            self.create_time = None  # already gone; the pidfd reports its exit
+        # None: already gone (the pidfd reports its exit)
+        self.started_ticks: int | None = start_ticks(self.pid)
         parent.setblocking(False)
         self.sock = parent
         self.returncode: int | None = None
 
     def is_same_process(self) -> bool:
-        """True if ``pid`` still names the process we started (psutil create time)."""
-        if self.returncode is not None or self.create_time is None:
+        """True if ``pid`` still names the process we started (its start since boot)."""
+        if self.returncode is not None or self.started_ticks is None:
             return False
-        try:
-            return bool(psutil.Process(self.pid).create_time() == self.create_time)
-        except psutil.NoSuchProcess:
-            return False
+        return start_ticks(self.pid) == self.started_ticks
 
     def signal_group(self, signum: int) -> bool:
         """Send ``signum`` to the worker's process group after checking its identity."""
@@ -294,6 +289,27 @@ class WorkerProcess:
         loop's transport)."""
         os.close(self.pidfd)
         self.heartbeat.close()
+
+
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (``/proc/PID/stat``'s starttime);
+    None if it is gone (reaped) or cannot be read.
+
+    The identity of a process across time, as psutil's own is on Linux: not its
+    ``create_time()``, which adds the boot time in wall-clock seconds read anew at each
+    call, so that a step of the system clock (NTP at boot, a VM resumed, ``date -s``)
+    made every running worker look like another process: serve then neither signalled
+    nor killed any of them (a stopped worker was never killed as hung).
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            data = stat.read()
+    except OSError:
+        return None
+    # The fields after the name (which may hold spaces and parentheses) start at the
+    # third, the state; starttime is the 22nd.
+    fields = data[data.rfind(b")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 else None
 
 
 def prepare_forks(method: StartMethod) -> str | None:
