@@ -67,7 +67,8 @@ class ForkOrder:
 
 class SaidKind(enum.Enum):
     READY = "ready"
-    """The App imported and its factory resolved; orders are taken from now on."""
+    """The App imported and its factory resolved; orders are taken from now on (``text``:
+    what of the files its import read is not watched, if anything)."""
     FAILED = "failed"
     """The App did not import (``text`` is the one-line error); the template ends."""
     THREADS = "threads"

@@ -88,7 +88,8 @@ class Templates:
             return
         if said.kind is SaidKind.READY:
             took = time.monotonic() - template.started
-            self.report(f"template of App {label}: ready (pid {template.pid}, {took:.2f} s)")
+            past = f"; {said.text}" if said.text else ""  # files read at import not watched
+            self.report(f"template of App {label}: ready (pid {template.pid}, {took:.2f} s){past}")
         elif said.kind is SaidKind.FAILED:
             self.report(
                 f"template of App {label}: the App failed to import ({said.text}); its "

@@ -43,6 +43,12 @@ from supervisor.templates.order import (
     SaidKind,
 )
 from supervisor.templates.prctl import die_with_parent
+from supervisor.templates.watched_files import (
+    ImportReads,
+    first_changed,
+    recording_reads,
+    watched_files,
+)
 from supervisor.templates.worker_child import (
     become_worker,
     close_all_but,
@@ -64,10 +70,11 @@ def run_template(sock: socket.socket, identity: AppIdentity, parent: int) -> NoR
         before = set(sys.modules)
         held = _open_descriptors()
         began = time.time_ns()
-        said = _import_app(identity, held)
+        reads = ImportReads()
+        said = _import_app(identity, held, reads)
         sock.send(said.encode())
         if said.kind is SaidKind.READY:
-            _take_orders(sock, _source_files(set(sys.modules) - before, began))
+            _take_orders(sock, watched_files(set(sys.modules) - before, reads, began))
         else:
             code = 1
     except BaseException:  # noqa: BLE001 - nothing may unwind into the supervisor's code
@@ -101,14 +108,15 @@ def _become_template(sock: socket.socket, identity: AppIdentity, parent: int) ->
     sys.path[:0] = [*identity.path, *extra]
 
 
-def _import_app(identity: AppIdentity, held: set[int]) -> Said:
+def _import_app(identity: AppIdentity, held: set[int], reads: ImportReads) -> Said:
     """Import the module and resolve the factory (not called: that is the worker's);
-    ``held``: the descriptors open before the import."""
+    ``held``: the descriptors open before the import; ``reads`` gets the files it opened."""
     module_name, _, attribute = identity.app.partition(":")
     try:
-        target: object = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            target = getattr(target, part)
+        with recording_reads(reads):
+            target: object = importlib.import_module(module_name)
+            for part in attribute.split("."):
+                target = getattr(target, part)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - any import failure is the App's
         return Said(kind=SaidKind.FAILED, text=bounded(f"{type(exc).__name__}: {exc}"))
     threads = _other_threads()
@@ -117,7 +125,7 @@ def _import_app(identity: AppIdentity, held: set[int]) -> Said:
     left = _left_open(held) + _left_running()
     if left:
         return Said(kind=SaidKind.HOLDS, text=bounded(", ".join(left)))
-    return Said(kind=SaidKind.READY)
+    return Said(kind=SaidKind.READY, text=reads.past_bound())
 
 
 def _open_descriptors() -> set[int]:
@@ -166,43 +174,15 @@ def _other_threads() -> list[str]:
     return names + [f"{unnamed} thread(s) not started by threading"] * (unnamed > 0)
 
 
-def _source_files(modules: set[str], began: int) -> dict[str, int]:
-    """The file of each module the App's import added, and its mtime (ns).
-
-    A file written while the import ran (``began`` to now) may hold other code than what
-    was imported: its mtime is kept as -1, so that the first order finds it changed and
-    the next template imports it again. A file dated past now (a clock or an archive's
-    dates) is not taken for one.
-    """
-    files = {}
-    for name in modules:
-        path = getattr(sys.modules.get(name), "__file__", None)
-        if isinstance(path, str):
-            with contextlib.suppress(OSError):
-                files[path] = os.stat(path).st_mtime_ns
-    now = time.time_ns()
-    return {path: -1 if began <= mtime <= now else mtime for path, mtime in files.items()}
-
-
-def _changed(files: dict[str, int]) -> str | None:
-    """The first of ``files`` changed or gone since the import (a new App version)."""
-    for path, mtime in files.items():
-        try:
-            if os.stat(path).st_mtime_ns != mtime:
-                return path
-        except OSError:
-            return path
-    return None
-
-
 def _take_orders(sock: socket.socket, files: dict[str, int]) -> None:
     while True:
         data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, ORDER_FDS)
         if not data:
             return  # the supervisor closed its end, or died: the template ends
-        # Each worker runs the App's code as it is on disk now, as one that imports it
-        # itself does: a template whose App changed forks nothing more (one stat a file).
-        changed = _changed(files)
+        # Each worker runs the App's code and data as they are on disk now, as one that
+        # imports it itself does: a template whose App changed forks nothing more (one
+        # stat a watched file, watched_files.py).
+        changed = first_changed(files)
         try:
             if changed is not None:
                 said = Said(kind=SaidKind.STALE, text=changed)
