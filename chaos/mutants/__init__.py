@@ -313,6 +313,7 @@ SEAM_MUTANTS: Final[dict[str, Mutant]] = {
 # ``scenarios`` names (chaos.report.scoring.score_serve_mutant), each run clean as well.
 SUPERVISED: Final = "supervised"  # chaos.run.supervised: the load, the killer, templates
 CATCH_UP: Final = "catch-up"  # chaos.run.catch_up: schedules overdue at a restart
+CLOCK_STEP: Final = "clock-step"  # chaos.run.clock_step: stopped workers after a clock step
 SERVE_MUTANTS: Final[dict[str, Mutant]] = {
     m.name: m
     for m in (
@@ -334,6 +335,16 @@ SERVE_MUTANTS: Final[dict[str, Mutant]] = {
             faults=(),
             scenarios=(CATCH_UP,),
             feature="scheduled requests",
+        ),
+        Mutant(
+            name="identity-by-wall-clock",
+            bug="serve tells its workers from later processes of their pid by a wall-clock "
+            "creation time (a step of the clock: no worker is signalled)",
+            patch=serve.identity_by_wall_clock,
+            caught_by="stopped-worker-killed",
+            faults=(),
+            scenarios=(CLOCK_STEP,),
+            feature="hang detection",
         ),
     )
 }

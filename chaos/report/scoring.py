@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from chaos.cases import Case, CaseResult, ThenPower
-from chaos.mutants import CATCH_UP, MUTANTS, SERVE_MUTANTS, SUPERVISED
+from chaos.mutants import CATCH_UP, CLOCK_STEP, MUTANTS, SERVE_MUTANTS, SUPERVISED
 from chaos.mutants.pinned import PINNED
 from chaos.run.catch_up import run_catch_up
+from chaos.run.clock_step import run_clock_step
 from chaos.run.runner import clean_steps
 from chaos.run.supervised import SupervisedReport, run_supervised
 from chaos.scenarios.scenarios import SCENARIOS
@@ -116,8 +117,8 @@ class ServeScore:
 
 
 def serve_rig(rig: str, workdir: str, mutant: str | None) -> SupervisedReport:
-    """Run the supervisor-level run ``rig`` (``SUPERVISED``, ``CATCH_UP``) once, in a
-    fresh home under ``workdir``, ``mutant`` patched into serve."""
+    """Run the supervisor-level run ``rig`` (``SUPERVISED``, ``CATCH_UP``, ``CLOCK_STEP``)
+    once, in a fresh home under ``workdir``, ``mutant`` patched into serve."""
     base = tempfile.mkdtemp(prefix=f"{rig}-", dir=workdir)
     home = os.path.join(base, "home")
     if rig == SUPERVISED:
@@ -125,6 +126,8 @@ def serve_rig(rig: str, workdir: str, mutant: str | None) -> SupervisedReport:
                               mutant=mutant)  # fmt: skip
     if rig == CATCH_UP:
         return run_catch_up(home, mutant=mutant)
+    if rig == CLOCK_STEP:
+        return run_clock_step(home, mutant=mutant)
     raise ValueError(f"no supervisor-level run {rig!r}")
 
 

@@ -11,24 +11,16 @@ the test moves ``btime`` and the machine's clock stays as it is.
 from __future__ import annotations
 
 import os
-import re
 import signal
 from pathlib import Path
 
 import pytest
 
+from chaos.run.mutant_serve import step_clock
 from supervisor.client import call
 from tests.harness.support import poll_until, running_daemon, status, stop, wait_state
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for a mount namespace")
-
-
-def _step_clock(stat: Path, seconds: int) -> None:
-    """Move the boot time serve reads by ``seconds`` (the file keeps its inode: the bind
-    mount shows the new content)."""
-    text = stat.read_text()
-    btime = int(re.search(r"^btime (\d+)$", text, re.MULTILINE).group(1))  # type: ignore[union-attr]
-    stat.write_text(text.replace(f"btime {btime}\n", f"btime {btime + seconds}\n"))
 
 
 def test_a_worker_stopped_after_a_clock_step_is_still_killed_as_hung(tmp_path: Path) -> None:
@@ -42,7 +34,7 @@ def test_a_worker_stopped_after_a_clock_step_is_still_killed_as_hung(tmp_path: P
         row = wait_state(home, "s", "RUNNING")
         first = row["pid"]
         assert isinstance(first, int)
-        _step_clock(stat, 7)
+        step_clock(str(stat), 7)
         stop(first)
         try:
             # Killed as hung and started again: a new worker, and the hang said why.
