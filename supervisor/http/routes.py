@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import uuid
+from collections.abc import Callable
 from importlib import resources
 from typing import Final
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -14,12 +14,19 @@ from supervisor.client import Client
 from supervisor.errors import ControlError
 from supervisor.http.calls import ClientPool
 from supervisor.http.parser import HttpError, HttpRequest
-from supervisor.http.responses import error_response, json_body, response, status_of
+from supervisor.http.responses import (
+    Writer,
+    error_response,
+    json_body,
+    response,
+    status_of,
+)
 from supervisor.http.sse import Turns
 from supervisor.http.streaming import start_or_join, write_events, write_final_as_json
 from supervisor.http.tokens import TokenTable
 from supervisor.http.worker_links import WorkerLinks
 from supervisor.sessions.tenants import OPERATOR
+from worker.ipc.wire import Message
 
 MAX_KEY: Final = 256
 """Characters of an Idempotency-Key: a request id's bound on the wire."""
@@ -52,7 +59,7 @@ class Api:
         self.links = WorkerLinks(pool)  # a send's own path: no thread between it and the worker
         self._openapi = openapi_document()
 
-    async def answer(self, request: HttpRequest, writer: asyncio.StreamWriter) -> bool:
+    async def answer(self, request: HttpRequest, writer: Writer) -> bool:
         """Write the answer to ``request``; whether the connection may serve another."""
         keep = request.keep_alive
         try:
@@ -66,6 +73,42 @@ class Api:
             status = status_of(exc.code)
             writer.write(error_response(status, exc.code, exc.message, keep_alive=keep))
         return keep
+
+    def answer_nowait(
+        self, request: HttpRequest, writer: Writer, answered: Callable[[bool], None]
+    ) -> bool:
+        """Take a send ``answer`` would make on a kept worker connection, without a task:
+        its answer is written and ``answered(keep)`` called later, from the connection's
+        callbacks. False (nothing done, nothing called) for any other request, and for
+        one this would refuse: ``answer`` takes it, with every check of its own."""
+        if request.method != "POST":
+            return False
+        try:
+            tenant = self._tenant(request)
+            segments = _segments(request.target)
+            if len(segments) != 4 or segments[:2] != ["v1", "sessions"]:
+                return False
+            if segments[3] != "requests":
+                return False
+            text, untrusted, key, streamed = _send_fields(request)
+        except HttpError:
+            return False
+        session = segments[2]
+        if streamed or self.turns.get(session, key) is not None:
+            return False  # an event stream, or a stream of this key runs: ``answer``'s
+        keep = request.keep_alive
+
+        def done(outcome: Message | ControlError) -> None:
+            if isinstance(outcome, ControlError):
+                status = status_of(outcome.code)
+                writer.write(error_response(status, outcome.code, outcome.message, keep_alive=keep))
+            else:
+                writer.write(response(200, json_body({**outcome, "key": key}), keep_alive=keep))
+            answered(keep)
+
+        return self.links.send_nowait(
+            session, text, key=key, untrusted=untrusted, tenant=tenant, done=done
+        )
 
     def _tenant(self, request: HttpRequest) -> str | None:
         """The tenant the request's bearer token names (None: the operator, or no tokens
@@ -81,10 +124,10 @@ class Api:
         return None if tenant == OPERATOR else tenant
 
     async def _route(
-        self, request: HttpRequest, writer: asyncio.StreamWriter, keep: bool, tenant: str | None
+        self, request: HttpRequest, writer: Writer, keep: bool, tenant: str | None
     ) -> bool:
         parts = urlsplit(request.target)
-        segments = [unquote(s) for s in parts.path.split("/")[1:]]
+        segments = _segments(request.target)
         method = request.method
         if segments == ["v1", "openapi.json"]:
             _allow(method, "GET")
@@ -162,22 +205,11 @@ class Api:
         self,
         session: str,
         request: HttpRequest,
-        writer: asyncio.StreamWriter,
+        writer: Writer,
         keep: bool,
         tenant: str | None,
     ) -> bool:
-        body = _json_object(request)
-        text = _string(body, "text")
-        untrusted = body.get("untrusted", False)
-        if not isinstance(untrusted, bool):
-            raise HttpError(400, "bad_request", "field 'untrusted' must be true or false")
-        key = request.header("idempotency-key")
-        if key is None:
-            key = f"auto-{uuid.uuid4().hex}"
-        elif not _KEY.fullmatch(key):
-            raise HttpError(400, "bad_request", f"an Idempotency-Key of 1 to {MAX_KEY} visible "
-                            "ASCII characters")  # fmt: skip
-        streamed = "text/event-stream" in (request.header("accept") or "")
+        text, untrusted, key, streamed = _send_fields(request)
         if tenant is not None and (streamed or self.turns.get(session, key) is not None):
             # A stream is started or joined here, not by the daemon: the daemon is asked
             # first whether the session is this tenant's (403 forbidden if not).
@@ -195,6 +227,36 @@ class Api:
         result = await self.links.send(session, text, key=key, untrusted=untrusted, tenant=tenant)
         writer.write(response(200, json_body({**result, "key": key}), keep_alive=keep))
         return keep
+
+
+def _segments(target: str) -> list[str]:
+    """The target's path, split at its slashes, each part unquoted."""
+    if _PLAIN_PATH.fullmatch(target):  # no query, fragment, escape or authority: itself
+        return target.split("/")[1:]
+    return [unquote(s) for s in urlsplit(target).path.split("/")[1:]]
+
+
+_PLAIN_PATH: Final = re.compile(r"/(?!/)[^?#%]*")
+"""A target ``urlsplit`` and ``unquote`` give back unchanged (``parser._TARGET`` has
+already refused whitespace and control characters)."""
+
+
+def _send_fields(request: HttpRequest) -> tuple[str, bool, str, bool]:
+    """A send's text, untrusted flag, key (made up without ``Idempotency-Key``) and
+    whether it asks for an event stream; HttpError if one of them is wrong."""
+    body = _json_object(request)
+    text = _string(body, "text")
+    untrusted = body.get("untrusted", False)
+    if not isinstance(untrusted, bool):
+        raise HttpError(400, "bad_request", "field 'untrusted' must be true or false")
+    key = request.header("idempotency-key")
+    if key is None:
+        key = f"auto-{uuid.uuid4().hex}"
+    elif not _KEY.fullmatch(key):
+        raise HttpError(400, "bad_request", f"an Idempotency-Key of 1 to {MAX_KEY} visible "
+                        "ASCII characters")  # fmt: skip
+    streamed = "text/event-stream" in (request.header("accept") or "")
+    return text, untrusted, key, streamed
 
 
 def _allow(method: str, allowed: str) -> None:

@@ -1,0 +1,331 @@
+"""One connection of the HTTP port, read by the loop as its bytes arrive (a Protocol).
+
+Its requests are read in ``data_received`` (the head by ``parser.parse_head``, as
+strictly as RFC 9112 asks) and answered one at a time, in their order: bytes that come
+while one is answered wait in the buffer (reading pauses past ``BUFFERED_WHILE_BUSY``).
+A send on a kept worker connection is answered by callbacks (``Api.answer_nowait``);
+any other request by a task running ``Api.answer``. Issue 34: reading through a
+StreamReader and a task per connection took two more turns of the loop a send, and an
+``asyncio.timeout`` scope (a timer armed and cancelled) for each of the idle wait, the
+head and the body.
+
+Deadlines: ``KEEP_ALIVE_IDLE`` for a request's first byte (then closed without a word),
+``HEADER_DEADLINE`` from it to the end of the head, ``BODY_DEADLINE`` from there to the
+end of the body (each then answered 408 and closed), none while a request is answered.
+One timer a connection keeps them: a deadline moved later is only noted, and the timer,
+when it fires early, is armed again for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+from typing import Final
+
+from supervisor.http.parser import (
+    BODY_DEADLINE,
+    HEADER_DEADLINE,
+    KEEP_ALIVE_IDLE,
+    MAX_HEAD,
+    HttpError,
+    HttpRequest,
+    body_length,
+    parse_head,
+)
+from supervisor.http.responses import error_response
+from supervisor.http.routes import Api
+
+MAX_CONNECTIONS: Final = 2048
+"""Connections at once; one more is answered 503 and closed. Each holds at most its
+buffer (a request's head and body, or ``BUFFERED_WHILE_BUSY`` more while one is
+answered) and its transport's (64 KiB, then it is drained)."""
+MAX_REQUESTS_PER_CONNECTION: Final = 1000
+LINGER: Final = 2.0
+"""Seconds an answered refusal waits for the peer's unread bytes (at most
+``LINGER_BYTES``) before closing: closing with unread input sends a reset, which can
+destroy the refusal before the peer reads it."""
+LINGER_BYTES: Final = 4 << 20
+BUFFERED_WHILE_BUSY: Final = 2 * MAX_HEAD
+"""Bytes read ahead while a request is answered, at most; then reading pauses."""
+_END_OF_HEAD: Final = b"\r\n\r\n"
+
+
+class Phase(enum.Enum):
+    """Where a connection is: its next request's first byte awaited (IDLE), its head
+    (HEAD), its body (BODY), its answer (BUSY), a refusal's lingering, or closed."""
+
+    IDLE = "idle"
+    HEAD = "head"
+    BODY = "body"
+    BUSY = "busy"
+    LINGER = "linger"
+    CLOSED = "closed"
+
+
+class HttpConnection(asyncio.Protocol):
+    """One client's connection: its requests read, answered in turn, kept alive within
+    ``MAX_REQUESTS_PER_CONNECTION`` and the deadlines; also the ``Writer`` of their
+    answers. ``open`` is the port's set of connections, this one in it while open."""
+
+    def __init__(self, api: Api, open_connections: set[HttpConnection]) -> None:
+        self._api = api
+        self._open = open_connections
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._phase = Phase.IDLE
+        self._buffer = bytearray()
+        self._scanned = 0  # the buffer's bytes searched for the end of the head, less 3
+        self._head: tuple[str, str, dict[str, str], int] | None = None
+        self._served = 0
+        self._eof = False
+        self._reading_paused = False
+        self._writing_paused = False
+        self._drained: list[asyncio.Future[None]] = []
+        self._lingered = 0
+        self._deadline: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[bool] | None = None
+
+    # The transport's side.
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._open.add(self)
+        if len(self._open) > MAX_CONNECTIONS:
+            self._refuse(HttpError(503, "busy", "too many connections"))
+            return
+        self._wait(KEEP_ALIVE_IDLE)
+
+    def data_received(self, data: bytes) -> None:
+        if self._phase is Phase.LINGER:
+            self._discard(len(data))
+            return
+        self._buffer += data
+        if self._phase is Phase.BUSY:
+            if len(self._buffer) > BUFFERED_WHILE_BUSY and not self._reading_paused:
+                self._pause_reading()
+            return
+        self._advance()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        if self._phase is Phase.LINGER:
+            self._close()
+        elif self._phase is not Phase.BUSY:
+            self._advance()
+        return True  # the transport stays open for an answer: ours to close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._phase = Phase.CLOSED
+        self._open.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._wake_drained()
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._wake_drained()
+        if self._phase is Phase.IDLE:
+            self._advance()
+
+    # The answers' side (``responses.Writer``).
+
+    def write(self, data: bytes) -> None:
+        if self._phase is not Phase.CLOSED and self._transport is not None:
+            self._transport.write(data)
+
+    async def drain(self) -> None:
+        if self._transport is not None and self._transport.is_closing():
+            await asyncio.sleep(0)  # its connection_lost comes on the loop's next turn
+        if self._phase is Phase.CLOSED:
+            raise ConnectionResetError("Connection lost")
+        if not self._writing_paused:
+            return
+        waiter = self._loop.create_future()
+        self._drained.append(waiter)
+        await waiter
+
+    def abort(self) -> None:
+        """End the connection now, its unsent bytes dropped (the port stops)."""
+        if self._transport is not None:
+            self._transport.abort()
+
+    # Reading requests.
+
+    def _advance(self) -> None:
+        """Read what the buffer holds of the next request; answer it once whole."""
+        while self._phase in (Phase.IDLE, Phase.HEAD, Phase.BODY) and not self._writing_paused:
+            if self._phase is Phase.IDLE:
+                if not self._buffer:
+                    if self._eof:
+                        self._close()  # no request began: closed without a word
+                    return
+                self._phase = Phase.HEAD
+                self._wait(HEADER_DEADLINE)
+            if self._phase is Phase.HEAD and not self._read_head():
+                return
+            if self._head is not None:
+                method, target, headers, length = self._head
+                if len(self._buffer) < length:
+                    if self._eof:
+                        self._refuse(HttpError(400, "bad_request",
+                                               "the connection ended inside a body"))  # fmt: skip
+                    return
+                body = bytes(self._buffer[:length])
+                del self._buffer[:length]
+                self._head = None
+                request = HttpRequest(method=method, target=target, headers=headers, body=body)
+                self._answer(request)
+
+    def _read_head(self) -> bool:
+        """Whether the head was read whole (the phase is BODY then); False if it is not
+        here yet, or was refused."""
+        end = self._buffer.find(_END_OF_HEAD, self._scanned)
+        if end < 0:
+            if len(self._buffer) >= MAX_HEAD:
+                self._refuse(HttpError(431, "too_large", f"a request head over {MAX_HEAD} bytes"))
+            elif self._eof:
+                why = "the connection ended inside a request's head"
+                self._refuse(HttpError(400, "bad_request", why))
+            else:
+                self._scanned = max(0, len(self._buffer) - 3)
+            return False
+        end += len(_END_OF_HEAD)
+        head = bytes(self._buffer[:end])
+        del self._buffer[:end]
+        self._scanned = 0
+        try:
+            method, target, headers = parse_head(head)
+            length = body_length(headers)
+        except HttpError as exc:
+            self._refuse(exc)
+            return False
+        self._head = (method, target, headers, length)
+        self._phase = Phase.BODY
+        self._wait(BODY_DEADLINE)
+        return True
+
+    # Answering.
+
+    def _answer(self, request: HttpRequest) -> None:
+        self._phase = Phase.BUSY
+        self._deadline = None  # the answer's deadlines are its calls' own
+        self._served += 1
+        if self._api.answer_nowait(request, self, self._answered):
+            return
+        self._task = self._loop.create_task(self._api.answer(request, self))
+        self._task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[bool]) -> None:
+        self._task = None
+        if task.cancelled():
+            self.abort()
+            return
+        failure = task.exception()
+        if failure is None:
+            self._answered(task.result())
+            return
+        if not isinstance(failure, ConnectionError | TimeoutError):  # not the peer's leaving
+            self._loop.call_exception_handler(
+                {"message": "an HTTP request failed", "exception": failure, "protocol": self}
+            )
+        self.abort()
+
+    def _answered(self, keep: bool) -> None:
+        """The answer is written: the next request, or the end of the connection."""
+        if self._phase is not Phase.BUSY:
+            return  # closed meanwhile
+        if not keep or self._served >= MAX_REQUESTS_PER_CONNECTION:
+            self._close()
+            return
+        self._phase = Phase.IDLE
+        self._wait(KEEP_ALIVE_IDLE)
+        if self._reading_paused:
+            self._reading_paused = False
+            if self._transport is not None:
+                self._transport.resume_reading()
+        self._advance()
+
+    # Deadlines, refusals, the end.
+
+    def _wait(self, seconds: float) -> None:
+        """Let the current phase last ``seconds`` from now."""
+        deadline = self._loop.time() + seconds
+        self._deadline = deadline
+        if self._timer is None or self._timer.when() > deadline:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self._loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        deadline = self._deadline
+        if deadline is None or self._phase is Phase.CLOSED:
+            return
+        if deadline > self._loop.time():  # moved later since: armed again for it
+            self._timer = self._loop.call_at(deadline, self._on_timer)
+            return
+        self._deadline = None
+        if self._phase is Phase.IDLE:
+            self._close()  # no request began: closed without a word
+        elif self._phase is Phase.HEAD:
+            why = f"no whole request head within {HEADER_DEADLINE:g} s"
+            self._refuse(HttpError(408, "timeout", why))
+        elif self._phase is Phase.BODY:
+            length = self._head[3] if self._head is not None else 0
+            why = f"no whole body of {length} bytes within {BODY_DEADLINE:g} s of its head"
+            self._refuse(HttpError(408, "timeout", why))
+        elif self._phase is Phase.LINGER:
+            self.abort()
+
+    def _refuse(self, exc: HttpError) -> None:
+        """Answer ``exc`` and close: our side ended at once, the peer's rest read (at most
+        ``LINGER_BYTES``, for ``LINGER`` s) so that closing resets nothing unread."""
+        self.write(error_response(exc.status, exc.code, exc.message, keep_alive=False))
+        self._phase = Phase.LINGER
+        self._head = None
+        if self._eof:
+            self._close()
+            return
+        assert self._transport is not None
+        if self._transport.can_write_eof():
+            self._transport.write_eof()
+        if self._reading_paused:
+            self._reading_paused = False
+            self._transport.resume_reading()
+        self._wait(LINGER)
+        unread, self._buffer = len(self._buffer), bytearray()
+        self._discard(unread)
+
+    def _discard(self, count: int) -> None:
+        self._lingered += count
+        if self._lingered >= LINGER_BYTES:
+            self.abort()
+
+    def _pause_reading(self) -> None:
+        self._reading_paused = True
+        if self._transport is not None:
+            with contextlib.suppress(RuntimeError):  # already closing
+                self._transport.pause_reading()
+
+    def _close(self) -> None:
+        """End the connection once what was written is sent."""
+        self._phase = Phase.CLOSED
+        if self._transport is not None:
+            self._transport.close()
+
+    def _wake_drained(self) -> None:
+        waiters, self._drained = self._drained, []
+        for waiter in waiters:
+            if waiter.done():
+                continue
+            if self._phase is Phase.CLOSED:
+                waiter.set_exception(ConnectionResetError("Connection lost"))
+            else:
+                waiter.set_result(None)
