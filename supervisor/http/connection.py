@@ -3,15 +3,26 @@
 Its requests are read in ``data_received`` (the head by ``parser.parse_head``, as
 strictly as RFC 9112 asks) and answered one at a time, in their order: bytes that come
 while one is answered wait in the buffer (reading pauses past ``BUFFERED_WHILE_BUSY``).
+Reading also pauses, whatever the phase, while the transport's write buffer is past its
+high-water mark (``pause_writing``), and resumes only once writing resumed and nothing
+else forbids it (``_flow``): a client that sends and never reads holds at most its read
+buffer and one write buffer, never all it sends.
+
 A send on a kept worker connection is answered by callbacks (``Api.answer_nowait``);
 any other request by a task running ``Api.answer``. Issue 34: reading through a
 StreamReader and a task per connection took two more turns of the loop a send, and an
 ``asyncio.timeout`` scope (a timer armed and cancelled) for each of the idle wait, the
-head and the body.
+head and the body. Every error on a request's path ends in one answer: an HttpError in
+its own, anything else in a 500 ``internal`` and the connection closed (``_failed``).
+None may leave a callback: a pipelined request is read from within the callback of the
+worker connection that answered the one before, and its error would end that worker
+connection and leave this one waiting for good, its slot held.
 
 Deadlines: ``KEEP_ALIVE_IDLE`` for a request's first byte (then closed without a word),
 ``HEADER_DEADLINE`` from it to the end of the head, ``BODY_DEADLINE`` from there to the
 end of the body (each then answered 408 and closed), none while a request is answered.
+The idle one runs only while nothing received is unanswered and writing is not paused:
+a slow reader's pipelined requests wait for it, however long it takes to read.
 One timer a connection keeps them: a deadline moved later is only noted, and the timer,
 when it fires early, is armed again for it.
 """
@@ -38,9 +49,11 @@ from supervisor.http.routes import Api
 
 MAX_CONNECTIONS: Final = 2048
 """Connections at once; one more is answered 503 and closed. Each holds at most its
-buffer (a request's head and body, or ``BUFFERED_WHILE_BUSY`` more while one is
-answered) and its transport's (64 KiB, then it is drained)."""
+buffer (a request's head and body, or ``BUFFERED_WHILE_BUSY`` while one is answered or
+writing is paused, and one read of the transport's beyond either) and its transport's
+(past 64 KiB reading pauses; one answer can take it past that)."""
 MAX_REQUESTS_PER_CONNECTION: Final = 1000
+"""Requests a connection serves; the last one is answered ``Connection: close``."""
 LINGER: Final = 2.0
 """Seconds an answered refusal waits for the peer's unread bytes (at most
 ``LINGER_BYTES``) before closing: closing with unread input sends a reset, which can
@@ -48,6 +61,9 @@ destroy the refusal before the peer reads it."""
 LINGER_BYTES: Final = 4 << 20
 BUFFERED_WHILE_BUSY: Final = 2 * MAX_HEAD
 """Bytes read ahead while a request is answered, at most; then reading pauses."""
+INTERNAL: Final = HttpError(500, "internal", "serve failed to answer this request")
+"""The answer to an error on a request's path other than an HttpError (its name and
+stack go to serve's log, not to the client: they may name the home's paths)."""
 _END_OF_HEAD: Final = b"\r\n\r\n"
 
 
@@ -61,6 +77,10 @@ class Phase(enum.Enum):
     BUSY = "busy"
     LINGER = "linger"
     CLOSED = "closed"
+
+
+_READING: Final = (Phase.IDLE, Phase.HEAD, Phase.BODY)
+"""The phases in which the buffer's bytes are read as the next request."""
 
 
 class HttpConnection(asyncio.Protocol):
@@ -78,6 +98,7 @@ class HttpConnection(asyncio.Protocol):
         self._scanned = 0  # the buffer's bytes searched for the end of the head, less 3
         self._head: tuple[str, str, dict[str, str], int] | None = None
         self._served = 0
+        self._began = False  # a byte of the current request's answer written
         self._eof = False
         self._reading_paused = False
         self._writing_paused = False
@@ -103,11 +124,10 @@ class HttpConnection(asyncio.Protocol):
             self._discard(len(data))
             return
         self._buffer += data
-        if self._phase is Phase.BUSY:
-            if len(self._buffer) > BUFFERED_WHILE_BUSY and not self._reading_paused:
-                self._pause_reading()
-            return
-        self._advance()
+        if self._phase is not Phase.BUSY:
+            self._advance()
+        if self._writing_paused or len(self._buffer) > BUFFERED_WHILE_BUSY:
+            self._flow()
 
     def eof_received(self) -> bool:
         self._eof = True
@@ -127,17 +147,22 @@ class HttpConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._writing_paused = True
+        self._flow()
 
     def resume_writing(self) -> None:
         self._writing_paused = False
         self._wake_drained()
-        if self._phase is Phase.IDLE:
+        if self._phase in _READING:
             self._advance()
+        self._flow()
 
     # The answers' side (``responses.Writer``).
 
     def write(self, data: bytes) -> None:
-        if self._phase is not Phase.CLOSED and self._transport is not None:
+        # An answer's bytes, while it is answered only: a refusal already written (after
+        # an error) ends the connection, and nothing may follow it.
+        if self._phase is Phase.BUSY and self._transport is not None:
+            self._began = True
             self._transport.write(data)
 
     async def drain(self) -> None:
@@ -159,12 +184,21 @@ class HttpConnection(asyncio.Protocol):
     # Reading requests.
 
     def _advance(self) -> None:
-        """Read what the buffer holds of the next request; answer it once whole."""
-        while self._phase in (Phase.IDLE, Phase.HEAD, Phase.BODY) and not self._writing_paused:
+        """Read what the buffer holds of the next request; answer it once whole. Never
+        raises: it runs in the transport's callbacks and in a worker connection's."""
+        try:
+            self._advance_or_raise()
+        except Exception as exc:  # noqa: BLE001 (a callback's boundary: answered, never raised)
+            self._failed(exc)
+
+    def _advance_or_raise(self) -> None:
+        while self._phase in _READING and not self._writing_paused:
             if self._phase is Phase.IDLE:
                 if not self._buffer:
                     if self._eof:
                         self._close()  # no request began: closed without a word
+                    elif self._deadline is None:
+                        self._wait(KEEP_ALIVE_IDLE)  # idle from now: all is answered
                     return
                 self._phase = Phase.HEAD
                 self._wait(HEADER_DEADLINE)
@@ -180,6 +214,8 @@ class HttpConnection(asyncio.Protocol):
                 body = bytes(self._buffer[:length])
                 del self._buffer[:length]
                 self._head = None
+                if self._served + 1 >= MAX_REQUESTS_PER_CONNECTION:
+                    headers["connection"] = "close"  # the last one: its answer says so
                 request = HttpRequest(method=method, target=target, headers=headers, body=body)
                 self._answer(request)
 
@@ -216,6 +252,7 @@ class HttpConnection(asyncio.Protocol):
     def _answer(self, request: HttpRequest) -> None:
         self._phase = Phase.BUSY
         self._deadline = None  # the answer's deadlines are its calls' own
+        self._began = False
         self._served += 1
         if self._api.answer_nowait(request, self, self._answered):
             return
@@ -230,12 +267,10 @@ class HttpConnection(asyncio.Protocol):
         failure = task.exception()
         if failure is None:
             self._answered(task.result())
-            return
-        if not isinstance(failure, ConnectionError | TimeoutError):  # not the peer's leaving
-            self._loop.call_exception_handler(
-                {"message": "an HTTP request failed", "exception": failure, "protocol": self}
-            )
-        self.abort()
+        elif isinstance(failure, Exception):
+            self._failed(failure)
+        else:
+            self.abort()
 
     def _answered(self, keep: bool) -> None:
         """The answer is written: the next request, or the end of the connection."""
@@ -245,12 +280,24 @@ class HttpConnection(asyncio.Protocol):
             self._close()
             return
         self._phase = Phase.IDLE
-        self._wait(KEEP_ALIVE_IDLE)
-        if self._reading_paused:
-            self._reading_paused = False
-            if self._transport is not None:
-                self._transport.resume_reading()
-        self._advance()
+        self._advance()  # the next request, or the idle deadline if none is here
+        if self._reading_paused or len(self._buffer) > BUFFERED_WHILE_BUSY:
+            self._flow()
+
+    def _failed(self, exc: Exception) -> None:
+        """An error on a request's path that is not an HttpError: logged, and answered
+        500 unless its answer began (then the connection is ended at once)."""
+        gone = self._transport is None or self._transport.is_closing()
+        if not isinstance(exc, ConnectionError) or not gone:  # not the peer's leaving
+            self._loop.call_exception_handler(
+                {"message": "an HTTP request failed", "exception": exc, "protocol": self}
+            )
+        unanswered = self._phase in _READING or (self._phase is Phase.BUSY and not self._began)
+        if unanswered and not gone:
+            self._refuse(INTERNAL)
+            return
+        if self._phase is not Phase.LINGER:
+            self.abort()
 
     # Deadlines, refusals, the end.
 
@@ -273,7 +320,8 @@ class HttpConnection(asyncio.Protocol):
             return
         self._deadline = None
         if self._phase is Phase.IDLE:
-            self._close()  # no request began: closed without a word
+            if not self._buffer:  # no request began: closed without a word
+                self._close()
         elif self._phase is Phase.HEAD:
             why = f"no whole request head within {HEADER_DEADLINE:g} s"
             self._refuse(HttpError(408, "timeout", why))
@@ -287,18 +335,17 @@ class HttpConnection(asyncio.Protocol):
     def _refuse(self, exc: HttpError) -> None:
         """Answer ``exc`` and close: our side ended at once, the peer's rest read (at most
         ``LINGER_BYTES``, for ``LINGER`` s) so that closing resets nothing unread."""
-        self.write(error_response(exc.status, exc.code, exc.message, keep_alive=False))
+        assert self._transport is not None
+        self._transport.write(error_response(exc.status, exc.code, exc.message,
+                                             keep_alive=False))  # fmt: skip
         self._phase = Phase.LINGER
         self._head = None
         if self._eof:
             self._close()
             return
-        assert self._transport is not None
         if self._transport.can_write_eof():
             self._transport.write_eof()
-        if self._reading_paused:
-            self._reading_paused = False
-            self._transport.resume_reading()
+        self._flow()  # read again, to discard
         self._wait(LINGER)
         unread, self._buffer = len(self._buffer), bytearray()
         self._discard(unread)
@@ -308,11 +355,23 @@ class HttpConnection(asyncio.Protocol):
         if self._lingered >= LINGER_BYTES:
             self.abort()
 
-    def _pause_reading(self) -> None:
-        self._reading_paused = True
-        if self._transport is not None:
-            with contextlib.suppress(RuntimeError):  # already closing
+    def _flow(self) -> None:
+        """Pause reading while what is read could not be taken, resume it otherwise: not
+        while the transport's writing is paused (in every phase but a refusal's, which
+        reads to discard), nor past ``BUFFERED_WHILE_BUSY`` while a request is answered."""
+        phase = self._phase
+        pause = phase is not Phase.LINGER and (
+            self._writing_paused
+            or (phase is Phase.BUSY and len(self._buffer) > BUFFERED_WHILE_BUSY)
+        )
+        if pause is self._reading_paused or self._transport is None or phase is Phase.CLOSED:
+            return
+        self._reading_paused = pause
+        with contextlib.suppress(RuntimeError):  # already closing
+            if pause:
                 self._transport.pause_reading()
+            else:
+                self._transport.resume_reading()
 
     def _close(self) -> None:
         """End the connection once what was written is sent."""

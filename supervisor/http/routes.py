@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
@@ -65,7 +66,11 @@ class Api:
         try:
             return await self._route(request, writer, keep, self._tenant(request))
         except HttpError as exc:
-            extra = (("WWW-Authenticate", 'Bearer realm="loopd"'),) if exc.status == 401 else ()
+            extra: tuple[tuple[str, str], ...] = ()
+            if exc.status == 401:
+                extra = (("WWW-Authenticate", 'Bearer realm="loopd"'),)
+            elif isinstance(exc, MethodNotAllowed):
+                extra = (("Allow", exc.allowed),)
             writer.write(
                 error_response(exc.status, exc.code, exc.message, keep_alive=keep, extra=extra)
             )
@@ -99,11 +104,24 @@ class Api:
         keep = request.keep_alive
 
         def done(outcome: Message | ControlError) -> None:
-            if isinstance(outcome, ControlError):
-                status = status_of(outcome.code)
-                writer.write(error_response(status, outcome.code, outcome.message, keep_alive=keep))
-            else:
-                writer.write(response(200, json_body({**outcome, "key": key}), keep_alive=keep))
+            # Called by a worker connection's callbacks: an error raised here would end
+            # that connection (every send in flight on it) and leave this one unanswered.
+            try:
+                if isinstance(outcome, ControlError):
+                    status = status_of(outcome.code)
+                    answer = error_response(status, outcome.code, outcome.message,
+                                            keep_alive=keep)  # fmt: skip
+                else:
+                    answer = response(200, json_body({**outcome, "key": key}), keep_alive=keep)
+            except Exception as exc:  # noqa: BLE001 (a callback's boundary: answered 500)
+                asyncio.get_running_loop().call_exception_handler(
+                    {"message": "an HTTP send's answer failed", "exception": exc}
+                )
+                writer.write(error_response(500, "internal", "serve failed to answer this "
+                                            "request", keep_alive=False))  # fmt: skip
+                answered(False)
+                return
+            writer.write(answer)
             answered(keep)
 
         return self.links.send_nowait(
@@ -136,7 +154,7 @@ class Api:
             rows = await self.pool.run(lambda c: c.call("status"), tenant)
             writer.write(response(200, json_body({"sessions": rows}), keep_alive=keep))
         elif segments == ["v1", "sessions"]:
-            _allow(method, "POST")
+            _allow(method, "POST", also="GET")
             body = _json_object(request)
             session = _string(body, "id")
             fields: dict[str, object] = {"session": session}
@@ -259,9 +277,22 @@ def _send_fields(request: HttpRequest) -> tuple[str, bool, str, bool]:
     return text, untrusted, key, streamed
 
 
-def _allow(method: str, allowed: str) -> None:
+class MethodNotAllowed(HttpError):
+    """A 405: the method is not served at this path; ``allowed`` is the Allow header."""
+
+    def __init__(self, method: str, allowed: str) -> None:
+        message = f"{method} is not served here (allowed: {allowed})"
+        super().__init__(405, "bad_request", message)
+        self.args = (method, allowed)  # as this class is made: it pickles
+        self.method = method
+        self.allowed = allowed
+
+
+def _allow(method: str, allowed: str, *, also: str | None = None) -> None:
+    """MethodNotAllowed unless ``method`` is ``allowed`` (``also`` is served at the same
+    path by another branch: the Allow header names both)."""
     if method != allowed:
-        raise HttpError(405, "bad_request", f"{method} is not served here; {allowed} is")
+        raise MethodNotAllowed(method, allowed if also is None else f"{also}, {allowed}")
 
 
 def _json_object(request: HttpRequest) -> dict[str, object]:
@@ -272,6 +303,8 @@ def _json_object(request: HttpRequest) -> dict[str, object]:
         document = json.loads(request.body)
     except (UnicodeDecodeError, ValueError) as exc:
         raise HttpError(400, "bad_request", f"the body is not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise HttpError(400, "bad_request", "the body's JSON nests too deeply") from exc
     if not isinstance(document, dict):
         raise HttpError(400, "bad_request", "the body must be a JSON object")
     return document
@@ -281,6 +314,11 @@ def _string(body: dict[str, object], name: str) -> str:
     value = body.get(name)
     if not isinstance(value, str):
         raise HttpError(400, "bad_request", f"field {name!r} must be a string")
+    try:
+        value.encode()  # a lone surrogate (JSON may escape one) goes on no wire of ours
+    except UnicodeEncodeError as exc:
+        raise HttpError(400, "bad_request", f"field {name!r} holds a lone surrogate, "
+                        "which is no Unicode character") from exc  # fmt: skip
     return value
 
 
