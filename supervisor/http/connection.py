@@ -1,31 +1,21 @@
 """One connection of the HTTP port, read by the loop as its bytes arrive (a Protocol).
 
-Its requests are read in ``data_received`` (the head by ``parser.parse_head``, as
-strictly as RFC 9112 asks) and answered one at a time, in their order: bytes that come
-while one is answered wait in the buffer (reading pauses past ``BUFFERED_WHILE_BUSY``).
-Reading also pauses, whatever the phase, while the transport's write buffer is past its
-high-water mark (``pause_writing``), and resumes only once writing resumed and nothing
-else forbids it (``_flow``): a client that sends and never reads holds at most its read
-buffer and one write buffer, never all it sends.
-
-A send on a kept worker connection is answered by callbacks (``Api.answer_nowait``);
-any other request by a task running ``Api.answer``. Issue 34: reading through a
-StreamReader and a task per connection took two more turns of the loop a send, and an
-``asyncio.timeout`` scope (a timer armed and cancelled) for each of the idle wait, the
-head and the body. Every error on a request's path ends in one answer: an HttpError in
-its own, anything else in a 500 ``internal`` and the connection closed (``_failed``).
-None may leave a callback: a pipelined request is read from within the callback of the
-worker connection that answered the one before, and its error would end that worker
-connection and leave this one waiting for good, its slot held.
+Requests are read in ``data_received`` (heads by ``parser.parse_head``, as strict as RFC
+9112 asks) and answered one at a time, in order; what comes meanwhile waits (reading
+pauses past ``BUFFERED_WHILE_BUSY``, and in every phase while the transport's writing
+is paused: ``_flow``). A send on a kept worker connection is answered by callbacks
+(``Api.answer_nowait``), any other request by a task (``Api.answer``). Every error on a
+request's path ends in one answer, an HttpError's own or a 500 ``internal`` and the
+connection closed (``_failed``); none leaves a callback (a pipelined request is read in
+the callback of the worker connection that answered the one before).
 
 Deadlines: ``KEEP_ALIVE_IDLE`` for a request's first byte (then closed without a word),
-``HEADER_DEADLINE`` from it to the end of the head, ``BODY_DEADLINE`` from there to the
-end of the body (each then answered 408 and closed), none while a request is answered.
-The idle one runs only while nothing received is unanswered and writing is not paused:
-a slow reader's pipelined requests wait for it, however long it takes to read.
-One timer a connection keeps them: a deadline moved later is only noted, and the timer,
-when it fires early, is armed again for it.
-"""
+``HEADER_DEADLINE`` to the end of its head, ``BODY_DEADLINE`` to the end of its body
+(then answered 408 and closed), none while a request is answered; the idle one only
+while nothing received is unanswered and writing is not paused. One timer keeps them
+(a deadline moved later is only noted; the timer, fired early, is armed again). Bytes
+the peer takes none of for ``WRITE_STALL`` s (writing paused, or after a close) abort
+the connection."""
 
 from __future__ import annotations
 
@@ -34,6 +24,15 @@ import contextlib
 import enum
 from typing import Final
 
+from supervisor.http.limits import (
+    BUFFERED_WHILE_BUSY,
+    INTERNAL,
+    LINGER,
+    LINGER_BYTES,
+    MAX_CONNECTIONS,
+    MAX_REQUESTS_PER_CONNECTION,
+    WRITE_STALL,
+)
 from supervisor.http.parser import (
     BODY_DEADLINE,
     HEADER_DEADLINE,
@@ -47,23 +46,6 @@ from supervisor.http.parser import (
 from supervisor.http.responses import error_response
 from supervisor.http.routes import Api
 
-MAX_CONNECTIONS: Final = 2048
-"""Connections at once; one more is answered 503 and closed. Each holds at most its
-buffer (a request's head and body, or ``BUFFERED_WHILE_BUSY`` while one is answered or
-writing is paused, and one read of the transport's beyond either) and its transport's
-(past 64 KiB reading pauses; one answer can take it past that)."""
-MAX_REQUESTS_PER_CONNECTION: Final = 1000
-"""Requests a connection serves; the last one is answered ``Connection: close``."""
-LINGER: Final = 2.0
-"""Seconds an answered refusal waits for the peer's unread bytes (at most
-``LINGER_BYTES``) before closing: closing with unread input sends a reset, which can
-destroy the refusal before the peer reads it."""
-LINGER_BYTES: Final = 4 << 20
-BUFFERED_WHILE_BUSY: Final = 2 * MAX_HEAD
-"""Bytes read ahead while a request is answered, at most; then reading pauses."""
-INTERNAL: Final = HttpError(500, "internal", "serve failed to answer this request")
-"""The answer to an error on a request's path other than an HttpError (its name and
-stack go to serve's log, not to the client: they may name the home's paths)."""
 _END_OF_HEAD: Final = b"\r\n\r\n"
 
 
@@ -107,6 +89,8 @@ class HttpConnection(asyncio.Protocol):
         self._deadline: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[bool] | None = None
+        self._stall: asyncio.TimerHandle | None = None
+        self._resumed = False  # writing resumed since the stall's last look
 
     # The transport's side.
 
@@ -140,17 +124,20 @@ class HttpConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._phase = Phase.CLOSED
         self._open.discard(self)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        for timer in (self._timer, self._stall):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._stall = None
         self._wake_drained()
 
     def pause_writing(self) -> None:
         self._writing_paused = True
         self._flow()
+        self._watch_stall()
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        self._resumed = True
         self._wake_drained()
         if self._phase in _READING:
             self._advance()
@@ -374,10 +361,31 @@ class HttpConnection(asyncio.Protocol):
                 self._transport.resume_reading()
 
     def _close(self) -> None:
-        """End the connection once what was written is sent."""
+        """End the connection once what was written is sent (``_watch_stall``)."""
         self._phase = Phase.CLOSED
         if self._transport is not None:
             self._transport.close()
+            self._watch_stall()
+
+    def _watch_stall(self) -> None:
+        """While writing is paused or a close waits for unsent bytes: aborted if the peer
+        takes none of them for ``WRITE_STALL`` s (the transport would wait for good)."""
+        if self._stall is None and self._transport is not None:
+            unsent = self._transport.get_write_buffer_size()
+            self._resumed = False
+            self._stall = self._loop.call_later(WRITE_STALL, self._stalled, unsent)
+
+    def _stalled(self, unsent_before: int) -> None:
+        self._stall = None  # connection_lost cancels it: the transport is still open here
+        assert self._transport is not None
+        unsent = self._transport.get_write_buffer_size()
+        waiting = unsent and (self._writing_paused or self._phase is Phase.CLOSED)
+        if not waiting:
+            return
+        if self._resumed or unsent < unsent_before:
+            self._watch_stall()  # the peer took some: another WRITE_STALL from now
+        else:
+            self.abort()
 
     def _wake_drained(self) -> None:
         waiters, self._drained = self._drained, []

@@ -17,7 +17,8 @@ from typing import Final
 
 from supervisor.errors import ServeError
 from supervisor.http.calls import ClientPool
-from supervisor.http.connection import MAX_CONNECTIONS, HttpConnection
+from supervisor.http.connection import HttpConnection
+from supervisor.http.limits import MAX_CONNECTIONS
 from supervisor.http.routes import Api
 from supervisor.http.tokens import TokenTable
 from supervisor.loop_thread import LoopThread, cancel_the_rest

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.http.connection import MAX_REQUESTS_PER_CONNECTION
+from supervisor.http.limits import MAX_REQUESTS_PER_CONNECTION
 from supervisor.http.parser import KEEP_ALIVE_IDLE
 from tests.harness.etcd_server import free_port
 from tests.harness.http_client import Api
