@@ -13,12 +13,14 @@ from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
 
 
-def start_serve(home: str, *args: str) -> subprocess.Popen[bytes]:
-    """``loopd serve --home home *args`` with budgets no benchmark reaches, once it answers."""
+def start_serve(home: str, *args: str, tree: str | None = None) -> subprocess.Popen[bytes]:
+    """``loopd serve --home home *args`` with budgets no benchmark reaches, once it answers;
+    with ``tree``, the loopd of that source tree (another commit's, to compare with)."""
+    env = None if tree is None else {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "supervisor", "serve", "--home", home, "--budget",
          "1000000000", "--max-restarts", "1000", "--start-retries", "1000", *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=tree,
         start_new_session=True,  # a ^C reaches the script, which stops the daemon itself
     )  # fmt: skip
     try:

@@ -50,6 +50,7 @@ import psutil
 from scripts.harness.benchmarks_doc import write_section
 from scripts.harness.serve import start_serve as _start_daemon
 from scripts.harness.serve import stop_serve as _stop_daemon
+from scripts.http.minimal_client import minimal_send
 from supervisor.client import Client
 
 APP = "scripts.http.bench_http_app:TickApp"
@@ -102,7 +103,6 @@ def round_trip(home: str, port: int, rounds: int, count: int) -> dict[str, Any]:
 
     raw = _connection(port).sock
     assert raw is not None
-    body = json.dumps({"text": "hello there"}).encode()
 
     def minimal(key: str) -> None:
         nonlocal raw
@@ -110,21 +110,7 @@ def round_trip(home: str, port: int, rounds: int, count: int) -> dict[str, Any]:
             raw.close()
             raw = _connection(port).sock
             assert raw is not None
-        raw.sendall(
-            f"POST /v1/sessions/rt/requests HTTP/1.1\r\nHost: bench\r\nContent-Type: "
-            f"application/json\r\nIdempotency-Key: {key}\r\nContent-Length: {len(body)}"
-            f"\r\n\r\n".encode()
-            + body
-        )
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += raw.recv(65536)
-        head, rest = data.split(b"\r\n\r\n", 1)
-        if not head.startswith(b"HTTP/1.1 200 "):
-            raise RuntimeError(f"minimal HTTP send: {head[:100]!r}")
-        length = int(head.lower().split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
-        while len(rest) < length:
-            rest += raw.recv(65536)
+        minimal_send(raw, "rt", key)
 
     def direct(key: str) -> None:
         client.send("rt", "hello there", key=key)

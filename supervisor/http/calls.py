@@ -54,13 +54,22 @@ class ClientPool:
     def admitted(self) -> Iterator[None]:
         """One call in flight for its duration; ControlError ``busy`` past ``MAX_IN_FLIGHT``
         (the loop's thread only: a send answered on the loop counts as a call)."""
-        if self.in_flight >= MAX_IN_FLIGHT:
-            raise ControlError("busy", f"{MAX_IN_FLIGHT} calls in flight; retry later")
-        self.in_flight += 1
+        self.admit()
         try:
             yield
         finally:
-            self.in_flight -= 1
+            self.release()
+
+    def admit(self) -> None:
+        """Count one call in flight until ``release``; ControlError ``busy`` (not counted)
+        past ``MAX_IN_FLIGHT`` (the loop's thread only)."""
+        if self.in_flight >= MAX_IN_FLIGHT:
+            raise ControlError("busy", f"{MAX_IN_FLIGHT} calls in flight; retry later")
+        self.in_flight += 1
+
+    def release(self) -> None:
+        """The end of a call ``admit`` counted."""
+        self.in_flight -= 1
 
     async def run_admitted(self, call: Callable[[Client], _T], tenant: str | None = None) -> _T:
         """``run`` within a call already ``admitted`` (not counted again)."""

@@ -1,4 +1,5 @@
-"""One HTTP/1.1 request off a connection, read as strictly as RFC 9112 asks.
+"""One HTTP/1.1 request's head, read as strictly as RFC 9112 asks (the connection's
+bytes are ``connection.HttpConnection``'s).
 
 What is refused, each with one error and the connection closed after it (a parser that
 guessed could be desynchronised from a proxy in front of it: request smuggling):
@@ -11,7 +12,6 @@ is not digits, and a body over ``MAX_BODY``.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from dataclasses import dataclass
 from typing import Final
@@ -34,6 +34,8 @@ to ``MAX_BODY`` is served, a stalled one answered 408 and closed."""
 _TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _TARGET: Final = re.compile(rb"/[\x21-\x7e]*")
 _VALUE: Final = re.compile(rb"[\x20-\x7e\x80-\xff\t]*")
+_HEADER_LINES: Final = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\x20-\x7e\x80-\xff\t]*\r\n)*")
+"""Every header line at once: ``_TOKEN``, a colon, a value of ``_VALUE``'s bytes, CRLF."""
 
 
 class HttpError(Exception):
@@ -63,39 +65,20 @@ class HttpRequest:
 
     @property
     def keep_alive(self) -> bool:
-        tokens = (self.headers.get("connection") or "").lower().split(",")
+        connection = self.headers.get("connection")
+        if connection is None:
+            return True
+        tokens = connection.lower().split(",")
         return "close" not in (t.strip() for t in tokens)
 
 
-async def read_request(reader: asyncio.StreamReader, first: bytes) -> HttpRequest:
-    """The request that began with the byte ``first``; HttpError if it is not strict.
-
-    Its head must be whole within ``HEADER_DEADLINE`` of ``first`` and its body within
-    ``BODY_DEADLINE`` of the head (408 otherwise); ``reader``'s limit is ``MAX_HEAD``.
-    """
-    try:
-        async with asyncio.timeout(HEADER_DEADLINE):
-            head = first + await reader.readuntil(b"\r\n\r\n")
-    except TimeoutError as exc:
-        why = f"no whole request head within {HEADER_DEADLINE:g} s"
-        raise HttpError(408, "timeout", why) from exc
-    except asyncio.IncompleteReadError as exc:
-        raise HttpError(400, "bad_request", "the connection ended inside a request's head") from exc
-    except asyncio.LimitOverrunError as exc:
-        raise HttpError(431, "too_large", f"a request head over {MAX_HEAD} bytes") from exc
-    method, target, headers = parse_head(head)
+def body_length(headers: dict[str, str]) -> int:
+    """The body's length its headers give (0 without Content-Length); HttpError if it is
+    not one number, or over ``MAX_BODY``."""
     length = _content_length(headers)
     if length > MAX_BODY:
         raise HttpError(413, "too_large", f"a body of {length} bytes (at most {MAX_BODY})")
-    try:
-        async with asyncio.timeout(BODY_DEADLINE):
-            body = await reader.readexactly(length)
-    except TimeoutError as exc:
-        why = f"no whole body of {length} bytes within {BODY_DEADLINE:g} s of its head"
-        raise HttpError(408, "timeout", why) from exc
-    except asyncio.IncompleteReadError as exc:
-        raise HttpError(400, "bad_request", "the connection ended inside a body") from exc
-    return HttpRequest(method=method, target=target, headers=headers, body=body)
+    return length
 
 
 def parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
@@ -110,14 +93,17 @@ def parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
         raise HttpError(400, "bad_request", "a request line other than METHOD /target HTTP/1.1")
     if parts[2] != b"HTTP/1.1":
         raise HttpError(505, "bad_request", "only HTTP/1.1 is served")
+    # One match checks every line at once (a C loop, not two matches a line); only when
+    # it fails is each line checked in turn, for the first failure's own error.
+    checked = _HEADER_LINES.fullmatch(head, len(lines[0]) + 2, len(head) - 2) is not None
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
-        if not colon or not _TOKEN.fullmatch(name):
+        if not checked and (not colon or not _TOKEN.fullmatch(name)):
             # Also a folded line (leading whitespace) and "Name : value" (RFC 9112 5.1).
             raise HttpError(400, "bad_request", "a header line that is not Name: value")
         value = value.strip(b" \t")
-        if not _VALUE.fullmatch(value):
+        if not checked and not _VALUE.fullmatch(value):
             raise HttpError(400, "bad_request", "a control character in a header value")
         key = name.decode("ascii").lower()
         if key in headers and key in _SINGLE:

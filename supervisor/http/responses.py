@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from http import HTTPStatus
-from typing import Final
+from typing import Final, Protocol
 
 STATUS_OF_CODE: Final = {
     "bad_request": 400,
@@ -28,13 +28,26 @@ STATUS_OF_CODE: Final = {
 """The HTTP status of each wire protocol error code; any other code is a 500."""
 
 
+class Writer(Protocol):
+    """Where a request's answer is written: its connection (``connection.HttpConnection``)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None:
+        """Return once the connection takes more (ConnectionResetError if it is gone)."""
+
+
 def status_of(code: str) -> int:
     return STATUS_OF_CODE.get(code, 500)
 
 
 def json_body(document: object) -> bytes:
     """A JSON document as sent; a value JSON lacks (bytes from msgpack) becomes its repr."""
-    return json.dumps(document, ensure_ascii=False, default=repr).encode("utf-8")
+    return _ENCODER.encode(document).encode("utf-8")
+
+
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, default=repr)
+"""``json.dumps`` with these options makes an encoder a call: one, made once."""
 
 
 def error_document(code: str, message: str) -> dict[str, object]:
@@ -50,15 +63,18 @@ def response(
     extra: tuple[tuple[str, str], ...] = (),
 ) -> bytes:
     """The whole response: status line, headers with Content-Length, body."""
-    reason = HTTPStatus(status).phrase
-    lines = [
-        f"HTTP/1.1 {status} {reason}",
-        f"Content-Type: {content_type}",
-        f"Content-Length: {len(body)}",
-        "Connection: keep-alive" if keep_alive else "Connection: close",
-        *(f"{name}: {value}" for name, value in extra),
-    ]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+    reason = _REASONS.get(status) or HTTPStatus(status).phrase
+    connection = "keep-alive" if keep_alive else "close"
+    more = "".join(f"{name}: {value}\r\n" for name, value in extra) if extra else ""
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: {connection}\r\n{more}\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
+_REASONS: Final = {200: "OK", 201: "Created"}
+"""The answers of nearly every request: their reason phrases without an Enum call."""
 
 
 def error_response(

@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import uuid
+from collections.abc import Callable
 from importlib import resources
 from typing import Final
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -14,12 +15,19 @@ from supervisor.client import Client
 from supervisor.errors import ControlError
 from supervisor.http.calls import ClientPool
 from supervisor.http.parser import HttpError, HttpRequest
-from supervisor.http.responses import error_response, json_body, response, status_of
+from supervisor.http.responses import (
+    Writer,
+    error_response,
+    json_body,
+    response,
+    status_of,
+)
 from supervisor.http.sse import Turns
 from supervisor.http.streaming import start_or_join, write_events, write_final_as_json
 from supervisor.http.tokens import TokenTable
 from supervisor.http.worker_links import WorkerLinks
 from supervisor.sessions.tenants import OPERATOR
+from worker.ipc.wire import Message
 
 MAX_KEY: Final = 256
 """Characters of an Idempotency-Key: a request id's bound on the wire."""
@@ -52,13 +60,17 @@ class Api:
         self.links = WorkerLinks(pool)  # a send's own path: no thread between it and the worker
         self._openapi = openapi_document()
 
-    async def answer(self, request: HttpRequest, writer: asyncio.StreamWriter) -> bool:
+    async def answer(self, request: HttpRequest, writer: Writer) -> bool:
         """Write the answer to ``request``; whether the connection may serve another."""
         keep = request.keep_alive
         try:
             return await self._route(request, writer, keep, self._tenant(request))
         except HttpError as exc:
-            extra = (("WWW-Authenticate", 'Bearer realm="loopd"'),) if exc.status == 401 else ()
+            extra: tuple[tuple[str, str], ...] = ()
+            if exc.status == 401:
+                extra = (("WWW-Authenticate", 'Bearer realm="loopd"'),)
+            elif isinstance(exc, MethodNotAllowed):
+                extra = (("Allow", exc.allowed),)
             writer.write(
                 error_response(exc.status, exc.code, exc.message, keep_alive=keep, extra=extra)
             )
@@ -66,6 +78,55 @@ class Api:
             status = status_of(exc.code)
             writer.write(error_response(status, exc.code, exc.message, keep_alive=keep))
         return keep
+
+    def answer_nowait(
+        self, request: HttpRequest, writer: Writer, answered: Callable[[bool], None]
+    ) -> bool:
+        """Take a send ``answer`` would make on a kept worker connection, without a task:
+        its answer is written and ``answered(keep)`` called later, from the connection's
+        callbacks. False (nothing done, nothing called) for any other request, and for
+        one this would refuse: ``answer`` takes it, with every check of its own."""
+        if request.method != "POST":
+            return False
+        try:
+            tenant = self._tenant(request)
+            segments = _segments(request.target)
+            if len(segments) != 4 or segments[:2] != ["v1", "sessions"]:
+                return False
+            if segments[3] != "requests":
+                return False
+            text, untrusted, key, streamed = _send_fields(request)
+        except HttpError:
+            return False
+        session = segments[2]
+        if streamed or self.turns.get(session, key) is not None:
+            return False  # an event stream, or a stream of this key runs: ``answer``'s
+        keep = request.keep_alive
+
+        def done(outcome: Message | ControlError) -> None:
+            # Called by a worker connection's callbacks: an error raised here would end
+            # that connection (every send in flight on it) and leave this one unanswered.
+            try:
+                if isinstance(outcome, ControlError):
+                    status = status_of(outcome.code)
+                    answer = error_response(status, outcome.code, outcome.message,
+                                            keep_alive=keep)  # fmt: skip
+                else:
+                    answer = response(200, json_body({**outcome, "key": key}), keep_alive=keep)
+            except Exception as exc:  # noqa: BLE001 (a callback's boundary: answered 500)
+                asyncio.get_running_loop().call_exception_handler(
+                    {"message": "an HTTP send's answer failed", "exception": exc}
+                )
+                writer.write(error_response(500, "internal", "serve failed to answer this "
+                                            "request", keep_alive=False))  # fmt: skip
+                answered(False)
+                return
+            writer.write(answer)
+            answered(keep)
+
+        return self.links.send_nowait(
+            session, text, key=key, untrusted=untrusted, tenant=tenant, done=done
+        )
 
     def _tenant(self, request: HttpRequest) -> str | None:
         """The tenant the request's bearer token names (None: the operator, or no tokens
@@ -81,10 +142,10 @@ class Api:
         return None if tenant == OPERATOR else tenant
 
     async def _route(
-        self, request: HttpRequest, writer: asyncio.StreamWriter, keep: bool, tenant: str | None
+        self, request: HttpRequest, writer: Writer, keep: bool, tenant: str | None
     ) -> bool:
         parts = urlsplit(request.target)
-        segments = [unquote(s) for s in parts.path.split("/")[1:]]
+        segments = _segments(request.target)
         method = request.method
         if segments == ["v1", "openapi.json"]:
             _allow(method, "GET")
@@ -93,7 +154,7 @@ class Api:
             rows = await self.pool.run(lambda c: c.call("status"), tenant)
             writer.write(response(200, json_body({"sessions": rows}), keep_alive=keep))
         elif segments == ["v1", "sessions"]:
-            _allow(method, "POST")
+            _allow(method, "POST", also="GET")
             body = _json_object(request)
             session = _string(body, "id")
             fields: dict[str, object] = {"session": session}
@@ -162,22 +223,11 @@ class Api:
         self,
         session: str,
         request: HttpRequest,
-        writer: asyncio.StreamWriter,
+        writer: Writer,
         keep: bool,
         tenant: str | None,
     ) -> bool:
-        body = _json_object(request)
-        text = _string(body, "text")
-        untrusted = body.get("untrusted", False)
-        if not isinstance(untrusted, bool):
-            raise HttpError(400, "bad_request", "field 'untrusted' must be true or false")
-        key = request.header("idempotency-key")
-        if key is None:
-            key = f"auto-{uuid.uuid4().hex}"
-        elif not _KEY.fullmatch(key):
-            raise HttpError(400, "bad_request", f"an Idempotency-Key of 1 to {MAX_KEY} visible "
-                            "ASCII characters")  # fmt: skip
-        streamed = "text/event-stream" in (request.header("accept") or "")
+        text, untrusted, key, streamed = _send_fields(request)
         if tenant is not None and (streamed or self.turns.get(session, key) is not None):
             # A stream is started or joined here, not by the daemon: the daemon is asked
             # first whether the session is this tenant's (403 forbidden if not).
@@ -197,9 +247,52 @@ class Api:
         return keep
 
 
-def _allow(method: str, allowed: str) -> None:
+def _segments(target: str) -> list[str]:
+    """The target's path, split at its slashes, each part unquoted."""
+    if _PLAIN_PATH.fullmatch(target):  # no query, fragment, escape or authority: itself
+        return target.split("/")[1:]
+    return [unquote(s) for s in urlsplit(target).path.split("/")[1:]]
+
+
+_PLAIN_PATH: Final = re.compile(r"/(?!/)[^?#%]*")
+"""A target ``urlsplit`` and ``unquote`` give back unchanged (``parser._TARGET`` has
+already refused whitespace and control characters)."""
+
+
+def _send_fields(request: HttpRequest) -> tuple[str, bool, str, bool]:
+    """A send's text, untrusted flag, key (made up without ``Idempotency-Key``) and
+    whether it asks for an event stream; HttpError if one of them is wrong."""
+    body = _json_object(request)
+    text = _string(body, "text")
+    untrusted = body.get("untrusted", False)
+    if not isinstance(untrusted, bool):
+        raise HttpError(400, "bad_request", "field 'untrusted' must be true or false")
+    key = request.header("idempotency-key")
+    if key is None:
+        key = f"auto-{uuid.uuid4().hex}"
+    elif not _KEY.fullmatch(key):
+        raise HttpError(400, "bad_request", f"an Idempotency-Key of 1 to {MAX_KEY} visible "
+                        "ASCII characters")  # fmt: skip
+    streamed = "text/event-stream" in (request.header("accept") or "")
+    return text, untrusted, key, streamed
+
+
+class MethodNotAllowed(HttpError):
+    """A 405: the method is not served at this path; ``allowed`` is the Allow header."""
+
+    def __init__(self, method: str, allowed: str) -> None:
+        message = f"{method} is not served here (allowed: {allowed})"
+        super().__init__(405, "bad_request", message)
+        self.args = (method, allowed)  # as this class is made: it pickles
+        self.method = method
+        self.allowed = allowed
+
+
+def _allow(method: str, allowed: str, *, also: str | None = None) -> None:
+    """MethodNotAllowed unless ``method`` is ``allowed`` (``also`` is served at the same
+    path by another branch: the Allow header names both)."""
     if method != allowed:
-        raise HttpError(405, "bad_request", f"{method} is not served here; {allowed} is")
+        raise MethodNotAllowed(method, allowed if also is None else f"{also}, {allowed}")
 
 
 def _json_object(request: HttpRequest) -> dict[str, object]:
@@ -210,6 +303,8 @@ def _json_object(request: HttpRequest) -> dict[str, object]:
         document = json.loads(request.body)
     except (UnicodeDecodeError, ValueError) as exc:
         raise HttpError(400, "bad_request", f"the body is not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise HttpError(400, "bad_request", "the body's JSON nests too deeply") from exc
     if not isinstance(document, dict):
         raise HttpError(400, "bad_request", "the body must be a JSON object")
     return document
@@ -219,6 +314,11 @@ def _string(body: dict[str, object], name: str) -> str:
     value = body.get(name)
     if not isinstance(value, str):
         raise HttpError(400, "bad_request", f"field {name!r} must be a string")
+    try:
+        value.encode()  # a lone surrogate (JSON may escape one) goes on no wire of ours
+    except UnicodeEncodeError as exc:
+        raise HttpError(400, "bad_request", f"field {name!r} holds a lone surrogate, "
+                        "which is no Unicode character") from exc  # fmt: skip
     return value
 
 

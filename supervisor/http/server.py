@@ -1,4 +1,5 @@
-"""The HTTP port: its own thread and asyncio loop, connections kept alive within bounds.
+"""The HTTP port: its own thread and asyncio loop, connections kept alive within bounds
+(each a ``connection.HttpConnection``).
 
 The daemon's loop is not this one: the server talks to the daemon only as a client
 (``calls.ClientPool``), so nothing here can stall the daemon, and nothing of the daemon
@@ -8,7 +9,6 @@ is touched from this thread.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import resource
 import socket
 import sys
@@ -17,27 +17,12 @@ from typing import Final
 
 from supervisor.errors import ServeError
 from supervisor.http.calls import ClientPool
-from supervisor.http.parser import (
-    KEEP_ALIVE_IDLE,
-    MAX_HEAD,
-    HttpError,
-    read_request,
-)
-from supervisor.http.responses import error_response
+from supervisor.http.connection import HttpConnection
+from supervisor.http.limits import MAX_CONNECTIONS
 from supervisor.http.routes import Api
 from supervisor.http.tokens import TokenTable
 from supervisor.loop_thread import LoopThread, cancel_the_rest
 
-MAX_CONNECTIONS: Final = 2048
-"""Connections at once; one more is answered 503 and closed. Each holds at most its
-reader's buffer (twice ``MAX_HEAD``) and its transport's (64 KiB, then it is drained):
-about 160 MiB for all of them."""
-MAX_REQUESTS_PER_CONNECTION: Final = 1000
-LINGER: Final = 2.0
-"""Seconds an answered refusal waits for the peer's unread bytes (at most
-``LINGER_BYTES``) before closing: closing with unread input sends a reset, which can
-destroy the refusal before the peer reads it."""
-LINGER_BYTES: Final = 4 << 20
 BACKLOG: Final = 128
 
 
@@ -50,7 +35,7 @@ class HttpServer:
         self.tokens = tokens  # loopd.toml's [tenants]; None: no token asked
         self.host, self.port = parse_address(address)
         self.pool = ClientPool(home)
-        self.connections = 0
+        self.open: set[HttpConnection] = set()  # the connections open (the loop's thread)
         self._sock: socket.socket | None = None
         self._thread = LoopThread("loopd-http", self._serve)
 
@@ -95,70 +80,20 @@ class HttpServer:
     async def _serve(self, ready: Callable[[], None], stopped: asyncio.Event) -> None:
         assert self._sock is not None
         api = Api(self.pool, self.tokens)
-        server = await asyncio.start_server(  # which listens again: with our backlog
-            lambda r, w: self._connection(api, r, w), sock=self._sock, limit=MAX_HEAD,
-            backlog=BACKLOG,
-        )  # fmt: skip
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(  # which listens again: with our backlog
+            lambda: HttpConnection(api, self.open), sock=self._sock, backlog=BACKLOG
+        )
         ready()
         try:
             await stopped.wait()
         finally:
             server.close()
+            for connection in list(self.open):
+                connection.abort()
             await cancel_the_rest()
             api.links.close()
             await asyncio.sleep(0)  # the links' connection_lost: each closes its socket
-
-    async def _connection(
-        self, api: Api, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        self.connections += 1
-        try:
-            if self.connections > MAX_CONNECTIONS:
-                writer.write(error_response(503, "busy", "too many connections", keep_alive=False))
-                await _linger(reader, writer)
-                return
-            await self._requests(api, reader, writer)
-        except (ConnectionError, TimeoutError):
-            pass  # the peer went away or stalled: its connection ends here
-        finally:
-            self.connections -= 1
-            writer.transport.abort()
-
-    async def _requests(
-        self, api: Api, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        # Deadlines are asyncio.timeout scopes, not wait_for: wait_for wraps each read in
-        # a task of its own, a few more turns of the loop for every request.
-        for _ in range(MAX_REQUESTS_PER_CONNECTION):
-            try:
-                async with asyncio.timeout(KEEP_ALIVE_IDLE):
-                    first = await reader.read(1)
-            except TimeoutError:
-                return  # no request began: closed without a word
-            if not first:
-                return
-            try:
-                request = await read_request(reader, first)  # its deadlines are its own
-            except HttpError as exc:
-                writer.write(error_response(exc.status, exc.code, exc.message, keep_alive=False))
-                await _linger(reader, writer)
-                return
-            keep = await api.answer(request, writer)
-            await writer.drain()
-            if not keep:
-                return
-
-
-async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Send what was written, end our side, and read the peer's rest for a moment."""
-    await writer.drain()
-    if writer.can_write_eof():
-        writer.write_eof()
-    taken = 0
-    with contextlib.suppress(TimeoutError, ConnectionError):
-        async with asyncio.timeout(LINGER):
-            while taken < LINGER_BYTES and (data := await reader.read(1 << 16)):
-                taken += len(data)
 
 
 def parse_address(address: str) -> tuple[str, int]:

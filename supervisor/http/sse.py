@@ -120,6 +120,8 @@ class Turns:
         self._turns: OrderedDict[tuple[str, str], Turn] = OrderedDict()
 
     def get(self, session: str, key: str) -> Turn | None:
+        if not self._turns:
+            return None  # a keyed send's usual case: nothing to look through or expire
         self._expire()
         return self._turns.get((session, key))
 

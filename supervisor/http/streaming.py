@@ -9,7 +9,7 @@ from typing import Final
 from supervisor.client import Client
 from supervisor.errors import ControlError
 from supervisor.http.calls import ClientPool
-from supervisor.http.responses import EVENT_STREAM_HEAD, response, status_of
+from supervisor.http.responses import EVENT_STREAM_HEAD, Writer, response, status_of
 from supervisor.http.sse import Turn, Turns
 
 IDLE_COMMENT: Final = 15.0
@@ -82,7 +82,7 @@ def _failed(task: asyncio.Future[None], turn: Turn) -> None:
         turn.append("error", {"error": {"code": "internal", "message": str(exc)}})
 
 
-async def write_events(turn: Turn, writer: asyncio.StreamWriter, last_id: int) -> None:
+async def write_events(turn: Turn, writer: Writer, last_id: int) -> None:
     """Write the turn's events after ``last_id`` as they come, until its final one."""
     writer.write(EVENT_STREAM_HEAD)
     while True:
@@ -105,7 +105,7 @@ async def write_events(turn: Turn, writer: asyncio.StreamWriter, last_id: int) -
             return
 
 
-async def write_final_as_json(turn: Turn, writer: asyncio.StreamWriter, keep: bool) -> None:
+async def write_final_as_json(turn: Turn, writer: Writer, keep: bool) -> None:
     """The final event of a registered turn, as a plain JSON answer."""
     last = 0
     while True:

@@ -16,6 +16,11 @@ a pool thread with its key, which reconnects and sends it again exactly as a dir
 client does: what was applied before the death is answered from the log. At most
 ``MAX_LINKS`` connections are kept with nothing in flight; past it the one used least
 recently is closed.
+
+A send on a connection already kept is answered without a task (``send_nowait``): the
+reply's frame calls back the HTTP connection that wrote the request, from the link's
+``data_received``, in the same turn of the loop (issue 34: a task woken by a future
+took one more turn of the loop, a wait on epoll and a few hundred calls a send).
 """
 
 from __future__ import annotations
@@ -24,12 +29,13 @@ import asyncio
 import itertools
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Final
 
 from supervisor.client.control import result_of
 from supervisor.client.direct import Request, payload_of
 from supervisor.errors import ControlError
-from supervisor.http.calls import RETRY_FOR, ClientPool
+from supervisor.http.calls import MAX_IN_FLIGHT, RETRY_FOR, ClientPool
 from worker.ipc.wire import FrameReader, Message, WireError, encode
 
 MAX_LINKS: Final = 256
@@ -39,6 +45,10 @@ REPLY_TIMEOUT: Final = 60.0
 """Seconds a worker has to answer a request: ``Client``'s timeout."""
 
 _Key = tuple[str | None, str]  # (tenant, session)
+Outcome = Message | BaseException
+"""A request's reply frame, or why it has none (LinkLost, ControlError)."""
+Done = Callable[[Outcome], None]
+"""Called once with a request's outcome, on the loop; it must not raise."""
 
 
 class LinkLost(Exception):
@@ -50,12 +60,13 @@ class WorkerLink(asyncio.Protocol):
 
     def __init__(self, links: WorkerLinks, key: _Key) -> None:
         self.key = key
-        self.waiting: dict[int, asyncio.Future[Message]] = {}
+        self.waiting: dict[int, tuple[float, Done]] = {}  # by id: (deadline, done)
         self.lost = False
         self._links = links
         self._transport: asyncio.Transport | None = None
         self._reader = FrameReader()
         self._ids = itertools.count(1)
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -70,18 +81,20 @@ class WorkerLink(asyncio.Protocol):
             return
         for reply in replies:
             request_id = reply.get("id")
-            future = self.waiting.pop(request_id, None) if type(request_id) is int else None
-            if future is not None and not future.done():
-                future.set_result(reply)
+            waiting = self.waiting.pop(request_id, None) if type(request_id) is int else None
+            if waiting is not None:
+                waiting[1](reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self._links.forget(self)
         self._fail(LinkLost())
 
-    def request(self, payload: Message) -> asyncio.Future[Message]:
-        """Write one request's frame; the future of its reply (LinkLost if the connection
-        ends first). ControlError ``too_large`` (nothing sent) past the frame limit."""
+    def request(self, payload: Message, done: Done) -> int:
+        """Write one request's frame; its id. ``done`` is called with its reply, LinkLost
+        if the connection ends first, ControlError ``timeout`` past ``REPLY_TIMEOUT``.
+        LinkLost or ControlError ``too_large`` past the frame limit: nothing sent,
+        ``done`` never called."""
         if self.lost or self._transport is None:
             raise LinkLost
         request_id = next(self._ids)
@@ -89,26 +102,43 @@ class WorkerLink(asyncio.Protocol):
             frame = encode({"id": request_id, "op": "request", "request": payload})
         except WireError as exc:
             raise ControlError("too_large", str(exc)) from exc
-        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        self.waiting[request_id] = future
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REPLY_TIMEOUT
+        self.waiting[request_id] = (deadline, done)
+        if self._timer is None:
+            self._timer = loop.call_at(deadline, self._expire)
         self._transport.write(frame)
-        return future
+        return request_id
 
-    def abandon(self, future: asyncio.Future[Message]) -> None:
-        """Stop waiting for ``future``'s reply (its request timed out or was cancelled)."""
-        for request_id, waiting in list(self.waiting.items()):
-            if waiting is future:
-                del self.waiting[request_id]
+    def abandon(self, request_id: int) -> None:
+        """Stop waiting for the request's reply (it timed out or was cancelled)."""
+        self.waiting.pop(request_id, None)
 
     def close(self) -> None:
         if self._transport is not None:
             self._transport.abort()  # connection_lost follows, on the loop
 
+    def _expire(self) -> None:
+        """Answer ``timeout`` to the requests past their deadline, the oldest first; arm
+        the timer again for the next. One timer a connection, not one a request: the
+        deadlines come in the order of the requests (each ``REPLY_TIMEOUT`` after it)."""
+        self._timer = None
+        now = asyncio.get_running_loop().time()
+        for request_id, (deadline, done) in list(self.waiting.items()):
+            if deadline > now:
+                self._timer = asyncio.get_running_loop().call_at(deadline, self._expire)
+                return
+            del self.waiting[request_id]
+            done(ControlError("timeout", f"session {self.key[1]} did not answer within "
+                              f"{REPLY_TIMEOUT:g} s"))  # fmt: skip
+
     def _fail(self, exc: Exception) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         waiting, self.waiting = self.waiting, {}
-        for future in waiting.values():
-            if not future.done():
-                future.set_exception(exc)
+        for _deadline, done in waiting.values():
+            done(exc)
 
 
 class WorkerLinks:
@@ -118,6 +148,7 @@ class WorkerLinks:
         self.pool = pool
         self._links: OrderedDict[_Key, WorkerLink] = OrderedDict()
         self._opening: dict[_Key, asyncio.Task[WorkerLink]] = {}
+        self._closed = False
 
     async def send(
         self, session: str, text: str, *, key: str, untrusted: bool, tenant: str | None
@@ -133,8 +164,67 @@ class WorkerLinks:
                 return await self.pool.run_admitted(
                     lambda c: c.send(session, text, key=key, untrusted=untrusted), tenant
                 )
-        result = result_of(reply)
-        return result if isinstance(result, dict) else {"result": result}
+        return _answer_of(reply)
+
+    def send_nowait(
+        self,
+        session: str,
+        text: str,
+        *,
+        key: str,
+        untrusted: bool,
+        tenant: str | None,
+        done: Callable[[Message | ControlError], None],
+    ) -> bool:
+        """``send`` without a task, on (tenant, session)'s kept connection: ``done`` is
+        called later, on the loop, with its answer or its ControlError. False, nothing
+        sent and ``done`` never called, when no connection is kept or the pool is full
+        (``send`` answers those)."""
+        link = self._links.get((tenant, session))
+        if link is None or link.lost or self.pool.in_flight >= MAX_IN_FLIGHT:
+            return False
+        payload = payload_of(Request(text=text, key=key, untrusted=untrusted))
+
+        def replied(outcome: Outcome) -> None:
+            if isinstance(outcome, LinkLost) and not self._closed:
+                # As ``send``: the worker died with it in flight, sent again by key.
+                retry = asyncio.ensure_future(self.pool.run_admitted(
+                    lambda c: c.send(session, text, key=key, untrusted=untrusted), tenant
+                ))  # fmt: skip
+                retry.add_done_callback(retried)
+                return
+            self.pool.release()
+            if isinstance(outcome, LinkLost):
+                done(ControlError("closed", "serve is stopping"))
+            elif isinstance(outcome, ControlError):
+                done(outcome)
+            elif isinstance(outcome, BaseException):
+                done(ControlError("bad_reply", str(outcome)))
+            else:
+                try:
+                    done(_answer_of(outcome))
+                except ControlError as exc:
+                    done(exc)
+
+        def retried(task: asyncio.Future[Message]) -> None:
+            self.pool.release()
+            if task.cancelled():
+                done(ControlError("closed", "serve is stopping"))
+            elif isinstance(failure := task.exception(), ControlError):
+                done(failure)
+            elif failure is not None:
+                done(ControlError("internal", str(failure)))
+            else:
+                result = task.result()
+                done(result if isinstance(result, dict) else {"result": result})
+
+        self._links.move_to_end((tenant, session))
+        try:
+            link.request(payload, replied)
+        except (LinkLost, ControlError):
+            return False  # ``send`` meets it again and answers it
+        self.pool.admit()
+        return True
 
     def forget(self, link: WorkerLink) -> None:
         """Drop ``link`` (its connection ended) if it is still the one kept for its key."""
@@ -143,23 +233,28 @@ class WorkerLinks:
 
     def close(self) -> None:
         """Close every connection (on the loop, when the port stops)."""
+        self._closed = True
         for link in list(self._links.values()):
             link.close()
         self._links.clear()
 
     async def _exchange(self, link: WorkerLink, payload: Message) -> Message:
-        future = link.request(payload)
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+
+        def replied(outcome: Outcome) -> None:
+            if future.done():
+                return
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+        request_id = link.request(payload, replied)  # ControlError timeout, by the link
         try:
-            async with asyncio.timeout(REPLY_TIMEOUT):
-                return await future
-        except TimeoutError as exc:
-            session = link.key[1]
-            raise ControlError(
-                "timeout", f"session {session} did not answer within {REPLY_TIMEOUT:g} s"
-            ) from exc
+            return await future
         finally:
             if not future.done():
-                link.abandon(future)
+                link.abandon(request_id)
 
     async def _link(self, key: _Key) -> WorkerLink:
         link = self._links.get(key)
@@ -194,3 +289,9 @@ class WorkerLinks:
         idle = [k for k, link in self._links.items() if not link.waiting]
         for key in idle[: max(0, len(idle) - MAX_LINKS)]:
             self._links.pop(key).close()
+
+
+def _answer_of(reply: Message) -> Message:
+    """``Client.send``'s answer of a reply frame; its ControlError raised."""
+    result = result_of(reply)
+    return result if isinstance(result, dict) else {"result": result}

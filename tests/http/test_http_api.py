@@ -186,6 +186,39 @@ def test_hostile_requests_get_one_error_each_and_nothing_is_applied(served: Api)
     assert [r["type"] for r in page["records"]] == ["SessionStart"]
 
 
+def _keyed_send(key: str, *, close: bool = False) -> bytes:
+    body = json.dumps({"text": key}).encode()
+    return (
+        f"POST /v1/sessions/s/requests HTTP/1.1\r\nHost: x\r\nIdempotency-Key: {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        + ("Connection: close\r\n" if close else "") + "\r\n"
+    ).encode() + body  # fmt: skip
+
+
+def test_pipelined_sends_and_a_request_split_across_writes_are_answered_in_order(
+    served: Api, tmp_path: Path
+) -> None:
+    # The first send opens the port's connection to the worker; the next ones ride it
+    # (answered by callbacks), two of them in one write, the last one a byte a write.
+    assert served.ask("POST", "/v1/sessions/s/requests", {"text": "p0"},
+                      {"Idempotency-Key": "p0"})[0] == 200  # fmt: skip
+    last = _keyed_send("p3", close=True)
+    with socket.create_connection(("127.0.0.1", served.port), timeout=20) as sock:
+        sock.sendall(_keyed_send("p1") + _keyed_send("p2"))
+        for index in range(len(last)):
+            sock.sendall(last[index : index + 1])
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    bodies = [json.loads(part.split(b"\r\n\r\n", 1)[1]) for part in
+              answer.split(b"HTTP/1.1 ")[1:]]  # fmt: skip
+    assert answer.count(b"HTTP/1.1 200 OK\r\n") == 3, answer[:300]
+    assert [(b["key"], b["text"]) for b in bodies] == [
+        ("p1", "echo: p1"), ("p2", "echo: p2"), ("p3", "echo: p3"),
+    ]  # fmt: skip
+    assert log_user_keys(tmp_path / "home", "s") == ["p0", "p1", "p2", "p3"]
+
+
 def test_a_head_slower_than_the_deadline_is_answered_408_and_closed(served: Api) -> None:
     served.conn.close()  # idle past the keep-alive bound below: closed by the server
     with socket.create_connection(("127.0.0.1", served.port), timeout=20) as sock:

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.http.server import MAX_CONNECTIONS
+from supervisor.http.limits import MAX_CONNECTIONS
 from tests.harness.support import running_daemon
 
 
