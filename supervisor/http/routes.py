@@ -109,8 +109,12 @@ class Api:
             try:
                 if isinstance(outcome, ControlError):
                     status = status_of(outcome.code)
+                    kept = keep and outcome.code != "internal"  # ends it, as the port's
                     answer = error_response(status, outcome.code, outcome.message,
-                                            keep_alive=keep)  # fmt: skip
+                                            keep_alive=kept)  # fmt: skip
+                    writer.write(answer)
+                    answered(kept)
+                    return
                 else:
                     answer = response(200, json_body({**outcome, "key": key}), keep_alive=keep)
             except Exception as exc:  # noqa: BLE001 (a callback's boundary: answered 500)

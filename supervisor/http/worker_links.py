@@ -213,7 +213,12 @@ class WorkerLinks:
             elif isinstance(failure := task.exception(), ControlError):
                 done(failure)
             elif failure is not None:
-                done(ControlError("internal", str(failure)))
+                # Its name and stack to serve's log, not to the client (they may name the
+                # home's paths): answered as any other error on a request's path.
+                asyncio.get_running_loop().call_exception_handler(
+                    {"message": "an HTTP send's retry failed", "exception": failure}
+                )
+                done(ControlError("internal", "serve failed to answer this request"))
             else:
                 result = task.result()
                 done(result if isinstance(result, dict) else {"result": result})

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.errors import ControlError
 from supervisor.http.calls import ClientPool
 from supervisor.http.connection import HttpConnection
 from supervisor.http.parser import HttpRequest
 from supervisor.http.responses import Writer, response
 from supervisor.http.routes import Api
+from supervisor.http.worker_links import LinkLost, WorkerLinks
 
 WAIT = 60.0
 
@@ -102,3 +104,40 @@ def test_an_unexpected_error_after_an_answer_began_ends_the_connection_with_no_s
     assert answer == b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf"
     assert [type(exc) for exc in reported] == [RuntimeError]
     assert still_open == 0
+
+
+class _DyingLink:
+    """A kept worker connection whose request is lost with its worker (``LinkLost``)."""
+
+    lost = False
+
+    def request(self, payload: object, replied: Callable[[object], None]) -> int:
+        asyncio.get_running_loop().call_soon(replied, LinkLost())
+        return 1
+
+
+async def _retry_failing(tmp_path: Path) -> tuple[object, list[BaseException]]:
+    loop = asyncio.get_running_loop()
+    reported: list[BaseException] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context["exception"]))
+    pool = ClientPool(str(tmp_path))
+
+    async def failing(call: object, tenant: str | None = None) -> object:
+        raise RuntimeError(f"{tmp_path}/a path of the home")  # not a ControlError
+
+    pool.run_admitted = failing  # type: ignore[method-assign,assignment]
+    links = WorkerLinks(pool)
+    links._links[(None, "s")] = _DyingLink()  # type: ignore[assignment]
+    answer: asyncio.Future[object] = loop.create_future()
+    assert links.send_nowait("s", "t", key="k", untrusted=False, tenant=None,
+                             done=answer.set_result)  # fmt: skip
+    return await asyncio.wait_for(answer, WAIT), reported
+
+
+def test_an_unexpected_error_in_a_retried_send_is_logged_and_answered_without_its_text(
+    tmp_path: Path,
+) -> None:
+    outcome, reported = asyncio.run(_retry_failing(tmp_path))
+    assert isinstance(outcome, ControlError)
+    assert (outcome.code, outcome.message) == ("internal", "serve failed to answer this request")
+    assert [type(exc) for exc in reported] == [RuntimeError]  # its text in serve's log only
