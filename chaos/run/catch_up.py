@@ -87,8 +87,8 @@ def run_catch_up(
                 answer = client.schedule(name, at, "overdue", key=DUE_KEY)
                 report.due[name] = parse_time(str(answer["at"])) or 0.0
                 report.acknowledged[name] = [DUE_KEY]
-        _poll(lambda: _recorded(home, names) == report.due, deadline, "every schedule recorded")
-        _kill_tree(daemon)
+        poll(lambda: _recorded(home, names) == report.due, deadline, "every schedule recorded")
+        kill_tree(daemon)
         report.kills = 1
     early = [name for name in names if _delivered(home, name)]
     if early:
@@ -96,8 +96,8 @@ def run_catch_up(
         return report
     time.sleep(max(0.0, max(report.due.values()) - time.time()))  # the clock's own deadline
     with _serve(home, mutant, deadline):
-        _poll(lambda: all(_delivered(home, name) for name in names), deadline, "deliveries")
-        pids = _poll(functools.partial(_worker_pids, home, names), deadline, "workers")
+        poll(lambda: all(_delivered(home, name) for name in names), deadline, "deliveries")
+        pids = poll(functools.partial(_worker_pids, home, names), deadline, "workers")
     report.elapsed = time.monotonic() - start
     report.woken = _in_fork_order(pids)
     _check(home, report)
@@ -139,13 +139,13 @@ def _serve(home: str, mutant: str | None, deadline: float) -> Iterator[subproces
         wait_listening(home, daemon, deadline)
         yield daemon
     except BaseException:
-        _kill_tree(daemon)
+        kill_tree(daemon)
         raise
     if daemon.returncode is None:
         stop_serve(daemon)
 
 
-def _kill_tree(daemon: subprocess.Popen[bytes]) -> None:
+def kill_tree(daemon: subprocess.Popen[bytes]) -> None:
     """SIGKILL serve and every process below it (a crash of the whole host's service)."""
     try:
         workers = psutil.Process(daemon.pid).children(recursive=True)
@@ -161,13 +161,13 @@ def _kill_tree(daemon: subprocess.Popen[bytes]) -> None:
     psutil.wait_procs(workers, timeout=10)
 
 
-def _poll(check: Callable[[], T | None], deadline: float, what: str) -> T:
+def poll(check: Callable[[], T | None], deadline: float, what: str, run: str = "catch-up") -> T:
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the catch-up run timed out waiting for {what}")
+            raise TimeoutError(f"the {run} run timed out waiting for {what}")
         time.sleep(0.01)
 
 

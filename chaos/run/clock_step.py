@@ -26,18 +26,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from typing import Final, TypeVar
-
-import psutil
+from typing import Final
 
 from chaos.lifeline import die_with_parent
 from chaos.proc_states import all_stopped
+from chaos.run.catch_up import kill_tree, poll
 from chaos.run.mutant_serve import step_clock
 from chaos.run.supervised import SupervisedReport, serve_stderr, stop_serve, wait_listening
 from supervisor.client import call
 
-T = TypeVar("T")
+RUN: Final = "clock-step"
 KILLED: Final = "stopped-worker-killed"
 HANG_TIMEOUT: Final = 1.0
 STEP: Final = 7
@@ -67,12 +65,14 @@ def run_clock_step(
         wait_listening(home, daemon, deadline)
         for name in names:
             call(home, "create", session=name)
-        first = _poll(functools.partial(_workers, home, names), deadline, "every session to run")
+        first = poll(
+            functools.partial(_workers, home, names), deadline, "every session to run", RUN
+        )
         step_clock(stat, STEP)
         for pid in first.values():
             os.kill(pid, signal.SIGSTOP)
             stopped.append(pid)
-        _poll(lambda: all(map(all_stopped, stopped)), deadline, "the workers to stop")
+        poll(lambda: all(map(all_stopped, stopped)), deadline, "the workers to stop", RUN)
         report.kills = len(stopped)
         killed_by = time.monotonic() + KILL_WITHIN
         while time.monotonic() < killed_by and not _all_replaced(home, first):
@@ -90,7 +90,7 @@ def run_clock_step(
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)  # never left stopped for serve's stop
         if report.violations:
-            _kill_tree(daemon)  # it cannot signal its workers: its stop would wait for them
+            kill_tree(daemon)  # it cannot signal its workers: its stop would wait for them
         elif daemon.poll() is None:
             stop_serve(daemon)
     report.elapsed = time.monotonic() - start
@@ -111,20 +111,6 @@ def _serve(home: str, stat: str, mutant: str | None) -> subprocess.Popen[bytes]:
         os.close(stderr)  # serve holds its own copy
 
 
-def _kill_tree(daemon: subprocess.Popen[bytes]) -> None:
-    """SIGKILL serve and every process below it."""
-    try:
-        below = psutil.Process(daemon.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        below = []
-    daemon.kill()
-    daemon.wait()
-    for proc in below:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-    psutil.wait_procs(below, timeout=10)
-
-
 def _workers(home: str, names: list[str], *, running_only: bool = True) -> dict[str, int] | None:
     """Each session's worker pid (None until each has one, RUNNING if ``running_only``)."""
     rows = call(home, "status")
@@ -140,13 +126,3 @@ def _workers(home: str, names: list[str], *, running_only: bool = True) -> dict[
 def _all_replaced(home: str, first: dict[str, int]) -> bool:
     now = _workers(home, list(first))
     return now is not None and all(now[name] != pid for name, pid in first.items())
-
-
-def _poll(check: Callable[[], T | None], deadline: float, what: str) -> T:
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the clock-step run timed out waiting for {what}")
-        time.sleep(0.01)

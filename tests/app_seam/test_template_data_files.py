@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import py_compile
-import re
 import subprocess
 import sys
 import textwrap
@@ -18,7 +17,14 @@ import pytest
 
 from supervisor.client import Client, call
 from supervisor.templates.watched_files import MAX_READ_FILES
-from tests.harness.support import REPO, Daemon, poll_until, running_daemon, status, wait_state
+from tests.harness.support import (
+    REPO,
+    importers,
+    ready_templates,
+    running_daemon,
+    status,
+    wait_state,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -37,21 +43,6 @@ class PromptApp(DefaultApp):
     def handle(self, session, request):
         return {**super().handle(session, request), "prompt": PROMPT}
 """
-
-
-def _ready_templates(daemon: Daemon, count: int = 1) -> list[int]:
-    """The pids of the first ``count`` templates serve said ready (its log)."""
-
-    def said() -> list[int] | None:
-        text = daemon.log_path.read_text(errors="replace")
-        pids = [int(p) for p in re.findall(r"template of App .*: ready \(pid (\d+),", text)]
-        return pids if len(pids) >= count else None
-
-    return poll_until(said, timeout=60, what=f"{count} template(s) to be ready")
-
-
-def _importers(counter: Path) -> set[int]:
-    return {int(line) for line in counter.read_text().split()} if counter.exists() else set()
 
 
 def _write(path: Path, text: str, mtime: int) -> None:
@@ -85,12 +76,12 @@ def test_a_data_file_changed_after_the_template_was_ready_reaches_the_next_worke
     _write(prompt, "v1", 1_000_000_000_000_000_000)
     _named_app(home, app_dir, "prompted_app:PromptApp", counter)
     with running_daemon(home) as daemon, Client(str(home), timeout=60) as client:
-        [first] = _ready_templates(daemon)
+        [first] = ready_templates(daemon)
         call(str(home), "create", session="s1", app="named", timeout=60)
         reply, s1 = _answer(home, client, "s1", "k1")
         assert reply["prompt"] == "v1"
-        assert first in _importers(counter)
-        assert s1 not in _importers(counter), "the first worker did not come from the template"
+        assert first in importers(counter)
+        assert s1 not in importers(counter), "the first worker did not come from the template"
         _write(prompt, "v2", 2_000_000_000_000_000_000)
         call(str(home), "restart", session="s1", timeout=60)
         wait_state(home, "s1", "RUNNING")
@@ -98,12 +89,12 @@ def test_a_data_file_changed_after_the_template_was_ready_reaches_the_next_worke
         assert reply["prompt"] == "v2"
         log = daemon.log_path.read_text(errors="replace")
         assert f"template of App prompted_app:PromptApp (cwd {app_dir}): {prompt} changed" in log
-        second = _ready_templates(daemon, 2)[1]
+        second = ready_templates(daemon, 2)[1]
         assert second != first
         call(str(home), "create", session="s2", app="named", timeout=60)
         reply, s2 = _answer(home, client, "s2", "k3")
         assert reply["prompt"] == "v2"
-        assert s2 not in _importers(counter), "the new template did not fork the next worker"
+        assert s2 not in importers(counter), "the new template did not fork the next worker"
 
 
 _WRITING = """
@@ -144,7 +135,7 @@ def test_files_the_import_wrote_and_bytecode_never_make_its_template_stale(
     _named_app(home, app_dir, "writing_app:WritingApp", counter)
     env = {"PYTHONDONTWRITEBYTECODE": ""}  # the template's import writes its bytecode
     with running_daemon(home, env=env) as daemon, Client(str(home), timeout=60) as client:
-        [template] = _ready_templates(daemon)
+        [template] = ready_templates(daemon)
         assert (app_dir / "__pycache__").is_dir()
         workers = []
         for n, session in enumerate(["s1", "s2", "s3"]):
@@ -156,8 +147,8 @@ def test_files_the_import_wrote_and_bytecode_never_make_its_template_stale(
             py_compile.compile(str(helper), doraise=True)  # same source, a new .pyc
             for path in (compiled, app_dir / "written.txt", app_dir / "own-cache.txt"):
                 os.utime(path, ns=(later, later))
-        assert template in _importers(counter)
-        assert not set(workers) & _importers(counter), "a worker imported the App itself"
+        assert template in importers(counter)
+        assert not set(workers) & importers(counter), "a worker imported the App itself"
         assert [p.pid for p in daemon.templates()] == [template]
         assert "changed since its import" not in daemon.log_path.read_text(errors="replace")
 
@@ -189,14 +180,14 @@ def test_an_import_that_reads_past_the_bound_keeps_its_template_and_serve_says_s
         (app_dir / "shards" / f"{n:05}").write_text(str(n))
     _named_app(home, app_dir, "many_app:ManyApp", counter)
     with running_daemon(home) as daemon, Client(str(home), timeout=60) as client:
-        [template] = _ready_templates(daemon)
+        [template] = ready_templates(daemon)
         log = daemon.log_path.read_text(errors="replace")
         assert f"its import read more than {MAX_READ_FILES} files: the first" in log
         (app_dir / "shards" / f"{MAX_READ_FILES + 2:05}").write_text("past the bound")
         call(str(home), "create", session="s1", app="named", timeout=60)
         reply, pid = _answer(home, client, "s1", "k1")
         assert reply["shards"] == MAX_READ_FILES + 3
-        assert pid not in _importers(counter), "the template was not used"
+        assert pid not in importers(counter), "the template was not used"
         assert [p.pid for p in daemon.templates()] == [template]
 
 

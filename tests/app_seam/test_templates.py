@@ -15,8 +15,10 @@ from supervisor.errors import ControlError
 from tests.harness.support import (
     REPO,
     Daemon,
+    importers,
     loopd,
     poll_until,
+    ready_templates,
     running_daemon,
     status,
     wait_state,
@@ -26,21 +28,6 @@ pytestmark = pytest.mark.timeout(180)
 
 TEMPLATE = ("--start-method", "template")  # the default App too (auto: not it)
 HEAVY = "tests.apps.template_apps:HeavyApp"
-
-
-def _ready_templates(daemon: Daemon, count: int = 1) -> list[int]:
-    """The pids of the first ``count`` templates serve said ready (its log)."""
-
-    def said() -> list[int] | None:
-        text = daemon.log_path.read_text(errors="replace")
-        pids = [int(p) for p in re.findall(r"template of App .*: ready \(pid (\d+),", text)]
-        return pids if len(pids) >= count else None
-
-    return poll_until(said, timeout=60, what=f"{count} template(s) to be ready")
-
-
-def _importers(counter: Path) -> set[int]:
-    return {int(line) for line in counter.read_text().split()} if counter.exists() else set()
 
 
 def _create_and_answer(home: Path, *sessions: str) -> list[int]:
@@ -61,10 +48,10 @@ def test_workers_of_a_heavy_app_come_from_its_template_and_never_import_it(
     home, counter = tmp_path / "home", tmp_path / "imports"
     env = {"LOOPD_TEST_IMPORTS": str(counter)}
     with running_daemon(home, *TEMPLATE, "--app", HEAVY, env=env) as daemon:
-        [template] = _ready_templates(daemon)
+        [template] = ready_templates(daemon)
         workers = _create_and_answer(home, "s1", "s2", "s3")
-        assert template in _importers(counter)
-        assert not set(workers) & _importers(counter), "a worker imported its App itself"
+        assert template in importers(counter)
+        assert not set(workers) & importers(counter), "a worker imported its App itself"
         for pid in workers:  # reparented to serve, which reaps it
             assert psutil.Process(pid).ppid() == daemon.proc.pid
         assert [p.pid for p in daemon.templates()] == [template]
@@ -82,24 +69,24 @@ def test_by_default_the_app_and_each_named_app_get_a_template_whose_workers_serv
         f'[apps.heavy]\napp = "{HEAVY}"\nenv = {{ LOOPD_TEST_IMPORTS = "{named}" }}\n'
     )
     with running_daemon(home, "--app", HEAVY, env={"LOOPD_TEST_IMPORTS": str(serves)}) as daemon:
-        templates = set(_ready_templates(daemon, 2))
+        templates = set(ready_templates(daemon, 2))
         assert {p.pid for p in daemon.templates()} == templates
         for pid in templates:
             assert psutil.Process(pid).ppid() == daemon.proc.pid
-        assert len(templates & _importers(serves)) == len(templates & _importers(named)) == 1
+        assert len(templates & importers(serves)) == len(templates & importers(named)) == 1
         [plain] = _create_and_answer(home, "s1")
         created = loopd("create", "--home", str(home), "s2", "--app", "heavy")
         assert created.returncode == 0, created.stderr
         with Client(str(home), timeout=60) as client:
             assert client.send("s2", "hi", key="k-s2")["heavy"]
         workers = {plain, int(str(status(home, "s2")["pid"]))}
-        assert not workers & (_importers(serves) | _importers(named)), "a worker imported"
+        assert not workers & (importers(serves) | importers(named)), "a worker imported"
         for pid in workers:
             assert psutil.Process(pid).ppid() == daemon.proc.pid
         psutil.Process(plain).kill()  # reaped by serve with its real status, restarted
         row = wait_state(home, "s1", "RUNNING", restarts=1)
         assert row["last_error"] == "worker killed by SIGKILL", row
-        assert int(str(row["pid"])) not in _importers(serves)
+        assert int(str(row["pid"])) not in importers(serves)
 
 
 def test_by_default_the_default_app_gets_no_template_its_workers_fork_from_serve(
@@ -122,7 +109,7 @@ def test_workers_forked_from_serve_import_the_app_each(tmp_path: Path) -> None:
     env = {"LOOPD_TEST_IMPORTS": str(counter)}
     with running_daemon(home, "--app", HEAVY, "--start-method", "fork", env=env) as daemon:
         workers = _create_and_answer(home, "s1", "s2")
-        assert set(workers) <= _importers(counter)
+        assert set(workers) <= importers(counter)
         assert daemon.templates() == []
 
 
@@ -133,17 +120,17 @@ def test_a_killed_template_is_replaced_at_the_next_start_and_its_workers_run_on(
     env = {"LOOPD_TEST_IMPORTS": str(counter)}
     daemon = Daemon(home, *TEMPLATE, "--app", HEAVY, env=env)
     try:
-        [first] = _ready_templates(daemon)
+        [first] = ready_templates(daemon)
         [s1] = _create_and_answer(home, "s1")
         psutil.Process(first).kill()
         poll_until(lambda: first not in [p.pid for p in daemon.templates()],
                    what="the killed template to be reaped")  # fmt: skip
         assert not psutil.pid_exists(first) or psutil.Process(first).status() != "zombie"
         _create_and_answer(home, "s2")  # forked from serve while the new one imports
-        second = _ready_templates(daemon, 2)[1]
+        second = ready_templates(daemon, 2)[1]
         assert second != first
         [s3] = _create_and_answer(home, "s3")
-        assert s3 not in _importers(counter)
+        assert s3 not in importers(counter)
         with Client(str(home), timeout=60) as client:  # the first template's worker lives on
             assert client.send("s1", "still", key="k-still")["text"] == "echo: still"
         assert int(str(status(home, "s1")["pid"])) == s1
@@ -160,7 +147,7 @@ def test_an_app_that_no_longer_imports_is_fatal_after_its_retries_and_serve_live
     home, marker = tmp_path / "home", tmp_path / "broken"
     env = {"LOOPD_TEST_BROKEN": str(marker)}
     with running_daemon(home, *TEMPLATE, "--app", HEAVY, "--start-retries", "2", env=env) as daemon:
-        [template] = _ready_templates(daemon)
+        [template] = ready_templates(daemon)
         marker.touch()  # the App's code broke on disk after serve checked it
         psutil.Process(template).kill()  # the next template imports it again, and fails
         poll_until(lambda: daemon.templates() == [], what="the template to be reaped")
@@ -177,7 +164,7 @@ def test_an_app_that_no_longer_imports_is_fatal_after_its_retries_and_serve_live
 def test_exit_statuses_of_template_forked_workers_reach_serve_exactly(tmp_path: Path) -> None:
     home = tmp_path / "home"
     with running_daemon(home, *TEMPLATE, "--app", "tests.apps.exit_code_apps:ExitingApp") as daemon:
-        _ready_templates(daemon)
+        ready_templates(daemon)
         [pid] = _create_and_answer(home, "s1")
         psutil.Process(pid).kill()
         row = wait_state(home, "s1", "RUNNING", restarts=1)
@@ -237,7 +224,7 @@ def test_a_worker_started_after_its_app_changed_on_disk_runs_the_new_version(
     _write_app(source, "v1", 1_000_000_000_000_000_000)
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
     with running_daemon(home, *TEMPLATE, "--app", "versioned_app:VersionedApp", env=env) as daemon:
-        _ready_templates(daemon)
+        ready_templates(daemon)
         with Client(str(home), timeout=60) as client:
             call(str(home), "create", session="s1")
             assert client.send("s1", "a", key="k1")["version"] == "v1"
@@ -247,7 +234,7 @@ def test_a_worker_started_after_its_app_changed_on_disk_runs_the_new_version(
             assert client.send("s1", "b", key="k2")["version"] == "v2"
             log = daemon.log_path.read_text(errors="replace")
             assert "versioned_app.py changed since its import" in log
-            _ready_templates(daemon, 2)  # the new template imported v2
+            ready_templates(daemon, 2)  # the new template imported v2
             call(str(home), "create", session="s2")
             assert client.send("s2", "c", key="k3")["version"] == "v2"
 
@@ -256,7 +243,7 @@ def test_what_an_app_left_behind_is_reaped_by_serve_not_left_a_zombie(tmp_path: 
     """serve is the subreaper of its workers: an App's orphan comes to it, and is reaped."""
     home = tmp_path / "home"
     with running_daemon(home, *TEMPLATE, "--app", "tests.apps.forking_apps:ForkingApp") as daemon:
-        _ready_templates(daemon)
+        ready_templates(daemon)
         call(str(home), "create", session="s")
         with Client(str(home), timeout=60, retry_for=30) as client:
             client.send("s", "os.fork then crash", key="k")
@@ -302,7 +289,7 @@ def test_an_app_changed_while_its_template_imported_it_is_imported_again_before_
         poll_until((tmp_path / "reading").exists, timeout=60, what="the template's import")
         source.write_text(_GATED.replace("{version}", "v2"))
         gate.touch()
-        _ready_templates(daemon)
+        ready_templates(daemon)
         with Client(str(home), timeout=60) as client:
             call(str(home), "create", session="s1")
             assert client.send("s1", "a", key="k1")["version"] == "v2"

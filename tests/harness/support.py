@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -234,3 +235,19 @@ def one_line(text: str) -> str:
     assert "Traceback" not in text, text
     assert len(text.strip().splitlines()) == 1, text
     return text.strip()
+
+
+def ready_templates(daemon: Daemon, count: int = 1) -> list[int]:
+    """The pids of the first ``count`` templates serve said ready (its log)."""
+
+    def said() -> list[int] | None:
+        text = daemon.log_path.read_text(errors="replace")
+        pids = [int(p) for p in re.findall(r"template of App .*: ready \(pid (\d+),", text)]
+        return pids if len(pids) >= count else None
+
+    return poll_until(said, timeout=60, what=f"{count} template(s) to be ready")
+
+
+def importers(counter: Path) -> set[int]:
+    """The pids an App wrote to its import counter ``counter``, one a line."""
+    return {int(line) for line in counter.read_text().split()} if counter.exists() else set()

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import gc
 import json
-import zlib
 from pathlib import Path
 
 import pytest
 
+from tests.harness.forged import rechained
 from worker import (
     Assistant,
     Baseline,
@@ -117,18 +117,6 @@ def test_a_session_opened_by_the_scan_serves_retries_schedules_and_its_newest_us
         assert session._last_usage == usage
 
 
-def _rechain(lines: list[bytes]) -> bytes:
-    """``lines`` (without checksums) with each one's checksum made to match, as a forger would."""
-    out, running = b"", 0
-    for line in lines:
-        head = line[:-1] + b',"crc":"'
-        value = zlib.crc32(head, running)
-        tail = b'%08x"}\n' % value
-        running = zlib.crc32(tail, value)
-        out += head + tail
-    return out
-
-
 def test_a_checksummed_line_that_is_no_record_is_refused_at_its_place_when_read(
     home: Path,
 ) -> None:
@@ -136,7 +124,7 @@ def test_a_checksummed_line_that_is_no_record_is_refused_at_its_place_when_read(
     lines = without_checksums(log.read_bytes()).splitlines()
     number = next(n for n, line in enumerate(lines, 1) if line.startswith(b'{"type":"Assistant"'))
     lines[number - 1] = lines[number - 1].replace(b'"text":"a"', b'"text":5')
-    log.write_bytes(_rechain(lines))
+    log.write_bytes(rechained(lines))
     with Session.open(str(home), "s") as session:  # open trusts a checksummed line's fields
         with pytest.raises(LogError) as refused:
             list(session.records)
@@ -156,7 +144,7 @@ def test_lines_the_scan_does_not_know_are_read_line_by_line_and_the_first_bad_on
     # writer leaves, so refused where the frame breaks, as the decode always said.
     number = next(n for n, line in enumerate(lines, 1) if b'"part":2,"parts":3' in line)
     del lines[number - 1]
-    log.write_bytes(_rechain(lines))
+    log.write_bytes(rechained(lines))
     assert scan_lines(log.read_bytes()) is None
     with pytest.raises(InvalidLog, match=f":{number}: part 3 of 3 where part 2 of 3"):
         Session.open(str(home), "s")
@@ -167,7 +155,7 @@ def test_an_app_change_is_checked_and_read_from_its_line_alone(home: Path) -> No
     lines = without_checksums(log.read_bytes()).splitlines()
     change = AppChanged(app="m:App", from_version="1", to_version="2")
     lines.append(encode_record(change).rstrip(b"\n"))
-    log.write_bytes(_rechain(lines))
+    log.write_bytes(rechained(lines))
     assert scan_lines(log.read_bytes()) is not None
     # The SessionStart names no App, so an AppChanged from one is refused at its line.
     with pytest.raises(InvalidLog, match=f":{len(lines)}: AppChanged from 'm:App'"):
@@ -242,7 +230,7 @@ def test_a_user_spelled_otherwise_is_read_line_by_line_and_its_key_still_learned
     number = next(n for n, line in enumerate(lines, 1) if b'"key":"k' in line)
     key = json.loads(lines[number - 1])["key"]
     lines[number - 1] = lines[number - 1].replace(b'"key":"', b'"key": "')
-    log.write_bytes(_rechain(lines))
+    log.write_bytes(rechained(lines))
     assert scan_lines(log.read_bytes()) is None  # not the writer's spelling: not scanned
     with Session.open(str(home), "s") as session:
         ref = session.find_key(key)
@@ -260,7 +248,7 @@ def test_matches_a_line_does_not_give_are_never_counted_for_another_line(home: P
     # neighbour's type.
     lines[first] = lines[first].replace(b'"text":"a"', b'"text":{"type":"User","key":"x"}')
     lines[last] = lines[last].replace(b'"type":"Assistant"', b'"type":"\\u0041ssistant"')
-    log.write_bytes(_rechain(lines))
+    log.write_bytes(rechained(lines))
     assert scan_lines(log.read_bytes()) is None
     with pytest.raises(LogError, match=f":{first + 1}: "):
         Session.open(str(home), "s")
@@ -272,7 +260,7 @@ def test_a_refusal_while_open_reads_its_newest_usage_lets_the_lock_go(home: Path
     number = max(n for n, line in enumerate(lines, 1) if line.startswith(b'{"type":"Usage"'))
     lines[number - 1] = lines[number - 1].replace(b'"prompt_tokens":', b'"prompt_tokens":-')
     lines.append(encode_record(User(text="after")).rstrip(b"\n"))
-    log.write_bytes(_rechain(lines))
+    log.write_bytes(rechained(lines))
     for _ in range(2):  # refused the same way again: nothing was left locked or open
         with pytest.raises(LogError, match=f":{number}: undecodable record"):
             Session.open(str(home), "s")

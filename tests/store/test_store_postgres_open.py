@@ -14,12 +14,12 @@ from __future__ import annotations
 import os
 import re
 import threading
-import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.harness.forged import rechained
 from tests.harness.postgres_server import PostgresServer
 from tests.harness.support import poll_until
 from worker import (
@@ -206,18 +206,6 @@ def test_what_the_pipeline_did_not_read_is_read_again_in_a_snapshot_and_refused_
     assert _token(store, "segments") == 3  # the claim committed before the refusal
 
 
-def _rechained(lines: list[bytes]) -> bytes:
-    """``lines`` (without checksums) with each one's checksum made to match, as a forger would."""
-    out, running = b"", 0
-    for line in lines:
-        head = line[:-1] + b',"crc":"'
-        value = zlib.crc32(head, running)
-        tail = b'%08x"}\n' % value
-        running = zlib.crc32(tail, value)
-        out += head + tail
-    return out
-
-
 @pytest.mark.parametrize(
     ("line", "damage", "refusal"),
     [
@@ -250,7 +238,7 @@ def test_a_damaged_record_in_the_stored_log_is_refused_at_open_with_its_line(
             conn.execute(
                 "INSERT INTO loopd_log_chunks (session, epoch, start, data) "
                 "VALUES ('damaged', 0, 0, %s)",
-                (_rechained(lines),),
+                (rechained(lines),),
             )
     with pytest.raises(LogError, match=rf"0\.jsonl:{line}: {re.escape(refusal)}"):
         Session.open(store, "damaged")
