@@ -94,7 +94,10 @@ class Said:
     text: str = ""
 
     def encode(self) -> bytes:
-        return bytes(msgpack.packb({"kind": self.kind.value, "pid": self.pid, "text": self.text}))
+        # A text may hold a path's bytes that are no UTF-8 (surrogates, as os.fsdecode
+        # makes them), which msgpack cannot encode: sent escaped, never raised.
+        text = self.text.encode("utf-8", "backslashreplace").decode("utf-8")
+        return bytes(msgpack.packb({"kind": self.kind.value, "pid": self.pid, "text": text}))
 
     @classmethod
     def decode(cls, data: bytes) -> Said:

@@ -27,7 +27,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 import traceback
 from typing import Final, NoReturn
 
@@ -44,8 +43,11 @@ from supervisor.templates.order import (
 )
 from supervisor.templates.prctl import die_with_parent
 from supervisor.templates.watched_files import (
+    Fingerprint,
     ImportReads,
+    files_clock_ns,
     first_changed,
+    printable,
     recording_reads,
     watched_files,
 )
@@ -69,7 +71,7 @@ def run_template(sock: socket.socket, identity: AppIdentity, parent: int) -> NoR
         _become_template(sock, identity, parent)
         before = set(sys.modules)
         held = _open_descriptors()
-        began = time.time_ns()
+        began = files_clock_ns()
         reads = ImportReads()
         said = _import_app(identity, held, reads)
         sock.send(said.encode())
@@ -174,7 +176,7 @@ def _other_threads() -> list[str]:
     return names + [f"{unnamed} thread(s) not started by threading"] * (unnamed > 0)
 
 
-def _take_orders(sock: socket.socket, files: dict[str, int]) -> None:
+def _take_orders(sock: socket.socket, files: dict[str, Fingerprint]) -> None:
     while True:
         data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, ORDER_FDS)
         if not data:
@@ -185,7 +187,7 @@ def _take_orders(sock: socket.socket, files: dict[str, int]) -> None:
         changed = first_changed(files)
         try:
             if changed is not None:
-                said = Said(kind=SaidKind.STALE, text=changed)
+                said = Said(kind=SaidKind.STALE, text=printable(changed))
             else:
                 said = _fork(ForkOrder.decode(data), fds)
         except (OSError, OrderError) as exc:

@@ -68,6 +68,13 @@ def _on_audit(event: str, args: tuple[object, ...]) -> None:
         return
     if event == "open":
         _record(_reads, args)
+    elif event == "os.rename" and len(args) == 4:  # os.rename and os.replace (and moves)
+        # Both names are the App's own output: a file written beside and put in place
+        # (``tmp`` + ``os.replace``), then read back, is no data it was given.
+        for path in args[:2]:
+            name = _absolute(path)
+            if name is not None:
+                _reads.written.add(name)
 
 
 def _record(reads: ImportReads, args: tuple[object, ...]) -> None:
@@ -75,15 +82,24 @@ def _record(reads: ImportReads, args: tuple[object, ...]) -> None:
     if len(args) != 3:
         return  # not the interpreter's event (anything may call sys.audit("open", ...))
     path, _mode, flags = args
-    if not isinstance(path, str | bytes | os.PathLike) or not isinstance(flags, int):
-        return  # a descriptor (an int): what it is open on was opened, and recorded, before
-    try:
-        name = os.path.abspath(os.fsdecode(os.fspath(path)))  # against this open's cwd
-    except _UNRESOLVABLE:
+    if not isinstance(flags, int):
+        return
+    name = _absolute(path)  # None for a descriptor (an int): its file was recorded before
+    if name is None:
         return
     if name.startswith(_NOT_APP_DATA) or name.endswith(".pyc") or "/__pycache__/" in name:
         return  # the kernel's, or bytecode: the source is watched through __file__
     reads.note(name, flags)
+
+
+def _absolute(path: object) -> str | None:
+    """``path`` made absolute against the working directory now; None if it is no path."""
+    if not isinstance(path, str | bytes | os.PathLike):
+        return None
+    try:
+        return os.path.abspath(os.fsdecode(os.fspath(path)))
+    except _UNRESOLVABLE:
+        return None
 
 
 @contextlib.contextmanager
@@ -105,37 +121,70 @@ def hook_added() -> bool:
     return _hooked
 
 
-def watched_files(modules: set[str], reads: ImportReads, began: int) -> dict[str, int]:
-    """The file of each of ``modules`` and each regular file of ``reads`` the import did not
-    write, with its mtime (ns); gone files are left out.
+Fingerprint = tuple[int, int, int, int, int] | None
+"""A watched file's device, inode, size, mtime and ctime (ns); None: changed while the
+import ran (the first order finds it changed)."""
 
-    A file written while the import ran (``began`` to now) may hold other code or data than
-    what was imported: its mtime is kept as -1, so that the first order finds it changed and
-    the next template imports it again. A file dated past now (a clock or an archive's
-    dates) is not taken for one.
+
+def _fingerprint(found: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns)
+
+
+def watched_files(modules: set[str], reads: ImportReads, began: int) -> dict[str, Fingerprint]:
+    """The file of each of ``modules`` and each regular file of ``reads`` the import did not
+    write, with its fingerprint; gone files are left out.
+
+    A file is told by more than its mtime, which a deploy can keep or set back (``cp -p``,
+    ``rsync -t``, an archive's dates, a file renamed into place): by its inode and its
+    ctime too, which only the kernel sets. A file whose ctime falls inside the import
+    (``began`` to now: written, renamed into place or touched while the import ran) may
+    hold other code or data than what was imported: ``None``, so that the first order
+    finds it changed and the next template imports it again. ``began`` is read from the
+    clock the kernel dates files by (``files_clock_ns``).
     """
     paths = [getattr(sys.modules.get(name), "__file__", None) for name in modules]
-    files = {}
+    found: dict[str, os.stat_result] = {}
     for path in [p for p in paths if isinstance(p, str)]:
         with contextlib.suppress(OSError):
-            files[path] = os.stat(path).st_mtime_ns
+            found[path] = os.stat(path)
     for path in reads.read:
-        if path in files or path in reads.written:
+        if path in found or path in reads.written:
             continue
         with contextlib.suppress(OSError):
-            found = os.stat(path)
-            if stat.S_ISREG(found.st_mode):
-                files[path] = found.st_mtime_ns
+            status = os.stat(path)
+            if stat.S_ISREG(status.st_mode):
+                found[path] = status
     now = time.time_ns()
-    return {path: -1 if began <= mtime <= now else mtime for path, mtime in files.items()}
+    return {
+        path: None if began <= status.st_ctime_ns <= now else _fingerprint(status)
+        for path, status in found.items()
+    }
 
 
-def first_changed(files: dict[str, int]) -> str | None:
+_CLOCK_REALTIME_COARSE: Final = 5
+"""Linux's clock id of the wall clock as the kernel dates files (a tick at a time)."""
+
+
+def files_clock_ns() -> int:
+    """Now, as the kernel would date a file changed now: its coarse wall clock, up to a
+    tick behind ``time.time_ns()`` (compared with that, a change in an import's first
+    milliseconds would pass for one before it)."""
+    return time.clock_gettime_ns(_CLOCK_REALTIME_COARSE)
+
+
+def first_changed(files: dict[str, Fingerprint]) -> str | None:
     """The first of ``files`` changed or gone since the import (a new App version)."""
-    for path, mtime in files.items():
+    for path, fingerprint in files.items():
         try:
-            if os.stat(path).st_mtime_ns != mtime:
+            if fingerprint is None or _fingerprint(os.stat(path)) != fingerprint:
                 return path
         except OSError:
             return path
     return None
+
+
+def printable(path: str) -> str:
+    """``path`` as a line can say it: its bytes that are no UTF-8 and its control
+    characters escaped (a file's name may hold any byte but NUL and "/")."""
+    text = os.fsencode(path).decode("utf-8", "backslashreplace")
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -195,7 +195,8 @@ _RECORD = """
 import json, os, sys, time
 from pathlib import Path
 from supervisor.templates.watched_files import (
-    MAX_READ_FILES, ImportReads, first_changed, recording_reads, watched_files)
+    MAX_READ_FILES, ImportReads, files_clock_ns, first_changed, recording_reads,
+    watched_files)
 
 root = Path(sys.argv[1])
 (root / "sub").mkdir()
@@ -208,7 +209,10 @@ for n in range(MAX_READ_FILES + 5):
     (many / str(n)).write_text("")
 reads = ImportReads()
 os.chdir(root)
-began = time.time_ns()
+latest = max(p.stat().st_ctime_ns for p in [*root.rglob("*")])
+while files_clock_ns() <= latest:  # the files' own tick past: made before the import
+    pass
+began = files_clock_ns()
 with recording_reads(reads):
     open("a.txt").close()
     os.chdir("sub")
@@ -235,7 +239,7 @@ with recording_reads(reads):
     (root / "gone.txt").unlink()
 open("sub/b.txt").close()  # after the import: not recorded
 files = watched_files(set(), reads, began)
-inside = [p for p, m in files.items() if m == -1]
+inside = [p for p, m in files.items() if m is None]
 changed = first_changed(files)
 del files[str(root / "late.txt")]
 os.unlink("a.txt")
@@ -272,3 +276,70 @@ def test_the_reads_recorded_are_regular_files_by_absolute_path_and_bounded(
     assert seen["inside"] == [str(root / "late.txt")]
     assert seen["changed"] == str(root / "late.txt")
     assert seen["gone"] == str(root / "a.txt")
+
+
+_MOVES = """
+import json, os, subprocess, sys
+from pathlib import Path
+from supervisor.templates.order import Said, SaidKind
+from supervisor.templates.watched_files import (
+    ImportReads, files_clock_ns, first_changed, printable, recording_reads, watched_files)
+
+root = Path(sys.argv[1])
+os.chdir(root)
+for name in ("deploy.txt", "staged.txt", "kept.txt"):
+    Path(name).write_text(name)
+odd = os.fsdecode(b"odd-\\xff.txt")
+Path(odd).write_text("odd")
+os.utime("staged.txt", ns=(1, 1))  # staged long ago: an archive's, or cp -p's, dates
+latest = max(p.stat().st_ctime_ns for p in root.iterdir())
+while files_clock_ns() <= latest:  # the files' own tick past: made before the import
+    pass
+reads = ImportReads()
+began = files_clock_ns()
+with recording_reads(reads):
+    for name in ("deploy.txt", "kept.txt", odd):
+        open(name).close()
+    # A deploy renames its staged file into place while the import runs (another process).
+    subprocess.run(["mv", "staged.txt", "deploy.txt"], check=True)
+    # The App's own: built beside, put in place, read back.
+    Path("bundle.tmp").write_text("{}")
+    os.replace("bundle.tmp", "bundle.json")
+    open("bundle.json").close()
+files = watched_files(set(), reads, began)
+first = first_changed(files)
+mtime = os.stat(odd).st_mtime_ns
+Path(odd).write_text("odd, changed")
+os.utime(odd, ns=(mtime, mtime))  # its mtime as it was (cp -p): its ctime still tells
+stale = Said(kind=SaidKind.STALE, text=printable(odd)).encode()
+print(json.dumps({
+    "watched": sorted(files), "inside": [p for p, f in files.items() if f is None],
+    "first": first, "then": first_changed({p: f for p, f in files.items() if f is not None}),
+    "said": Said.decode(stale).text,
+    "raw_encodes": len(Said(kind=SaidKind.STALE, text=odd).encode()) > 0,
+}))
+"""
+
+
+def test_a_file_renamed_in_during_the_import_or_rewritten_with_its_old_mtime_is_changed(
+    tmp_path: Path,
+) -> None:
+    """Files are told by inode and ctime, not the mtime alone; a file the import put in
+    place itself (``os.replace``) is its own output, not watched; a name that is no UTF-8
+    is said escaped (it made the template's answer fail to encode)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_MOVES), str(root)],
+        capture_output=True, text=True, timeout=60, check=False, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    odd = os.fsdecode(str(root).encode() + b"/odd-\xff.txt")
+    assert seen["watched"] == sorted([str(root / "deploy.txt"), str(root / "kept.txt"), odd])
+    assert seen["inside"] == [str(root / "deploy.txt")]  # its ctime: the rename's
+    assert seen["first"] == str(root / "deploy.txt")
+    assert seen["then"] == odd  # rewritten, its mtime set back: its ctime moved
+    assert seen["said"] == "odd-\\xff.txt"  # the byte escaped, the rest as it is
+    assert seen["raw_encodes"]
