@@ -18,6 +18,8 @@ from typing import Final
 
 import psutil
 
+from supervisor.sessions.spawn import start_ticks
+
 WORKER_PREFIX: Final = "loopd:"  # a worker's process name (supervisor/templates/worker_child.py)
 _SHARABLE: Final = ("socket:[", "pipe:[")  # what two processes may hold the same of
 LOOK_INTERVAL: Final = 0.01
@@ -48,17 +50,17 @@ class SharedDescriptors:
 
     def __init__(self, violate: Violate) -> None:
         self.violate = violate
-        self.last: dict[str, frozenset[tuple[int, float, str]]] = {}
+        self.last: dict[str, frozenset[tuple[int, int, str]]] = {}
         self.seen: set[str] = set()
 
     def sample(self, children: list[psutil.Process]) -> None:
-        holders: dict[str, set[tuple[int, float, str]]] = {}
+        holders: dict[str, set[tuple[int, int, str]]] = {}
         for child in children:
             try:
                 name = child.name()
                 if not name.startswith(WORKER_PREFIX):
                     continue
-                holder = (child.pid, child.create_time(), name)
+                holder = (child.pid, start_ticks(child.pid) or 0, name)  # not wall-clock time
             except psutil.Error:
                 continue
             for held in _held(child.pid):
