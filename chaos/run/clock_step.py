@@ -40,7 +40,7 @@ KILLED: Final = "stopped-worker-killed"
 HANG_TIMEOUT: Final = 1.0
 STEP: Final = 7
 """Seconds the clock is stepped forward by (a whole number: ``btime`` is in seconds)."""
-KILL_WITHIN: Final = 10.0
+KILL_WITHIN: Final = 20.0
 """Seconds a stopped worker may live: its hang timeout, the daemon's tick and slack, and
 the restart, on a machine at a load of 10."""
 
