@@ -121,9 +121,11 @@ def hook_added() -> bool:
     return _hooked
 
 
-Fingerprint = tuple[int, int, int, int, int] | None
-"""A watched file's device, inode, size, mtime and ctime (ns); None: changed while the
-import ran (the first order finds it changed)."""
+Fingerprint = tuple[int, ...] | None
+"""A watched file's device, inode, size, mtime and ctime (ns); ``ABSENT``: the import
+looked for it and it was not there; None: changed while the import ran (the first order
+finds it changed)."""
+ABSENT: Final[tuple[int, ...]] = ()
 
 
 def _fingerprint(found: os.stat_result) -> tuple[int, int, int, int, int]:
@@ -132,7 +134,9 @@ def _fingerprint(found: os.stat_result) -> tuple[int, int, int, int, int]:
 
 def watched_files(modules: set[str], reads: ImportReads, began: int) -> dict[str, Fingerprint]:
     """The file of each of ``modules`` and each regular file of ``reads`` the import did not
-    write, with its fingerprint; gone files are left out.
+    write, with its fingerprint; a file the import opened (or tried to) that is not there
+    at its end is ``ABSENT``: an optional file created later (an override a
+    ``configparser.read`` skipped) is a change too.
 
     A file is told by more than its mtime, which a deploy can keep or set back (``cp -p``,
     ``rsync -t``, an archive's dates, a file renamed into place): by its inode and its
@@ -143,22 +147,30 @@ def watched_files(modules: set[str], reads: ImportReads, began: int) -> dict[str
     clock the kernel dates files by (``files_clock_ns``).
     """
     paths = [getattr(sys.modules.get(name), "__file__", None) for name in modules]
-    found: dict[str, os.stat_result] = {}
+    found: dict[str, os.stat_result | None] = {}
     for path in [p for p in paths if isinstance(p, str)]:
         with contextlib.suppress(OSError):
             found[path] = os.stat(path)
     for path in reads.read:
         if path in found or path in reads.written:
             continue
-        with contextlib.suppress(OSError):
+        try:
             status = os.stat(path)
-            if stat.S_ISREG(status.st_mode):
-                found[path] = status
+        except FileNotFoundError:
+            found[path] = None  # looked for, not there
+            continue
+        except OSError:
+            continue
+        if stat.S_ISREG(status.st_mode):
+            found[path] = status
     now = time.time_ns()
-    return {
-        path: None if began <= status.st_ctime_ns <= now else _fingerprint(status)
-        for path, status in found.items()
-    }
+    return {path: _at_import(status, began, now) for path, status in found.items()}
+
+
+def _at_import(status: os.stat_result | None, began: int, now: int) -> Fingerprint:
+    if status is None:
+        return ABSENT
+    return None if began <= status.st_ctime_ns <= now else _fingerprint(status)
 
 
 _CLOCK_REALTIME_COARSE: Final = 5
@@ -173,10 +185,13 @@ def files_clock_ns() -> int:
 
 
 def first_changed(files: dict[str, Fingerprint]) -> str | None:
-    """The first of ``files`` changed or gone since the import (a new App version)."""
+    """The first of ``files`` changed, gone or come since the import (a new App version)."""
     for path, fingerprint in files.items():
         try:
             if fingerprint is None or _fingerprint(os.stat(path)) != fingerprint:
+                return path
+        except FileNotFoundError:
+            if fingerprint != ABSENT:
                 return path
         except OSError:
             return path

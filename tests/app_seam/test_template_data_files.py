@@ -269,7 +269,8 @@ def test_the_reads_recorded_are_regular_files_by_absolute_path_and_bounded(
     read = ["a.txt", "sub/b.txt", "fifo", "", "own.txt", "gone.txt", "late.txt"]
     assert seen["read"] == [str(root / name) if name else str(root) for name in read]
     assert seen["written"] == [str(root / "own.txt"), str(root / "written.txt")]
-    assert seen["watched"] == [str(root / "a.txt"), str(root / "sub/b.txt")]
+    # gone.txt, read then removed while the import ran: watched for its coming back
+    assert seen["watched"] == [str(root / n) for n in ("a.txt", "sub/b.txt", "gone.txt")]
     assert seen["many"] == MAX_READ_FILES - len(read)
     assert seen["unwatched"] == 5 + len(read)
     assert f"more than {MAX_READ_FILES} files" in seen["past"]
@@ -300,6 +301,10 @@ began = files_clock_ns()
 with recording_reads(reads):
     for name in ("deploy.txt", "kept.txt", odd):
         open(name).close()
+    try:
+        open("optional.txt").close()  # an override it looks for, not there
+    except FileNotFoundError:
+        pass
     # A deploy renames its staged file into place while the import runs (another process).
     subprocess.run(["mv", "staged.txt", "deploy.txt"], check=True)
     # The App's own: built beside, put in place, read back.
@@ -312,11 +317,15 @@ mtime = os.stat(odd).st_mtime_ns
 Path(odd).write_text("odd, changed")
 os.utime(odd, ns=(mtime, mtime))  # its mtime as it was (cp -p): its ctime still tells
 stale = Said(kind=SaidKind.STALE, text=printable(odd)).encode()
+optional = {str(root / "optional.txt"): files[str(root / "optional.txt")]}
+before = first_changed(optional)
+Path("optional.txt").write_text("an override")
 print(json.dumps({
     "watched": sorted(files), "inside": [p for p, f in files.items() if f is None],
     "first": first, "then": first_changed({p: f for p, f in files.items() if f is not None}),
     "said": Said.decode(stale).text,
     "raw_encodes": len(Said(kind=SaidKind.STALE, text=odd).encode()) > 0,
+    "optional": [before, first_changed(optional)],
 }))
 """
 
@@ -325,8 +334,9 @@ def test_a_file_renamed_in_during_the_import_or_rewritten_with_its_old_mtime_is_
     tmp_path: Path,
 ) -> None:
     """Files are told by inode and ctime, not the mtime alone; a file the import put in
-    place itself (``os.replace``) is its own output, not watched; a name that is no UTF-8
-    is said escaped (it made the template's answer fail to encode)."""
+    place itself (``os.replace``) is its own output, not watched; one it looked for and
+    did not find is watched for its coming; a name that is no UTF-8 is said escaped (it
+    made the template's answer fail to encode)."""
     root = tmp_path / "root"
     root.mkdir()
     done = subprocess.run(
@@ -337,9 +347,12 @@ def test_a_file_renamed_in_during_the_import_or_rewritten_with_its_old_mtime_is_
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     odd = os.fsdecode(str(root).encode() + b"/odd-\xff.txt")
-    assert seen["watched"] == sorted([str(root / "deploy.txt"), str(root / "kept.txt"), odd])
+    watched = [str(root / "deploy.txt"), str(root / "kept.txt"), odd, str(root / "optional.txt")]
+    assert seen["watched"] == sorted(watched)
     assert seen["inside"] == [str(root / "deploy.txt")]  # its ctime: the rename's
     assert seen["first"] == str(root / "deploy.txt")
     assert seen["then"] == odd  # rewritten, its mtime set back: its ctime moved
     assert seen["said"] == "odd-\\xff.txt"  # the byte escaped, the rest as it is
     assert seen["raw_encodes"]
+    # Looked for and not there: unchanged while it stays away, changed once it comes.
+    assert seen["optional"] == [None, str(root / "optional.txt")]
