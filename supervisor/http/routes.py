@@ -106,15 +106,12 @@ class Api:
         def done(outcome: Message | ControlError) -> None:
             # Called by a worker connection's callbacks: an error raised here would end
             # that connection (every send in flight on it) and leave this one unanswered.
+            kept = keep
             try:
                 if isinstance(outcome, ControlError):
-                    status = status_of(outcome.code)
-                    kept = keep and outcome.code != "internal"  # ends it, as the port's
-                    answer = error_response(status, outcome.code, outcome.message,
-                                            keep_alive=kept)  # fmt: skip
-                    writer.write(answer)
-                    answered(kept)
-                    return
+                    kept = keep and outcome.code != "internal"  # a 500 ends it, as the port's
+                    answer = error_response(status_of(outcome.code), outcome.code,
+                                            outcome.message, keep_alive=kept)  # fmt: skip
                 else:
                     answer = response(200, json_body({**outcome, "key": key}), keep_alive=keep)
             except Exception as exc:  # noqa: BLE001 (a callback's boundary: answered 500)
@@ -126,7 +123,7 @@ class Api:
                 answered(False)
                 return
             writer.write(answer)
-            answered(keep)
+            answered(kept)
 
         return self.links.send_nowait(
             session, text, key=key, untrusted=untrusted, tenant=tenant, done=done

@@ -242,19 +242,10 @@ class WorkerProcess:
         """
         if self.returncode is not None:
             return True
-        try:
-            stat = os.open(f"/proc/{self.pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            if exc.errno in _NO_STAT:
-                return False  # no /proc to ask: hand over as before
-            raise
-        try:
-            data = os.read(stat, 1024)
-        finally:
-            os.close(stat)
-        # The fields after the name (which may hold spaces and parentheses): state, ppid,
-        # pgrp, session, tty_nr, tpgid, flags.
-        fields = data[data.rfind(b")") + 2 :].split()
+        fields = _stat_fields(self.pid)
+        if fields is None:
+            return False  # no /proc to ask: hand over as before
+        # From the third field: state, ppid, pgrp, session, tty_nr, tpgid, flags.
         return len(fields) > 6 and bool(int(fields[6]) & _PF_EXITING)
 
     def in_request(self) -> bool:
@@ -302,14 +293,27 @@ def start_ticks(pid: int) -> int | None:
     nor killed any of them (a stopped worker was never killed as hung).
     """
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            data = stat.read()
+        fields = _stat_fields(pid)
     except OSError:
         return None
-    # The fields after the name (which may hold spaces and parentheses) start at the
-    # third, the state; starttime is the 22nd.
-    fields = data[data.rfind(b")") + 2 :].split()
-    return int(fields[19]) if len(fields) > 19 else None
+    # From the third field, the state; starttime is the 22nd.
+    return int(fields[19]) if fields is not None and len(fields) > 19 else None
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/PID/stat`` after the process's name (which may hold spaces
+    and parentheses), from the third; None if there is no such file to read."""
+    try:
+        stat = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in _NO_STAT:
+            return None
+        raise
+    try:
+        data = os.read(stat, 1024)
+    finally:
+        os.close(stat)
+    return data[data.rfind(b")") + 2 :].split()
 
 
 def prepare_forks(method: StartMethod) -> str | None:

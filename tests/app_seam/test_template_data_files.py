@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -253,19 +254,26 @@ print(json.dumps({
 """
 
 
+def _in_own_process(script: str, root: Path) -> dict[str, Any]:
+    """Run ``script`` on a fresh directory ``root`` in a process of its own (an audit hook
+    is never removed); what it printed, as JSON."""
+    root.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), str(root)],
+        capture_output=True, text=True, timeout=60, check=False, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
 def test_the_reads_recorded_are_regular_files_by_absolute_path_and_bounded(
     tmp_path: Path,
 ) -> None:
     """In a process of its own: an audit hook is never removed."""
     root = tmp_path / "root"
-    root.mkdir()
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_RECORD), str(root)],
-        capture_output=True, text=True, timeout=60, check=False, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout)
+    seen = _in_own_process(_RECORD, root)
     read = ["a.txt", "sub/b.txt", "fifo", "", "own.txt", "gone.txt", "late.txt"]
     assert seen["read"] == [str(root / name) if name else str(root) for name in read]
     assert seen["written"] == [str(root / "own.txt"), str(root / "written.txt")]
@@ -338,14 +346,7 @@ def test_a_file_renamed_in_during_the_import_or_rewritten_with_its_old_mtime_is_
     did not find is watched for its coming; a name that is no UTF-8 is said escaped (it
     made the template's answer fail to encode)."""
     root = tmp_path / "root"
-    root.mkdir()
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_MOVES), str(root)],
-        capture_output=True, text=True, timeout=60, check=False, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout)
+    seen = _in_own_process(_MOVES, root)
     odd = os.fsdecode(str(root).encode() + b"/odd-\xff.txt")
     watched = [str(root / "deploy.txt"), str(root / "kept.txt"), odd, str(root / "optional.txt")]
     assert seen["watched"] == sorted(watched)

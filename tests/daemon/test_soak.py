@@ -29,7 +29,14 @@ import pytest
 from supervisor.client import call
 from supervisor.control_socket import socket_path
 from supervisor.errors import ControlError
-from tests.harness.support import REPO, TEMPLATE_NAME, poll_until, running_daemon, status
+from tests.harness.support import (
+    REPO,
+    TEMPLATE_NAME,
+    Daemon,
+    poll_until,
+    running_daemon,
+    status,
+)
 from worker.ipc.wire import encode
 
 SESSIONS = ("s0", "s1", "s2", "s3", "s4")
@@ -131,6 +138,11 @@ def _states(home: Path) -> object:
     return rows
 
 
+def _tail(daemon: Daemon) -> list[str]:
+    """The last 80 lines of serve's log."""
+    return daemon.log_path.read_text(errors="replace").splitlines()[-80:]
+
+
 def _followers(home: Path) -> object:
     reply = call(str(home), "ping")
     assert isinstance(reply, dict)
@@ -171,8 +183,7 @@ def _soak(tmp_path: Path, seconds: float) -> None:
             codes = _wait_all(clients, time.monotonic() + seconds + 60)
         finally:
             stderr = _end_all(clients)
-        serve_log = daemon.log_path.read_text(errors="replace").splitlines()[-80:]
-        assert codes == [0] * len(kinds), (codes, stderr, _states(home), serve_log)
+        assert codes == [0] * len(kinds), (codes, stderr, _states(home), _tail(daemon))
         # No request was refused, a new one or a retry, however many epochs had passed.
         assert not [line for err in stderr for line in err.splitlines() if "refused" in line]
         assert faults["SIGKILL"] > 0
