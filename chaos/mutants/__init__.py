@@ -27,6 +27,7 @@ from chaos.mutants import (
     unseen,
     versions,
 )
+from worker.store.format import scan_summary
 
 KILL: Final = (FaultKind.KILL,)
 
@@ -153,6 +154,11 @@ _ALL: Final = (
     Mutant(name="open-scan-drops-keys",
            bug="open's scan of the newest log reads no User's key",
            patch=reading.open_scan_drops_keys, caught_by="no-key-twice"),
+    Mutant(name="summary-tail-keys-dropped",
+           bug="an open that takes a scan summary reads no key of the lines after it",
+           patch=reading.summary_tail_keys_dropped, caught_by="no-key-twice",
+           quick=("basic:kill:-:16", "basic:kill:-:40"),
+           feature="the scan summary"),
     Mutant(name="incomplete-group-accepted",
            bug="open accepts a log whose last group commit is incomplete",
            patch=reading.incomplete_group_accepted, caught_by="keyed-request-complete",
@@ -356,7 +362,14 @@ def find(name: str) -> Mutant | None:
 
 
 def apply(name: str | None) -> None:
-    """Break the store in this process as the mutant ``name`` says (None: leave it whole)."""
+    """Break the store in this process as the mutant ``name`` says (None: leave it whole).
+
+    Every process of the rig calls it, so it also makes each open that scanned a line
+    keep a scan summary (worker/store/format/scan_summary.py): the rig's logs are far
+    below the size that keeps one, and each reopen of a case then reads the summary and
+    scans only what came after it, the path a restart of a large session takes.
+    """
+    scan_summary.SUMMARY_AFTER = 0
     if name is None:
         return
     found = find(name)

@@ -14,6 +14,7 @@ from worker.store.errors import SessionLocked, TornLog
 from worker.store.format import line_scan
 from worker.store.format.line_scan import LineScan
 from worker.store.format.records import EpochEnd, ToolResult
+from worker.store.format.scan_summary import ScanSummary
 
 
 def silent_torn_tail_repair() -> None:
@@ -175,12 +176,31 @@ def open_makes_nothing_durable() -> None:
 def open_scan_drops_keys() -> None:
     original = line_scan.scan_lines
 
-    def scan_lines(data: bytes) -> LineScan | None:
-        scan = original(data)
+    def scan_lines(
+        data: bytes, known: ScanSummary | None = None, epoch: int = 0
+    ) -> LineScan | None:
+        scan = original(data, known, epoch)
         if scan is not None:
             # The bug: the scan that replaced decoding at open misreads every User's key
             # as sent without one, so a retry of a key of the open epoch is new again.
             scan.keys = [None] * len(scan.keys)
+        return scan
+
+    epoch_log.scan_lines = scan_lines  # type: ignore[attr-defined]
+
+
+def summary_tail_keys_dropped() -> None:
+    original = line_scan.scan_lines
+
+    def scan_lines(
+        data: bytes, known: ScanSummary | None = None, epoch: int = 0
+    ) -> LineScan | None:
+        scan = original(data, known, epoch)
+        if scan is not None and known is not None and known.covers(data, epoch):
+            # The bug: the keys of the lines after the summary are read as sent without
+            # one (the tail's scan merged with the summary's types but not its keys).
+            tail = len(scan.keys) - len(known.keys)
+            scan.keys = [*scan.keys[: len(known.keys)], *[None] * tail]
         return scan
 
     epoch_log.scan_lines = scan_lines  # type: ignore[attr-defined]

@@ -18,6 +18,7 @@ from chaos.cases import CaseResult
 from chaos.oracle import salvage_checks, schedule_checks, tool_checks, version_checks
 from chaos.scenarios.scenarios import SESSION, SLOT, Scenario
 from worker.store.disk.layout import SESSIONS_DIR
+from worker.store.disk.scan_file import SCANS_DIR
 from worker.store.errors import SessionError
 from worker.store.loader import load_session
 from worker.store.session_state import SessionState
@@ -116,9 +117,12 @@ def log_files(home: str) -> list[str]:
 
 
 def file_digests(home: str | os.PathLike[str]) -> dict[str, str]:
-    """The SHA-256 of every file under ``home`` (to prove nothing changed)."""
+    """The SHA-256 of every file under ``home`` (to prove nothing changed), but the scan
+    summaries (``<home>/scans``: a cache any open may rewrite, no session's state)."""
     digests = {}
-    for directory, _dirs, files in os.walk(home):
+    for directory, dirs, files in os.walk(home):
+        if os.path.samefile(directory, home) and SCANS_DIR in dirs:
+            dirs.remove(SCANS_DIR)
         for name in files:
             path = os.path.join(directory, name)
             with open(path, "rb") as f:

@@ -47,6 +47,7 @@ from worker.app import App, load_app
 from worker.offline.repair import QUARANTINE_DIR
 from worker.process import open_session
 from worker.store.disk.layout import SESSIONS_DIR
+from worker.store.disk.scan_file import SCANS_DIR
 from worker.store.errors import SessionError
 from worker.store.format.records import EpochEnd, encode_appended
 from worker.store.session import Session
@@ -269,6 +270,7 @@ def _check_writes_only_its_session(result: CaseResult, home: str) -> None:
     outside = outside_dir(home)
     strays = [os.path.relpath(p, outside) for p in _walk(outside)]
     allowed = [os.path.join(home, d, SESSION) for d in (SESSIONS_DIR, QUARANTINE_DIR)]
+    allowed.append(os.path.join(home, SCANS_DIR))  # the store's cache of open's scans
     parents = {os.path.dirname(a) for a in allowed}
     strays += [
         os.path.relpath(p, home)

@@ -38,9 +38,10 @@ from worker.store.epochs.epoch_log import (
     refuse_reused_call,
     session_of_sealed,
 )
-from worker.store.epochs.sealed_logs import check_sealed, first_start
+from worker.store.epochs.sealed_logs import check_sealed, first_start, previous_end
 from worker.store.errors import InvalidLog, quote
 from worker.store.fencing import NO_FENCE, Fence, advance
+from worker.store.format import scan_summary
 from worker.store.format.epoch_records import EpochRecords
 from worker.store.format.records import (
     EpochEnd,
@@ -49,8 +50,8 @@ from worker.store.format.records import (
     Record,
     SessionStart,
     User,
-    decode_line,
 )
+from worker.store.format.scan_summary import ScanSummary
 from worker.store.key_index import KeyIndex, load_index
 from worker.store.session_state import KeyRef, SessionState, baseline_path, log_path
 from worker.store.unfinished_salvage import refuse_unfinished_salvage
@@ -80,6 +81,7 @@ def load_session(
     history: bool = False,
     index_files: bool = True,
     canonical: bool = False,
+    known: ScanSummary | None = None,
 ) -> SessionState:
     """Read and check the session in ``session_dir``; change nothing.
 
@@ -92,11 +94,15 @@ def load_session(
     ``index_files`` the key index is rebuilt from the logs, its files left unread.
     With ``canonical`` every line read must be the writer's own bytes for its record,
     not only carry a matching checksum (``loopd verify``; open trusts the checksum).
+    ``known``: a summary of an earlier scan of the newest log (the scan then reads only
+    what follows it); the state's ``scan_summary`` is one of this read's scan, when it
+    scanned enough to be worth keeping (``worker.store.format.scan_summary``).
     """
     fd = open_directory(session_dir) if dir_fd is None else dir_fd
     try:
         reader = _Reader(session_dir, session_id, fd, on_epoch, newest_data)
         reader.canonical = canonical
+        reader.known = known
         with cyclic_gc_paused():
             return reader.load(history, index_files)
     finally:
@@ -135,6 +141,8 @@ class _Reader:
         self.canonical = False  # every line's spelling checked, not only its checksum
         # Each epoch read: its ToolResults' calls, the line of each User and its key.
         self.scans: dict[int, tuple[list[int], list[int], list[str | None]]] = {}
+        self.known: ScanSummary | None = None  # of an earlier scan of the newest log
+        self.summary: ScanSummary | None = None  # of this read's, to keep
 
     def load(self, history: bool, index_files: bool = True) -> SessionState:
         refuse_unfinished_salvage(self.directory, self.dir_fd)  # before its epochs: a gap
@@ -148,7 +156,8 @@ class _Reader:
             # the digest in the EpochEnd before it, and the key index finds their keys.
             first_read = newest
             self._take_carried(path, first, newest)
-            end = self._previous_end(newest, first)
+            self.starts[newest] = first
+            end = previous_end(self.dir_fd, self.directory, newest, first)
             self.carry = end.record.summary
             check_carried_digest(path, first, end)
             self.index = load_index(self.dir_fd, self.directory, path, newest, first.key_index)
@@ -204,6 +213,7 @@ class _Reader:
             fence=self.fence,
             fence_known=self.fence_known,
             log_crc=self.crc,
+            scan_summary=self.summary,
         )
         last = records[-1]
         if isinstance(last, EpochEnd):
@@ -225,11 +235,16 @@ class _Reader:
         session_id = self.session_id
         if not newest:
             session_id = session_of_sealed(self.starts[epoch + 1], self.session_id)
-        read = read_log(path, data, session_id, epoch, newest=newest, canonical=self.canonical)
+        known = self.known if newest else None
+        read = read_log(
+            path, data, session_id, epoch, newest=newest, canonical=self.canonical, known=known
+        )
         records = read.records
         self.scans[epoch] = (read.calls, read.users, read.keys)
         if newest:
             self.crc = read.crc
+            if read.scan is not None and read.scan.scanned >= scan_summary.SUMMARY_AFTER:
+                self.summary = read.scan.summary(epoch, data)
         first = records[0]
         self.starts[epoch] = first if isinstance(first, SessionStart) else None
         return path, records
@@ -257,29 +272,6 @@ class _Reader:
             # The older epochs' newest Owner, as if it were written in this epoch (a
             # SessionStart without the fence, written before, knows only this epoch's).
             self.fence = Fence(first.fence_token, first.fence_node or None)
-
-    def _previous_end(self, epoch: int, first: SessionStart) -> EpochEndAt:
-        """Read the previous log's last line: it must be the EpochEnd leading to ``epoch``.
-
-        The whole previous log must also be the length and CRC-32 ``first`` recorded.
-        """
-        path = log_path(self.directory, epoch - 1)
-        data = read_file(self.dir_fd, os.path.basename(path), path)
-        self.starts[epoch] = first
-        self._check_sealed(path, data, epoch - 1)
-        lines = data.count(b"\n")
-        start = data.rfind(b"\n", 0, len(data) - 1) + 1
-        try:
-            last, _part = decode_line(data[start:-1]) if data.endswith(b"\n") else (None, None)
-        except ValueError as exc:
-            raise InvalidLog(path, lines, f"undecodable last record: {exc}") from exc
-        if not isinstance(last, EpochEnd) or last.next != epoch:
-            raise InvalidLog(
-                path,
-                max(lines, 1),
-                f"epoch {epoch - 1} does not end with EpochEnd (the one leading to epoch {epoch})",
-            )
-        return EpochEndAt(path, lines, last)
 
     def _count(
         self,

@@ -21,6 +21,7 @@ from worker.store.disk import durable
 from worker.store.disk.files import Directory
 from worker.store.disk.layout import ensure_sessions_dir, lock_existing, session_dir
 from worker.store.disk.lock import lock_directory, unlock_directory
+from worker.store.disk.scan_file import read_summary, summarize_first_line, write_summary
 from worker.store.epochs.carried_state import NextEpoch, plan_next_epoch
 from worker.store.epochs.epoch_commit import switch_to_next_epoch, write_next_epoch
 from worker.store.epochs.epoch_log import key_applied_at
@@ -40,6 +41,7 @@ from worker.store.format.records import (
     User,
     encode_lines,
 )
+from worker.store.format.scan_summary import encode as encode_summary
 from worker.store.key_index import KeyIndex, remove_stale
 from worker.store.loader import KeyRef, SessionState, load_session, log_path
 from worker.store.session_view import SessionView
@@ -100,7 +102,8 @@ class Session(SessionView):
         directory = session_dir(home, session_id)
         lock_fd = lock_existing(directory)
         try:
-            state = load_session(directory, session_id, dir_fd=lock_fd)
+            known = read_summary(home, session_id)
+            state = load_session(directory, session_id, dir_fd=lock_fd, known=known)
             log_fd = durable.open_append(log_path(directory, state.epoch))
         except BaseException:
             unlock_directory(lock_fd)
@@ -109,11 +112,15 @@ class Session(SessionView):
             _make_durable(state, log_fd)
             # Its newest Usage is decoded here: a line that does not decode is refused
             # with the lock and the log let go, as any refusal of open is.
-            return cls(state, lock_fd, log_fd)
+            session = cls(state, lock_fd, log_fd)
         except BaseException:
             durable.close(log_fd)
             unlock_directory(lock_fd)
             raise
+        if state.scan_summary is not None:  # a cache: kept if it can be, else no matter
+            write_summary(home, session_id, encode_summary(state.scan_summary))
+            state.scan_summary = None
+        return session
 
     @classmethod
     def open_or_create(
@@ -157,6 +164,7 @@ class Session(SessionView):
         except BaseException:
             unlock_directory(lock_fd)
             raise
+        summarize_first_line(directory, session_id, 0)
         return cls(state, lock_fd, log_fd)
 
     # -- attributes -------------------------------------------------------------------
@@ -260,6 +268,7 @@ class Session(SessionView):
         self._size = size
         self._last_usage = None
         self._remove_stale(plan.index)
+        self._new_log()
 
     # -- the durable steps: the file store's, overridden by another backend ------------
 
@@ -278,6 +287,11 @@ class Session(SessionView):
         if old_fd is not None:
             durable.close(old_fd)
         return start, size, crc
+
+    def _new_log(self) -> None:
+        """The newest log was just begun (its SessionStart alone)."""
+        state = self._state
+        summarize_first_line(state.directory, state.session_id, state.epoch)
 
     def _remove_stale(self, index: KeyIndex) -> None:
         assert self._lock_fd is not None  # open while the log is

@@ -9,6 +9,7 @@ from worker.store.baseline import Baseline
 from worker.store.fencing import NO_FENCE, Fence
 from worker.store.format.dataclass_methods import MutableValue
 from worker.store.format.epoch_records import EpochRecords
+from worker.store.format.scan_summary import ScanSummary
 from worker.store.key_index import KeyIndex
 
 
@@ -61,3 +62,6 @@ class SessionState(MutableValue):
     # fence then knows only this epoch's Owner records (worker/store/epochs/carried_state.py).
     fence_known: bool = True
     log_crc: int = 0  # CRC-32 of the newest log's bytes: the next line's checksum continues it
+    # Open's scan of the newest log, to keep for the next open (store.format.scan_summary);
+    # None when it scanned little or the log was decoded line by line.
+    scan_summary: ScanSummary | None = None

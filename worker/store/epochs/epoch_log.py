@@ -20,7 +20,7 @@ from worker.store.format.app_records import check_apps
 from worker.store.format.dataclass_methods import MutableValue
 from worker.store.format.epoch_records import EpochRecords
 from worker.store.format.line_checksums import chain_line
-from worker.store.format.line_scan import scan_lines
+from worker.store.format.line_scan import LineScan, scan_lines
 from worker.store.format.records import (
     EpochEnd,
     Record,
@@ -30,6 +30,7 @@ from worker.store.format.records import (
     decode_line_checksum,
     decode_lines_fast,
 )
+from worker.store.format.scan_summary import ScanSummary
 
 
 @contextmanager
@@ -114,18 +115,27 @@ class ReadLog(MutableValue):
     calls: list[int]
     users: list[int]
     keys: list[str | None]
+    scan: LineScan | None = None  # the scan's, when the log was proven by one
 
 
 def read_log(
-    path: str, data: bytes, session_id: str, epoch: int, *, newest: bool, canonical: bool
+    path: str,
+    data: bytes,
+    session_id: str,
+    epoch: int,
+    *,
+    newest: bool,
+    canonical: bool,
+    known: ScanSummary | None = None,
 ) -> ReadLog:
     """Read and check one epoch's log (``check_epoch``, its groups), decoding no record.
 
     Proven by the scan (``worker.store.format.line_scan``) unless asked for every
     line's spelling (verify) or a line is not what the scan knows: then decoded line by
     line, which names the first problem (docs/format.md, "What each reader checks").
+    ``known``: a summary of an earlier scan of this log (``scan_lines``).
     """
-    scan = None if canonical else scan_lines(data)
+    scan = None if canonical else scan_lines(data, known, epoch)
     if scan is None:
         decoded = decode_log(path, data, canonical=canonical)
         records = EpochRecords.decoded(path, decoded.records)
@@ -137,7 +147,7 @@ def read_log(
         return ReadLog(records, decoded.crc, calls, lines, keys)
     records = EpochRecords(path, [None] * len(scan.types), scan.types, data, scan.keys)
     check_epoch(path, session_id, epoch, records, newest=newest)
-    return ReadLog(records, scan.crc, scan.calls, scan.users, scan.keys)
+    return ReadLog(records, scan.crc, scan.calls, scan.users, scan.keys, scan)
 
 
 def check_groups(path: str, records: list[Record], framed: list[tuple[int, int, int]]) -> None:

@@ -12,9 +12,11 @@ from __future__ import annotations
 import os
 
 from worker.store.disk.files import Directory, open_directory, read_file
+from worker.store.epochs.carried_checks import EpochEndAt
 from worker.store.epochs.epoch_log import DecodedLog, check_epoch, decode_log, session_of_sealed
+from worker.store.errors import InvalidLog
 from worker.store.format.line_checksums import refuse_sealed, sealed_binding, sealed_intact
-from worker.store.format.records import SessionStart, decode_line
+from worker.store.format.records import EpochEnd, SessionStart, decode_line
 from worker.store.session_state import log_path
 
 
@@ -66,3 +68,27 @@ def read_sealed(directory: str, epoch: int) -> DecodedLog:
     session_id = session_of_sealed(following, os.path.basename(directory))
     check_epoch(path, session_id, epoch, decoded.records, newest=False)
     return decoded
+
+
+def previous_end(dir_fd: Directory, directory: str, epoch: int, first: SessionStart) -> EpochEndAt:
+    """Read the previous log's last line: it must be the EpochEnd leading to ``epoch``.
+
+    The whole previous log must also be the length and CRC-32 ``first`` (``epoch``'s
+    SessionStart) recorded.
+    """
+    path = log_path(directory, epoch - 1)
+    data = read_file(dir_fd, os.path.basename(path), path)
+    check_sealed(path, data, epoch - 1, first)
+    lines = data.count(b"\n")
+    start = data.rfind(b"\n", 0, len(data) - 1) + 1
+    try:
+        last, _part = decode_line(data[start:-1]) if data.endswith(b"\n") else (None, None)
+    except ValueError as exc:
+        raise InvalidLog(path, lines, f"undecodable last record: {exc}") from exc
+    if not isinstance(last, EpochEnd) or last.next != epoch:
+        raise InvalidLog(
+            path,
+            max(lines, 1),
+            f"epoch {epoch - 1} does not end with EpochEnd (the one leading to epoch {epoch})",
+        )
+    return EpochEndAt(path, lines, last)

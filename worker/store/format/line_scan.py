@@ -38,6 +38,7 @@ from worker.store.format.record_types import (
     ToolResult,
     User,
 )
+from worker.store.format.scan_summary import ScanSummary
 
 _START: Final = b'{"type":"'
 _CRC_FIELD: Final = b',"crc":"'
@@ -85,7 +86,8 @@ class LineScan(MutableValue):
     ``types`` holds each line's record class; ``calls`` the ToolResults' call numbers
     in line order; ``users`` the line numbers (from 1) of the User records and
     ``keys`` their request keys (None: sent without one); ``crc`` the CRC-32 of all
-    the log's bytes.
+    the log's bytes, ``adler`` their Adler-32; ``scanned`` how many of its bytes were
+    scanned (the rest was taken from a summary of the scan of them).
     """
 
     types: list[type[Record]]
@@ -93,21 +95,71 @@ class LineScan(MutableValue):
     users: list[int]
     keys: list[str | None]
     crc: int
+    adler: int
+    scanned: int
+
+    def summary(self, epoch: int, data: bytes) -> ScanSummary:
+        """This scan as a summary of ``data`` (the log it read), for the next open."""
+        first = data[: data.find(b"\n") + 1]
+        return ScanSummary(
+            epoch, len(data), self.crc, self.adler, first,  # copies: a writer extends these
+            list(self.types), list(self.calls), list(self.users), list(self.keys),
+        )  # fmt: skip
 
 
-def scan_lines(data: bytes) -> LineScan | None:
+def scan_lines(data: bytes, known: ScanSummary | None = None, epoch: int = 0) -> LineScan | None:
     """Read ``data`` (a whole log, ending in a newline) as open needs it; None to decode it.
 
     None unless every line is one the store wrote with its checksum, the last line's
     checksum is the CRC-32 of the bytes before it, and every group commit is whole.
+    With ``known``, a summary of a scan of the first bytes of epoch ``epoch``'s log,
+    those bytes are not scanned again when they are the very bytes it was made of
+    (``ScanSummary.covers``): only the lines after them are.
     """
     if not data.endswith(b"\n") or not data.startswith(_START):
         return None
+    if known is not None and not known.covers(data, epoch):
+        known = None
+    start = 0 if known is None else known.size
     at = data.rfind(_CRC_FIELD) + len(_CRC_FIELD)
     view = memoryview(data)
-    before = zlib.crc32(view[:at])
+    if known is not None and at > start:  # the prefix's CRC-32 is known: go on from it
+        before = zlib.crc32(view[start:at], known.crc)
+    else:
+        before = zlib.crc32(view[:at])
     if data[at:] != b'%08x"}\n' % before:
         return None
+    crc = zlib.crc32(view[at:], before)
+    adler = zlib.adler32(view[start:], 1 if known is None else known.adler)
+    if known is None:
+        part = _scan_part(data, first=True)
+        if part is None:
+            return None
+        types, calls, keys = part
+        users = _users(types, 1)
+        return LineScan(types, calls, users, keys, crc, adler, len(data))
+    if known.types.count(User) != len(known.users):
+        return None
+    if known.types.count(ToolResult) != len(known.calls):
+        return None
+    if start == len(data):
+        return LineScan(known.types, known.calls, known.users, known.keys, crc, adler, 0)
+    part = _scan_part(data[start:], first=False)
+    if part is None:
+        return None
+    types, calls, keys = part
+    users = _users(types, len(known.types) + 1)
+    return LineScan(
+        known.types + types, known.calls + calls, known.users + users, known.keys + keys,
+        crc, adler, len(data) - start,
+    )  # fmt: skip
+
+
+def _scan_part(
+    data: bytes, *, first: bool
+) -> tuple[list[type[Record]], list[int], list[str | None]] | None:
+    """Each line's class, the ToolResults' calls and the Users' keys of ``data`` (whole
+    lines of a log, the first of them its first line when ``first``); None to decode."""
     type_of, end_of, _groups, call_of, key_of = _patterns()
     lined = b"\n" + data  # every line, the first too, after a newline
     # One type a line (each newline but the last starts one): b"", and so None, for a
@@ -120,7 +172,8 @@ def scan_lines(data: bytes) -> LineScan | None:
     ends = end_of.findall(data)
     if len(ends) != lines or not _whole_groups(ends):
         return None
-    if any(ends[i] for i in _written_alone(types, kinds)):  # type: ignore[arg-type]
+    alone = _written_alone(types, kinds) if first else _alone_after_first(types, kinds)  # type: ignore[arg-type]
+    if any(ends[i] for i in alone):
         return None
     calls = call_of.findall(lined)
     if len(calls) != types.count(ToolResult):
@@ -134,14 +187,12 @@ def scan_lines(data: bytes) -> LineScan | None:
         return None
     if not _KEY_TYPES.issuperset(map(type, decoded)):  # each a string or null
         return None
-    users = list(compress(count(1), map(is_, types, [User] * lines)))
-    return LineScan(
-        types,  # type: ignore[arg-type]  # None was refused above
-        list(map(int, calls)),
-        users,
-        decoded,
-        zlib.crc32(view[at:], before),
-    )
+    return types, list(map(int, calls)), decoded  # type: ignore[return-value]  # None refused above
+
+
+def _users(types: list[type[Record]], first: int) -> list[int]:
+    """The line numbers of the User records among ``types``, the first line numbered ``first``."""
+    return list(compress(count(first), map(is_, types, [User] * len(types))))
 
 
 def _whole_groups(ends: list[bytes]) -> bool:
@@ -164,6 +215,13 @@ def _whole_groups(ends: list[bytes]) -> bool:
         else:
             expect = 0 if part == parts else expect + 1
     return not expect
+
+
+def _alone_after_first(types: list[type[Record]], kinds: set[type[Record]]) -> list[int]:
+    """``_written_alone`` for lines after a log's first: none, unless their classes say so."""
+    if kinds.isdisjoint(WRITTEN_ALONE):
+        return []
+    return [i for i, cls in enumerate(types) if cls in WRITTEN_ALONE]
 
 
 def _written_alone(types: list[type[Record]], kinds: set[type[Record]]) -> list[int]:

@@ -75,6 +75,9 @@ class PostgresSession(Session):
     def _remove_stale(self, index: KeyIndex) -> None:
         self.backend.remove(stale_names(self.backend.names(), index))
 
+    def _new_log(self) -> None:
+        pass  # a scan summary is the file store's
+
     def close(self) -> None:
         """Close the connection; idempotent (an uncommitted write was never acknowledged)."""
         self._lock_fd = self._log_fd = None
