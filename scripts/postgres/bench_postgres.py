@@ -15,7 +15,9 @@ and measures, in rounds where the sides take turns operation by operation:
 - an open of a session of ``--records`` records (``Session.open``: connect, claim,
   load), against a bare connect + ``SELECT`` of its chunks (and, with no goal, the same
   followed by a ``json.loads`` of each line, or by the store's own decoding of the log,
-  ``decode_log``: what open cannot do without).
+  ``decode_log``: what open cannot do without): on a node that never opened it (a
+  failover's), and again on a node whose home keeps the summary of its last open's scan
+  (a restart's: docs/format.md, "The scan summary").
 Each operation is timed alone; a side's figure is the median (and p99) of all its
 operations, a ratio is the median of the per-round ratios of medians, with their
 min-max. ``--write-docs`` replaces the PostgreSQL section of docs/benchmarks.md;
@@ -185,7 +187,9 @@ def _last_chunk(uri: str, session_id: str) -> bytes:
     return bytes(row[0])
 
 
-def bench_open(figures: Figures, uri: str, records: int, rounds: int, count: int) -> None:
+def bench_open(
+    figures: Figures, root: str, uri: str, records: int, rounds: int, count: int
+) -> None:
     store = PostgresStore(uri)
     with Session.create(store, "big", BASELINE) as session:
         n = 0
@@ -229,6 +233,16 @@ def bench_open(figures: Figures, uri: str, records: int, rounds: int, count: int
         "select+decode": store_decoded,
     }
     interleave(figures, "open", rounds, count, sides)
+    # A restart on the node that opened the session before: its home keeps the summary
+    # of that open's scan (docs/format.md, "The scan summary"); a failover's node has none.
+    node = PostgresStore(uri, scans=os.path.join(root, "node-home"))
+    Session.open(node, "big").close()
+
+    def reopened(_n: int) -> object:
+        with Session.open(node, "big") as again:
+            return len(again.records)
+
+    interleave(figures, "reopen", rounds, count, {"reopen": reopened, "select": bare})
 
 
 def main() -> int:
@@ -255,7 +269,7 @@ def main() -> int:
         bench_append(figures, uri, args.rounds, args.appends)
         if not args.no_serve:
             bench_serve(figures, root, uri, args.rounds, args.appends)
-        bench_open(figures, uri, args.records, args.rounds, args.opens)
+        bench_open(figures, root, uri, args.records, args.rounds, args.opens)
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)

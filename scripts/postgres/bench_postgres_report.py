@@ -11,7 +11,16 @@ _GOALS = {
         "one client's round trip (loopd serve --store) vs a bare INSERT + COMMIT",
         1.3,
     ),
-    "open:open/select": ("open of the session vs connect + SELECT of its chunks", 2.0),
+    "open:open/select": (
+        "open of the session on a node that never opened it (a failover's) vs connect + "
+        "SELECT of its chunks",
+        2.0,
+    ),
+    "reopen:reopen/select": (
+        "open of the session on the node that opened it last (a restart's: its scan summary) "
+        "vs connect + SELECT of its chunks",
+        2.0,
+    ),
     "open:open/select+json": (
         "open of the session vs connect + SELECT + json.loads of each line (no goal)",
         float("inf"),

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 
 from supervisor.client import Client, call
 from tests.harness.forged import rechained
+from tests.harness.postgres_server import PostgresServer
 from worker.app import DefaultApp
 from worker.store.disk.scan_file import read_summary, scan_path
 from worker.store.errors import LogError
@@ -29,6 +31,7 @@ from worker.store.format import scan_summary
 from worker.store.format.line_scan import LineScan, scan_lines
 from worker.store.format.records import Assistant, Record, ToolResult, Usage, User
 from worker.store.format.scan_summary import decode, encode
+from worker.store.postgres import PostgresStore
 from worker.store.session import Session
 
 SESSION = "big"
@@ -295,3 +298,43 @@ def test_a_worker_killed_and_restarted_from_its_summary_answers_old_keys_as_dupl
                 serve.wait()
             assert serve.stderr is not None
             serve.stderr.close()
+
+
+def test_a_node_reopening_a_session_in_postgresql_takes_its_summary_and_only_for_those_bytes(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    """A worker of a session in PostgreSQL keeps its summary in its node's home: a restart
+    there scans only the new lines; a log replaced in the database (other keys, the same
+    length) is read as it is."""
+    psycopg = pytest.importorskip("psycopg")
+    uri = postgres_server.new_database()
+    node = PostgresStore(uri, scans=str(tmp_path))
+    with Session.create(node, SESSION, DefaultApp().initial_baseline(SESSION)) as session:
+        for n in range(400):
+            session.append_many(_request(session, n))
+    assert read_summary(str(tmp_path), SESSION) is None
+    Session.open(node, SESSION).close()
+    kept = read_summary(str(tmp_path), SESSION)
+    assert kept is not None
+    with Session.open(node, SESSION) as session:
+        session.append_many(_request(session, 400))
+    with Session.open(node, SESSION) as session:
+        assert session.find_key("k0") is not None
+        assert session.find_key("k400") is not None
+    assert read_summary(str(tmp_path), SESSION).size == kept.size  # type: ignore[union-attr]
+    with psycopg.connect(uri, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT data FROM loopd_log_chunks WHERE session = %s ORDER BY start", (SESSION,)
+        ).fetchall()
+        lines = b"".join(bytes(row[0]) for row in rows).splitlines()
+        other = [line.replace(b'"key":"k', b'"key":"j') for line in lines]
+        forged = rechained([line[: line.rindex(b',"crc":')] + b"}" for line in other])
+        with conn.transaction():
+            conn.execute("DELETE FROM loopd_log_chunks WHERE session = %s", (SESSION,))
+            conn.execute(
+                "INSERT INTO loopd_log_chunks (session, epoch, start, data) VALUES (%s, 0, 0, %s)",
+                (SESSION, forged),
+            )
+    with Session.open(node, SESSION) as session:
+        assert session.find_key("j0") is not None
+        assert session.find_key("k0") is None

@@ -16,9 +16,12 @@ from typing import TYPE_CHECKING, Final
 from worker.store.baseline import Baseline
 from worker.store.creation import check_slot
 from worker.store.disk.layout import SESSIONS_DIR
+from worker.store.disk.scan_file import read_summary, write_summary
 from worker.store.errors import NotOwnerNow, SessionExists, SessionNotFound
 from worker.store.format.epoch_records import EpochRecords
 from worker.store.format.records import SessionStart, encode_lines
+from worker.store.format.scan_summary import ScanSummary
+from worker.store.format.scan_summary import encode as encode_summary
 from worker.store.loader import baseline_path, load_session
 from worker.store.postgres.backend import NotPreloaded, PostgresBackend, _bytes
 from worker.store.postgres.connection import connect, database_error, driver, place_of
@@ -36,10 +39,16 @@ if TYPE_CHECKING:
 class PostgresStore:
     """The sessions of one database, named by a libpq URI (``postgresql://...``)."""
 
-    def __init__(self, uri: str) -> None:
-        """Name the database; nothing is connected until a session is made or opened."""
+    def __init__(self, uri: str, *, scans: str | None = None) -> None:
+        """Name the database; nothing is connected until a session is made or opened.
+
+        ``scans``: a home whose ``scans/`` keeps this node's scan summaries of the
+        sessions it opened (docs/format.md, "The scan summary"), so that a restart on
+        the node scans only what came after; without it every open scans the whole log.
+        """
         self.uri = uri
         self.place = place_of(uri)
+        self.scans = scans
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.place!r})"
@@ -169,6 +178,7 @@ class PostgresStore:
         says why (or claims a session created in between).
         """
         directory = self.session_dir(session_id)
+        known = None if self.scans is None else read_summary(self.scans, session_id)
         conn = connect(self.uri, self.place)
         state: SessionState | None = None
         try:
@@ -180,16 +190,19 @@ class PostgresStore:
             else:
                 backend = PostgresBackend(conn, directory, session_id, opening.token)
                 with backend.preloaded(opening):
-                    state = _loaded(directory, session_id, backend)
+                    state = _loaded(directory, session_id, backend, known)
             if state is None:  # it reads more than the pipeline did: all in one snapshot
                 with backend.snapshot():
-                    state = load_session(directory, session_id, dir_fd=backend)
+                    state = load_session(directory, session_id, dir_fd=backend, known=known)
         except driver().Error as exc:
             conn.close()
             raise database_error(directory, exc) from exc
         except BaseException:
             conn.close()
             raise
+        if state.scan_summary is not None and self.scans is not None:
+            write_summary(self.scans, session_id, encode_summary(state.scan_summary))
+        state.scan_summary = None
         return PostgresSession(state, backend)
 
     def open_or_create(self, session_id: str, baseline: Baseline, slot: int = 0) -> PostgresSession:
@@ -204,10 +217,12 @@ class PostgresStore:
             return self.open_session(session_id)  # a concurrent creator won
 
 
-def _loaded(directory: str, session_id: str, backend: PostgresBackend) -> SessionState | None:
+def _loaded(
+    directory: str, session_id: str, backend: PostgresBackend, known: ScanSummary | None
+) -> SessionState | None:
     """The session loaded from what the open's pipeline read; None if it needs more."""
     try:
-        return load_session(directory, session_id, dir_fd=backend)
+        return load_session(directory, session_id, dir_fd=backend, known=known)
     except NotPreloaded:
         return None
 
