@@ -25,6 +25,7 @@ from supervisor.client import Client, call
 from tests.harness.forged import rechained
 from tests.harness.postgres_server import PostgresServer
 from worker.app import DefaultApp
+from worker.offline.trash import move_to_trash
 from worker.store.disk.scan_file import read_summary, scan_path
 from worker.store.errors import LogError
 from worker.store.format import scan_summary
@@ -338,3 +339,10 @@ def test_a_node_reopening_a_session_in_postgresql_takes_its_summary_and_only_for
     with Session.open(node, SESSION) as session:
         assert session.find_key("j0") is not None
         assert session.find_key("k0") is None
+
+
+def test_a_session_moved_to_the_trash_leaves_no_summary_behind(home: str) -> None:
+    Session.open(home, SESSION).close()
+    assert read_summary(home, SESSION) is not None
+    move_to_trash(home, SESSION)
+    assert not os.path.exists(scan_path(home, SESSION))

@@ -17,6 +17,7 @@ from worker.offline.repair import make_dirs
 from worker.store.disk import durable
 from worker.store.disk.layout import lock_existing, session_dir
 from worker.store.disk.lock import unlock_directory
+from worker.store.disk.scan_file import forget_summary
 
 TRASH_DIR: Final = "trash"
 
@@ -48,6 +49,7 @@ def move_to_trash(
         durable.rename(directory, target)
         durable.fsync_dir(os.path.dirname(directory))
         durable.fsync_dir(trash)
+        forget_summary(home, session_id)  # a cache of the log that left (docs/format.md)
     finally:
         unlock_directory(lock_fd)
     return target
