@@ -196,11 +196,12 @@ def summary_tail_keys_dropped() -> None:
         data: bytes, known: ScanSummary | None = None, epoch: int = 0
     ) -> LineScan | None:
         scan = original(data, known, epoch)
-        if scan is not None and known is not None and known.covers(data, epoch):
+        said = known.read() if known is not None and known.covers(data, epoch) else None
+        if scan is not None and said is not None:
             # The bug: the keys of the lines after the summary are read as sent without
             # one (the tail's scan merged with the summary's types but not its keys).
-            tail = len(scan.keys) - len(known.keys)
-            scan.keys = [*scan.keys[: len(known.keys)], *[None] * tail]
+            kept = len(said.keys)
+            scan.keys = [*scan.keys[:kept], *[None] * (len(scan.keys) - kept)]
         return scan
 
     epoch_log.scan_lines = scan_lines  # type: ignore[attr-defined]

@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from chaos.cases import CaseResult
-from chaos.oracle import salvage_checks, schedule_checks, tool_checks, version_checks
+from chaos.oracle import (
+    salvage_checks,
+    schedule_checks,
+    summary_checks,
+    tool_checks,
+    version_checks,
+)
 from chaos.scenarios.scenarios import SESSION, SLOT, Scenario
 from worker.store.disk.layout import SESSIONS_DIR
 from worker.store.disk.scan_file import SCANS_DIR
@@ -234,6 +240,9 @@ def check_final(
         tool_checks.final(result, scenario, log.acked, home)
     if salvage_checks.drives_salvage(scenario):
         salvage_checks.final(result, home)
+    if view.epochs:
+        newest = max(view.epochs)
+        summary_checks.final(result, home, newest, view.raw[newest])
 
 
 def check_final_view(

@@ -270,18 +270,32 @@ def _check_writes_only_its_session(result: CaseResult, home: str) -> None:
     outside = outside_dir(home)
     strays = [os.path.relpath(p, outside) for p in _walk(outside)]
     allowed = [os.path.join(home, d, SESSION) for d in (SESSIONS_DIR, QUARANTINE_DIR)]
-    allowed.append(os.path.join(home, SCANS_DIR))  # the store's cache of open's scans
     parents = {os.path.dirname(a) for a in allowed}
+    # The store's cache of open's scan of the session (and a temporary of it), never
+    # any other file under scans/.
+    scans = os.path.join(home, SCANS_DIR)
+    parents.add(scans)
     strays += [
         os.path.relpath(p, home)
         for p in _walk(home)
-        if p not in parents and not any((p + os.sep).startswith(a + os.sep) for a in allowed)
+        if p not in parents
+        and not any((p + os.sep).startswith(a + os.sep) for a in allowed)
+        and not _summary_of_the_session(scans, p)
     ]
     if strays:
         result.violate(
             "app-writes-only-its-session",
             f"files written outside the session's directory: {sorted(strays)[:8]}",
         )
+
+
+def _summary_of_the_session(scans: str, path: str) -> bool:
+    name = os.path.basename(path)
+    if os.path.dirname(path) != scans or not os.path.isfile(path) or os.path.islink(path):
+        return False
+    return name == f"{SESSION}.scan" or (
+        name.startswith(f".{SESSION}.scan.") and name.endswith(".tmp")
+    )
 
 
 def _walk(top: str) -> list[str]:

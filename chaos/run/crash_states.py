@@ -134,8 +134,8 @@ def _summary_content(data: bytes) -> bytes:
     summary = decode(data)
     if summary is None:
         return data
-    said = [summary.epoch, summary.size, [cls.TYPE for cls in summary.types], summary.calls,
-            summary.users, summary.keys]  # fmt: skip
+    said = [summary.epoch, summary.size, summary.lines, summary.names, summary.types.hex(),
+            summary.calls.hex(), summary.keys.decode("ascii", "replace")]  # fmt: skip
     return summary.first + json.dumps(said).encode()
 
 

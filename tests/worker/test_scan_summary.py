@@ -1,9 +1,6 @@
-"""Open keeps a summary of its scan of the newest log, and the next open scans only the
-lines after it (worker/store/format/scan_summary.py, docs/format.md "The scan summary").
-
-The summary is a cache: it must give exactly what a whole scan gives, be taken only for
-the very bytes it was made of, and never make open refuse, accept or lose anything it
-would not without it.
+"""Open keeps a summary of its scan of the newest log; the next open scans only the lines
+after it (docs/format.md "The scan summary"). A cache: it gives exactly what a whole scan
+gives, only for the very bytes it was made of, and never a traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,8 +28,15 @@ from worker.store.disk.scan_file import read_summary, scan_path
 from worker.store.errors import LogError
 from worker.store.format import scan_summary
 from worker.store.format.line_scan import LineScan, scan_lines
-from worker.store.format.records import Assistant, Record, ToolResult, Usage, User
-from worker.store.format.scan_summary import decode, encode
+from worker.store.format.records import (
+    Assistant,
+    EpochEnd,
+    Record,
+    ToolResult,
+    Usage,
+    User,
+)
+from worker.store.format.scan_summary import ScanSummary, Summarized, decode, encode
 from worker.store.postgres import PostgresStore
 from worker.store.session import Session
 
@@ -53,8 +58,7 @@ def _request(session: Session, n: int, key: str | None = None) -> list[Record]:
 
 
 def _big_session(home: str, requests: int = 400) -> None:
-    """A session of ``requests`` keyed requests of the default App's four records, each
-    request its own group commit: about 140 KiB, past the size that keeps a summary."""
+    """``requests`` keyed requests of the default App, a group each: about 140 KiB."""
     with Session.create(home, SESSION, DefaultApp().initial_baseline(SESSION)) as session:
         for n in range(requests):
             session.append_many(_request(session, n))
@@ -137,7 +141,9 @@ def test_a_summary_of_any_group_boundary_gives_what_a_whole_scan_gives(
     for end in ends:
         prefix = scan_lines(data[:end])
         assert prefix is not None
-        summary = decode(encode(prefix.summary(0, data[:end])))
+        kept = prefix.summary(0, data[:end])
+        assert kept is not None
+        summary = decode(encode(kept))
         assert summary is not None
         assert summary.covers(data, 0)
         scan = scan_lines(data, summary, 0)
@@ -149,10 +155,8 @@ def test_a_summary_of_any_group_boundary_gives_what_a_whole_scan_gives(
 def test_a_summary_of_other_bytes_is_not_taken_and_open_reads_the_log_as_it_is(
     home: str,
 ) -> None:
-    """A session restored from an older copy while its summary stayed (a file system
-    snapshot of sessions/ alone): the log now holds other keys where the summary's lie,
-    the same length, the same first line. Open must read the log's keys, not the
-    summary's."""
+    """A session restored from an older copy of sessions/ alone: its log holds other keys
+    where the summary's lie, the same length and first line. Open reads the log's."""
     Session.open(home, SESSION).close()
     summary = read_summary(home, SESSION)
     assert summary is not None
@@ -304,9 +308,8 @@ def test_a_worker_killed_and_restarted_from_its_summary_answers_old_keys_as_dupl
 def test_a_node_reopening_a_session_in_postgresql_takes_its_summary_and_only_for_those_bytes(
     postgres_server: PostgresServer, tmp_path: Path
 ) -> None:
-    """A worker of a session in PostgreSQL keeps its summary in its node's home: a restart
-    there scans only the new lines; a log replaced in the database (other keys, the same
-    length) is read as it is."""
+    """A worker of a PostgreSQL session keeps its summary in its node's home: a restart
+    there scans the new lines; a log replaced in the database is read as it is."""
     psycopg = pytest.importorskip("psycopg")
     uri = postgres_server.new_database()
     node = PostgresStore(uri, scans=str(tmp_path))
@@ -346,3 +349,51 @@ def test_a_session_moved_to_the_trash_leaves_no_summary_behind(home: str) -> Non
     assert read_summary(home, SESSION) is not None
     move_to_trash(home, SESSION)
     assert not os.path.exists(scan_path(home, SESSION))
+
+
+def _forge_summary(home: str, change: str) -> None:
+    """Keep a summary whose lists say otherwise of the log's bytes (their length, first
+    line, CRC-32 and Adler-32 still those bytes'): one a person or a bug could write."""
+    with open(_log(home), "rb") as f:
+        data = f.read()
+    scan = scan_lines(data)
+    assert scan is not None
+    types, calls, users, keys = list(scan.types), list(scan.calls), list(scan.users), scan.keys
+    if change == "cut inside a group":  # what a kill leaves, summarized as if whole
+        data = data[: data.rindex(b"\n", 0, data.rindex(b'"part":2,"parts":4')) + 1]
+        lines = data.count(b"\n")
+        users = [n for n in users if n <= lines]
+        types, keys = types[:lines], keys[: len(users)]
+        calls = calls[: types.count(ToolResult)]
+    else:  # the last line an EpochEnd
+        types[-1] = EpochEnd
+    said = Summarized(types, calls, users, keys)
+    summary = ScanSummary.of(0, data, zlib.crc32(data), zlib.adler32(data), said)
+    assert summary is not None
+    os.makedirs(os.path.join(home, "scans"), exist_ok=True)
+    with open(scan_path(home, SESSION), "wb") as f:
+        f.write(encode(summary))
+
+
+def test_a_summary_of_a_log_cut_inside_a_group_is_no_summary(home: str) -> None:
+    """A log cut inside a group commit is refused at it, whatever a summary says."""
+    with open(_log(home), "rb") as f:
+        whole = f.read()
+    _forge_summary(home, "cut inside a group")
+    summary = read_summary(home, SESSION)
+    assert summary is not None
+    with open(_log(home), "wb") as f:
+        f.write(whole[: summary.size])
+    with pytest.raises(LogError, match="incomplete group"):
+        Session.open(home, SESSION)
+
+
+def test_a_summary_whose_classes_say_otherwise_is_refused_at_its_line_never_a_traceback(
+    home: str,
+) -> None:
+    _forge_summary(home, "the last line an EpochEnd")
+    with pytest.raises(LogError, match=rf"0\.jsonl:{1 + 4 * 400}: holds a Usage where open read"):
+        Session.open(home, SESSION)
+    os.unlink(scan_path(home, SESSION))
+    with Session.open(home, SESSION) as session:  # the log itself is whole
+        assert session.find_key("k399") is not None

@@ -21,14 +21,20 @@ from worker.store.format.line_scan import scan_lines
 from worker.store.format.scan_summary import ScanSummary, decode, encode
 
 SCANS_DIR: Final = "scans"
-_MAX_BYTES: Final = 256 << 20  # a summary takes a few bytes a line: more is not one
+_MAX_BYTES: Final = 64 << 20  # a summary takes about 5 bytes a line: more is not one
 _READ: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_WRITE: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+# A new file of a name no one could guess: never a FIFO or a link planted there.
+_WRITE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def scan_path(home: str | os.PathLike[str], session_id: str) -> str:
     """``<home>/scans/<id>.scan`` (``session_id`` already validated by the caller)."""
     return os.path.join(os.fspath(home), SCANS_DIR, f"{session_id}.scan")
+
+
+def temporary_path(home: str | os.PathLike[str], session_id: str) -> str:
+    """A new temporary name for the session's summary: ``.<id>.scan.<random>.tmp``."""
+    return os.path.join(os.fspath(home), SCANS_DIR, f".{session_id}.scan.{os.urandom(8).hex()}.tmp")
 
 
 def read_summary(home: str | os.PathLike[str], session_id: str) -> ScanSummary | None:
@@ -53,7 +59,7 @@ def write_summary(home: str | os.PathLike[str], session_id: str, blob: bytes) ->
     """Put ``blob`` in place as the session's summary; False if it could not be (a cache:
     the next open then scans the whole log, as it does without one)."""
     path = scan_path(home, session_id)
-    temporary = f"{path}.{os.getpid()}.tmp"
+    temporary = temporary_path(home, session_id)
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         fd = os.open(temporary, _WRITE, 0o600)
@@ -93,6 +99,7 @@ def summarize_first_line(directory: str, session_id: str, epoch: int) -> None:
     if len(data) < scan_summary.SUMMARY_AFTER:
         return
     scan = scan_lines(data)
-    if scan is not None:
+    summary = None if scan is None else scan.summary(epoch, data)
+    if summary is not None:
         home = os.path.dirname(os.path.dirname(directory))
-        write_summary(home, session_id, encode(scan.summary(epoch, data)))
+        write_summary(home, session_id, encode(summary))

@@ -213,6 +213,12 @@ class EpochRecords(Sequence[Record]):
                     record = decode_line(line)[0]
                 except ValueError as exc:
                     raise TornLog(self.path, number + 1, f"undecodable record: {exc}") from exc
+            if type(record) is not self._types[number]:  # what open read of it says otherwise
+                raise TornLog(
+                    self.path, number + 1,
+                    f"holds a {record.TYPE} where open read a {self._types[number].TYPE}: a "
+                    "scan summary (<home>/scans/) said otherwise of this log; remove it",
+                )  # fmt: skip
             self._records[number] = record
             self._pending -= 1
         if not self._pending:

@@ -38,7 +38,7 @@ from worker.store.format.record_types import (
     ToolResult,
     User,
 )
-from worker.store.format.scan_summary import ScanSummary
+from worker.store.format.scan_summary import ScanSummary, Summarized
 
 _START: Final = b'{"type":"'
 _CRC_FIELD: Final = b',"crc":"'
@@ -98,13 +98,11 @@ class LineScan(MutableValue):
     adler: int
     scanned: int
 
-    def summary(self, epoch: int, data: bytes) -> ScanSummary:
-        """This scan as a summary of ``data`` (the log it read), for the next open."""
-        first = data[: data.find(b"\n") + 1]
-        return ScanSummary(
-            epoch, len(data), self.crc, self.adler, first,  # copies: a writer extends these
-            list(self.types), list(self.calls), list(self.users), list(self.keys),
-        )  # fmt: skip
+    def summary(self, epoch: int, data: bytes) -> ScanSummary | None:
+        """This scan as a summary of ``data`` (the log it read), for the next open; None
+        if a summary cannot say it (a call number past 8 bytes)."""
+        said = Summarized(self.types, self.calls, self.users, self.keys)
+        return ScanSummary.of(epoch, data, self.crc, self.adler, said)
 
 
 def scan_lines(data: bytes, known: ScanSummary | None = None, epoch: int = 0) -> LineScan | None:
@@ -118,7 +116,8 @@ def scan_lines(data: bytes, known: ScanSummary | None = None, epoch: int = 0) ->
     """
     if not data.endswith(b"\n") or not data.startswith(_START):
         return None
-    if known is not None and not known.covers(data, epoch):
+    taken = known.read() if known is not None and known.covers(data, epoch) else None
+    if taken is None:
         known = None
     start = 0 if known is None else known.size
     at = data.rfind(_CRC_FIELD) + len(_CRC_FIELD)
@@ -131,26 +130,22 @@ def scan_lines(data: bytes, known: ScanSummary | None = None, epoch: int = 0) ->
         return None
     crc = zlib.crc32(view[at:], before)
     adler = zlib.adler32(view[start:], 1 if known is None else known.adler)
-    if known is None:
+    if known is None or taken is None:
         part = _scan_part(data, first=True)
         if part is None:
             return None
         types, calls, keys = part
         users = _users(types, 1)
         return LineScan(types, calls, users, keys, crc, adler, len(data))
-    if known.types.count(User) != len(known.users):
-        return None
-    if known.types.count(ToolResult) != len(known.calls):
-        return None
     if start == len(data):
-        return LineScan(known.types, known.calls, known.users, known.keys, crc, adler, 0)
+        return LineScan(taken.types, taken.calls, taken.users, taken.keys, crc, adler, 0)
     part = _scan_part(data[start:], first=False)
     if part is None:
         return None
     types, calls, keys = part
-    users = _users(types, len(known.types) + 1)
+    users = _users(types, len(taken.types) + 1)
     return LineScan(
-        known.types + types, known.calls + calls, known.users + users, known.keys + keys,
+        taken.types + types, taken.calls + calls, taken.users + users, taken.keys + keys,
         crc, adler, len(data) - start,
     )  # fmt: skip
 

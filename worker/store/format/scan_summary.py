@@ -2,34 +2,40 @@
 
 Open proves the newest log and scans all of its bytes (``worker.store.format.line_scan``);
 for a session of 10,000 records that is most of a restart. The scan's result for a
-prefix of the log (each line's record class, the ToolResults' calls, the Users' lines
-and keys) is a pure function of the prefix's bytes, so it is kept in a summary (a
-cache, ``worker.store.disk.scan_file``), and the next open takes it for the prefix
-when the bytes it reads there are those bytes, and scans only the lines after it.
+prefix of the log (each line's record class, the ToolResults' calls, the Users' keys)
+is a pure function of the prefix's bytes, so it is kept in a summary (a cache,
+``worker.store.disk.scan_file``), and the next open takes it for the prefix when the
+bytes it reads there are those bytes, and scans only the lines after it.
 
-It is trusted only for the very bytes it was made of. The summary names its epoch,
-its prefix's length, CRC-32 and Adler-32 (64 bits between them, each of every byte),
-and the prefix's first line (the epoch's ``SessionStart``, with its time); the prefix
-ends with a newline and with a whole group commit (a scan proved the whole log it was
-made of). Anything else, or a summary that does not decode, is no summary: the log is
+It is taken only for the very bytes it was made of: the same epoch, the log at least as
+long, a newline at the prefix's end, the same first line (the epoch's ``SessionStart``,
+with its time), the same CRC-32 and Adler-32 of the prefix, as many lines. Its lists
+are built only then, each bounded by the prefix it stands for, and must agree with one
+another (a class per line, the first a SessionStart, a call per ToolResult, a key per
+User). Anything else, or a summary that does not decode, is no summary: the log is
 scanned whole, as without one. Every check open makes of the values the scan read
-(calls, keys, structure) is still made on the prefix's values too, and the last line's
-checksum is still the CRC-32 of every byte before it. docs/format.md, "The scan
-summary".
+(calls, keys, structure, fence) is still made on the prefix's values too, and the last
+line's checksum is still the CRC-32 of every byte before it. docs/format.md, "The scan
+summary", says what a summary is trusted for.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import re
 import zlib
 from array import array
 from dataclasses import dataclass
-from operator import itemgetter
+from itertools import compress, count, repeat
+from operator import is_, itemgetter
 from typing import Any, Final
 
 from worker.store.format.dataclass_methods import MutableValue
-from worker.store.format.record_types import RECORD_TYPES, Record
+from worker.store.format.record_types import RECORD_TYPES, Record, SessionStart, ToolResult, User
 
-FORMAT: Final = 1
+FORMAT: Final = 2
+"""Bumped whenever what open accepts changes: a summary of another format is no summary."""
 SUMMARY_AFTER: int = 64 << 10  # not Final: the chaos rig sets it to 0
 """An open that scanned at least this many bytes keeps a summary (about 450 lines of
 the default App's; below it a scan costs well under a millisecond)."""
@@ -37,19 +43,28 @@ _CLASSES: Final[dict[str, type[Record]]] = {cls.TYPE: cls for cls in RECORD_TYPE
 _NAMES: Final = [cls.TYPE for cls in RECORD_TYPES]
 _INDEX: Final[dict[type[Record], int]] = {cls: n for n, cls in enumerate(RECORD_TYPES)}
 _CALL: Final = "q"  # a call number, 8 bytes
-_LINE: Final = "I"  # a line number, 4 bytes (a log of 2**32 lines is not one open reads)
-_MAX_LINES: Final = 1 << 32
+_CALL_SIZE: Final = array(_CALL).itemsize
 _KEY_TYPES: Final = frozenset((str, type(None)))
 
 
 @dataclass(slots=True, repr=False, eq=False)
-class ScanSummary(MutableValue):
-    """A scan's result for the first ``size`` bytes of epoch ``epoch``'s log.
+class Summarized(MutableValue):
+    """What a summary says of the lines it covers (``LineScan``'s lists for them)."""
 
-    ``types``: each line's record class; ``calls``: the ToolResults' call numbers in
-    line order; ``users``: the line numbers (from 1) of the User records, ``keys``
-    their request keys (None: sent without one); ``crc`` and ``adler``: the CRC-32 and
-    Adler-32 of the prefix's bytes; ``first``: its first line, newline included.
+    types: list[type[Record]]
+    calls: list[int]
+    users: list[int]
+    keys: list[str | None]
+
+
+@dataclass(slots=True, repr=False, eq=False)
+class ScanSummary(MutableValue):
+    """A scan's result for the first ``size`` bytes (``lines`` lines) of epoch ``epoch``'s log.
+
+    ``crc`` and ``adler``: the CRC-32 and Adler-32 of those bytes; ``first``: their first
+    line, newline included; ``types``: a byte a line, the index of its record class in
+    ``names``; ``calls``: the ToolResults' call numbers in line order (8 bytes each);
+    ``keys``: the Users' request keys in line order, a JSON array (null: sent without one).
     """
 
     epoch: int
@@ -57,21 +72,84 @@ class ScanSummary(MutableValue):
     crc: int
     adler: int
     first: bytes
-    types: list[type[Record]]
-    calls: list[int]
-    users: list[int]
-    keys: list[str | None]
+    lines: int
+    names: list[str]
+    types: bytes
+    calls: bytes
+    keys: bytes
+
+    @classmethod
+    def of(
+        cls, epoch: int, data: bytes, crc: int, adler: int, summarized: Summarized
+    ) -> ScanSummary | None:
+        """The summary of a scan of ``data`` (a whole log); None if it cannot say it."""
+        try:
+            calls = array(_CALL, summarized.calls).tobytes()
+        except OverflowError:
+            return None  # a call number past 8 bytes: scanned whole each time, as before
+        return cls(
+            epoch, len(data), crc, adler, data[: data.find(b"\n") + 1], len(summarized.types),
+            _NAMES, bytes(map(_INDEX.__getitem__, summarized.types)), calls,
+            json.dumps(summarized.keys).encode(),  # ASCII: a lone surrogate is escaped
+        )  # fmt: skip
 
     def covers(self, data: bytes, epoch: int) -> bool:
         """True if this summary is of the first ``size`` bytes of ``data`` (epoch ``epoch``'s
-        log): the same epoch, first line, length, CRC-32 and Adler-32, ending a line."""
-        size = self.size
+        log): the same epoch, first line, length, CRC-32, Adler-32 and number of lines,
+        ending a line that ends a group commit; its parts no larger than those bytes."""
+        size, lines = self.size, self.lines
         if epoch != self.epoch or not 0 < size <= len(data) or data[size - 1] != 0x0A:
+            return False
+        if len(self.types) != lines or len(self.keys) > size or len(self.calls) > size:
             return False
         if not data.startswith(self.first):
             return False
+        last = data.rfind(b"\n", 0, size - 1) + 1
+        if not _ends_group(data[last:size]):
+            return False
         prefix = memoryview(data)[:size]
-        return zlib.crc32(prefix) == self.crc and zlib.adler32(prefix) == self.adler
+        if zlib.crc32(prefix) != self.crc or zlib.adler32(prefix) != self.adler:
+            return False
+        return data.count(b"\n", 0, size) == lines
+
+    def read(self) -> Summarized | None:
+        """The lists this summary holds, or None if they do not agree with one another
+        (ask only once it ``covers`` the log: they are bounded by its bytes then)."""
+        classes = [_CLASSES.get(name) if type(name) is str else None for name in self.names]
+        codes = self.types
+        try:
+            types = list(itemgetter(*codes)(classes)) if len(codes) > 1 else [classes[codes[0]]]
+            numbers = array(_CALL)
+            numbers.frombytes(self.calls)  # ValueError when not a whole number of items
+            keys = json.loads(self.keys)
+        except (IndexError, ValueError):
+            return None
+        if None in types or types[0] is not SessionStart or types.count(SessionStart) != 1:
+            return None
+        if not isinstance(keys, list) or not _KEY_TYPES.issuperset(map(type, keys)):
+            return None
+        calls = numbers.tolist()
+        if len(calls) != types.count(ToolResult) or len(keys) != types.count(User):
+            return None
+        users = list(compress(count(1), map(is_, types, repeat(User))))
+        return Summarized(types, calls, users, keys)  # type: ignore[arg-type]  # None refused
+
+
+def _ends_group(line: bytes) -> bool:
+    """True if ``line`` (with its newline) is written alone or is the last of its group."""
+    framed, alone = _end_patterns()
+    found = framed.search(line)
+    if found is not None:
+        return found[1] == found[2]
+    return alone.search(line) is not None
+
+
+@functools.cache
+def _end_patterns() -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+    """A framed line's end (its part, its group's size) and any line's end; compiled on
+    first use, not at import (issue 32)."""
+    crc = rb',"crc":"[0-9a-f]{8}"\}\n\Z'
+    return re.compile(rb',"part":(\d+),"parts":(\d+)' + crc), re.compile(crc)
 
 
 def encode(summary: ScanSummary) -> bytes:
@@ -80,62 +158,35 @@ def encode(summary: ScanSummary) -> bytes:
 
     body: bytes = msgpack.packb(
         [
-            FORMAT,
-            summary.epoch,
-            summary.size,
-            summary.crc,
-            summary.adler,
-            summary.first,
-            _NAMES,
-            bytes(map(_INDEX.__getitem__, summary.types)),
-            array(_CALL, summary.calls).tobytes(),
-            array(_LINE, summary.users).tobytes(),
-            summary.keys,
+            FORMAT, summary.epoch, summary.size, summary.crc, summary.adler, summary.first,
+            summary.lines, summary.names, summary.types, summary.calls, summary.keys,
         ],
         use_bin_type=True,
-    )
+    )  # fmt: skip
     return body + zlib.crc32(body).to_bytes(4, "big")
 
 
 def decode(blob: bytes) -> ScanSummary | None:
-    """The summary in ``blob``, or None for anything that is not one this code wrote whole."""
+    """The summary in ``blob``, or None for anything that is not one this code wrote whole.
+
+    Cheap whatever ``blob`` holds: its lists stay bytes until ``ScanSummary.read``."""
     body, trailer = blob[:-4], blob[-4:]
     if len(blob) < 5 or zlib.crc32(body).to_bytes(4, "big") != trailer:
         return None
     import msgpack  # noqa: PLC0415 - as in encode
 
     try:
-        fields: Any = msgpack.unpackb(body, raw=False, use_list=True)
+        fields: Any = msgpack.unpackb(body, raw=False, use_list=True, max_array_len=1024)
     except Exception:  # noqa: BLE001 - a summary that does not decode is no summary
         return None
     if not isinstance(fields, list) or len(fields) != 11 or fields[0] != FORMAT:
         return None
-    _format, epoch, size, crc, adler, first, names, types, calls, users, keys = fields
+    _format, epoch, size, crc, adler, first, lines, names, types, calls, keys = fields
     if not (
-        all(type(n) is int for n in (epoch, size, crc, adler))
-        and all(type(b) is bytes for b in (first, types, calls, users))
+        all(type(n) is int and n >= 0 for n in (epoch, size, crc, adler, lines))
+        and all(type(b) is bytes for b in (first, types, calls, keys))
         and isinstance(names, list)
-        and isinstance(keys, list)
-        and len(types) < _MAX_LINES
+        and len(calls) % _CALL_SIZE == 0
     ):
         return None
-    classes = [_CLASSES.get(name) if type(name) is str else None for name in names]
-    try:
-        lines = list(itemgetter(*types)(classes)) if len(types) > 1 else [classes[types[0]]]
-        call_numbers = _numbers(_CALL, calls)
-        user_lines = _numbers(_LINE, users)
-    except (IndexError, ValueError):
-        return None
-    if None in lines or len(user_lines) != len(keys) or not _all_keys(keys):
-        return None
-    return ScanSummary(epoch, size, crc, adler, first, lines, call_numbers, user_lines, keys)
-
-
-def _numbers(code: str, data: bytes) -> list[int]:
-    numbers = array(code)
-    numbers.frombytes(data)  # ValueError when not a whole number of items
-    return numbers.tolist()
-
-
-def _all_keys(keys: list[object]) -> bool:
-    return _KEY_TYPES.issuperset(map(type, keys))
+    return ScanSummary(epoch, size, crc, adler, first, lines, names, types, calls, keys)
