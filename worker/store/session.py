@@ -164,7 +164,7 @@ class Session(SessionView):
         except BaseException:
             unlock_directory(lock_fd)
             raise
-        summarize_first_line(directory, session_id, 0)
+        summarize_first_line(directory, session_id, 0, state.log_size)
         return cls(state, lock_fd, log_fd)
 
     # -- attributes -------------------------------------------------------------------
@@ -291,7 +291,7 @@ class Session(SessionView):
     def _new_log(self) -> None:
         """The newest log was just begun (its SessionStart alone)."""
         state = self._state
-        summarize_first_line(state.directory, state.session_id, state.epoch)
+        summarize_first_line(state.directory, state.session_id, state.epoch, self._size)
 
     def _remove_stale(self, index: KeyIndex) -> None:
         assert self._lock_fd is not None  # open while the log is

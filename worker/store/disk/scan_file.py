@@ -86,17 +86,17 @@ def forget_summary(home: str | os.PathLike[str], session_id: str) -> None:
         os.unlink(scan_path(home, session_id))
 
 
-def summarize_first_line(directory: str, session_id: str, epoch: int) -> None:
+def summarize_first_line(directory: str, session_id: str, epoch: int, size: int) -> None:
     """After a new log's first line (a create, an epoch commit): keep a summary of it when
     even that is past ``SUMMARY_AFTER`` (0: the chaos rig, so that every reopen takes the
     summary's path; a first line alone is never worth one otherwise)."""
+    if size < scan_summary.SUMMARY_AFTER:  # ``size``: the log's, its first line alone
+        return
     path = os.path.join(directory, f"{epoch}.jsonl")
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError:
-        return
-    if len(data) < scan_summary.SUMMARY_AFTER:
         return
     scan = scan_lines(data)
     summary = None if scan is None else scan.summary(epoch, data)
