@@ -274,7 +274,8 @@ def _check_writes_only_its_session(result: CaseResult, home: str) -> None:
     # The store's cache of open's scan of the session (and a temporary of it), never
     # any other file under scans/.
     scans = os.path.join(home, SCANS_DIR)
-    parents.add(scans)
+    if os.path.isdir(scans) and not os.path.islink(scans):
+        parents.add(scans)
     strays += [
         os.path.relpath(p, home)
         for p in _walk(home)
@@ -293,9 +294,7 @@ def _summary_of_the_session(scans: str, path: str) -> bool:
     name = os.path.basename(path)
     if os.path.dirname(path) != scans or not os.path.isfile(path) or os.path.islink(path):
         return False
-    return name == f"{SESSION}.scan" or (
-        name.startswith(f".{SESSION}.scan.") and name.endswith(".tmp")
-    )
+    return name in (f"{SESSION}.scan", f".{SESSION}.scan.tmp")
 
 
 def _walk(top: str) -> list[str]:

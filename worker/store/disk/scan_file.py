@@ -23,7 +23,7 @@ from worker.store.format.scan_summary import ScanSummary, decode, encode
 SCANS_DIR: Final = "scans"
 _MAX_BYTES: Final = 64 << 20  # a summary takes about 5 bytes a line: more is not one
 _READ: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-# A new file of a name no one could guess: never a FIFO or a link planted there.
+# Always a new file (O_EXCL): never a FIFO or a link someone put at the name.
 _WRITE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -33,8 +33,8 @@ def scan_path(home: str | os.PathLike[str], session_id: str) -> str:
 
 
 def temporary_path(home: str | os.PathLike[str], session_id: str) -> str:
-    """A new temporary name for the session's summary: ``.<id>.scan.<random>.tmp``."""
-    return os.path.join(os.fspath(home), SCANS_DIR, f".{session_id}.scan.{os.urandom(8).hex()}.tmp")
+    """The temporary name of the session's summary while it is written: ``.<id>.scan.tmp``."""
+    return os.path.join(os.fspath(home), SCANS_DIR, f".{session_id}.scan.tmp")
 
 
 def read_summary(home: str | os.PathLike[str], session_id: str) -> ScanSummary | None:
@@ -62,7 +62,7 @@ def write_summary(home: str | os.PathLike[str], session_id: str, blob: bytes) ->
     temporary = temporary_path(home, session_id)
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        fd = os.open(temporary, _WRITE, 0o600)
+        fd = _create(temporary)
     except OSError:
         return False
     try:
@@ -78,6 +78,16 @@ def write_summary(home: str | os.PathLike[str], session_id: str, blob: bytes) ->
             os.unlink(temporary)
         return False
     return True
+
+
+def _create(temporary: str) -> int:
+    """A new file at ``temporary``; one left there (a writer killed before its rename, or
+    anything else) is removed first, never opened: a FIFO or a link there is harmless."""
+    try:
+        return os.open(temporary, _WRITE, 0o600)
+    except FileExistsError:
+        os.unlink(temporary)
+        return os.open(temporary, _WRITE, 0o600)
 
 
 def forget_summary(home: str | os.PathLike[str], session_id: str) -> None:

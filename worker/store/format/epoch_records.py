@@ -216,8 +216,9 @@ class EpochRecords(Sequence[Record]):
             if type(record) is not self._types[number]:  # what open read of it says otherwise
                 raise TornLog(
                     self.path, number + 1,
-                    f"holds a {record.TYPE} where open read a {self._types[number].TYPE}: a "
-                    "scan summary (<home>/scans/) said otherwise of this log; remove it",
+                    f"holds a {record.TYPE} where open read a {self._types[number].TYPE} "
+                    "(a line not spelled as the writer writes it, or a scan summary in "
+                    "<home>/scans/ that says otherwise of it)",
                 )  # fmt: skip
             self._records[number] = record
             self._pending -= 1

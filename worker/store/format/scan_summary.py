@@ -96,11 +96,13 @@ class ScanSummary(MutableValue):
     def covers(self, data: bytes, epoch: int) -> bool:
         """True if this summary is of the first ``size`` bytes of ``data`` (epoch ``epoch``'s
         log): the same epoch, first line, length, CRC-32, Adler-32 and number of lines,
-        ending a line that ends a group commit; its parts no larger than those bytes."""
+        ending a line that ends a group commit; its parts bounded by those bytes."""
         size, lines = self.size, self.lines
         if epoch != self.epoch or not 0 < size <= len(data) or data[size - 1] != 0x0A:
             return False
-        if len(self.types) != lines or len(self.keys) > size or len(self.calls) > size:
+        # Each key's JSON here is at most 3 times its bytes in the log (a 4-byte character
+        # is 12 bytes escaped), and a call number 8 bytes where the log spells it in more.
+        if len(self.types) != lines or len(self.keys) > 3 * size or len(self.calls) > size:
             return False
         if not data.startswith(self.first):
             return False
@@ -122,7 +124,7 @@ class ScanSummary(MutableValue):
             numbers = array(_CALL)
             numbers.frombytes(self.calls)  # ValueError when not a whole number of items
             keys = json.loads(self.keys)
-        except (IndexError, ValueError):
+        except (IndexError, ValueError, RecursionError):  # RecursionError: nested arrays
             return None
         if None in types or types[0] is not SessionStart or types.count(SessionStart) != 1:
             return None
