@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any
@@ -205,3 +206,16 @@ def summary_tail_keys_dropped() -> None:
         return scan
 
     epoch_log.scan_lines = scan_lines  # type: ignore[attr-defined]
+
+
+def summary_written_wrong() -> None:
+    original = line_scan.LineScan.summary
+
+    def summary(self: LineScan, epoch: int, data: bytes) -> ScanSummary | None:
+        # The bug: the summary leaves out the newest User's key, so its lists no longer
+        # agree and no open takes it (each scans its log whole): only a look at the
+        # summary itself sees it.
+        wrong = dataclasses.replace(self, keys=self.keys[:-1]) if self.keys else self
+        return original(wrong, epoch, data)
+
+    line_scan.LineScan.summary = summary  # type: ignore[method-assign]

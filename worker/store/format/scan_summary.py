@@ -24,12 +24,13 @@ from __future__ import annotations
 import functools
 import json
 import re
+import struct
 import zlib
 from array import array
 from dataclasses import dataclass
 from itertools import compress, count, repeat
 from operator import is_, itemgetter
-from typing import Any, Final
+from typing import Final
 
 from worker.store.format.dataclass_methods import MutableValue
 from worker.store.format.record_types import RECORD_TYPES, Record, SessionStart, ToolResult, User
@@ -154,17 +155,23 @@ def _end_patterns() -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
     return re.compile(rb',"part":(\d+),"parts":(\d+)' + crc), re.compile(crc)
 
 
-def encode(summary: ScanSummary) -> bytes:
-    """The summary's bytes: msgpack, then the CRC-32 of those bytes (4 bytes, big-endian)."""
-    import msgpack  # noqa: PLC0415 - the worker has it already; `import worker` stays without
+_MAGIC: Final = b"loopdscan\n"
+_HEAD: Final = struct.Struct("<QQIIQIIIII")  # epoch size crc adler lines, then 5 lengths
+_MAX_NAMES: Final = 4096
 
-    body: bytes = msgpack.packb(
-        [
-            FORMAT, summary.epoch, summary.size, summary.crc, summary.adler, summary.first,
-            summary.lines, summary.names, summary.types, summary.calls, summary.keys,
-        ],
-        use_bin_type=True,
+
+def encode(summary: ScanSummary) -> bytes:
+    """The summary's bytes: a magic and format number, a fixed header (its numbers and the
+    length of each part), its parts (the first line, the class names, the classes, the
+    calls, the keys), then the CRC-32 of all that (4 bytes, big-endian). No container to
+    unpack: reading one costs its length, whatever it holds."""
+    names = ",".join(summary.names).encode("ascii")
+    parts = (summary.first, names, summary.types, summary.calls, summary.keys)
+    head = _HEAD.pack(
+        summary.epoch, summary.size, summary.crc, summary.adler, summary.lines,
+        *map(len, parts),
     )  # fmt: skip
+    body = b"".join((_MAGIC, FORMAT.to_bytes(2, "big"), head, *parts))
     return body + zlib.crc32(body).to_bytes(4, "big")
 
 
@@ -172,23 +179,25 @@ def decode(blob: bytes) -> ScanSummary | None:
     """The summary in ``blob``, or None for anything that is not one this code wrote whole.
 
     Cheap whatever ``blob`` holds: its lists stay bytes until ``ScanSummary.read``."""
+    start = len(_MAGIC) + 2
     body, trailer = blob[:-4], blob[-4:]
-    if len(blob) < 5 or zlib.crc32(body).to_bytes(4, "big") != trailer:
+    if len(blob) < start + _HEAD.size + 4 or not blob.startswith(_MAGIC):
         return None
-    import msgpack  # noqa: PLC0415 - as in encode
-
-    try:
-        fields: Any = msgpack.unpackb(body, raw=False, use_list=True, max_array_len=1024)
-    except Exception:  # noqa: BLE001 - a summary that does not decode is no summary
+    if int.from_bytes(blob[len(_MAGIC) : start], "big") != FORMAT:
         return None
-    if not isinstance(fields, list) or len(fields) != 11 or fields[0] != FORMAT:
+    if zlib.crc32(body).to_bytes(4, "big") != trailer:
         return None
-    _format, epoch, size, crc, adler, first, lines, names, types, calls, keys = fields
-    if not (
-        all(type(n) is int and n >= 0 for n in (epoch, size, crc, adler, lines))
-        and all(type(b) is bytes for b in (first, types, calls, keys))
-        and isinstance(names, list)
-        and len(calls) % _CALL_SIZE == 0
-    ):
+    epoch, size, crc, adler, lines, *lengths = _HEAD.unpack_from(blob, start)
+    at = start + _HEAD.size
+    if at + sum(lengths) != len(body) or lengths[1] > _MAX_NAMES:
         return None
-    return ScanSummary(epoch, size, crc, adler, first, lines, names, types, calls, keys)
+    parts = []
+    for length in lengths:
+        parts.append(blob[at : at + length])
+        at += length
+    first, names, types, calls, keys = parts
+    if len(calls) % _CALL_SIZE or not names.isascii():
+        return None
+    return ScanSummary(
+        epoch, size, crc, adler, first, lines, names.decode("ascii").split(","), types, calls, keys
+    )
