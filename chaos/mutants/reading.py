@@ -174,7 +174,8 @@ def open_makes_nothing_durable() -> None:
     session._make_durable = lambda state, log_fd: None
 
 
-def open_scan_drops_keys() -> None:
+def _scanned_then(change: Callable[[LineScan, ScanSummary | None, bytes, int], None]) -> None:
+    """Open's scan of the newest log, then ``change`` made to what it read."""
     original = line_scan.scan_lines
 
     def scan_lines(
@@ -182,30 +183,31 @@ def open_scan_drops_keys() -> None:
     ) -> LineScan | None:
         scan = original(data, known, epoch)
         if scan is not None:
-            # The bug: the scan that replaced decoding at open misreads every User's key
-            # as sent without one, so a retry of a key of the open epoch is new again.
-            scan.keys = [None] * len(scan.keys)
+            change(scan, known, data, epoch)
         return scan
 
     epoch_log.scan_lines = scan_lines  # type: ignore[attr-defined]
 
 
-def summary_tail_keys_dropped() -> None:
-    original = line_scan.scan_lines
+def open_scan_drops_keys() -> None:
+    def change(scan: LineScan, _known: ScanSummary | None, _data: bytes, _epoch: int) -> None:
+        # The bug: the scan that replaced decoding at open misreads every User's key
+        # as sent without one, so a retry of a key of the open epoch is new again.
+        scan.keys = [None] * len(scan.keys)
 
-    def scan_lines(
-        data: bytes, known: ScanSummary | None = None, epoch: int = 0
-    ) -> LineScan | None:
-        scan = original(data, known, epoch)
+    _scanned_then(change)
+
+
+def summary_tail_keys_dropped() -> None:
+    def change(scan: LineScan, known: ScanSummary | None, data: bytes, epoch: int) -> None:
         said = known.read() if known is not None and known.covers(data, epoch) else None
-        if scan is not None and said is not None:
+        if said is not None:
             # The bug: the keys of the lines after the summary are read as sent without
             # one (the tail's scan merged with the summary's types but not its keys).
             kept = len(said.keys)
             scan.keys = [*scan.keys[:kept], *[None] * (len(scan.keys) - kept)]
-        return scan
 
-    epoch_log.scan_lines = scan_lines  # type: ignore[attr-defined]
+    _scanned_then(change)
 
 
 def summary_written_wrong() -> None:

@@ -41,6 +41,7 @@ from worker.store.format.records import (
     User,
 )
 from worker.store.format.scan_summary import decode, encode
+from worker.store.loader import load_session
 from worker.store.postgres import PostgresStore
 from worker.store.session import Session
 
@@ -250,3 +251,9 @@ def test_keys_of_four_byte_characters_keep_their_summary(tmp_path: Path) -> None
     with open(log_of(home), "rb") as f:
         assert summary is not None
         assert summary.covers(f.read(), 0)
+
+
+def test_only_an_open_makes_a_summary_of_what_it_read(home: str) -> None:
+    directory = os.path.join(home, "sessions", SESSION)
+    assert load_session(directory, SESSION).scan_summary is None  # inspect, backup, ...
+    assert load_session(directory, SESSION, summarize=True).scan_summary is not None

@@ -82,6 +82,7 @@ def load_session(
     index_files: bool = True,
     canonical: bool = False,
     known: ScanSummary | None = None,
+    summarize: bool = False,
 ) -> SessionState:
     """Read and check the session in ``session_dir``; change nothing.
 
@@ -95,14 +96,15 @@ def load_session(
     With ``canonical`` every line read must be the writer's own bytes for its record,
     not only carry a matching checksum (``loopd verify``; open trusts the checksum).
     ``known``: a summary of an earlier scan of the newest log (the scan then reads only
-    what follows it); the state's ``scan_summary`` is one of this read's scan, when it
-    scanned enough to be worth keeping (``worker.store.format.scan_summary``).
+    what follows it); with ``summarize`` (open, which keeps it) the state's
+    ``scan_summary`` is one of this read's scan, when it scanned enough to be worth
+    keeping (``worker.store.format.scan_summary``).
     """
     fd = open_directory(session_dir) if dir_fd is None else dir_fd
     try:
         reader = _Reader(session_dir, session_id, fd, on_epoch, newest_data)
         reader.canonical = canonical
-        reader.known = known
+        reader.known, reader.summarize = known, summarize
         with cyclic_gc_paused():
             return reader.load(history, index_files)
     finally:
@@ -143,6 +145,7 @@ class _Reader:
         self.scans: dict[int, tuple[list[int], list[int], list[str | None]]] = {}
         self.known: ScanSummary | None = None  # of an earlier scan of the newest log
         self.summary: ScanSummary | None = None  # of this read's, to keep
+        self.summarize = False  # whether to make ``summary`` (only open keeps one)
 
     def load(self, history: bool, index_files: bool = True) -> SessionState:
         refuse_unfinished_salvage(self.directory, self.dir_fd)  # before its epochs: a gap
@@ -243,8 +246,9 @@ class _Reader:
         self.scans[epoch] = (read.calls, read.users, read.keys)
         if newest:
             self.crc = read.crc
-            if read.scan is not None and read.scan.scanned >= scan_summary.SUMMARY_AFTER:
-                self.summary = read.scan.summary(epoch, data)
+            scan = read.scan if self.summarize else None
+            if scan is not None and scan.scanned >= scan_summary.SUMMARY_AFTER:
+                self.summary = scan.summary(epoch, data)
         first = records[0]
         self.starts[epoch] = first if isinstance(first, SessionStart) else None
         return path, records

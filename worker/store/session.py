@@ -103,7 +103,7 @@ class Session(SessionView):
         lock_fd = lock_existing(directory)
         try:
             known = read_summary(home, session_id)
-            state = load_session(directory, session_id, dir_fd=lock_fd, known=known)
+            state = load_session(directory, session_id, dir_fd=lock_fd, known=known, summarize=True)
             log_fd = durable.open_append(log_path(directory, state.epoch))
         except BaseException:
             unlock_directory(lock_fd)

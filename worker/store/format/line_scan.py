@@ -167,8 +167,7 @@ def _scan_part(
     ends = end_of.findall(data)
     if len(ends) != lines or not _whole_groups(ends):
         return None
-    alone = _written_alone(types, kinds) if first else _alone_after_first(types, kinds)  # type: ignore[arg-type]
-    if any(ends[i] for i in alone):
+    if any(ends[i] for i in _written_alone(types, kinds, first=first)):  # type: ignore[arg-type]
         return None
     calls = call_of.findall(lined)
     if len(calls) != types.count(ToolResult):
@@ -212,17 +211,15 @@ def _whole_groups(ends: list[bytes]) -> bool:
     return not expect
 
 
-def _alone_after_first(types: list[type[Record]], kinds: set[type[Record]]) -> list[int]:
-    """``_written_alone`` for lines after a log's first: none, unless their classes say so."""
-    if kinds.isdisjoint(WRITTEN_ALONE):
-        return []
-    return [i for i, cls in enumerate(types) if cls in WRITTEN_ALONE]
-
-
-def _written_alone(types: list[type[Record]], kinds: set[type[Record]]) -> list[int]:
+def _written_alone(
+    types: list[type[Record]], kinds: set[type[Record]], *, first: bool
+) -> list[int]:
     """The indexes of the lines whose records are written alone, never in a group
-    (``kinds``: the classes among ``types``)."""
-    alone_later = not kinds.isdisjoint(_ALONE_LATER)
-    if types[0] is SessionStart and not alone_later and types.count(SessionStart) == 1:
-        return [0]  # the common case, in C: only the first line's SessionStart
+    (``kinds``: the classes among ``types``; ``first``: the lines start the log)."""
+    if first:
+        alone_later = not kinds.isdisjoint(_ALONE_LATER)
+        if types[0] is SessionStart and not alone_later and types.count(SessionStart) == 1:
+            return [0]  # the common case, in C: only the first line's SessionStart
+    elif kinds.isdisjoint(WRITTEN_ALONE):
+        return []  # lines after a summary's: none of them, in C
     return [i for i, cls in enumerate(types) if cls in WRITTEN_ALONE]

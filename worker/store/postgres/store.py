@@ -193,7 +193,9 @@ class PostgresStore:
                     state = _loaded(directory, session_id, backend, known)
             if state is None:  # it reads more than the pipeline did: all in one snapshot
                 with backend.snapshot():
-                    state = load_session(directory, session_id, dir_fd=backend, known=known)
+                    state = load_session(
+                        directory, session_id, dir_fd=backend, known=known, summarize=True
+                    )
         except driver().Error as exc:
             conn.close()
             raise database_error(directory, exc) from exc
@@ -222,7 +224,7 @@ def _loaded(
 ) -> SessionState | None:
     """The session loaded from what the open's pipeline read; None if it needs more."""
     try:
-        return load_session(directory, session_id, dir_fd=backend, known=known)
+        return load_session(directory, session_id, dir_fd=backend, known=known, summarize=True)
     except NotPreloaded:
         return None
 
