@@ -12,7 +12,7 @@ from worker.store.baseline import Baseline
 from worker.store.disk import layout, lock
 from worker.store.epochs import epoch_log
 from worker.store.errors import SessionLocked, TornLog
-from worker.store.format import line_scan
+from worker.store.format import line_scan, scan_summary
 from worker.store.format.line_scan import LineScan
 from worker.store.format.records import EpochEnd, ToolResult
 from worker.store.format.scan_summary import ScanSummary
@@ -221,3 +221,17 @@ def summary_written_wrong() -> None:
         return original(wrong, epoch, data)
 
     line_scan.LineScan.summary = summary  # type: ignore[method-assign]
+
+
+def kept_summary_drops_a_call() -> None:
+    original = scan_summary.ScanSummary.followed_by
+
+    def followed_by(
+        self: ScanSummary, tail: bytes, types: list[Any], calls: list[int], keys: list[Any]
+    ) -> ScanSummary | None:
+        # The bug: the summary a writer keeps as its log grows leaves out the newest call
+        # it appended, so its lists no longer agree and no open takes it: only a look at
+        # the summary itself sees it.
+        return original(self, tail, types, calls[:-1], keys)
+
+    scan_summary.ScanSummary.followed_by = followed_by  # type: ignore[method-assign]

@@ -24,7 +24,7 @@ from chaos.oracle import (
 )
 from chaos.scenarios.scenarios import SESSION, SLOT, Scenario
 from worker.store.disk.layout import SESSIONS_DIR
-from worker.store.disk.scan_file import SCANS_DIR
+from worker.store.disk.scan_file import SCANS_DIR, read_summary
 from worker.store.errors import SessionError
 from worker.store.loader import load_session
 from worker.store.session_state import SessionState
@@ -242,7 +242,9 @@ def check_final(
         salvage_checks.final(result, home)
     if view.epochs:
         newest = max(view.epochs)
-        summary_checks.final(result, home, newest, view.raw[newest])
+        where = os.path.join("scans", f"{SESSION}.scan")
+        summary = read_summary(home, SESSION)
+        summary_checks.final(result, summary, where, newest, view.raw[newest])
 
 
 def check_final_view(

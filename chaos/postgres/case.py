@@ -20,6 +20,7 @@ from chaos import mutants
 from chaos.cases import CaseResult
 from chaos.faults.hook import EventPipe
 from chaos.lifeline import die_with_parent
+from chaos.oracle import summary_checks
 from chaos.oracle.oracle import ClientLog, check_after_fault, check_final_view
 from chaos.postgres import database
 from chaos.postgres.faults import SeamFault, SeamHook
@@ -28,6 +29,7 @@ from chaos.scenarios.scenarios import baseline_for as _baseline_for
 from worker.store.errors import SessionError
 from worker.store.format.records import EpochEnd
 from worker.store.postgres import PostgresStore, boundaries
+from worker.store.postgres.backend import SUMMARY_NAME
 from worker.store.session import Session
 
 MAX_RESUMES: Final = 4
@@ -89,14 +91,20 @@ def run_seam_case(uri: str, case: SeamCase) -> CaseResult:
             _fork(case_uri, scenario, log, resume=True, mutant=case.mutant, notes=result.notes)
             if not log.in_flight and _all_sent(scenario, log):
                 break
+        final = database.read_view(case_uri)
         check_final_view(
             result,
             scenario,
             log,
             after_fault,
-            database.read_view(case_uri),
+            final,
             lambda: database.load_stored(case_uri),
         )
+        if final.epochs:  # the summary the writers kept in the database
+            newest = max(final.epochs)
+            where = f"the {SUMMARY_NAME!r} row"
+            stored = database.stored_summary(case_uri)
+            summary_checks.final(result, stored, where, newest, final.raw[newest])
     return result
 
 

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Final
 
 from chaos.oracle.oracle import LogsView
 from chaos.scenarios.scenarios import SESSION
+from worker.store.format.scan_summary import ScanSummary, decode
 from worker.store.loader import load_session
-from worker.store.postgres.backend import PostgresBackend
+from worker.store.postgres.backend import SUMMARY_NAME, PostgresBackend
 from worker.store.postgres.connection import connect, place_of
 from worker.store.session_state import SessionState, baseline_path
 
@@ -139,6 +140,16 @@ def read_view(uri: str) -> LogsView:
                 records.append(record)
         view.epochs[number] = records
     return view
+
+
+def stored_summary(uri: str) -> ScanSummary | None:
+    """The scan summary the session's writers kept in the database, if one decodes."""
+    with _connection(uri) as conn:
+        found = conn.execute(
+            "SELECT data FROM loopd_files WHERE session = %s AND name = %s",
+            (SESSION, SUMMARY_NAME),
+        ).fetchone()
+    return None if found is None else decode(_as_bytes(found[0]))
 
 
 def load_stored(uri: str) -> SessionState:

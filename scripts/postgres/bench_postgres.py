@@ -51,8 +51,10 @@ from scripts.postgres.postgres_reference import ReferenceServer
 from supervisor.client import Client, call
 from worker import Assistant, Baseline, Session, ToolResult, Usage, User
 from worker.store.format.records import Record, encode_lines
+from worker.store.format.scan_summary import decode as decode_summary
 from worker.store.loader import decode_log
 from worker.store.postgres import PostgresStore
+from worker.store.postgres.backend import SUMMARY_NAME
 
 BASELINE = Baseline(system="bench", memory="", tools=[])
 _CALLS = itertools.count(1)  # a session's tool calls are numbered upwards
@@ -99,28 +101,40 @@ def timed(run: Callable[[], object]) -> float:
 
 
 def interleave(
-    figures: Figures, name: str, rounds: int, count: int, sides: dict[str, Callable[[int], object]]
+    figures: Figures,
+    name: str,
+    rounds: int,
+    count: int,
+    sides: dict[str, Callable[[int], object]],
+    before: dict[str, Callable[[], object]] | None = None,
+    pairs: list[tuple[str, str]] | None = None,
 ) -> None:
     """``count`` operations of each side per round, one of each side in turn.
 
     The sides take turns operation by operation, the order alternating, so that the
     other work on a shared machine (and its disk's fsync) weighs on every side alike.
+    ``before``: what a side needs done before each of its operations, not timed;
+    ``pairs``: the ratios to take (the first side over each other one by default).
     """
+    prepare = before or {}
     order = list(sides)
+    compared = pairs or [(order[0], other) for other in order[1:]]
     done = 0
     for _round in range(rounds):
         times: dict[str, list[float]] = {side: [] for side in order}
         for n in range(count):
             for side in order if n % 2 == 0 else order[::-1]:
+                if side in prepare:
+                    prepare[side]()
                 times[side].append(timed(partial(sides[side], done + n)))
         medians: dict[str, float] = {}
         for side in order:
             figures.times.setdefault(f"{name}:{side}", []).extend(times[side])
             medians[side] = statistics.median(times[side])
         done += count
-        for other in order[1:]:
-            figures.ratios.setdefault(f"{name}:{order[0]}/{other}", []).append(
-                medians[order[0]] / medians[other]
+        for top, bottom in compared:
+            figures.ratios.setdefault(f"{name}:{top}/{bottom}", []).append(
+                medians[top] / medians[bottom]
             )
 
 
@@ -226,13 +240,32 @@ def bench_open(
         with Session.open(store, "big") as again:
             return len(again.records)
 
+    # A failover's node has no summary of its own: it takes the one the writer kept in
+    # the database as its log grew (docs/format.md, "The scan summary"), and scans the
+    # lines after it. Each open is given back the writer's, as a failover finds it (an
+    # open that scanned enough puts a newer one, which the next would take).
+    kept = _summary_row(uri)
+    figures.facts["open_summary_behind"] = _bytes_after(uri, kept)
+
+    def writers_summary() -> None:
+        _put_summary_row(uri, kept)
+
+    def no_summary() -> None:
+        _put_summary_row(uri, None)
+
     sides: dict[str, Callable[[int], object]] = {
         "open": opened,
         "select": bare,
         "select+json": decoded,
         "select+decode": store_decoded,
+        "open-unsummarized": opened,
     }
-    interleave(figures, "open", rounds, count, sides)
+    before: dict[str, Callable[[], object]] = {
+        "open": writers_summary, "open-unsummarized": no_summary,
+    }  # fmt: skip
+    pairs = [("open", side) for side in ("select", "select+json", "select+decode")]
+    pairs.append(("open-unsummarized", "select"))
+    interleave(figures, "open", rounds, count, sides, before, pairs)
     # A restart on the node that opened the session before: its home keeps the summary
     # of that open's scan (docs/format.md, "The scan summary"); a failover's node has none.
     node = PostgresStore(uri, scans=os.path.join(root, "node-home"))
@@ -243,6 +276,35 @@ def bench_open(
             return len(again.records)
 
     interleave(figures, "reopen", rounds, count, {"reopen": reopened, "select": bare})
+
+
+def _summary_row(uri: str) -> bytes | None:
+    with psycopg.connect(uri, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT data FROM loopd_files WHERE session = 'big' AND name = %s", (SUMMARY_NAME,)
+        ).fetchone()
+    return None if row is None else bytes(row[0])
+
+
+def _put_summary_row(uri: str, blob: bytes | None) -> None:
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute("DELETE FROM loopd_files WHERE session = 'big' AND name = %s", (SUMMARY_NAME,))
+        if blob is not None:
+            conn.execute(
+                "INSERT INTO loopd_files (session, name, data) VALUES ('big', %s, %s)",
+                (SUMMARY_NAME, blob),
+            )
+
+
+def _bytes_after(uri: str, blob: bytes | None) -> int | None:
+    """How many bytes of the log come after what the writer's summary covers."""
+    summary = None if blob is None else decode_summary(blob)
+    with psycopg.connect(uri, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT sum(length(data)) FROM loopd_log_chunks WHERE session = 'big'"
+        ).fetchone()
+    total = int(row[0]) if row is not None else 0
+    return None if summary is None else total - summary.size
 
 
 def main() -> int:

@@ -4,6 +4,7 @@ keyed requests past the size that keeps a summary, and what a scan of it reads."
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -30,11 +31,14 @@ def request(session: Session, n: int, key: str | None = None) -> list[Record]:
     ]
 
 
-def big_session(home: str, requests: int = 400) -> None:
-    """``requests`` keyed requests of the default App, a group each: about 140 KiB."""
+def big_session(home: str, requests: int = 400, *, kept: bool = False) -> None:
+    """``requests`` keyed requests of the default App, a group each: about 140 KiB; the
+    summary its writer kept removed unless ``kept`` (a log no open has scanned yet)."""
     with Session.create(home, SESSION, DefaultApp().initial_baseline(SESSION)) as session:
         for n in range(requests):
             session.append_many(request(session, n))
+    if not kept:
+        shutil.rmtree(os.path.join(home, "scans"), ignore_errors=True)
 
 
 def log_of(home: str) -> str:

@@ -53,7 +53,7 @@ def test_an_open_that_scanned_the_log_keeps_a_summary_and_the_next_open_takes_it
 ) -> None:
     with open(log_of(home), "rb") as f:
         before = f.read()
-    assert read_summary(home, SESSION) is None  # create and append keep none
+    assert read_summary(home, SESSION) is None  # the fixture removed what the writer kept
     Session.open(home, SESSION).close()
     kept = read_summary(home, SESSION)
     assert kept is not None
@@ -198,14 +198,17 @@ def test_a_worker_killed_and_restarted_from_its_summary_answers_old_keys_as_dupl
 def test_a_node_reopening_a_session_in_postgresql_takes_its_summary_and_only_for_those_bytes(
     postgres_server: PostgresServer, tmp_path: Path
 ) -> None:
-    """A worker of a PostgreSQL session keeps its summary in its node's home: a restart
-    there scans the new lines; a log replaced in the database is read as it is."""
+    """An open of a PostgreSQL session keeps what it scanned in its node's home and in the
+    database: a restart there scans the new lines; a log replaced in the database is
+    read as it is."""
     psycopg = pytest.importorskip("psycopg")
     uri = postgres_server.new_database()
     node = PostgresStore(uri, scans=str(tmp_path))
     with Session.create(node, SESSION, DefaultApp().initial_baseline(SESSION)) as session:
         for n in range(400):
             session.append_many(request(session, n))
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute("DELETE FROM loopd_files WHERE name = 'loopd.scan'")  # as before any
     assert read_summary(str(tmp_path), SESSION) is None
     Session.open(node, SESSION).close()
     kept = read_summary(str(tmp_path), SESSION)

@@ -8,6 +8,7 @@ from worker.store.baseline import Baseline
 from worker.store.disk import durable
 from worker.store.errors import InvalidRecord, quote
 from worker.store.format.epoch_records import EpochRecords
+from worker.store.format.kept_scan import KeptScan
 from worker.store.format.records import SessionStart, encode_lines
 from worker.store.session_state import SessionState, baseline_path, log_path
 
@@ -46,6 +47,7 @@ def write_first_epoch(
         log_size=len(line),
         carry=None,
         log_crc=crc,
+        kept_scan=KeptScan(0, None, bytearray(line)),
     )
     return state, log_fd
 

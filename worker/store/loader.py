@@ -41,8 +41,8 @@ from worker.store.epochs.epoch_log import (
 from worker.store.epochs.sealed_logs import check_sealed, first_start, previous_end
 from worker.store.errors import InvalidLog, quote
 from worker.store.fencing import NO_FENCE, Fence, advance
-from worker.store.format import scan_summary
 from worker.store.format.epoch_records import EpochRecords
+from worker.store.format.kept_scan import KeptScan, kept_after_open
 from worker.store.format.records import (
     EpochEnd,
     Handoff,
@@ -145,6 +145,7 @@ class _Reader:
         self.scans: dict[int, tuple[list[int], list[int], list[str | None]]] = {}
         self.known: ScanSummary | None = None  # of an earlier scan of the newest log
         self.summary: ScanSummary | None = None  # of this read's, to keep
+        self.kept: KeptScan | None = None  # the newest log, for its writer to keep summarized
         self.summarize = False  # whether to make ``summary`` (only open keeps one)
 
     def load(self, history: bool, index_files: bool = True) -> SessionState:
@@ -217,6 +218,7 @@ class _Reader:
             fence_known=self.fence_known,
             log_crc=self.crc,
             scan_summary=self.summary,
+            kept_scan=self.kept,
         )
         last = records[-1]
         if isinstance(last, EpochEnd):
@@ -246,9 +248,8 @@ class _Reader:
         self.scans[epoch] = (read.calls, read.users, read.keys)
         if newest:
             self.crc = read.crc
-            scan = read.scan if self.summarize else None
-            if scan is not None and scan.scanned >= scan_summary.SUMMARY_AFTER:
-                self.summary = scan.summary(epoch, data)
+            if self.summarize and read.scan is not None:
+                self.summary, self.kept = kept_after_open(read.scan, self.known, epoch, data)
         first = records[0]
         self.starts[epoch] = first if isinstance(first, SessionStart) else None
         return path, records

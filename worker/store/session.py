@@ -21,7 +21,7 @@ from worker.store.disk import durable
 from worker.store.disk.files import Directory
 from worker.store.disk.layout import ensure_sessions_dir, lock_existing, session_dir
 from worker.store.disk.lock import lock_directory, unlock_directory
-from worker.store.disk.scan_file import read_summary, summarize_first_line, write_summary
+from worker.store.disk.scan_file import read_summary, write_summary
 from worker.store.epochs.carried_state import NextEpoch, plan_next_epoch
 from worker.store.epochs.epoch_commit import switch_to_next_epoch, write_next_epoch
 from worker.store.epochs.epoch_log import key_applied_at
@@ -33,6 +33,7 @@ from worker.store.errors import (
     SessionIOError,
     quote,
 )
+from worker.store.format.kept_scan import KeptScan
 from worker.store.format.records import (
     EpochEnd,
     Record,
@@ -71,6 +72,7 @@ class Session(SessionView):
         # Keys find_key found in no epoch: only this session writes, so they stay new
         # until it appends them, and append need not look them up again (bounded).
         self._new_keys: set[str] = set()
+        self._kept, state.kept_scan = state.kept_scan, None  # its scan summary, kept going
 
     # -- construction ---------------------------------------------------------------
 
@@ -164,8 +166,9 @@ class Session(SessionView):
         except BaseException:
             unlock_directory(lock_fd)
             raise
-        summarize_first_line(directory, session_id, 0, state.log_size)
-        return cls(state, lock_fd, log_fd)
+        session = cls(state, lock_fd, log_fd)
+        session._keep_summary()
+        return session
 
     # -- attributes -------------------------------------------------------------------
 
@@ -258,17 +261,18 @@ class Session(SessionView):
             end = EpochEnd(next=state.epoch + 1, summary=summary, carried=plan.digest)
             self._append_durably([end])
         try:
-            start, size, crc = self._write_next_epoch(plan, baseline)
+            start, line, crc = self._write_next_epoch(plan, baseline)
         except SessionIOError as exc:
             # What reached the disk is unknown after a failed step; the next open reads it.
             self._broken = f"epoch change to {state.epoch + 1} failed: {exc}"
             raise
-        switch_to_next_epoch(state, plan, start, baseline, summary, size, crc)
+        switch_to_next_epoch(state, plan, start, baseline, summary, len(line), crc)
         self._log_path = log_path(state.directory, state.epoch)
-        self._size = size
+        self._size = len(line)
         self._last_usage = None
         self._remove_stale(plan.index)
-        self._new_log()
+        self._kept = KeptScan(state.epoch, None, bytearray(line))
+        self._keep_summary()
 
     # -- the durable steps: the file store's, overridden by another backend ------------
 
@@ -280,18 +284,30 @@ class Session(SessionView):
 
     def _write_next_epoch(
         self, plan: NextEpoch, baseline: Baseline
-    ) -> tuple[SessionStart, int, int]:
-        """Phase 2: the next epoch's files, durable; its SessionStart, log size and CRC-32."""
-        start, size, crc, new_fd = write_next_epoch(self._state, plan, baseline)
+    ) -> tuple[SessionStart, bytes, int]:
+        """Phase 2: the next epoch's files, durable; its SessionStart, first lines, CRC-32."""
+        start, line, crc, new_fd = write_next_epoch(self._state, plan, baseline)
         old_fd, self._log_fd = self._log_fd, new_fd
         if old_fd is not None:
             durable.close(old_fd)
-        return start, size, crc
+        return start, line, crc
 
-    def _new_log(self) -> None:
-        """The newest log was just begun (its SessionStart alone)."""
-        state = self._state
-        summarize_first_line(state.directory, state.session_id, state.epoch, self._size)
+    def _keep_summary(self) -> None:
+        """A new scan summary of the newest log, when what was appended since the last is
+        worth one (``worker.store.format.kept_scan``); a cache: nothing fails for it."""
+        kept = self._kept
+        if kept is None or not kept.due():
+            return
+        summary = kept.take()
+        if summary is None:
+            self._kept = None  # lines no scan reads: the next open decodes them anyway
+            return
+        self._put_summary(encode_summary(summary))
+
+    def _put_summary(self, blob: bytes) -> None:
+        state = self._state  # where the next open looks: <home>/scans
+        home = os.path.dirname(os.path.dirname(state.directory))  # <home>/sessions/<id>
+        write_summary(home, state.session_id, blob)
 
     def _remove_stale(self, index: KeyIndex) -> None:
         assert self._lock_fd is not None  # open while the log is
@@ -329,6 +345,9 @@ class Session(SessionView):
             elif isinstance(record, User) and record.key is not None:
                 state.keys[record.key] = KeyRef(state.epoch, first_line + offset)
                 self._new_keys.discard(record.key)
+        if self._kept is not None:
+            self._kept.add(data)
+            self._keep_summary()
 
     def _write_group(self, data: bytes) -> None:
         """Append one group commit's lines to the log: write, then fdatasync."""

@@ -9,6 +9,7 @@ from worker.store.baseline import Baseline
 from worker.store.fencing import NO_FENCE, Fence
 from worker.store.format.dataclass_methods import MutableValue
 from worker.store.format.epoch_records import EpochRecords
+from worker.store.format.kept_scan import KeptScan
 from worker.store.format.scan_summary import ScanSummary
 from worker.store.key_index import KeyIndex
 
@@ -65,3 +66,6 @@ class SessionState(MutableValue):
     # Open's scan of the newest log, to keep for the next open (store.format.scan_summary);
     # None when it scanned little or the log was decoded line by line.
     scan_summary: ScanSummary | None = None
+    # The newest log as the writer keeps its summary going (store.format.kept_scan);
+    # None when its lines were decoded one by one (no scan, no summary).
+    kept_scan: KeptScan | None = None

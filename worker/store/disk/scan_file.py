@@ -5,8 +5,9 @@ lines written after it. It is no part of the session's state: the session direct
 holds none of it (a move, a backup, a fork or a salvage never carries one), nothing is
 fsynced, and a summary that is missing, unreadable, damaged or of other bytes costs the
 next open a whole scan and nothing else. Only the worker holding the session's lock
-writes it (after an open that scanned enough to be worth keeping), with a temporary
-file renamed into place, so a reader finds a whole summary or none.
+writes it (after an open that scanned enough to be worth keeping, and as its log grows:
+``worker.store.format.kept_scan``), with a temporary file renamed into place, so a
+reader finds a whole summary or none.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ import os
 import stat
 from typing import Final
 
-from worker.store.format import scan_summary
-from worker.store.format.line_scan import scan_lines
-from worker.store.format.scan_summary import ScanSummary, decode, encode
+from worker.store.format.scan_summary import ScanSummary, decode
 
 SCANS_DIR: Final = "scans"
 _MAX_BYTES: Final = 64 << 20  # a summary takes about 5 bytes a line: more is not one
@@ -94,22 +93,3 @@ def forget_summary(home: str | os.PathLike[str], session_id: str) -> None:
     """Remove the session's summary, if there is one (its session is gone or replaced)."""
     with contextlib.suppress(OSError):
         os.unlink(scan_path(home, session_id))
-
-
-def summarize_first_line(directory: str, session_id: str, epoch: int, size: int) -> None:
-    """After a new log's first line (a create, an epoch commit): keep a summary of it when
-    even that is past ``SUMMARY_AFTER`` (0: the chaos rig, so that every reopen takes the
-    summary's path; a first line alone is never worth one otherwise)."""
-    if size < scan_summary.SUMMARY_AFTER:  # ``size``: the log's, its first line alone
-        return
-    path = os.path.join(directory, f"{epoch}.jsonl")
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return
-    scan = scan_lines(data)
-    summary = None if scan is None else scan.summary(epoch, data)
-    if summary is not None:
-        home = os.path.dirname(os.path.dirname(directory))
-        write_summary(home, session_id, encode(summary))

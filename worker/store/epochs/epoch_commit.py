@@ -20,8 +20,9 @@ from worker.store.session_state import SessionState, baseline_path, log_path
 
 def write_next_epoch(
     state: SessionState, plan: NextEpoch, baseline: Baseline
-) -> tuple[SessionStart, int, int, int]:
-    """Write the files of the epoch after ``state``'s; its SessionStart, size, CRC-32, log fd.
+) -> tuple[SessionStart, bytes, int, int]:
+    """Write the files of the epoch after ``state``'s; its SessionStart, first lines, CRC-32,
+    log fd.
 
     The SessionStart records the closing log's length and CRC-32 (``state``'s, which
     ends with its EpochEnd): the sealed log is bound to what follows.
@@ -33,7 +34,7 @@ def write_next_epoch(
     # The baseline's directory fsync makes the index files' names durable too.
     durable.write_file_atomic(baseline_path(state.directory, following), baseline.to_json())
     durable.write_file_atomic(new_log, line)
-    return start, len(line), crc, durable.open_append(new_log)
+    return start, line, crc, durable.open_append(new_log)
 
 
 def next_start(

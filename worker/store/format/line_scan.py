@@ -150,6 +150,27 @@ def scan_lines(data: bytes, known: ScanSummary | None = None, epoch: int = 0) ->
     )  # fmt: skip
 
 
+def summary_after(known: ScanSummary | None, tail: bytes, epoch: int) -> ScanSummary | None:
+    """The summary of epoch ``epoch``'s log whose first bytes ``known`` is of (None: none,
+    ``tail`` is the whole log) and whose other bytes are ``tail``, scanning ``tail`` alone.
+
+    For a writer that keeps the summary as its log grows (``worker.store.kept_scan``):
+    ``known`` was made or taken by it for those very bytes, and it appended ``tail`` itself,
+    so the prefix is not read again. The next open still takes the summary only for
+    the bytes it reads (``ScanSummary.covers``). None if the lines are not all the
+    writer's (the next open then scans them, and says what is wrong).
+    """
+    if known is None:
+        scan = scan_lines(tail)
+        return None if scan is None else scan.summary(epoch, tail)
+    if not tail.endswith(b"\n"):
+        return None
+    part = _scan_part(tail, first=False)
+    if part is None:
+        return None
+    return known.followed_by(tail, *part)
+
+
 def _scan_part(
     data: bytes, *, first: bool
 ) -> tuple[list[type[Record]], list[int], list[str | None]] | None:

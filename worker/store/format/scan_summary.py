@@ -94,6 +94,35 @@ class ScanSummary(MutableValue):
             json.dumps(summarized.keys).encode(),  # ASCII: a lone surrogate is escaped
         )  # fmt: skip
 
+    def followed_by(
+        self, tail: bytes, types: list[type[Record]], calls: list[int], keys: list[str | None]
+    ) -> ScanSummary | None:
+        """The summary of this one's bytes and then ``tail`` (whole lines a writer appended
+        after them, whose scan read ``types``, ``calls`` and ``keys``): its parts joined, no
+        list of the bytes before rebuilt; None if it cannot say it (another class table,
+        a call number past 8 bytes)."""
+        if self.names != _NAMES:
+            return None  # made by other code: the next open scans and makes a new one
+        try:
+            more_calls = array(_CALL, calls).tobytes()
+        except OverflowError:
+            return None
+        keys_json = self.keys
+        if keys:
+            more = json.dumps(keys).encode()  # ASCII, as ``of`` writes them
+            keys_json = more if keys_json == b"[]" else keys_json[:-1] + b"," + more[1:]
+        return ScanSummary(
+            self.epoch, self.size + len(tail), zlib.crc32(tail, self.crc),
+            zlib.adler32(tail, self.adler), self.first, self.lines + len(types), _NAMES,
+            self.types + bytes(map(_INDEX.__getitem__, types)), self.calls + more_calls,
+            keys_json,
+        )  # fmt: skip
+
+    @property
+    def weight(self) -> int:
+        """About how many bytes this summary takes (its parts)."""
+        return len(self.first) + len(self.types) + len(self.calls) + len(self.keys)
+
     def covers(self, data: bytes, epoch: int) -> bool:
         """True if this summary is of the first ``size`` bytes of ``data`` (epoch ``epoch``'s
         log): the same epoch, first line, length, CRC-32, Adler-32 and number of lines,

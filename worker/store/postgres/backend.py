@@ -44,6 +44,22 @@ _APPEND: Final = Prepared(
 )
 
 
+# The newest log's scan summary (worker.store.format.kept_scan), a row of loopd_files
+# under a name no file of a session has, which ``NAMES`` leaves out: no reader of the
+# session's files sees it (a backup, a transfer, a fork never carries one).
+SUMMARY_NAME: Final = "loopd.scan"
+# Fenced as every write, in one statement and its own transaction; committed without
+# waiting for its WAL to be flushed (set_config's ``true``: for this transaction only),
+# for a lost summary costs the next open a longer scan and nothing else.
+_PUT_SUMMARY: Final = (
+    "WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true)) "
+    "INSERT INTO loopd_files (session, name, data) "
+    "SELECT session, %s, %s FROM loopd_sessions, unflushed "
+    "WHERE session = %s AND owner_token = %s FOR SHARE OF loopd_sessions "
+    "ON CONFLICT (session, name) DO UPDATE SET data = EXCLUDED.data"
+)
+
+
 class NotPreloaded(Exception):
     """A read of what an open's pipeline did not read (an older epoch's log, a file absent)."""
 
@@ -191,6 +207,15 @@ class PostgresBackend:
                     "DELETE FROM loopd_files WHERE session = %s AND name = ANY(%s)",
                     (self.session_id, names),
                 )
+
+    def put_summary(self, blob: bytes) -> None:
+        """Keep the newest log's scan summary in the database, where any node's open reads
+        it; a cache: a write refused (a deposed writer) or failed is let go, and the
+        session's next write meets what broke it."""
+        try:
+            self._conn().execute(_PUT_SUMMARY, (SUMMARY_NAME, blob, self.session_id, self.token))
+        except (driver().Error, SessionIOError):
+            self._prepared = None  # whatever the connection holds now is asked again
 
     def check_fence(self) -> None:
         """NotOwnerNow unless the session's owner token is still this writer's."""

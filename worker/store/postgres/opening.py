@@ -53,7 +53,8 @@ _BEGIN: Final = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 # The session's names, each epoch found by one probe of the primary key (a DISTINCT of
 # the chunks' epochs reads every chunk); psycopg's placeholder, then libpq's.
 NAMES: Final = (
-    "SELECT name FROM loopd_files WHERE session = %(session)s UNION ALL ("
+    "SELECT name FROM loopd_files WHERE session = %(session)s AND name <> 'loopd.scan' "
+    "UNION ALL ("
     "WITH RECURSIVE e(epoch) AS (SELECT min(epoch) FROM loopd_log_chunks "
     "WHERE session = %(session)s UNION ALL SELECT (SELECT min(epoch) FROM loopd_log_chunks "
     "WHERE session = %(session)s AND epoch > e.epoch) FROM e WHERE e.epoch IS NOT NULL) "
@@ -79,7 +80,7 @@ _PREVIOUS_LOG: Final = (
 _FILES: Final = (
     b"SELECT name, data FROM loopd_files WHERE session = $1 AND (name = "
     + _NEWEST
-    + b"::text || '.baseline.json' OR name LIKE '%.keys')"
+    + b"::text || '.baseline.json' OR name LIKE '%.keys' OR name = 'loopd.scan')"
 )
 
 

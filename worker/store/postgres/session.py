@@ -60,7 +60,7 @@ class PostgresSession(Session):
 
     def _write_next_epoch(
         self, plan: NextEpoch, baseline: Baseline
-    ) -> tuple[SessionStart, int, int]:
+    ) -> tuple[SessionStart, bytes, int]:
         state = self._state
         start, line, crc = next_start(state, plan, baseline)
         files = {segment.name: segment.data() for segment in plan.new_segments}
@@ -70,13 +70,15 @@ class PostgresSession(Session):
         except SessionError as exc:
             self._broken, self.broken_by = _why_broken(exc), exc
             raise
-        return start, len(line), crc
+        return start, line, crc
 
     def _remove_stale(self, index: KeyIndex) -> None:
         self.backend.remove(stale_names(self.backend.names(), index))
 
-    def _new_log(self) -> None:
-        pass  # a scan summary is the file store's
+    def _put_summary(self, blob: bytes) -> None:
+        """In the database, beside the log (``PostgresBackend.put_summary``), where any
+        node's open finds it: a failover's too, not only a restart on this node."""
+        self.backend.put_summary(blob)
 
     def close(self) -> None:
         """Close the connection; idempotent (an uncommitted write was never acknowledged)."""

@@ -19,11 +19,13 @@ from worker.store.disk.layout import SESSIONS_DIR
 from worker.store.disk.scan_file import read_summary, write_summary
 from worker.store.errors import NotOwnerNow, SessionExists, SessionNotFound
 from worker.store.format.epoch_records import EpochRecords
+from worker.store.format.kept_scan import KeptScan
 from worker.store.format.records import SessionStart, encode_lines
 from worker.store.format.scan_summary import ScanSummary
+from worker.store.format.scan_summary import decode as decode_summary
 from worker.store.format.scan_summary import encode as encode_summary
 from worker.store.loader import baseline_path, load_session
-from worker.store.postgres.backend import NotPreloaded, PostgresBackend, _bytes
+from worker.store.postgres.backend import SUMMARY_NAME, NotPreloaded, PostgresBackend, _bytes
 from worker.store.postgres.connection import connect, database_error, driver, place_of
 from worker.store.postgres.durability import Durability, read_durability
 from worker.store.postgres.opening import claim_and_read
@@ -165,6 +167,7 @@ class PostgresStore:
             log_size=len(line),
             carry=None,
             log_crc=crc,
+            kept_scan=KeptScan(0, None, bytearray(line)),
         )
         return PostgresSession(state, PostgresBackend(conn, directory, session_id, 1))
 
@@ -189,6 +192,7 @@ class PostgresStore:
                 backend = PostgresBackend(conn, directory, session_id, claimed)
             else:
                 backend = PostgresBackend(conn, directory, session_id, opening.token)
+                known = _newest(known, opening.files.pop(SUMMARY_NAME, None))
                 with backend.preloaded(opening):
                     state = _loaded(directory, session_id, backend, known)
             if state is None:  # it reads more than the pipeline did: all in one snapshot
@@ -202,10 +206,14 @@ class PostgresStore:
         except BaseException:
             conn.close()
             raise
-        if state.scan_summary is not None and self.scans is not None:
-            write_summary(self.scans, session_id, encode_summary(state.scan_summary))
-        state.scan_summary = None
-        return PostgresSession(state, backend)
+        summary, state.scan_summary = state.scan_summary, None
+        session = PostgresSession(state, backend)
+        if summary is not None:  # a cache, for a restart here and an open anywhere
+            blob = encode_summary(summary)
+            if self.scans is not None:
+                write_summary(self.scans, session_id, blob)
+            backend.put_summary(blob)
+        return session
 
     def open_or_create(self, session_id: str, baseline: Baseline, slot: int = 0) -> PostgresSession:
         """Open the session, creating it if absent (a create is one transaction: none half made)."""
@@ -217,6 +225,15 @@ class PostgresStore:
             return self.create_session(session_id, baseline, slot)
         except SessionExists:
             return self.open_session(session_id)  # a concurrent creator won
+
+
+def _newest(here: ScanSummary | None, stored: bytes | None) -> ScanSummary | None:
+    """Of this node's summary and the database's (``stored``), the one of the most bytes:
+    the open takes it only if it covers the log it reads, as any summary."""
+    there = None if stored is None else decode_summary(stored)
+    if here is None or there is None:
+        return there or here
+    return max(here, there, key=lambda summary: (summary.epoch, summary.size))
 
 
 def _loaded(
