@@ -54,7 +54,13 @@ from worker.store.format.records import Record, encode_lines
 from worker.store.format.scan_summary import decode as decode_summary
 from worker.store.loader import decode_log
 from worker.store.postgres import PostgresStore
-from worker.store.postgres.backend import SUMMARY_NAME
+
+try:
+    from worker.store.postgres import backend as _backend
+
+    SUMMARY_NAME: str = _backend.SUMMARY_NAME
+except AttributeError:  # a tree before its writer kept one (bench_postgres_compare): none
+    SUMMARY_NAME = "loopd.scan"
 
 BASELINE = Baseline(system="bench", memory="", tools=[])
 _CALLS = itertools.count(1)  # a session's tool calls are numbered upwards

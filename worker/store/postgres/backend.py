@@ -54,7 +54,7 @@ SUMMARY_NAME: Final = "loopd.scan"
 _PUT_SUMMARY: Final = (
     "WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true)) "
     "INSERT INTO loopd_files (session, name, data) "
-    "SELECT session, %s, %s FROM loopd_sessions, unflushed "
+    "SELECT session, %s, %b FROM loopd_sessions, unflushed "
     "WHERE session = %s AND owner_token = %s FOR SHARE OF loopd_sessions "
     "ON CONFLICT (session, name) DO UPDATE SET data = EXCLUDED.data"
 )
