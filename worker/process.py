@@ -197,9 +197,8 @@ def _store(args: argparse.Namespace) -> str | SessionStore[Session]:
     uri = getattr(args, "store", None)
     if uri is None:
         return str(args.home)
-    # No connection yet: it is made by the open, in this process. The node's home keeps
-    # the scan summaries of the sessions it opened (a restart here scans the new lines).
-    return PostgresStore(uri, scans=str(args.home))
+    # No connection yet: it is made by the open, in this process.
+    return PostgresStore(uri)
 
 
 def _open_owned(store: PostgresStore, args: argparse.Namespace, app: App) -> Session:

@@ -21,8 +21,8 @@ _GOALS = {
         float("inf"),
     ),
     "reopen:reopen/select": (
-        "open of the session on the node that opened it last (a restart's: its scan summary) "
-        "vs connect + SELECT of its chunks",
+        "open of the session after an open that kept a summary of all of it (a restart "
+        "after a clean stop) vs connect + SELECT of its chunks",
         2.0,
     ),
     "open:open/select+json": (

@@ -5,6 +5,7 @@ newest summary, not all that the worker wrote since its own open.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -14,8 +15,10 @@ import pytest
 from tests.harness.postgres_server import PostgresServer
 from tests.harness.summary_sessions import SESSION, big_session, log_of, request, scan_fields
 from worker.app import DefaultApp
+from worker.store import session as session_module
 from worker.store.disk.scan_file import read_summary
 from worker.store.epochs import epoch_log
+from worker.store.errors import SessionIOError
 from worker.store.format import scan_summary
 from worker.store.format.line_scan import LineScan, scan_lines
 from worker.store.format.scan_summary import ScanSummary, decode
@@ -183,6 +186,35 @@ def test_a_failover_node_takes_the_summary_its_writer_kept_in_the_database(
     deposed.close()
     # One that is not a summary is no summary: the log is scanned whole.
     newer = PostgresStore(uri).open_session(SESSION)
+    assert newer.backend.stored_summary() is not None
     newer.backend.put_summary(b"not a summary")
+    assert newer.backend.stored_summary() is None  # not a summary: none
     newer.close()
     assert opened() == len(data)
+
+
+def test_an_epoch_change_whose_last_step_failed_keeps_the_new_logs_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The epoch switched, the stale index files not removed (the session serves on):
+    the summary kept from then on is of the new log."""
+    monkeypatch.setattr(scan_summary, "SUMMARY_AFTER", 0)
+    home = str(tmp_path / "home")
+    app = DefaultApp()
+
+    def refused(*_args: object) -> None:
+        raise SessionIOError(home, errno.EACCES, "unlink")
+
+    with Session.create(home, SESSION, app.initial_baseline(SESSION)) as session:
+        for n in range(5):
+            session.append_many(request(session, n))
+        monkeypatch.setattr(session_module, "remove_stale", refused)
+        with pytest.raises(SessionIOError):
+            session.commit_epoch("five", app.next_baseline(session, "five"))
+        assert session.epoch == 1
+        assert session.broken is None
+        for n in range(5, 10):
+            session.append_many(request(session, n))
+        with open(session.log_path, "rb") as f:
+            newest = f.read()
+    assert _holds_what_a_scan_reads(read_summary(home, SESSION), newest, 1) == len(newest)

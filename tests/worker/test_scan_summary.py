@@ -40,7 +40,7 @@ from worker.store.format.records import (
     Usage,
     User,
 )
-from worker.store.format.scan_summary import decode, encode
+from worker.store.format.scan_summary import ScanSummary, decode, encode
 from worker.store.loader import load_session
 from worker.store.postgres import PostgresStore
 from worker.store.session import Session
@@ -195,30 +195,41 @@ def test_a_worker_killed_and_restarted_from_its_summary_answers_old_keys_as_dupl
             serve.stderr.close()
 
 
-def test_a_node_reopening_a_session_in_postgresql_takes_its_summary_and_only_for_those_bytes(
+def test_an_open_in_postgresql_keeps_its_summary_in_the_database_and_only_for_those_bytes(
     postgres_server: PostgresServer, tmp_path: Path
 ) -> None:
-    """An open of a PostgreSQL session keeps what it scanned in its node's home and in the
-    database: a restart there scans the new lines; a log replaced in the database is
-    read as it is."""
+    """An open of a PostgreSQL session that scanned its log keeps the summary in the
+    database, not in any node's home: the next open of any node scans the new lines; a
+    log replaced in the database is read as it is."""
     psycopg = pytest.importorskip("psycopg")
     uri = postgres_server.new_database()
-    node = PostgresStore(uri, scans=str(tmp_path))
-    with Session.create(node, SESSION, DefaultApp().initial_baseline(SESSION)) as session:
+    store = PostgresStore(uri)
+    with Session.create(store, SESSION, DefaultApp().initial_baseline(SESSION)) as session:
         for n in range(400):
             session.append_many(request(session, n))
+
+    def stored() -> ScanSummary | None:
+        with psycopg.connect(uri, autocommit=True) as conn:
+            row = conn.execute("SELECT data FROM loopd_files WHERE name = 'loopd.scan'").fetchone()
+        return None if row is None else decode(bytes(row[0]))
+
     with psycopg.connect(uri, autocommit=True) as conn:
         conn.execute("DELETE FROM loopd_files WHERE name = 'loopd.scan'")  # as before any
-    assert read_summary(str(tmp_path), SESSION) is None
-    Session.open(node, SESSION).close()
-    kept = read_summary(str(tmp_path), SESSION)
+    Session.open(store, SESSION).close()
+    kept = stored()
     assert kept is not None
-    with Session.open(node, SESSION) as session:
+    with psycopg.connect(uri, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT data FROM loopd_log_chunks WHERE session = %s ORDER BY start", (SESSION,)
+        ).fetchall()
+    assert kept.size == sum(len(bytes(row[0])) for row in rows)
+    with Session.open(PostgresStore(uri), SESSION) as session:
         session.append_many(request(session, 400))
-    with Session.open(node, SESSION) as session:
+    with Session.open(PostgresStore(uri), SESSION) as session:
         assert session.find_key("k0") is not None
         assert session.find_key("k400") is not None
-    assert read_summary(str(tmp_path), SESSION).size == kept.size  # type: ignore[union-attr]
+    assert stored().size == kept.size  # type: ignore[union-attr]  # a small tail keeps it
+    assert not os.listdir(tmp_path)  # no node's home holds one
     with psycopg.connect(uri, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT data FROM loopd_log_chunks WHERE session = %s ORDER BY start", (SESSION,)
@@ -232,7 +243,7 @@ def test_a_node_reopening_a_session_in_postgresql_takes_its_summary_and_only_for
                 "INSERT INTO loopd_log_chunks (session, epoch, start, data) VALUES (%s, 0, 0, %s)",
                 (SESSION, forged),
             )
-    with Session.open(node, SESSION) as session:
+    with Session.open(store, SESSION) as session:
         assert session.find_key("j0") is not None
         assert session.find_key("k0") is None
 

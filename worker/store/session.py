@@ -167,7 +167,7 @@ class Session(SessionView):
             unlock_directory(lock_fd)
             raise
         session = cls(state, lock_fd, log_fd)
-        session._keep_summary()
+        session.keep_summary()
         return session
 
     # -- attributes -------------------------------------------------------------------
@@ -270,9 +270,9 @@ class Session(SessionView):
         self._log_path = log_path(state.directory, state.epoch)
         self._size = len(line)
         self._last_usage = None
+        self._kept = KeptScan(state.epoch, None, bytearray(line))  # before a step can fail
         self._remove_stale(plan.index)
-        self._kept = KeptScan(state.epoch, None, bytearray(line))
-        self._keep_summary()
+        self.keep_summary()
 
     # -- the durable steps: the file store's, overridden by another backend ------------
 
@@ -292,7 +292,7 @@ class Session(SessionView):
             durable.close(old_fd)
         return start, line, crc
 
-    def _keep_summary(self) -> None:
+    def keep_summary(self) -> None:
         """A new scan summary of the newest log, when what was appended since the last is
         worth one (``worker.store.format.kept_scan``); a cache: nothing fails for it."""
         kept = self._kept
@@ -347,7 +347,7 @@ class Session(SessionView):
                 self._new_keys.discard(record.key)
         if self._kept is not None:
             self._kept.add(data)
-            self._keep_summary()
+            self.keep_summary()
 
     def _write_group(self, data: bytes) -> None:
         """Append one group commit's lines to the log: write, then fdatasync."""

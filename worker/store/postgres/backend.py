@@ -20,6 +20,7 @@ from itertools import accumulate
 from typing import TYPE_CHECKING, Final
 
 from worker.store.errors import InvalidLog, NotOwnerNow, SessionIOError
+from worker.store.format.scan_summary import ScanSummary, decode
 from worker.store.postgres.boundaries import Point, reach
 from worker.store.postgres.connection import database_error, driver
 from worker.store.postgres.opening import NAMES
@@ -207,6 +208,14 @@ class PostgresBackend:
                     "DELETE FROM loopd_files WHERE session = %s AND name = ANY(%s)",
                     (self.session_id, names),
                 )
+
+    def stored_summary(self) -> ScanSummary | None:
+        """The newest log's scan summary kept in the database, if one decodes."""
+        rows = self._fetch(
+            "SELECT data FROM loopd_files WHERE session = %s AND name = %s",
+            (self.session_id, SUMMARY_NAME),
+        )
+        return decode(_bytes(rows[0][0])) if rows else None
 
     def put_summary(self, blob: bytes) -> None:
         """Keep the newest log's scan summary in the database, where any node's open reads

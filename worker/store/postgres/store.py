@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Final
 from worker.store.baseline import Baseline
 from worker.store.creation import check_slot
 from worker.store.disk.layout import SESSIONS_DIR
-from worker.store.disk.scan_file import read_summary, write_summary
 from worker.store.errors import NotOwnerNow, SessionExists, SessionNotFound
 from worker.store.format.epoch_records import EpochRecords
 from worker.store.format.kept_scan import KeptScan
@@ -41,16 +40,14 @@ if TYPE_CHECKING:
 class PostgresStore:
     """The sessions of one database, named by a libpq URI (``postgresql://...``)."""
 
-    def __init__(self, uri: str, *, scans: str | None = None) -> None:
+    def __init__(self, uri: str) -> None:
         """Name the database; nothing is connected until a session is made or opened.
 
-        ``scans``: a home whose ``scans/`` keeps this node's scan summaries of the
-        sessions it opened (docs/format.md, "The scan summary"), so that a restart on
-        the node scans only what came after; without it every open scans the whole log.
+        A session's scan summary is kept in the database beside its log (docs/format.md,
+        "The scan summary"), where every node's open finds it: no node keeps one.
         """
         self.uri = uri
         self.place = place_of(uri)
-        self.scans = scans
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.place!r})"
@@ -169,7 +166,9 @@ class PostgresStore:
             log_crc=crc,
             kept_scan=KeptScan(0, None, bytearray(line)),
         )
-        return PostgresSession(state, PostgresBackend(conn, directory, session_id, 1))
+        session = PostgresSession(state, PostgresBackend(conn, directory, session_id, 1))
+        session.keep_summary()  # its first line, when even that is worth one
+        return session
 
     def open_session(self, session_id: str, *, token: int | None = None) -> PostgresSession:
         """Claim the session and read it; SessionNotFound if absent.
@@ -181,7 +180,6 @@ class PostgresStore:
         says why (or claims a session created in between).
         """
         directory = self.session_dir(session_id)
-        known = None if self.scans is None else read_summary(self.scans, session_id)
         conn = connect(self.uri, self.place)
         state: SessionState | None = None
         try:
@@ -192,11 +190,13 @@ class PostgresStore:
                 backend = PostgresBackend(conn, directory, session_id, claimed)
             else:
                 backend = PostgresBackend(conn, directory, session_id, opening.token)
-                known = _newest(known, opening.files.pop(SUMMARY_NAME, None))
+                stored = opening.files.pop(SUMMARY_NAME, None)
+                known = None if stored is None else decode_summary(stored)
                 with backend.preloaded(opening):
                     state = _loaded(directory, session_id, backend, known)
             if state is None:  # it reads more than the pipeline did: all in one snapshot
                 with backend.snapshot():
+                    known = backend.stored_summary()
                     state = load_session(
                         directory, session_id, dir_fd=backend, known=known, summarize=True
                     )
@@ -207,13 +207,9 @@ class PostgresStore:
             conn.close()
             raise
         summary, state.scan_summary = state.scan_summary, None
-        session = PostgresSession(state, backend)
-        if summary is not None:  # a cache, for a restart here and an open anywhere
-            blob = encode_summary(summary)
-            if self.scans is not None:
-                write_summary(self.scans, session_id, blob)
-            backend.put_summary(blob)
-        return session
+        if summary is not None:  # a cache, for the next open of any node
+            backend.put_summary(encode_summary(summary))
+        return PostgresSession(state, backend)
 
     def open_or_create(self, session_id: str, baseline: Baseline, slot: int = 0) -> PostgresSession:
         """Open the session, creating it if absent (a create is one transaction: none half made)."""
@@ -225,15 +221,6 @@ class PostgresStore:
             return self.create_session(session_id, baseline, slot)
         except SessionExists:
             return self.open_session(session_id)  # a concurrent creator won
-
-
-def _newest(here: ScanSummary | None, stored: bytes | None) -> ScanSummary | None:
-    """Of this node's summary and the database's (``stored``), the one of the most bytes:
-    the open takes it only if it covers the log it reads, as any summary."""
-    there = None if stored is None else decode_summary(stored)
-    if here is None or there is None:
-        return there or here
-    return max(here, there, key=lambda summary: (summary.epoch, summary.size))
 
 
 def _loaded(
