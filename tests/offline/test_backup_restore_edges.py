@@ -150,3 +150,31 @@ def test_a_restore_over_a_session_a_writer_holds_is_refused_and_leaves_no_staged
     assert "locked" in done.stderr, done.stderr
     assert not (home / "trash").exists() or not list((home / "trash").iterdir())
     assert "1 sessions, 0 refused" in _ok("verify", "--home", str(home))
+
+
+def test_a_backup_listing_a_database_sessions_scan_summary_restores_without_it(
+    tmp_path: Path,
+) -> None:
+    """A backup of a database session taken by a loopd from before its summary was kept
+    there lists the summary's row as a file, loopd.scan: checked, never restored."""
+    home, dest, other = tmp_path / "home", tmp_path / "backups", tmp_path / "other"
+    keyed_session(home, "s")
+    _ok("backup", "--home", str(home), "s", str(dest))
+    summary = b"loopdscan\n not a summary this loopd would take"
+    (dest / "s" / "loopd.scan").write_bytes(summary)
+    manifest_path = dest / "s" / "loopd-backup.json"
+    manifest = json.loads(manifest_path.read_text())
+    entry = {"name": "loopd.scan", "bytes": len(summary)}
+    manifest["files"].append({**entry, "sha256": hashlib.sha256(summary).hexdigest()})
+    manifest_path.write_text(json.dumps(manifest))
+    (other / "sessions").mkdir(parents=True)
+    _ok("restore", "--home", str(other), str(dest / "s"))
+    assert not (other / "sessions" / "s" / "loopd.scan").exists()
+    assert log_user_keys(other, "s") == log_user_keys(home, "s")
+    assert "1 sessions, 0 refused" in _ok("verify", "--home", str(other))
+    # Damaged, it is refused as any listed file is.
+    (dest / "s" / "loopd.scan").write_bytes(summary + b"!")
+    (tmp_path / "third" / "sessions").mkdir(parents=True)
+    done = loopd("restore", "--home", str(tmp_path / "third"), str(dest / "s"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "does not match the manifest" in done.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -218,3 +219,44 @@ def test_an_epoch_change_whose_last_step_failed_keeps_the_new_logs_summary(
         with open(session.log_path, "rb") as f:
             newest = f.read()
     assert _holds_what_a_scan_reads(read_summary(home, SESSION), newest, 1) == len(newest)
+
+
+def test_a_lock_held_on_the_summarys_table_never_holds_up_a_group_commit(
+    postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The summary is written after the group commit, before its reply: a lock an operator
+    holds on loopd_files (a VACUUM FULL, a LOCK TABLE) ends that write, not the reply."""
+    psycopg = pytest.importorskip("psycopg")
+    monkeypatch.setattr(scan_summary, "SUMMARY_AFTER", 0)  # a summary after every group
+    uri = postgres_server.new_database()
+    session = PostgresStore(uri).create_session(SESSION, DefaultApp().initial_baseline(SESSION))
+    released = threading.Event()
+    locker = psycopg.connect(uri)
+    try:
+        locker.execute("LOCK TABLE loopd_files IN ACCESS EXCLUSIVE MODE")
+
+        def release() -> None:
+            locker.rollback()
+            released.set()
+
+        timer = threading.Timer(30, release)
+        timer.start()
+        try:
+            for n in range(3):
+                session.append_many(request(session, n))
+            assert not released.is_set()  # no append waited for the lock
+            assert session.broken is None
+        finally:
+            timer.cancel()
+            if not released.is_set():
+                release()
+        session.append_many(request(session, 3))
+    finally:
+        session.close()
+        locker.close()
+    stored = _stored(uri)
+    data = _log(uri)
+    assert stored is not None
+    assert _holds_what_a_scan_reads(decode(stored), data, 0) == len(data)
+    with Session.open(PostgresStore(uri), SESSION) as again:
+        assert [again.find_key(f"k{n}") is not None for n in range(4)] == [True] * 4

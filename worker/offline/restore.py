@@ -31,6 +31,10 @@ from worker.store.loader import load_session
 
 _NAME: Final = re.compile(r"[0-9]+(\.jsonl|\.baseline\.json|-[0-9]+\.keys)")
 _DIGEST: Final = re.compile(r"[0-9a-f]{64}")
+# A database session's scan summary (docs/format.md, "The scan summary"), which a backup
+# taken by a loopd from before it was kept there listed as one of its files: checked as
+# they are, never restored (a cache, no part of the session).
+_CACHE: Final = "loopd.scan"
 MAX_MANIFEST: Final = 64 << 20
 
 
@@ -77,6 +81,7 @@ def check_backup(source: str) -> Manifest:
         ):
             raise BackupError(where, "needs a session, a time taken and a list of files")
         files = {}
+        cached = set()
         for entry in listed:
             name, size, digest = _entry(where, entry)
             data = read_file(fd, name, os.path.join(source, name))
@@ -86,8 +91,11 @@ def check_backup(source: str) -> Manifest:
                     f"does not match the manifest ({len(data)} bytes, the manifest says {size}; "
                     "or its SHA-256 differs): the backup is damaged",
                 )
+            if name == _CACHE:
+                cached.add(name)
+                continue
             files[name] = data
-        extra = sorted(set(os.listdir(fd)) - set(files) - {MANIFEST})
+        extra = sorted(set(os.listdir(fd)) - set(files) - cached - {MANIFEST})
         if extra:
             raise BackupError(os.path.join(source, extra[0]), "is not in the manifest")
         app = document.get("app")
@@ -110,7 +118,7 @@ def _entry(where: str, entry: object) -> tuple[str, int, str]:
         name, size, digest = entry.get("name"), entry.get("bytes"), entry.get("sha256")
         if (
             isinstance(name, str)
-            and _NAME.fullmatch(name)
+            and (_NAME.fullmatch(name) or name == _CACHE)
             and type(size) is int
             and isinstance(digest, str)
             and _DIGEST.fullmatch(digest)

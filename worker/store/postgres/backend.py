@@ -49,14 +49,22 @@ _APPEND: Final = Prepared(
 # under a name no file of a session has, which ``NAMES`` leaves out: no reader of the
 # session's files sees it (a backup, a transfer, a fork never carries one).
 SUMMARY_NAME: Final = "loopd.scan"
-# Fenced as every write, in one statement and its own transaction; committed without
-# waiting for its WAL to be flushed (set_config's ``true``: for this transaction only),
-# for a lost summary costs the next open a longer scan and nothing else.
+# Fenced as every write, in a transaction of its own, sent as one pipeline. It runs
+# after a group commit and before its reply, so it never waits long: a lock held on
+# loopd_files (a VACUUM FULL, a LOCK TABLE, the row locked) or a slow server ends it
+# (its timeouts), and its COMMIT does not wait for the WAL to be flushed: a summary not
+# written costs the next open a longer scan and nothing else. ``SET LOCAL``'s: for this
+# transaction only.
+_SUMMARY_LIMITS: Final = (
+    "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true), "
+    "set_config('synchronous_commit', 'off', true)"
+)
+SUMMARY_LOCK_WAIT: Final = "100ms"
+SUMMARY_STATEMENT_TIME: Final = "2s"
 _PUT_SUMMARY: Final = (
-    "WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true)) "
     "INSERT INTO loopd_files (session, name, data) "
-    "SELECT session, %s, %b FROM loopd_sessions, unflushed "
-    "WHERE session = %s AND owner_token = %s FOR SHARE OF loopd_sessions "
+    "SELECT session, %s, %b FROM loopd_sessions "
+    "WHERE session = %s AND owner_token = %s FOR SHARE "
     "ON CONFLICT (session, name) DO UPDATE SET data = EXCLUDED.data"
 )
 
@@ -222,9 +230,12 @@ class PostgresBackend:
         it; a cache: a write refused (a deposed writer) or failed is let go, and the
         session's next write meets what broke it."""
         try:
-            self._conn().execute(_PUT_SUMMARY, (SUMMARY_NAME, blob, self.session_id, self.token))
+            conn = self._conn()
+            with conn.pipeline(), conn.transaction():
+                conn.execute(_SUMMARY_LIMITS, (SUMMARY_LOCK_WAIT, SUMMARY_STATEMENT_TIME))
+                conn.execute(_PUT_SUMMARY, (SUMMARY_NAME, blob, self.session_id, self.token))
         except (driver().Error, SessionIOError):
-            self._prepared = None  # whatever the connection holds now is asked again
+            self._prepared = None  # a rollback may have deallocated _APPEND: asked again
 
     def check_fence(self) -> None:
         """NotOwnerNow unless the session's owner token is still this writer's."""
