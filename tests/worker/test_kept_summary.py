@@ -19,7 +19,7 @@ from worker.app import DefaultApp
 from worker.store import session as session_module
 from worker.store.disk.scan_file import read_summary
 from worker.store.epochs import epoch_log
-from worker.store.errors import SessionIOError
+from worker.store.errors import SessionError, SessionIOError
 from worker.store.format import scan_summary
 from worker.store.format.line_scan import LineScan, scan_lines
 from worker.store.format.scan_summary import ScanSummary, decode
@@ -260,3 +260,42 @@ def test_a_lock_held_on_the_summarys_table_never_holds_up_a_group_commit(
     assert _holds_what_a_scan_reads(decode(stored), data, 0) == len(data)
     with Session.open(PostgresStore(uri), SESSION) as again:
         assert [again.find_key(f"k{n}") is not None for n in range(4)] == [True] * 4
+
+
+def test_a_connection_ended_during_a_summary_write_loses_no_acknowledged_key(
+    postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server ends the writer's connection as it writes a summary: that write is let
+    go, the group before it stays acknowledged, the next append is refused (nothing of it
+    written) and breaks the session, and a reopen finds every acknowledged key."""
+    psycopg = pytest.importorskip("psycopg")
+    monkeypatch.setattr(scan_summary, "SUMMARY_AFTER", 0)  # a summary after every group
+    uri = postgres_server.new_database()
+    session = PostgresStore(uri).create_session(SESSION, DefaultApp().initial_baseline(SESSION))
+    backend = session.backend
+    put = backend.put_summary
+
+    def ended_then_put(blob: bytes) -> None:
+        pid = backend._conn().info.backend_pid
+        with psycopg.connect(uri, autocommit=True) as killer:
+            killer.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        put(blob)
+
+    try:
+        session.append_many(request(session, 0))
+        monkeypatch.setattr(backend, "put_summary", ended_then_put)
+        session.append_many(request(session, 1))  # acknowledged: its summary is let go
+        assert session.broken is None
+        with pytest.raises(SessionError):
+            session.append_many(request(session, 2))
+        assert session.broken is not None
+    finally:
+        session.close()
+    with Session.open(PostgresStore(uri), SESSION) as again:
+        assert again.find_key("k0") is not None
+        assert again.find_key("k1") is not None
+        assert again.find_key("k2") is None
+    data = _log(uri)
+    stored = _stored(uri)
+    assert stored is not None  # the reopen's, or the one before the cut
+    assert _holds_what_a_scan_reads(decode(stored), data, 0) <= len(data)
