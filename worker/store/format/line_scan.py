@@ -154,7 +154,7 @@ def summary_after(known: ScanSummary | None, tail: bytes, epoch: int) -> ScanSum
     """The summary of epoch ``epoch``'s log whose first bytes ``known`` is of (None: none,
     ``tail`` is the whole log) and whose other bytes are ``tail``, scanning ``tail`` alone.
 
-    For a writer that keeps the summary as its log grows (``worker.store.kept_scan``):
+    For a writer that keeps the summary as its log grows (``store.format.kept_scan``):
     ``known`` was made or taken by it for those very bytes, and it appended ``tail`` itself,
     so the prefix is not read again. The next open still takes the summary only for
     the bytes it reads (``ScanSummary.covers``). None if the lines are not all the
