@@ -286,9 +286,10 @@ def test_a_connection_ended_during_a_summary_write_loses_no_acknowledged_key(
         monkeypatch.setattr(backend, "put_summary", ended_then_put)
         session.append_many(request(session, 1))  # acknowledged: its summary is let go
         assert session.broken is None
-        with pytest.raises(SessionError):
+        with pytest.raises(SessionError, match="nothing of it was sent"):
             session.append_many(request(session, 2))
         assert session.broken is not None
+        assert "nothing of it was sent" in session.broken  # not "its outcome is unknown"
     finally:
         session.close()
     with Session.open(PostgresStore(uri), SESSION) as again:

@@ -23,6 +23,7 @@ from worker.store.errors import InvalidLog, NotOwnerNow, SessionIOError
 from worker.store.format.scan_summary import ScanSummary, decode
 from worker.store.postgres.boundaries import Point, reach
 from worker.store.postgres.connection import database_error, driver
+from worker.store.postgres.errors import LostBeforeWrite
 from worker.store.postgres.opening import NAMES
 from worker.store.postgres.pipeline import BINARY, TEXT, Prepared, write_pipelined
 
@@ -180,6 +181,9 @@ class PostgresBackend:
         nothing and its COMMIT made nothing visible.
         """
         conn = self._conn()
+        if conn.closed:  # lost since the last statement (the server ended it, or a cut)
+            raise LostBeforeWrite(self.directory, "the connection to the database was lost "
+                                  "before this write: nothing of it was sent")  # fmt: skip
         values = (b"%d" % epoch, b"%d" % offset, data, self.session_id.encode(), b"%d" % self.token)
         try:
             if self._prepared is None:

@@ -24,5 +24,10 @@ class DatabaseUnavailable(PathError):
         return f"{self.path}: database error: {self.why}"
 
 
+class LostBeforeWrite(DatabaseUnavailable):
+    """The connection was lost before a write was sent: nothing of it reached the database
+    (the outcome is known, unlike a connection lost during a write)."""
+
+
 class PostgresNotInstalled(PathError):
     """A postgresql:// store was named but the driver is missing."""

@@ -20,6 +20,7 @@ from worker.store.format.records import SessionStart
 from worker.store.key_index import KeyIndex, stale_names
 from worker.store.loader import SessionState, baseline_path
 from worker.store.postgres.backend import PostgresBackend
+from worker.store.postgres.errors import LostBeforeWrite
 from worker.store.session import Session
 
 # Session's descriptors stand for "open" here; nothing is ever done with them.
@@ -91,4 +92,6 @@ class PostgresSession(Session):
 def _why_broken(exc: SessionError) -> str:
     if isinstance(exc, NotOwnerNow):
         return f"another owner holds the session: {exc.why}"
+    if isinstance(exc, LostBeforeWrite):
+        return exc.why  # nothing was sent: the outcome is known
     return f"a write's outcome is unknown: {exc}"
