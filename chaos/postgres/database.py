@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Final
 
 from chaos.oracle.oracle import LogsView
 from chaos.scenarios.scenarios import SESSION
-from worker.store.format.scan_summary import ScanSummary, decode
+from worker.store.format.scan_summary import ScanSummary
 from worker.store.loader import load_session
-from worker.store.postgres.backend import SUMMARY_NAME, PostgresBackend
+from worker.store.postgres.backend import SUMMARY_NAME, PostgresBackend, summary_of_row
 from worker.store.postgres.connection import connect, place_of
 from worker.store.session_state import SessionState, baseline_path
 
@@ -149,7 +149,7 @@ def stored_summary(uri: str) -> ScanSummary | None:
             "SELECT data FROM loopd_files WHERE session = %s AND name = %s",
             (SESSION, SUMMARY_NAME),
         ).fetchone()
-    return None if found is None else decode(_as_bytes(found[0]))
+    return None if found is None else summary_of_row(_as_bytes(found[0]))
 
 
 def load_stored(uri: str) -> SessionState:

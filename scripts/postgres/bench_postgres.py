@@ -51,16 +51,22 @@ from scripts.postgres.postgres_reference import ReferenceServer
 from supervisor.client import Client, call
 from worker import Assistant, Baseline, Session, ToolResult, Usage, User
 from worker.store.format.records import Record, encode_lines
-from worker.store.format.scan_summary import decode as decode_summary
+from worker.store.format.scan_summary import ScanSummary
 from worker.store.loader import decode_log
 from worker.store.postgres import PostgresStore
+from worker.store.postgres import backend as _backend
 
-try:
-    from worker.store.postgres import backend as _backend
 
-    SUMMARY_NAME: str = _backend.SUMMARY_NAME
-except AttributeError:  # a tree before its writer kept one (bench_postgres_compare): none
-    SUMMARY_NAME = "loopd.scan"
+def _no_summary(data: bytes) -> ScanSummary | None:
+    return None
+
+
+# A tree from before its writer kept the summary in the database (bench_postgres_compare).
+SUMMARY_NAME: str = getattr(_backend, "SUMMARY_NAME", "loopd.scan")
+_summary_of_row: Callable[[bytes], ScanSummary | None] = getattr(
+    _backend, "summary_of_row", _no_summary
+)
+
 
 BASELINE = Baseline(system="bench", memory="", tools=[])
 _CALLS = itertools.count(1)  # a session's tool calls are numbered upwards
@@ -309,7 +315,7 @@ def _put_summary_row(uri: str, blob: bytes | None) -> None:
 
 def _bytes_after(uri: str, blob: bytes | None) -> int | None:
     """How many bytes of the log come after what the writer's summary covers."""
-    summary = None if blob is None else decode_summary(blob)
+    summary = None if blob is None else _summary_of_row(blob)
     with psycopg.connect(uri, autocommit=True) as conn:
         row = conn.execute(
             "SELECT sum(length(data)) FROM loopd_log_chunks WHERE session = 'big'"

@@ -10,6 +10,7 @@ since the session's create, so without a summary its writer kept it scans the wh
 log. COMMIT is checked out into a temporary git worktree and the two trees take turns,
 round by round, in the same run (the machines are shared and noisy); each round is a
 fresh home on ``--dir`` (tmpfs by default: the restart reads the page cache either way).
+Each tree starts its serve with its own ``scripts.harness.serve`` (COMMIT must have one).
 """
 
 from __future__ import annotations
@@ -29,29 +30,17 @@ GIT = shutil.which("git") or "git"
 TMPFS = "/dev/shm"  # noqa: S108 - a private mkdtemp inside it, removed afterwards
 
 PROBE = """
-import json, os, signal, subprocess, sys, time
+import json, os, signal, sys, time
+from scripts.harness.serve import start_serve, stop_serve
 from supervisor.client import Client, call, call_with_retry
 home, requests = sys.argv[1], int(sys.argv[2])
-serve = subprocess.Popen(
-    [sys.executable, "-m", "supervisor", "serve", "--home", home, "--budget", "1000000000",
-     "--stable-after", "0"],
-    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+serve = start_serve(home, "--stable-after", "0")
 try:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            call(home, "ping", timeout=5)
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
     call(home, "create", session="big")
     with Client(home) as client:
         for n in range(requests):
             client.send("big", f"request {n} of a long run", key=f"r{n}")
-    rows = call(home, "status", session="big")
-    pid = int(rows[0]["pid"])
+    pid = int(call(home, "status", session="big")[0]["pid"])
     size = os.path.getsize(os.path.join(home, "sessions", "big", "0.jsonl"))
     start = time.perf_counter()
     os.kill(pid, signal.SIGKILL)
@@ -60,12 +49,7 @@ try:
     took = time.perf_counter() - start
     print(json.dumps({"restart_ms": took * 1000, "log_bytes": size}))
 finally:
-    serve.send_signal(signal.SIGTERM)
-    try:
-        serve.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        serve.kill()
-        serve.wait()
+    stop_serve(serve)
 """
 
 

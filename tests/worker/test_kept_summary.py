@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,13 +18,14 @@ from tests.harness.postgres_server import PostgresServer
 from tests.harness.summary_sessions import SESSION, big_session, log_of, request, scan_fields
 from worker.app import DefaultApp
 from worker.store import session as session_module
-from worker.store.disk.scan_file import read_summary
+from worker.store.disk.scan_file import MAX_BYTES, read_summary, scan_path
 from worker.store.epochs import epoch_log
 from worker.store.errors import SessionError, SessionIOError
 from worker.store.format import scan_summary
 from worker.store.format.line_scan import LineScan, scan_lines
-from worker.store.format.scan_summary import ScanSummary, decode
+from worker.store.format.scan_summary import ScanSummary, encode
 from worker.store.postgres import PostgresStore
+from worker.store.postgres.backend import summary_of_row
 from worker.store.session import Session
 
 
@@ -102,7 +104,8 @@ def test_each_group_and_each_new_epoch_keeps_one_when_the_threshold_is_zero(
         for n in range(5):
             session.append_many(request(session, n))
             with open(log_of(home), "rb") as f:
-                assert _holds_what_a_scan_reads(read_summary(home, SESSION), f.read(), 0)
+                data = f.read()
+            assert _holds_what_a_scan_reads(read_summary(home, SESSION), data, 0) == len(data)
         session.commit_epoch("five requests", app.next_baseline(session, "five requests"))
         started = read_summary(home, SESSION)
         assert started is not None
@@ -174,7 +177,7 @@ def test_a_failover_node_takes_the_summary_its_writer_kept_in_the_database(
     stored = _stored(uri)
     assert stored is not None
     data = _log(uri)
-    covered = _holds_what_a_scan_reads(decode(stored), data, 0)
+    covered = _holds_what_a_scan_reads(summary_of_row(stored), data, 0)
     assert covered >= scan_summary.SUMMARY_AFTER
     opened = _each_open_scanned(uri, scanned)
     assert opened() == len(data) - covered
@@ -257,7 +260,7 @@ def test_a_lock_held_on_the_summarys_table_never_holds_up_a_group_commit(
     stored = _stored(uri)
     data = _log(uri)
     assert stored is not None
-    assert _holds_what_a_scan_reads(decode(stored), data, 0) == len(data)
+    assert _holds_what_a_scan_reads(summary_of_row(stored), data, 0) == len(data)
     with Session.open(PostgresStore(uri), SESSION) as again:
         assert [again.find_key(f"k{n}") is not None for n in range(4)] == [True] * 4
 
@@ -299,4 +302,22 @@ def test_a_connection_ended_during_a_summary_write_loses_no_acknowledged_key(
     data = _log(uri)
     stored = _stored(uri)
     assert stored is not None  # the reopen's, or the one before the cut
-    assert _holds_what_a_scan_reads(decode(stored), data, 0) <= len(data)
+    _holds_what_a_scan_reads(summary_of_row(stored), data, 0)
+
+
+def test_a_database_row_is_a_summary_only_deflated_whole_and_within_its_bound(
+    tmp_path: Path,
+) -> None:
+    home = str(tmp_path / "home")
+    big_session(home, requests=400, kept=True)
+    with open(scan_path(home, SESSION), "rb") as f:
+        blob = f.read()
+    row = summary_of_row(zlib.compress(blob, 1))
+    assert row is not None
+    assert encode(row) == blob
+    assert summary_of_row(blob) is None  # not deflated: not a row put_summary wrote
+    assert summary_of_row(b"not a summary") is None
+    assert summary_of_row(zlib.compress(b"not a summary either")) is None
+    assert summary_of_row(zlib.compress(b"\0" * (MAX_BYTES + 1), 1)) is None  # a bomb
+    assert summary_of_row(zlib.compress(blob)[:-2]) is None  # cut short
+    assert summary_of_row(zlib.compress(blob) + b"more") is None  # more after it

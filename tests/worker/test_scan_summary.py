@@ -43,6 +43,7 @@ from worker.store.format.records import (
 from worker.store.format.scan_summary import ScanSummary, decode, encode
 from worker.store.loader import load_session
 from worker.store.postgres import PostgresStore
+from worker.store.postgres.backend import summary_of_row
 from worker.store.session import Session
 
 home = big_home
@@ -211,7 +212,7 @@ def test_an_open_in_postgresql_keeps_its_summary_in_the_database_and_only_for_th
     def stored() -> ScanSummary | None:
         with psycopg.connect(uri, autocommit=True) as conn:
             row = conn.execute("SELECT data FROM loopd_files WHERE name = 'loopd.scan'").fetchone()
-        return None if row is None else decode(bytes(row[0]))
+        return None if row is None else summary_of_row(bytes(row[0]))
 
     with psycopg.connect(uri, autocommit=True) as conn:
         conn.execute("DELETE FROM loopd_files WHERE name = 'loopd.scan'")  # as before any

@@ -20,7 +20,7 @@ from typing import Final
 from worker.store.format.scan_summary import ScanSummary, decode
 
 SCANS_DIR: Final = "scans"
-_MAX_BYTES: Final = 64 << 20  # a summary takes about 5 bytes a line: more is not one
+MAX_BYTES: Final = 64 << 20  # a byte a line, 8 a call, a key's JSON: more is not one
 _READ: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # Always a new file (O_EXCL): never a FIFO or a link someone put at the name.
 _WRITE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -44,7 +44,7 @@ def read_summary(home: str | os.PathLike[str], session_id: str) -> ScanSummary |
         return None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_BYTES:
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES:
             return None
         blob = os.read(fd, info.st_size + 1)
     except OSError:

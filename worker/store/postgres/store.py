@@ -21,10 +21,15 @@ from worker.store.format.epoch_records import EpochRecords
 from worker.store.format.kept_scan import KeptScan
 from worker.store.format.records import SessionStart, encode_lines
 from worker.store.format.scan_summary import ScanSummary
-from worker.store.format.scan_summary import decode as decode_summary
 from worker.store.format.scan_summary import encode as encode_summary
 from worker.store.loader import baseline_path, load_session
-from worker.store.postgres.backend import SUMMARY_NAME, NotPreloaded, PostgresBackend, _bytes
+from worker.store.postgres.backend import (
+    SUMMARY_NAME,
+    NotPreloaded,
+    PostgresBackend,
+    _bytes,
+    summary_of_row,
+)
 from worker.store.postgres.connection import connect, database_error, driver, place_of
 from worker.store.postgres.durability import Durability, read_durability
 from worker.store.postgres.opening import claim_and_read
@@ -191,7 +196,7 @@ class PostgresStore:
             else:
                 backend = PostgresBackend(conn, directory, session_id, opening.token)
                 stored = opening.files.pop(SUMMARY_NAME, None)
-                known = None if stored is None else decode_summary(stored)
+                known = None if stored is None else summary_of_row(stored)
                 with backend.preloaded(opening):
                     state = _loaded(directory, session_id, backend, known)
             if state is None:  # it reads more than the pipeline did: all in one snapshot
