@@ -7,6 +7,12 @@ key (``tests/programs/soak_hangups.py``); an events follower never reads. Afterw
 is alive, no request was refused,
 every acknowledged key is in its log exactly once, and the daemon holds the same
 descriptors and the same number of workers as before.
+
+A SIGKILL can land inside a worker's write of a group: Linux ends a write to a regular
+file at a page boundary when a fatal signal is pending, so the log is left torn and the
+session is FATAL, as a crash mid-write leaves it. The soak then does what the refusal
+tells an operator (``loopd repair``, ``loopd start``), after checking that it names the
+newest log's last line; any other FATAL fails the soak.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from tests.harness.support import (
     REPO,
     TEMPLATE_NAME,
     Daemon,
+    loopd,
     poll_until,
     running_daemon,
     status,
@@ -57,11 +64,36 @@ def _all_running(home: Path) -> bool:
     return all(status(home, s)["state"] == "RUNNING" for s in SESSIONS)
 
 
+def _repair_torn(home: Path, done: Counter[str]) -> None:
+    """Be the operator: a session FATAL for a log a SIGKILL tore mid-write is repaired
+    and started, as its refusal says; a FATAL for anything else fails the soak."""
+    for session in SESSIONS:
+        row = status(home, session)
+        if row["state"] != "FATAL":
+            continue
+        why = str(row["last_error"])
+        logs = sorted((home / "sessions" / session).glob("*.jsonl"), key=lambda p: int(p.stem))
+        newest = logs[-1]
+        lines = newest.read_bytes().count(b"\n") + 1  # the torn line has none
+        where = f"{newest}:{lines}: last line has no newline (torn write)"
+        assert why.startswith(where), f"{session} is FATAL, not for a torn last line: {why}"
+        repaired = loopd("repair", "--home", str(home), session)
+        assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+        call(str(home), "start", session=session)
+        done["repaired"] += 1
+
+
+def _running_after_repairs(home: Path, done: Counter[str]) -> bool:
+    _repair_torn(home, done)
+    return _all_running(home)
+
+
 def _chaos(home: Path, rng: random.Random, until: float) -> Counter[str]:
     """SIGKILL or SIGSTOP a random running worker every few tenths of a second."""
     done: Counter[str] = Counter()
     while time.monotonic() < until:
         time.sleep(rng.uniform(0.2, 0.6))  # the pace of the faults, not a wait for a state
+        _repair_torn(home, done)
         row = status(home, rng.choice(SESSIONS))
         pid = row["pid"]
         if row["state"] != "RUNNING" or not isinstance(pid, int):
@@ -95,11 +127,15 @@ def _silent_follower(home: Path) -> socket.socket:
     return sock
 
 
-def _wait_all(clients: list[subprocess.Popen[str]], deadline: float) -> list[int | None]:
-    """Each client's exit code, None for one still running at ``deadline``."""
-    for client in clients:
+def _wait_all(
+    home: Path, clients: list[subprocess.Popen[str]], deadline: float, done: Counter[str]
+) -> list[int | None]:
+    """Each client's exit code, None for one still running at ``deadline``; a log torn
+    meanwhile (a hang check's SIGKILL) is repaired as during the faults."""
+    while time.monotonic() < deadline and any(c.poll() is None for c in clients):
+        _repair_torn(home, done)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            client.wait(timeout=max(0.0, deadline - time.monotonic()))
+            next(c for c in clients if c.poll() is None).wait(timeout=0.2)
     return [client.poll() for client in clients]
 
 
@@ -180,16 +216,24 @@ def _soak(tmp_path: Path, seconds: float) -> None:
         ]
         try:
             faults = _chaos(home, rng, time.monotonic() + seconds)
-            codes = _wait_all(clients, time.monotonic() + seconds + 60)
+            codes = _wait_all(home, clients, time.monotonic() + seconds + 60, faults)
         finally:
             stderr = _end_all(clients)
-        assert codes == [0] * len(kinds), (codes, stderr, _states(home), _tail(daemon))
+        if codes != [0] * len(kinds):
+            # Written out whole: an assertion's message is cut short, and with it the
+            # reason a session went FATAL (a CI run once showed only its first words).
+            report = [f"client exit codes {codes}", *stderr, f"states: {_states(home)}"]
+            pytest.fail("\n".join([*report, "serve's log:", *_tail(daemon)]), pytrace=False)
         # No request was refused, a new one or a retry, however many epochs had passed.
         assert not [line for err in stderr for line in err.splitlines() if "refused" in line]
         assert faults["SIGKILL"] > 0
         assert faults["SIGSTOP"] > 0
         assert daemon.proc.poll() is None
-        poll_until(lambda: _all_running(home), timeout=30, what="every session to run again")
+        poll_until(
+            lambda: _running_after_repairs(home, faults),
+            timeout=30,
+            what="every session to run again",
+        )
         # Stopped workers were killed and reaped; nothing else was left behind.
         try:
             # At most as many as before: the count taken then may include a descriptor on
