@@ -37,6 +37,9 @@ _BACKLOG_FULL: Final = frozenset({errno.EAGAIN})
 _FIRST_CONNECT_PAUSE: Final = 0.002
 _LAST_CONNECT_PAUSE: Final = 0.05
 """Seconds between connects while the daemon's accept backlog is full: from 2 ms, doubling."""
+_CLOSED_ON_US: Final = (BrokenPipeError, ConnectionResetError)
+_DRAIN_WAIT: Final = 1.0
+"""Seconds at most to read what a peer that closed on us said before it closed."""
 STATUS_PAGE: Final = 500
 """Rows asked for per status page (the daemon also stops a page at half a frame)."""
 
@@ -147,6 +150,8 @@ def exchange(
     stops reading until its replies are taken. Raises ConnectionError at end of stream,
     TimeoutError at the deadline: the replies whole before either are in ``replies``
     when the caller passes that list (it is the list returned, filled as they come).
+    A peer that refused the connection and closed it before reading (the daemon's
+    ``busy``) is raised as its ControlError, whichever the send or the read meets first.
     """
     replies = [] if replies is None else replies
     if len(frames) <= _SMALL:
@@ -169,6 +174,9 @@ def exchange(
                         out = out[sock.send(out) :]
                     except BlockingIOError:
                         continue  # woken early: the buffer filled again meanwhile
+                    except _CLOSED_ON_US:
+                        _raise_refusal(sock, reader, deadline)
+                        raise
                     if not out:
                         selector.modify(sock, selectors.EVENT_READ)
                 if mask & selectors.EVENT_READ:
@@ -194,7 +202,11 @@ def _exchange_small(
     fds: list[int] = []
     sock.settimeout(max(0.001, deadline - time.monotonic()))
     if frames:
-        sock.sendall(frames)
+        try:
+            sock.sendall(frames)
+        except _CLOSED_ON_US:
+            _raise_refusal(sock, reader, deadline)
+            raise
     while len(replies) < wanted:
         sock.settimeout(max(0.001, deadline - time.monotonic()))
         data, got, _flags, _addr = socket.recv_fds(sock, READ_SIZE, 4)
@@ -206,6 +218,24 @@ def _exchange_small(
         except WireError as exc:
             raise ControlError("bad_reply", str(exc)) from exc
     return replies, fds
+
+
+def _raise_refusal(sock: socket.socket, reader: FrameReader, deadline: float) -> None:
+    """The peer closed before reading what was being sent: raise what it said first, a
+    refusal of the connection (the daemon's ``busy`` past its limit, written as it
+    accepts and closes), as that error; return if it said none. The refusal is read
+    from what this end holds, so it is the peer's words, not a guess from EPIPE."""
+    said: list[Message] = []
+    sock.settimeout(max(0.001, min(_DRAIN_WAIT, deadline - time.monotonic())))
+    try:
+        while data := sock.recv(READ_SIZE):
+            said += reader.feed(data)
+    except (OSError, WireError):
+        pass  # the end of what can be read (ECONNRESET, a frame cut short): judge what came
+    for reply in said:
+        failure = reply.get("error")
+        if reply.get("id") is None and isinstance(failure, dict):
+            raise ControlError(str(failure.get("code")), str(failure.get("message")))
 
 
 def _recv(sock: socket.socket) -> tuple[bytes | None, list[int]]:

@@ -14,8 +14,10 @@ import psutil
 import pytest
 
 from supervisor.client import call
+from supervisor.client.control import exchange
 from supervisor.control_socket import SOCKET_NAME
 from supervisor.daemon.connection import MAX_CLIENTS
+from supervisor.daemon.listener import TOO_MANY
 from supervisor.errors import ControlError
 from tests.harness.support import poll_until, running_daemon
 
@@ -135,3 +137,27 @@ def test_a_control_connection_over_the_limit_is_refused_busy_and_the_rest_served
                     sock.close()
         poll_until(lambda: _clients(home) == 1, timeout=30, what="the held connections to end")
         assert daemon.proc.poll() is None
+
+
+@pytest.mark.parametrize("size", [100, 1 << 20], ids=["one-send", "selector"])
+def test_a_refusal_the_daemon_wrote_before_closing_is_the_error_even_when_the_send_meets_epipe(
+    size: int,
+) -> None:
+    """The daemon answers a connection past its limit with ``busy`` and closes it without
+    reading: a client whose request is sent after that close meets EPIPE, and must still
+    report the refusal it holds, not a broken pipe (a CI run's flake of the test above)."""
+    ours, daemons = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours:
+        daemons.sendall(TOO_MANY)
+        daemons.close()  # before a byte of the request: the send below meets EPIPE
+        with pytest.raises(ControlError, match="too many control connections") as refused:
+            exchange(ours, b"x" * size, 1, time.monotonic() + 10)
+        assert refused.value.code == "busy"
+
+
+def test_a_peer_that_closed_saying_nothing_is_still_a_closed_connection() -> None:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours:
+        theirs.close()
+        with pytest.raises(BrokenPipeError):
+            exchange(ours, b"x" * 100, 1, time.monotonic() + 10)
