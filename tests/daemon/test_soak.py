@@ -132,10 +132,13 @@ def _wait_all(
 ) -> list[int | None]:
     """Each client's exit code, None for one still running at ``deadline``; a log torn
     meanwhile (a hang check's SIGKILL) is repaired as during the faults."""
-    while time.monotonic() < deadline and any(c.poll() is None for c in clients):
+    while time.monotonic() < deadline:
         _repair_torn(home, done)
+        running = [c for c in clients if c.poll() is None]
+        if not running:
+            break
         with contextlib.suppress(subprocess.TimeoutExpired):
-            next(c for c in clients if c.poll() is None).wait(timeout=0.2)
+            running[0].wait(timeout=0.2)
     return [client.poll() for client in clients]
 
 
