@@ -7,6 +7,7 @@ The run's end kills whatever the run left running, however it escaped the guard
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,20 @@ __all__ = ["file_digests", "pytest_configure", "pytest_unconfigure"]
 
 HUGE_LINE = b'{"type":' + json.dumps("x" * (2 << 20)).encode() + b"}\n"
 """A log line refused as an unknown record type whose name, quoted in the error, is 2 MiB."""
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: two test workers per core, at most four more than the cores.
+
+    The suite waits more than it computes: real servers starting, real timeouts
+    running out, workers killed and restarted. On 2 cores it kept 1.1 of them busy
+    with 2 workers (521 s), 1.3 with 4 (333 s, docs/benchmarks.md "The suite").
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still chooses the count (xdist's own hook).
+    """
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    cores = len(os.sched_getaffinity(0))
+    return min(2 * cores, cores + 4)
 
 
 @pytest.fixture(autouse=True)
