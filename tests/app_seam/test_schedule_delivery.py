@@ -112,7 +112,9 @@ def test_a_schedule_carried_over_an_epoch_commit_is_delivered(tmp_path: Path) ->
     home = tmp_path / "home"
     with running_daemon(home):
         loopd("create", "--home", str(home), "s")
-        at = _schedule(home, "s", "c1", "+2s")
+        # Far enough ahead that c1 is still pending when the inspect below (the third CLI
+        # process after it) looks: at +2 s a run at a load of 12 found it delivered.
+        at = _schedule(home, "s", "c1", "+8s")
         done = loopd("compact", "--home", str(home), "s")
         assert done.returncode == 0, done.stderr
         inspected = loopd("inspect", "--home", str(home), "s", "--json")
