@@ -328,6 +328,7 @@ SEAM_MUTANTS: Final[dict[str, Mutant]] = {
 # so into the templates and workers it forks; scored by the supervisor-level run that
 # ``scenarios`` names (chaos.report.scoring.score_serve_mutant), each run clean as well.
 SUPERVISED: Final = "supervised"  # chaos.run.supervised: the load, the killer, templates
+SUPERVISED_FORK: Final = "supervised-fork"  # the same, workers forked from serve: its spare
 CATCH_UP: Final = "catch-up"  # chaos.run.catch_up: schedules overdue at a restart
 CLOCK_STEP: Final = "clock-step"  # chaos.run.clock_step: stopped workers after a clock step
 SERVE_MUTANTS: Final[dict[str, Mutant]] = {
@@ -341,6 +342,16 @@ SERVE_MUTANTS: Final[dict[str, Mutant]] = {
             faults=(),
             scenarios=(SUPERVISED,),
             feature="templates",
+        ),
+        Mutant(
+            name="spare-worker-keeps-what-it-inherited",
+            bug="the spare worker keeps every descriptor it inherited from serve, and so "
+            "does the worker it becomes",
+            patch=serve.spare_worker_keeps_what_it_inherited,
+            caught_by="workers-share-no-descriptor",
+            faults=(),
+            scenarios=(SUPERVISED_FORK,),
+            feature="the spare worker",
         ),
         Mutant(
             name="catch-up-in-name-order",

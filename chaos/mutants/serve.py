@@ -8,6 +8,7 @@ They are scored by the supervisor-level runs (``chaos.run.supervised``,
 from __future__ import annotations
 
 import math
+import os
 import socket
 from typing import NoReturn
 
@@ -39,6 +40,28 @@ def template_worker_keeps_template_channel() -> None:
 
     template_main.run_template = run_template_noting_channel
     template_main.become_worker = become_worker_keeping  # type: ignore[attr-defined]
+
+
+def spare_worker_keeps_what_it_inherited() -> None:
+    from supervisor.templates import spare, worker_child  # noqa: PLC0415 - serve only
+
+    close_all_but = worker_child.close_all_but
+    run_worker = worker_child.run_worker
+    inherited: list[int] = []
+
+    def keep_all(*_keep: int) -> None:
+        # The bug: the spare closes nothing of what it inherited from serve (its control
+        # socket, the workers' channels of that moment) and its worker keeps it all.
+        inherited[:] = [int(fd) for fd in os.listdir("/proc/self/fd") if int(fd) > 2]
+
+    def run_worker_keeping(
+        order: ForkOrder, channel_fd: int, beat_fd: int, output_fd: int | None, *, on_path: bool
+    ) -> int:
+        worker_child.close_all_but = lambda *keep: close_all_but(*keep, *inherited)
+        return run_worker(order, channel_fd, beat_fd, output_fd, on_path=on_path)
+
+    spare.close_all_but = keep_all  # type: ignore[attr-defined]
+    spare.run_worker = run_worker_keeping  # type: ignore[attr-defined]
 
 
 def catch_up_in_name_order() -> None:

@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from chaos.cases import Case, CaseResult, ThenPower
-from chaos.mutants import CATCH_UP, CLOCK_STEP, MUTANTS, SERVE_MUTANTS, SUPERVISED
+from chaos.mutants import (
+    CATCH_UP,
+    CLOCK_STEP,
+    MUTANTS,
+    SERVE_MUTANTS,
+    SUPERVISED,
+    SUPERVISED_FORK,
+)
 from chaos.mutants.pinned import PINNED
 from chaos.run.catch_up import run_catch_up
 from chaos.run.clock_step import run_clock_step
@@ -117,13 +124,15 @@ class ServeScore:
 
 
 def serve_rig(rig: str, workdir: str, mutant: str | None) -> SupervisedReport:
-    """Run the supervisor-level run ``rig`` (``SUPERVISED``, ``CATCH_UP``, ``CLOCK_STEP``)
+    """Run the supervisor-level run ``rig`` (``SUPERVISED``, ``SUPERVISED_FORK``,
+    ``CATCH_UP``, ``CLOCK_STEP``)
     once, in a fresh home under ``workdir``, ``mutant`` patched into serve."""
     base = tempfile.mkdtemp(prefix=f"{rig}-", dir=workdir)
     home = os.path.join(base, "home")
-    if rig == SUPERVISED:
+    if rig in (SUPERVISED, SUPERVISED_FORK):
+        method = "fork" if rig == SUPERVISED_FORK else None  # fork: serve keeps a spare
         return run_supervised(home, sessions=3, requests=150, duration=60.0, seed=SERVE_SEED,
-                              mutant=mutant)  # fmt: skip
+                              mutant=mutant, start_method=method)  # fmt: skip
     if rig == CATCH_UP:
         return run_catch_up(home, mutant=mutant)
     if rig == CLOCK_STEP:

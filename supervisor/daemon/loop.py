@@ -39,6 +39,7 @@ from supervisor.sessions.spawn import WorkerProcess, WorkerSpec
 from supervisor.sessions.tenants import TenantBook
 from supervisor.states import State
 from supervisor.templates.pool import close_templates
+from supervisor.templates.spare import close_spares
 from worker.ipc.wire import Message, error
 from worker.store.disk.layout import SESSIONS_DIR
 
@@ -154,6 +155,7 @@ class Supervisor:
                 self.gateway.close()
             self.hosting.close()
             close_templates()  # after the workers: each template killed and reaped
+            close_spares()
             self._listener.close()
             for client in list(self.clients):
                 client.abort()

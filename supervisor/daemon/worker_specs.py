@@ -10,6 +10,7 @@ from supervisor.daemon.config import ServeConfig
 from supervisor.hosting.apps import app_import_dirs
 from supervisor.sessions.spawn import StartMethod, WorkerSpec, app_identity, prepare_forks
 from supervisor.templates.pool import open_templates
+from supervisor.templates.spare import open_spares
 
 if TYPE_CHECKING:
     from supervisor.node.serving import WorkerCluster
@@ -87,6 +88,8 @@ def prepare_workers(
         worker_spec(config, "template"),
         *(worker_spec(config, "template", app=name) for name in config.apps),
     ]
+    if any(config.start_method.for_app(spec.app) is StartMethod.FORK for spec in specs):
+        open_spares(loop, report)  # after the warm-up: the spare shares its pages
     templated = [
         app_identity(spec)
         for spec in specs

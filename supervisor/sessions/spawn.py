@@ -18,6 +18,7 @@ import psutil
 from supervisor.templates import reaper
 from supervisor.templates.order import CHANNEL_FD, HEARTBEAT_FD, AppIdentity, ForkOrder
 from supervisor.templates.pool import templates
+from supervisor.templates.spare import take_spare
 from supervisor.templates.worker_child import become_worker, flush_std_streams
 from worker.app import DEFAULT_APP
 from worker.ipc.heartbeat import HeartbeatCell
@@ -170,7 +171,9 @@ class WorkerProcess:
                     _fork_worker(spec, child.fileno(), beat_fd, output_w)
                 )
             else:
-                self.pid = _fork_worker(spec, child.fileno(), beat_fd, output_w)
+                self.pid = _from_spare(spec, child.fileno(), beat_fd, output_w) or (
+                    _fork_worker(spec, child.fileno(), beat_fd, output_w)
+                )
         except BaseException:
             parent.close()
             self.heartbeat.close()
@@ -347,6 +350,14 @@ def _order(spec: WorkerSpec, channel_fd: int, beat_fd: int) -> ForkOrder:
         cwd=spec.cwd,
         path=spec.path,
     )
+
+
+def _from_spare(
+    spec: WorkerSpec, channel_fd: int, beat_fd: int, output_fd: int | None
+) -> int | None:
+    """The pid of the spare worker now running ``spec``'s worker; None: serve has none."""
+    fds = [channel_fd, beat_fd, *([output_fd] if output_fd is not None else [])]
+    return take_spare(_order(spec, CHANNEL_FD, HEARTBEAT_FD), fds)
 
 
 def _from_template(

@@ -26,45 +26,65 @@ def become_worker(
     already, as in a template), run the worker and exit with its code."""
     code = 1
     try:
-        os.setsid()  # its own session and process group, for killpg
-        signal.set_wakeup_fd(-1)
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
-            signal.signal(signum, signal.SIG_DFL)
-        # As a fresh interpreter has it (exec): a peer gone before its reply is EPIPE.
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        # Objects of the parent that own descriptors must never be finalized here: their
-        # fd numbers are closed below and will be reused by the worker's files.
-        gc.freeze()
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        if output_fd is not None:
-            os.dup2(output_fd, 1)  # dup2 clears close-on-exec on the copies
-            os.dup2(output_fd, 2)
-        close_all_but(channel_fd, beat_fd)
-        # Named once it holds only its own descriptors: a process that goes by a worker's
-        # name never holds what it inherited (the rig's workers-share-no-descriptor).
-        name_process(f"loopd:{order.session}")
-        os.environ.pop(STORE_ENV, None)  # the order's store or none, never one inherited
-        os.environ.update(order.env)
-        if order.cwd is not None:
-            os.chdir(order.cwd)
-        if not on_path:
-            # A fork does not read PYTHONPATH again: the App's entries go first by hand.
-            extra = [e for e in order.env.get("PYTHONPATH", "").split(os.pathsep) if e]
-            sys.path[:0] = [*order.path, *extra]
-        from worker.process import main  # noqa: PLC0415 - only the child runs the worker
-
-        code = main(list(order.argv))
+        prepare_child()
+        code = run_worker(order, channel_fd, beat_fd, output_fd, on_path=on_path)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - nothing may unwind into the parent's code
         traceback.print_exc()
         code = 1
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                stream.flush()
-        os._exit(code)
+        exit_child(code)
+
+
+def prepare_child() -> None:
+    """What a freshly forked child does first, whatever session it will serve: its own
+    session, the dispositions a fresh interpreter has, the parent's objects frozen."""
+    os.setsid()  # its own session and process group, for killpg
+    signal.set_wakeup_fd(-1)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+        signal.signal(signum, signal.SIG_DFL)
+    # As a fresh interpreter has it (exec): a peer gone before its reply is EPIPE.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # Objects of the parent that own descriptors must never be finalized here: their
+    # fd numbers are closed below and will be reused by the worker's files.
+    gc.freeze()
+    null = os.open(os.devnull, os.O_RDONLY)
+    if null != 0:  # 0 already when the parent had no stdin
+        os.dup2(null, 0)
+        os.close(null)
+
+
+def run_worker(
+    order: ForkOrder, channel_fd: int, beat_fd: int, output_fd: int | None, *, on_path: bool
+) -> int:
+    """Become the worker of ``order`` in a prepared child (``prepare_child``); its code."""
+    if output_fd is not None:
+        os.dup2(output_fd, 1)  # dup2 clears close-on-exec on the copies
+        os.dup2(output_fd, 2)
+    close_all_but(channel_fd, beat_fd)
+    # Named once it holds only its own descriptors: a process that goes by a worker's
+    # name never holds what it inherited (the rig's workers-share-no-descriptor).
+    name_process(f"loopd:{order.session}")
+    os.environ.pop(STORE_ENV, None)  # the order's store or none, never one inherited
+    os.environ.update(order.env)
+    if order.cwd is not None:
+        os.chdir(order.cwd)
+    if not on_path:
+        # A fork does not read PYTHONPATH again: the App's entries go first by hand.
+        extra = [e for e in order.env.get("PYTHONPATH", "").split(os.pathsep) if e]
+        sys.path[:0] = [*order.path, *extra]
+    from worker.process import main  # noqa: PLC0415 - only the child runs the worker
+
+    return main(list(order.argv))
+
+
+def exit_child(code: int) -> NoReturn:
+    """Flush what the child wrote and end it, never unwinding into the parent's code."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
 
 
 def flush_std_streams() -> None:

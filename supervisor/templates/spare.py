@@ -1,0 +1,295 @@
+"""A spare worker: a child of the supervisor forked before it is needed, prepared as far
+as a worker can be without its session, waiting for one.
+
+A restart of a forked worker spends its first milliseconds before the worker's own code
+runs: the fork of the supervisor (its page tables), the child's first touches of shared
+pages, ``setsid`` (a scheduler autogroup on many kernels). A spare has paid them already:
+a worker start takes it, sends it the worker's order and descriptors (the same
+``ForkOrder`` a template is sent), and it runs the worker at once, while the supervisor
+forks the next spare. Only for the fork start method; one spare at a time.
+
+A spare holds nothing of the supervisor's: it closed every descriptor but its order
+socket, and goes by ``loopd-spare`` until it becomes a worker (``loopd:<id>``). It
+ends when the socket closes (serve stopped, or died); serve SIGKILLs and reaps it at
+its stop. A spare that dies idle is reaped and replaced after a pause; after
+``GIVE_UP`` in a row die within ``YOUNG`` seconds of their fork, none is made again (the
+workers are forked plainly, as before, and serve's log says so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import signal
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Final, NoReturn
+
+from supervisor.templates import reaper
+from supervisor.templates.order import (
+    CHANNEL_FD,
+    HEARTBEAT_FD,
+    MAX_MESSAGE,
+    ORDER_FDS,
+    ForkOrder,
+    OrderError,
+)
+from supervisor.templates.worker_child import (
+    close_all_but,
+    exit_child,
+    flush_std_streams,
+    name_process,
+    prepare_child,
+    run_worker,
+)
+from worker.store.errors import SessionError
+from worker.warm_up import warm_up
+
+SPARE_NAME: Final = "loopd-spare"
+REFILL_AFTER_DEATH: Final = 1.0
+"""Seconds before a spare that died idle is replaced."""
+REFILL_AFTER_TAKE: Final = 0.0
+"""Seconds before the next spare is forked: its warm-up runs after the start that took
+the last one has opened its session, not on the same cores at the same time."""
+WARM_UP_REQUESTS: Final = 4
+"""Requests of the spare's own warm-up (worker/warm_up.py)."""
+READY: Final = b"r"
+"""What a spare says, once, when its warm-up is done."""
+GIVE_UP: Final = 3
+"""Spares in a row that die within ``YOUNG`` seconds of their fork before none is made."""
+YOUNG: Final = 5.0
+_ABOVE: Final = 10
+"""Descriptors are moved above this before they are put at their numbers."""
+
+Report = Callable[[str], None]
+
+
+class Spare:
+    """One spare: its pid, a pidfd readable at its death, the supervisor's end of its
+    order socket."""
+
+    def __init__(self) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        flush_std_streams()
+        try:
+            pid = os.fork()
+        except BaseException:
+            parent.close()
+            child.close()
+            raise
+        if pid == 0:
+            _be_spare(child.fileno())
+        child.close()
+        reaper.claim(pid)  # waited for here, never reaped as a stray
+        self.born = time.monotonic()
+        self.ready = False  # it said so once its warm-up was done
+        self.pid = pid
+        self.sock = parent
+        self.pidfd = os.pidfd_open(pid)
+
+    def send(self, order: ForkOrder, fds: list[int]) -> bool:
+        """Hand the spare its worker's order; False if it could not take it (it died)."""
+        try:
+            socket.send_fds(self.sock, [order.encode()], fds)
+        except OSError:
+            return False
+        return True
+
+    def release(self) -> None:
+        """The spare became a worker: its pid is the worker's to watch and reap now."""
+        self.sock.close()
+        os.close(self.pidfd)
+
+    def end(self) -> None:
+        """SIGKILL the idle spare and reap it."""
+        self.sock.close()
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        reaper.release(self.pid)
+        os.close(self.pidfd)
+
+
+class Spares:
+    """The supervisor's spare (none without a loop: only serve keeps one)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None, report: Report) -> None:
+        self.loop = loop
+        self.report = report
+        self.spare: Spare | None = None
+        self.deaths = 0  # spares that died idle since the last one that became a worker
+        self._refill: asyncio.Handle | None = None
+        self.closed = loop is None
+
+    def fill(self) -> None:
+        """Fork a spare unless one waits (or spares are off)."""
+        self._refill = None
+        if self.closed or self.spare is not None or self.loop is None:
+            return
+        try:
+            spare = Spare()
+        except OSError as exc:
+            self.report(f"no spare worker ({exc}); workers are forked as they start")
+            self._refill = self.loop.call_later(REFILL_AFTER_DEATH, self.fill)
+            return
+        self.spare = spare
+        self.loop.add_reader(spare.pidfd, self._died, spare)
+        self.loop.add_reader(spare.sock, self._heard, spare)
+
+    def _heard(self, spare: Spare) -> None:
+        """The spare says it is ready (or its socket ended: its pidfd tells the rest)."""
+        if self.loop is not None:
+            self.loop.remove_reader(spare.sock)
+        with contextlib.suppress(OSError):
+            spare.ready = spare.sock.recv(1) == READY
+
+    def take(self, order: ForkOrder, fds: list[int]) -> int | None:
+        """The pid of the spare now running ``order``'s worker with ``fds``; None: no spare
+        (fork plainly). Another spare is forked once this start is done."""
+        spare = self.spare
+        if spare is None or self.loop is None:
+            return None
+        if not spare.ready:
+            self._heard_now(spare)
+        if not spare.ready:
+            return None  # still warming up: this start forks plainly, the spare waits on
+        self.spare = None
+        self.loop.remove_reader(spare.pidfd)
+        if not spare.send(order, fds):
+            spare.end()  # it died (or is dying): the start forks plainly
+            self._schedule(0.0)
+            return None
+        spare.release()
+        self.deaths = 0
+        self._schedule(REFILL_AFTER_TAKE)
+        return spare.pid
+
+    def _heard_now(self, spare: Spare) -> None:
+        """Take the spare's word if it is in the socket already (its reader not yet run)."""
+        try:
+            said = spare.sock.recv(1, socket.MSG_DONTWAIT)
+        except OSError:
+            return
+        if self.loop is not None:
+            self.loop.remove_reader(spare.sock)
+        spare.ready = said == READY
+
+    def close(self) -> None:
+        """Serve is ending: end the spare and make no more."""
+        self.closed = True
+        if self._refill is not None:
+            self._refill.cancel()
+            self._refill = None
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            if self.loop is not None and not self.loop.is_closed():
+                self.loop.remove_reader(spare.pidfd)
+                self.loop.remove_reader(spare.sock)
+            spare.end()
+
+    def _died(self, spare: Spare) -> None:
+        if self.spare is not spare or self.loop is None:
+            return
+        self.spare = None
+        self.loop.remove_reader(spare.pidfd)
+        self.loop.remove_reader(spare.sock)
+        spare.end()  # reaps it
+        # One killed after a long wait (an operator's kill, the rig's) says nothing of
+        # the next: only young deaths count towards giving up.
+        young = time.monotonic() - spare.born < YOUNG
+        self.deaths = self.deaths + 1 if young else 0
+        if self.deaths >= GIVE_UP:
+            self.report(
+                f"{self.deaths} spare workers in a row died before they were used; "
+                "no more are made, workers are forked as they start"
+            )
+            return
+        self._schedule(REFILL_AFTER_DEATH)
+
+    def _schedule(self, delay: float) -> None:
+        if self.closed or self._refill is not None or self.loop is None:
+            return
+        if delay:
+            self._refill = self.loop.call_later(delay, self.fill)
+        else:
+            self._refill = self.loop.call_soon(self.fill)
+
+
+_SPARES: list[Spares] = []
+
+
+def open_spares(loop: asyncio.AbstractEventLoop, report: Report) -> Spares:
+    """Keep a spare worker from now on (serve's start, the fork start method)."""
+    close_spares()
+    spares = Spares(loop, report)
+    _SPARES[:] = [spares]
+    spares.fill()
+    return spares
+
+
+def close_spares() -> None:
+    """End the spare, if any; none is made after (serve is ending)."""
+    if _SPARES:
+        _SPARES.pop().close()
+
+
+def take_spare(order: ForkOrder, fds: list[int]) -> int | None:
+    """The pid of a spare now running ``order``'s worker; None if serve keeps none."""
+    return _SPARES[0].take(order, fds) if _SPARES else None
+
+
+def _be_spare(order_fd: int) -> NoReturn:
+    """The spare's whole life: prepare, wait for an order, become its worker."""
+    code = 1
+    try:
+        prepare_child()
+        close_all_but(order_fd)
+        name_process(SPARE_NAME)
+        _warm(order_fd)
+        order, fds = _await_order(order_fd)
+        if order is None:
+            code = 0  # the supervisor closed its end: it stopped, or died
+        else:
+            moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, _ABOVE) for fd in fds]
+            os.dup2(moved[0], CHANNEL_FD)
+            os.dup2(moved[1], HEARTBEAT_FD)
+            output = moved[2] if len(moved) > 2 else None
+            code = run_worker(order, CHANNEL_FD, HEARTBEAT_FD, output, on_path=False)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - nothing may unwind into the parent's code
+        traceback.print_exc()
+        code = 1
+    finally:
+        exit_child(code)
+
+
+def _warm(order_fd: int) -> None:
+    """Run the worker's code once here, then say so. The pages a worker's first request
+    writes (the allocator's, the code's) are then the spare's own already: a forked
+    child's first open of a 10,000-record session took 8.1-9.3 ms, 6.9 ms after this
+    (docs/benchmarks.md). A warm-up that fails costs only that gain."""
+    with contextlib.suppress(OSError, SessionError):
+        warm_up(WARM_UP_REQUESTS)
+    with contextlib.suppress(OSError):
+        os.write(order_fd, READY)
+
+
+def _await_order(order_fd: int) -> tuple[ForkOrder | None, list[int]]:
+    """The order and its descriptors; (None, []) at the end of the socket. The socket is
+    closed either way (its number may be where a descriptor goes)."""
+    sock = socket.socket(fileno=order_fd)
+    try:
+        data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, ORDER_FDS)
+    finally:
+        sock.close()
+    if not data:
+        return None, []
+    if len(fds) not in (2, 3):
+        raise OrderError(f"an order carries 2 or 3 descriptors, this one {len(fds)}")
+    return ForkOrder.decode(data), fds

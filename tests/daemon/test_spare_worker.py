@@ -1,0 +1,103 @@
+"""The spare worker (supervisor/templates/spare.py): forked before it is needed, holding
+nothing of serve's, it becomes the next worker a start forks; real serve, real SIGKILLs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from supervisor.client import call, call_with_retry
+from supervisor.templates.spare import GIVE_UP
+from tests.harness.support import Daemon, poll_until, running_daemon, status
+
+
+def _spare(daemon: Daemon) -> psutil.Process:
+    """The one spare, once it goes by its name."""
+    poll_until(lambda: len(daemon.spares()) == 1, what="the spare worker")
+    [spare] = daemon.spares()
+    return spare
+
+
+def _replaced(daemon: Daemon, old: int) -> Callable[[], bool]:
+    return lambda: [p.pid for p in daemon.spares()] not in ([], [old])
+
+
+def _gone(daemon: Daemon, old: int) -> Callable[[], bool]:
+    return lambda: old not in [p.pid for p in daemon.spares()]
+
+
+def _sockets_and_pipes(pid: int) -> set[str]:
+    held = set()
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith(("socket:", "pipe:")) and int(name) > 2:
+            held.add(target)
+    return held
+
+
+def test_a_killed_worker_is_replaced_by_the_spare_which_is_replaced_in_turn(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    with running_daemon(home) as daemon:
+        call(str(home), "create", session="s1")
+        for n in range(3):
+            spare = _spare(daemon)
+            # Once its warm-up's own sockets are closed, it holds one socket (its order
+            # socket), nothing of serve's: not the control socket, not a worker's channel.
+            poll_until(lambda: len(_sockets_and_pipes(spare.pid)) == 1, what="one socket")  # noqa: B023
+            os.kill(int(status(home, "s1")["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+            reply = call_with_retry(str(home), "send", session="s1", text=f"after kill {n}",
+                                    key=f"k{n}", deadline=time.monotonic() + 60)  # fmt: skip
+            assert isinstance(reply, dict)
+            assert status(home, "s1")["pid"] == spare.pid  # the spare became the worker
+            assert psutil.Process(spare.pid).name() == "loopd:s1"
+            poll_until(_replaced(daemon, spare.pid), what="a new spare")
+        spare = _spare(daemon)
+    # serve's stop ends the spare too (the harness's stop reaps serve, then looks)
+    assert not psutil.pid_exists(spare.pid) or psutil.Process(spare.pid).status() == "zombie"
+
+
+def test_spares_that_keep_dying_young_are_given_up_and_workers_still_start(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    with running_daemon(home) as daemon:
+        for _ in range(GIVE_UP):
+            spare = _spare(daemon)
+            spare.kill()
+            poll_until(_gone(daemon, spare.pid), what="its end")
+        poll_until(lambda: "no more are made" in daemon.log_path.read_text(errors="replace"),
+                   what="serve to say it gave spares up")  # fmt: skip
+        call(str(home), "create", session="s1")  # forked plainly
+        assert status(home, "s1")["state"] == "RUNNING"
+        assert daemon.spares() == []
+
+
+def test_a_spare_ends_by_itself_when_serve_is_sigkilled(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with running_daemon(home) as daemon:
+        spare = _spare(daemon)
+        daemon.proc.kill()
+        daemon.proc.wait()
+        poll_until(lambda: not spare.is_running() or spare.status() == "zombie",
+                   timeout=10, what="the spare to end at its order socket's end")  # fmt: skip
+
+
+@pytest.mark.parametrize("method", ["exec", "template"])
+def test_no_spare_is_kept_where_workers_are_not_forked_from_serve(
+    tmp_path: Path, method: str
+) -> None:
+    home = tmp_path / "home"
+    with running_daemon(home, "--start-method", method) as daemon:
+        call(str(home), "create", session="s1")
+        assert daemon.spares() == []
