@@ -76,7 +76,7 @@ class Spare:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         flush_std_streams()
         try:
-            pid = os.fork()
+            pid = _fork_named(SPARE_NAME)
         except BaseException:
             parent.close()
             child.close()
@@ -133,9 +133,9 @@ class Spares:
             return
         try:
             spare = Spare()
-        except OSError as exc:
+        except OSError as exc:  # no fork (a process limit), no /proc: none from now on
+            self.closed = True
             self.report(f"no spare worker ({exc}); workers are forked as they start")
-            self._refill = self.loop.call_later(REFILL_AFTER_DEATH, self.fill)
             return
         self.spare = spare
         self.loop.add_reader(spare.pidfd, self._died, spare)
@@ -241,6 +241,26 @@ def close_spares() -> None:
 def take_spare(order: ForkOrder, fds: list[int]) -> int | None:
     """The pid of a spare now running ``order``'s worker; None if serve keeps none."""
     return _SPARES[0].take(order, fds) if _SPARES else None
+
+
+def _fork_named(name: str) -> int:
+    """Fork a child that goes by ``name`` from its first instant (a child inherits the
+    forking thread's name): never taken for a worker by one who lists serve's children
+    and reads their names, as a spare that named itself a moment later would be. This
+    thread goes by it for the length of the fork."""
+    comm = os.open("/proc/thread-self/comm", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        own = os.read(comm, 64).rstrip(b"\n")
+        os.write(comm, name[:15].encode())  # each write of the file names it whole
+        pid = -1
+        try:
+            pid = os.fork()
+        finally:
+            if pid != 0:  # the parent, or a fork that failed: its own name back
+                os.write(comm, own)
+        return pid
+    finally:
+        os.close(comm)
 
 
 def _be_spare(order_fd: int) -> NoReturn:
