@@ -1,6 +1,7 @@
 """Compare restart latency and the daemon's CPU per control request with an older commit.
 
     python -m scripts.supervisor.compare_with_commit COMMIT [--rounds N] [--kills N] [--requests N]
+        [--pause SECONDS]
 
 Checks COMMIT out into a temporary git worktree and measures, alternating between it
 and this tree in the same run (the machines are shared and noisy):
@@ -28,14 +29,32 @@ PROBE = """
 import json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
 import psutil
 try:
-    from scripts.supervisor.bench_supervisor import loopd_restart_latency, start_daemon
+    from scripts.supervisor import bench_supervisor as bench
 except ModuleNotFoundError:  # a commit from before scripts/ had a folder per room
     sys.path.insert(0, "scripts")
-    from bench_supervisor import loopd_restart_latency, start_daemon
+    import bench_supervisor as bench
+from supervisor.client import call_with_retry
 from worker.ipc.wire import Channel
-kills, requests = int(sys.argv[1]), int(sys.argv[2])
+kills, requests, pause = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 root = tempfile.mkdtemp()
-latencies = loopd_restart_latency(root, kills, "fork")
+start_daemon = bench.start_daemon
+if pause:  # a kill every so often, not one at the heels of the last restart
+    big = os.path.join(root, "big")
+    bench.make_big_session(big)
+    restarted = start_daemon(big, "--stable-after", "0", "--start-method", "fork")
+    latencies = []
+    bench._poll(lambda: bench._state(big) == "RUNNING")
+    for n in range(kills):
+        time.sleep(pause)  # the pace of the kills, not a wait for a state
+        pid = bench._pid(big)
+        began = time.perf_counter()
+        os.kill(pid, signal.SIGKILL)
+        call_with_retry(big, "send", session="big", text=f"after kill {n}", key=f"kill-{n}",
+                        deadline=time.monotonic() + 60)
+        latencies.append(time.perf_counter() - began)
+    bench.stop_daemon(restarted)
+else:
+    latencies = bench.loopd_restart_latency(root, kills, "fork")
 home = os.path.join(root, "cpu")
 daemon = start_daemon(home, "--budget", "1000000000")
 sock = socket.socket(socket.AF_UNIX)
@@ -59,9 +78,9 @@ print(json.dumps({"restart_ms": statistics.median(latencies) * 1000, "cpu_us": c
 """
 
 
-def probe(tree: Path, kills: int, requests: int) -> dict[str, object]:
+def probe(tree: Path, kills: int, requests: int, pause: float) -> dict[str, object]:
     out = subprocess.run(
-        [sys.executable, "-c", PROBE, str(kills), str(requests)],
+        [sys.executable, "-c", PROBE, str(kills), str(requests), str(pause)],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
         capture_output=True, text=True, check=True,
     )  # fmt: skip
@@ -75,6 +94,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kills", type=int, default=15)
     parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument(
+        "--pause", type=float, default=0.0,
+        help="seconds before each kill (0: each at the heels of the last restart)",
+    )  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="loopd-compare-") as tmp:
         old = Path(tmp) / "old"
@@ -83,7 +106,7 @@ def main() -> int:
         try:
             for round_no in range(args.rounds):
                 for name, tree in ((args.commit[:10], old), ("this tree", TREE)):
-                    found = probe(tree, args.kills, args.requests)
+                    found = probe(tree, args.kills, args.requests, args.pause)
                     print(f"round {round_no + 1} {name:>10}: {json.dumps(found)}", flush=True)
         finally:
             subprocess.run([GIT, "worktree", "remove", "--force", str(old)], cwd=TREE,
