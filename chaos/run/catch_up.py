@@ -11,17 +11,17 @@ Each violation names its invariant (``invariant: what``):
 once, and no earlier than its time.
 
 ``catch-up-earliest-due-first``: the restarted serve woke the overdue sessions earliest
-due first. Each wake forks the session's worker in the daemon's loop, one after the
-other, and the kernel hands out pids in increasing order (wrapping at ``pid_max``): the
-workers' pids, read from ``status`` once every schedule is delivered (no worker dies
-here), give the order of the wakes. The order in which the workers then run their
-deliveries is the scheduler's, and is not judged.
+due first: its event stream (stderr) says each start, ``IDLE -> STARTING``, in the
+order its loop made them. The workers' pids no longer give that order: serve's spare
+worker is forked before the start that takes it. The order in which the workers then
+run their deliveries is the scheduler's, and is not judged.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 import subprocess
 import sys
 import time
@@ -51,6 +51,8 @@ SPACING: Final = 0.05
 """Seconds between two sessions' due times."""
 ORDER: Final = "catch-up-earliest-due-first"
 ONCE: Final = "overdue-delivered-once"
+_STARTED: Final = re.compile(r"event: \S+ (\S+) IDLE -> STARTING\b")
+"""A hibernated session's start, as serve's event stream says it on stderr."""
 T = TypeVar("T")
 
 
@@ -60,7 +62,7 @@ class CatchUpReport(SupervisedReport):
 
     due: dict[str, float] = field(default_factory=dict)
     woken: list[str] = field(default_factory=list)
-    """The sessions in the order the restarted serve forked their workers."""
+    """The sessions in the order the restarted serve started their workers."""
 
 
 def run_catch_up(
@@ -95,11 +97,13 @@ def run_catch_up(
         report.failures.append(f"delivered before serve was killed (a slow setup): {early}")
         return report
     time.sleep(max(0.0, max(report.due.values()) - time.time()))  # the clock's own deadline
+    said = os.path.getsize(serve_stderr(home))  # what the first serve wrote: not read
     with _serve(home, mutant, deadline):
         poll(lambda: all(_delivered(home, name) for name in names), deadline, "deliveries")
-        pids = poll(functools.partial(_worker_pids, home, names), deadline, "workers")
+        poll(functools.partial(_worker_pids, home, names), deadline, "workers")
+        woken = poll(functools.partial(_woken, home, said, names), deadline, "its events")
     report.elapsed = time.monotonic() - start
-    report.woken = _in_fork_order(pids)
+    report.woken = woken
     _check(home, report)
     return report
 
@@ -212,18 +216,17 @@ def _worker_pids(home: str, names: Sequence[str]) -> dict[str, int] | None:
     return pids if set(names) <= set(pids) else None
 
 
-def _in_fork_order(pids: dict[str, int]) -> list[str]:
-    """The sessions in the order their workers were forked: by pid, the pids that wrapped
-    past ``pid_max`` after the others (the largest gap between sorted pids, wrap
-    included, is where the order begins)."""
-    try:
-        with open("/proc/sys/kernel/pid_max", "rb") as file:
-            pid_max = int(file.read())
-    except (OSError, ValueError):
-        pid_max = 1 << 22
-    ranked = sorted(pids.items(), key=lambda item: item[1])
-    values = [pid for _name, pid in ranked]
-    gaps = [(values[0] + pid_max - values[-1], 0)]
-    gaps += [(values[i] - values[i - 1], i) for i in range(1, len(values))]
-    begin = max(gaps)[1]
-    return [name for name, _pid in ranked[begin:] + ranked[:begin]]
+def _woken(home: str, offset: int, names: Sequence[str]) -> list[str] | None:
+    """The sessions in the order the restarted serve started their workers, from its
+    events (``<time> <id> IDLE -> STARTING``) after ``offset`` of its stderr; None until
+    each has one. Not the workers' pids: a spare worker (docs/templates.md) is forked
+    before the start it serves, so a later start's worker can have the lower pid."""
+    with open(serve_stderr(home), "rb") as file:
+        file.seek(offset)
+        text = file.read().decode(errors="replace")
+    order: list[str] = []
+    for line in text.splitlines():
+        found = _STARTED.search(line)
+        if found is not None and found[1] in names and found[1] not in order:
+            order.append(found[1])
+    return order if len(order) == len(names) else None
