@@ -17,10 +17,13 @@ worker counters it moved are reset.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import socket
 import tempfile
 import threading
+from collections.abc import Iterator
 from typing import Final
 
 from worker.app import DefaultApp
@@ -44,20 +47,28 @@ _MEMORY: Final = "/dev/shm"  # noqa: S108 - mkdtemp makes a private directory in
 """Where the scratch session goes if it can (memory: its fsyncs cost nothing)."""
 
 
-def warm_up(requests: int = REQUESTS) -> None:
+def scratch_home() -> str:
+    """A new private directory for a warm-up's scratch session (in memory if it can be)."""
+    memory = _MEMORY if os.access(_MEMORY, os.W_OK | os.X_OK) else None
+    return tempfile.mkdtemp(prefix="loopd-warm-up-", dir=memory)
+
+
+def warm_up(requests: int = REQUESTS, home: str | None = None) -> None:
     """Create, open and serve a scratch session in process, then remove it.
 
-    Raises the store's SessionError, or OSError, if the temporary directory cannot hold
-    it or its server stops answering; nothing is left behind either way.
+    ``home``: an empty directory of the caller's for it (a spare worker's, which serve
+    removes should the spare be killed mid-way); removed here at the end, as the one
+    made here when none is given. Raises the store's SessionError, or OSError, if the
+    directory cannot hold it or its server stops answering; nothing is left behind
+    either way (unless the process is killed first: hence ``home``).
     """
     previous = set_hook(None)  # a boundary hook is the rig's; this run is not its case
     try:
-        scratch = _MEMORY if os.access(_MEMORY, os.W_OK | os.X_OK) else None
-        with tempfile.TemporaryDirectory(prefix="loopd-warm-up-", dir=scratch) as home:
+        with _scratch(home) as scratch:
             app = DefaultApp()
-            Session.create(home, _SESSION, app.initial_baseline(_SESSION)).close()
-            _serve(Session.open(home, _SESSION), app, requests)
-            _take_a_summary(home)
+            Session.create(scratch, _SESSION, app.initial_baseline(_SESSION)).close()
+            _serve(Session.open(scratch, _SESSION), app, requests)
+            _take_a_summary(scratch)
         # The codecs are compiled on first use (issue 32); the types the scratch session
         # never wrote are compiled here too, so that no forked worker compiles its own.
         compile_every_codec()
@@ -67,6 +78,15 @@ def warm_up(requests: int = REQUESTS) -> None:
     finally:
         set_hook(previous)
         STATS.reset()
+
+
+@contextlib.contextmanager
+def _scratch(home: str | None) -> Iterator[str]:
+    made = scratch_home() if home is None else home
+    try:
+        yield made
+    finally:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def _take_a_summary(home: str) -> None:

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import os
+import shutil
 import signal
 import socket
 import time
@@ -47,7 +49,7 @@ from supervisor.templates.worker_child import (
     run_worker,
 )
 from worker.store.errors import SessionError
-from worker.warm_up import warm_up
+from worker.warm_up import scratch_home, warm_up
 
 SPARE_NAME: Final = "loopd-spare"
 REFILL_AFTER_DEATH: Final = 1.0
@@ -60,7 +62,8 @@ WARM_UP_REQUESTS: Final = 4
 READY: Final = b"r"
 """What a spare says, once, when its warm-up is done."""
 GIVE_UP: Final = 3
-"""Spares in a row that die within ``YOUNG`` seconds of their fork before none is made."""
+"""Spares in a row that die before they are ready, within ``YOUNG`` seconds of their
+fork, before none is made."""
 YOUNG: Final = 5.0
 _ABOVE: Final = 10
 """Descriptors are moved above this before they are put at their numbers."""
@@ -73,6 +76,11 @@ class Spare:
     order socket."""
 
     def __init__(self) -> None:
+        # Its warm-up's directory is made here and removed here too at its end: a spare
+        # SIGKILLed mid-way (at serve's stop, say) cannot remove it itself.
+        self.scratch: str | None = None
+        with contextlib.suppress(OSError):
+            self.scratch = scratch_home()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         flush_std_streams()
         try:
@@ -80,9 +88,10 @@ class Spare:
         except BaseException:
             parent.close()
             child.close()
+            self._remove_scratch()
             raise
         if pid == 0:
-            _be_spare(child.fileno())
+            _be_spare(child.fileno(), self.scratch)
         child.close()
         reaper.claim(pid)  # waited for here, never reaped as a stray
         self.born = time.monotonic()
@@ -91,13 +100,10 @@ class Spare:
         self.sock = parent
         self.pidfd = os.pidfd_open(pid)
 
-    def send(self, order: ForkOrder, fds: list[int]) -> bool:
-        """Hand the spare its worker's order; False if it could not take it (it died)."""
-        try:
-            socket.send_fds(self.sock, [order.encode()], fds)
-        except OSError:
-            return False
-        return True
+    def send(self, order: ForkOrder, fds: list[int]) -> None:
+        """Hand the spare its worker's order. OSError if it could not take it: EMSGSIZE,
+        an order too large for one datagram (an App's large environment); else it died."""
+        socket.send_fds(self.sock, [order.encode()], fds)
 
     def release(self) -> None:
         """The spare became a worker: its pid is the worker's to watch and reap now."""
@@ -105,7 +111,7 @@ class Spare:
         os.close(self.pidfd)
 
     def end(self) -> None:
-        """SIGKILL the idle spare and reap it."""
+        """SIGKILL the idle spare and reap it, and remove what its warm-up left."""
         self.sock.close()
         with contextlib.suppress(OSError):
             signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
@@ -113,6 +119,11 @@ class Spare:
             os.waitpid(self.pid, 0)
         reaper.release(self.pid)
         os.close(self.pidfd)
+        self._remove_scratch()
+
+    def _remove_scratch(self) -> None:
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 class Spares:
@@ -158,12 +169,15 @@ class Spares:
             self._heard_now(spare)
         if not spare.ready:
             return None  # still warming up: this start forks plainly, the spare waits on
+        try:
+            spare.send(order, fds)
+        except OSError as exc:
+            if exc.errno != errno.EMSGSIZE:  # it died (or is dying): fork plainly
+                self._forget(spare)
+                self._schedule(0.0)
+            return None  # EMSGSIZE: this order is too large; the spare waits for the next
         self.spare = None
         self.loop.remove_reader(spare.pidfd)
-        if not spare.send(order, fds):
-            spare.end()  # it died (or is dying): the start forks plainly
-            self._schedule(0.0)
-            return None
         spare.release()
         self.deaths = 0
         self._schedule(REFILL_AFTER_TAKE)
@@ -192,24 +206,31 @@ class Spares:
                 self.loop.remove_reader(spare.sock)
             spare.end()
 
+    def _forget(self, spare: Spare) -> None:
+        self.spare = None
+        if self.loop is not None:
+            self.loop.remove_reader(spare.pidfd)
+            self.loop.remove_reader(spare.sock)
+        spare.end()  # reaps it
+
     def _died(self, spare: Spare) -> None:
         if self.spare is not spare or self.loop is None:
             return
-        self.spare = None
-        self.loop.remove_reader(spare.pidfd)
-        self.loop.remove_reader(spare.sock)
-        spare.end()  # reaps it
-        # One killed after a long wait (an operator's kill, the rig's) says nothing of
-        # the next: only young deaths count towards giving up.
-        young = time.monotonic() - spare.born < YOUNG
+        self._forget(spare)
+        # One killed once ready (an operator's kill, the rig's) says nothing of the next:
+        # only a spare that dies before its warm-up ends counts towards giving up.
+        young = not spare.ready and time.monotonic() - spare.born < YOUNG
         self.deaths = self.deaths + 1 if young else 0
         if self.deaths >= GIVE_UP:
             self.report(
-                f"{self.deaths} spare workers in a row died before they were used; "
+                f"{self.deaths} spare workers in a row died before they were ready; "
                 "no more are made, workers are forked as they start"
             )
             return
         self._schedule(REFILL_AFTER_DEATH)
+
+    def schedule_fill(self) -> None:
+        self._schedule(0.0)
 
     def _schedule(self, delay: float) -> None:
         if self.closed or self._refill is not None or self.loop is None:
@@ -228,7 +249,9 @@ def open_spares(loop: asyncio.AbstractEventLoop, report: Report) -> Spares:
     close_spares()
     spares = Spares(loop, report)
     _SPARES[:] = [spares]
-    spares.fill()
+    # Forked once the loop runs, after the rest of serve's start: what it sets up for
+    # its workers (the descriptor limit that --http raises) is the spare's too.
+    spares.schedule_fill()
     return spares
 
 
@@ -263,14 +286,14 @@ def _fork_named(name: str) -> int:
         os.close(comm)
 
 
-def _be_spare(order_fd: int) -> NoReturn:
+def _be_spare(order_fd: int, scratch: str | None) -> NoReturn:
     """The spare's whole life: prepare, wait for an order, become its worker."""
     code = 1
     try:
         prepare_child()
         close_all_but(order_fd)
         name_process(SPARE_NAME)
-        _warm(order_fd)
+        _warm(order_fd, scratch)
         order, fds = _await_order(order_fd)
         if order is None:
             code = 0  # the supervisor closed its end: it stopped, or died
@@ -289,13 +312,13 @@ def _be_spare(order_fd: int) -> NoReturn:
         exit_child(code)
 
 
-def _warm(order_fd: int) -> None:
+def _warm(order_fd: int, scratch: str | None) -> None:
     """Run the worker's code once here, then say so. The pages a worker's first request
     writes (the allocator's, the code's) are then the spare's own already: a forked
     child's first open of a 10,000-record session took 8.1-9.3 ms, 6.9 ms after this
     (docs/benchmarks.md). A warm-up that fails costs only that gain."""
     with contextlib.suppress(OSError, SessionError):
-        warm_up(WARM_UP_REQUESTS)
+        warm_up(WARM_UP_REQUESTS, scratch)
     with contextlib.suppress(OSError):
         os.write(order_fd, READY)
 

@@ -81,17 +81,16 @@ def run_worker(
 
 def exit_child(code: int) -> NoReturn:
     """Flush what the child wrote and end it, never unwinding into the parent's code."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
+    flush_std_streams()
     os._exit(code)
 
 
 def flush_std_streams() -> None:
     """Before a fork: anything still buffered would otherwise be written twice."""
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
+        if stream is not None:  # None: serve started with that descriptor closed
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
 
 
 def close_all_but(*keep: int) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from supervisor.client import call, call_with_retry
 from supervisor.templates.spare import GIVE_UP
-from tests.harness.support import Daemon, poll_until, running_daemon, status
+from tests.harness.support import REPO, Daemon, poll_until, running_daemon, status
 
 
 def _spare(daemon: Daemon) -> psutil.Process:
@@ -67,16 +67,24 @@ def test_a_killed_worker_is_replaced_by_the_spare_which_is_replaced_in_turn(
     assert not psutil.pid_exists(spare.pid) or psutil.Process(spare.pid).status() == "zombie"
 
 
-def test_spares_that_keep_dying_young_are_given_up_and_workers_still_start(
+_DIES_WARMING = """
+import os
+import supervisor.templates.spare as spare
+spare._warm = lambda *_: os._exit(7)  # every spare dies before it is ready
+"""
+
+
+def test_spares_that_die_before_they_are_ready_are_given_up_and_workers_still_start(
     tmp_path: Path,
 ) -> None:
+    # Patched into serve (and so into what it forks) at its interpreter's start.
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(_DIES_WARMING)
     home = tmp_path / "home"
-    with running_daemon(home) as daemon:
-        for _ in range(GIVE_UP):
-            spare = _spare(daemon)
-            spare.kill()
-            poll_until(_gone(daemon, spare.pid), what="its end")
-        poll_until(lambda: "no more are made" in daemon.log_path.read_text(errors="replace"),
+    path = os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", str(REPO))])
+    with running_daemon(home, env={"PYTHONPATH": path}) as daemon:
+        said = f"{GIVE_UP} spare workers in a row died before they were ready"
+        poll_until(lambda: said in daemon.log_path.read_text(errors="replace"),
                    what="serve to say it gave spares up")  # fmt: skip
         call(str(home), "create", session="s1")  # forked plainly
         assert status(home, "s1")["state"] == "RUNNING"
