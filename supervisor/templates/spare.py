@@ -94,11 +94,19 @@ class Spare:
             _be_spare(child.fileno(), self.scratch)
         child.close()
         reaper.claim(pid)  # waited for here, never reaped as a stray
+        try:
+            self.pidfd = os.pidfd_open(pid)
+        except OSError:  # out of descriptors: no spare, and none left behind
+            parent.close()
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            reaper.release(pid)
+            self._remove_scratch()
+            raise
         self.born = time.monotonic()
         self.ready = False  # it said so once its warm-up was done
         self.pid = pid
         self.sock = parent
-        self.pidfd = os.pidfd_open(pid)
 
     def send(self, order: ForkOrder, fds: list[int]) -> None:
         """Hand the spare its worker's order. OSError if it could not take it: EMSGSIZE,
