@@ -44,6 +44,7 @@ from chaos.run.shared_descriptors import look_for_shared
 from supervisor.client import Client, call, call_with_retry
 from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
+from supervisor.templates.spare import SPARE_NAME
 from worker.app import App, DefaultApp, load_app
 from worker.store.disk import durable
 from worker.store.disk.durable import Boundary
@@ -314,7 +315,10 @@ def _killer(
 ) -> None:
     parent = psutil.Process(daemon_pid)
     while not done.wait(interval * (0.5 + rng.random())):
-        workers = parent.children()
+        # Not serve's spare worker (named so from its fork): killed before it is ready
+        # three times in a row, serve makes no more, and the rest of a run with
+        # --start-method fork would test no worker a spare became.
+        workers = [c for c in parent.children() if _name(c) != SPARE_NAME]
         if not workers:
             continue
         victim = rng.choice(workers)
@@ -324,6 +328,13 @@ def _killer(
                 report.kills += 1
         except psutil.NoSuchProcess:
             continue
+
+
+def _name(proc: psutil.Process) -> str | None:
+    try:
+        return str(proc.name())
+    except psutil.NoSuchProcess:
+        return None
 
 
 def _check(home: str, report: SupervisedReport, store: str | None) -> None:

@@ -21,13 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
+import functools
 import os
 import shutil
 import signal
 import socket
 import time
-import traceback
 from collections.abc import Callable
 from typing import Final, NoReturn
 
@@ -41,10 +40,11 @@ from supervisor.templates.order import (
     OrderError,
 )
 from supervisor.templates.worker_child import (
+    child_main,
     close_all_but,
-    exit_child,
     flush_std_streams,
     name_process,
+    place_descriptors,
     prepare_child,
     run_worker,
 )
@@ -65,8 +65,6 @@ GIVE_UP: Final = 3
 """Spares in a row that die before they are ready, within ``YOUNG`` seconds of their
 fork, before none is made."""
 YOUNG: Final = 5.0
-_ABOVE: Final = 10
-"""Descriptors are moved above this before they are put at their numbers."""
 
 Report = Callable[[str], None]
 
@@ -295,29 +293,20 @@ def _fork_named(name: str) -> int:
 
 
 def _be_spare(order_fd: int, scratch: str | None) -> NoReturn:
-    """The spare's whole life: prepare, wait for an order, become its worker."""
-    code = 1
-    try:
-        prepare_child()
-        close_all_but(order_fd)
-        name_process(SPARE_NAME)
-        _warm(order_fd, scratch)
-        order, fds = _await_order(order_fd)
-        if order is None:
-            code = 0  # the supervisor closed its end: it stopped, or died
-        else:
-            moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, _ABOVE) for fd in fds]
-            os.dup2(moved[0], CHANNEL_FD)
-            os.dup2(moved[1], HEARTBEAT_FD)
-            output = moved[2] if len(moved) > 2 else None
-            code = run_worker(order, CHANNEL_FD, HEARTBEAT_FD, output, on_path=False)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - nothing may unwind into the parent's code
-        traceback.print_exc()
-        code = 1
-    finally:
-        exit_child(code)
+    """The spare's whole life: prepare, warm up, wait for an order, become its worker."""
+    child_main(functools.partial(_spare_life, order_fd, scratch))
+
+
+def _spare_life(order_fd: int, scratch: str | None) -> int:
+    prepare_child()
+    close_all_but(order_fd)
+    name_process(SPARE_NAME)
+    _warm(order_fd, scratch)
+    order, fds = _await_order(order_fd)
+    if order is None:
+        return 0  # the supervisor closed its end: it stopped, or died
+    output = place_descriptors(fds)
+    return run_worker(order, CHANNEL_FD, HEARTBEAT_FD, output, on_path=False)
 
 
 def _warm(order_fd: int, scratch: str | None) -> None:

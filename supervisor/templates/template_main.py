@@ -19,7 +19,6 @@ supervisor and import it themselves, each with its own.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import gc
 import importlib
 import os
@@ -56,12 +55,11 @@ from supervisor.templates.worker_child import (
     close_all_but,
     flush_std_streams,
     name_process,
+    place_descriptors,
 )
 from worker.process import STORE_ENV, bounded
 
 PROCESS_NAME: Final = "loopd-template"
-_ABOVE: Final = 10
-"""Descriptors are moved above this before they are put at their numbers."""
 
 
 def run_template(sock: socket.socket, identity: AppIdentity, parent: int) -> NoReturn:
@@ -240,8 +238,5 @@ def _intermediate(order: ForkOrder, fds: list[int], write_end: int) -> NoReturn:
 
 def _worker(order: ForkOrder, fds: list[int]) -> NoReturn:
     """Put the descriptors where the order's argv says, then become the worker."""
-    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, _ABOVE) for fd in fds]
-    os.dup2(moved[0], CHANNEL_FD)
-    os.dup2(moved[1], HEARTBEAT_FD)
-    output = moved[2] if len(moved) > 2 else None
+    output = place_descriptors(fds)
     become_worker(order, CHANNEL_FD, HEARTBEAT_FD, output, on_path=True)

@@ -7,16 +7,21 @@ exits with its code (``os._exit``), whatever happens.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gc
 import os
 import resource
 import signal
 import sys
 import traceback
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Final, NoReturn
 
-from supervisor.templates.order import ForkOrder
+from supervisor.templates.order import CHANNEL_FD, HEARTBEAT_FD, ForkOrder
 from worker.process import STORE_ENV
+
+_ABOVE: Final = 10
+"""Descriptors are moved above this before they are put at their numbers."""
 
 
 def become_worker(
@@ -24,10 +29,20 @@ def become_worker(
 ) -> NoReturn:
     """Set the child up as a worker (``on_path``: the App's import path is in place
     already, as in a template), run the worker and exit with its code."""
+
+    def life() -> int:
+        prepare_child()
+        return run_worker(order, channel_fd, beat_fd, output_fd, on_path=on_path)
+
+    child_main(life)
+
+
+def child_main(life: Callable[[], int]) -> NoReturn:
+    """Run ``life``, a forked child's whole life, and exit with its code, whatever
+    happens: nothing unwinds into the parent's code."""
     code = 1
     try:
-        prepare_child()
-        code = run_worker(order, channel_fd, beat_fd, output_fd, on_path=on_path)
+        code = life()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - nothing may unwind into the parent's code
@@ -35,6 +50,15 @@ def become_worker(
         code = 1
     finally:
         exit_child(code)
+
+
+def place_descriptors(fds: list[int]) -> int | None:
+    """Put an order's descriptors where its argv says (the channel, the heartbeat cell),
+    moved above the low numbers first; the output pipe's descriptor, if it came."""
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, _ABOVE) for fd in fds]
+    os.dup2(moved[0], CHANNEL_FD)
+    os.dup2(moved[1], HEARTBEAT_FD)
+    return moved[2] if len(moved) > 2 else None
 
 
 def prepare_child() -> None:
