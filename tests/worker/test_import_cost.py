@@ -140,14 +140,16 @@ def test_importing_the_store_loads_no_cold_path_salvage_plan_socket_or_calendar(
 
 
 _AFTER_WARM_UP = """
-import json, sys, tempfile
+import json, shutil, sys, tempfile
 from worker.warm_up import warm_up
 warm_up(requests=2)
 before = set(sys.modules)
 from worker import Baseline, Session, User
 from worker.store.format.records import Schedule
 from worker.store.schedules import format_time, parse_time
-with tempfile.TemporaryDirectory() as home:
+# mkdtemp, not TemporaryDirectory: its weakref.finalize imports atexit, the test's own
+home = tempfile.mkdtemp()
+try:
     baseline = Baseline(system="s", memory="m")
     session = Session.create(home, "s", baseline)
     session.append(User(text="hi", key="k1"))
@@ -157,6 +159,8 @@ with tempfile.TemporaryDirectory() as home:
     session.append(User(text="again", key="k2"))
     session.close()
     Session.open(home, "s").close()
+finally:
+    shutil.rmtree(home)
 print(json.dumps(sorted(set(sys.modules) - before)))
 """
 
