@@ -19,7 +19,7 @@ from worker.store.batch_rules import fence_after, highest_call_after, newest_usa
 from worker.store.creation import check_slot, make_opened_durable, sync_parents, write_first_epoch
 from worker.store.disk import durable
 from worker.store.disk.files import Directory
-from worker.store.disk.layout import ensure_sessions_dir, lock_existing, session_dir
+from worker.store.disk.layout import ensure_sessions_dir, home_of, lock_existing, session_dir
 from worker.store.disk.lock import lock_directory, unlock_directory
 from worker.store.disk.scan_file import read_summary, write_summary
 from worker.store.epochs.carried_state import NextEpoch, plan_next_epoch
@@ -306,8 +306,7 @@ class Session(SessionView):
 
     def _put_summary(self, blob: bytes) -> None:
         state = self._state  # where the next open looks: <home>/scans
-        home = os.path.dirname(os.path.dirname(state.directory))  # <home>/sessions/<id>
-        write_summary(home, state.session_id, blob)
+        write_summary(home_of(state.directory), state.session_id, blob)
 
     def _remove_stale(self, index: KeyIndex) -> None:
         assert self._lock_fd is not None  # open while the log is

@@ -12,6 +12,7 @@ import os
 from typing import Final
 
 from worker.store.disk.files import Directory
+from worker.store.disk.layout import home_of
 from worker.store.errors import PathError, SessionIOError
 
 PLAN_NAME: Final = "salvage.plan"
@@ -47,7 +48,7 @@ def refuse_unfinished_salvage(directory: str, dir_fd: Directory) -> None:
 
 def unfinished_why(directory: str) -> str:
     """The one line that sends the operator to finish an interrupted salvage."""
-    home = os.path.dirname(os.path.dirname(directory))
+    home = home_of(directory)
     session_id = os.path.basename(directory)
     return (
         "an interrupted `loopd salvage` left its plan here: the session is half cut "

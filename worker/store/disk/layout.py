@@ -22,6 +22,11 @@ def session_dir(home: str | os.PathLike[str], session_id: str) -> str:
     return os.path.join(os.fspath(home), SESSIONS_DIR, session_id)
 
 
+def home_of(directory: str) -> str:
+    """The home of a session's ``directory`` (``<home>/sessions/<id>``)."""
+    return os.path.dirname(os.path.dirname(directory))
+
+
 def lock_existing(directory: str) -> int:
     """Lock an existing session directory; SessionNotFound if it is not there."""
     try:
