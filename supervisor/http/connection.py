@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 from typing import Final
 
 from supervisor.http.limits import (
@@ -43,26 +42,13 @@ from supervisor.http.parser import (
     body_length,
     parse_head,
 )
+from supervisor.http.phases import READING as _READING
+from supervisor.http.phases import Phase
 from supervisor.http.responses import error_response
 from supervisor.http.routes import Api
 
 _END_OF_HEAD: Final = b"\r\n\r\n"
-
-
-class Phase(enum.Enum):
-    """Where a connection is: its next request's first byte awaited (IDLE), its head
-    (HEAD), its body (BODY), its answer (BUSY), a refusal's lingering, or closed."""
-
-    IDLE = "idle"
-    HEAD = "head"
-    BODY = "body"
-    BUSY = "busy"
-    LINGER = "linger"
-    CLOSED = "closed"
-
-
-_READING: Final = (Phase.IDLE, Phase.HEAD, Phase.BODY)
-"""The phases in which the buffer's bytes are read as the next request."""
+_CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 class HttpConnection(asyncio.Protocol):
@@ -181,7 +167,7 @@ class HttpConnection(asyncio.Protocol):
     def _advance_or_raise(self) -> None:
         while self._phase in _READING and not self._writing_paused:
             if self._phase is Phase.IDLE:
-                if not self._buffer:
+                if not self._request_began():
                     if self._eof:
                         self._close()  # no request began: closed without a word
                     elif self._deadline is None:
@@ -229,10 +215,26 @@ class HttpConnection(asyncio.Protocol):
         except HttpError as exc:
             self._refuse(exc)
             return False
+        expect = headers.get("expect")
+        if expect is not None and expect.lower() != "100-continue":
+            self._refuse(HttpError(417, "bad_request", f"the expectation {expect[:60]!r}"))
+            return False
+        if expect is not None and len(self._buffer) < length and self._transport is not None:
+            self._transport.write(_CONTINUE)  # the client waits for it to send its body
         self._head = (method, target, headers, length)
         self._phase = Phase.BODY
         self._wait(BODY_DEADLINE)
         return True
+
+    def _request_began(self) -> bool:
+        """Whether the buffer holds a request's first byte: empty lines (CRLF) before a
+        request line are dropped, as RFC 9112 2.2 asks of a server (a lone CR waits for
+        its LF)."""
+        buffer, empty = self._buffer, 0
+        while buffer.startswith(b"\r\n", empty):
+            empty += 2
+        del buffer[:empty]
+        return bool(buffer) and buffer != b"\r"
 
     # Answering.
 
@@ -307,7 +309,7 @@ class HttpConnection(asyncio.Protocol):
             return
         self._deadline = None
         if self._phase is Phase.IDLE:
-            if not self._buffer:  # no request began: closed without a word
+            if not self._request_began():  # no request began: closed without a word
                 self._close()
         elif self._phase is Phase.HEAD:
             why = f"no whole request head within {HEADER_DEADLINE:g} s"

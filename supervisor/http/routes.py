@@ -329,13 +329,21 @@ def _number(query: dict[str, list[str]], name: str, default: int) -> int:
         return default
     if len(values) != 1 or not values[0].isascii() or not values[0].isdigit():
         raise HttpError(400, "bad_request", f"query {name!r} must be one number")
-    return int(values[0][:19])
+    if len(values[0]) > MAX_DIGITS:
+        raise HttpError(400, "bad_request", f"query {name!r} must be one number of at most "
+                        f"{MAX_DIGITS} digits")  # fmt: skip
+    return int(values[0])
+
+
+MAX_DIGITS: Final = 18
+"""Digits of a number in a query or a Last-Event-ID: any count fits a signed 64-bit
+integer, what the worker's wire carries (a longer one is refused, never cut)."""
 
 
 def _last_event_id(value: str | None) -> int:
     if value is None or value == "":
         return 0
-    if not value.isascii() or not value.isdigit() or len(value) > 18:
+    if not value.isascii() or not value.isdigit() or len(value) > MAX_DIGITS:
         raise HttpError(400, "bad_request", "a Last-Event-ID that is not an event's id")
     return int(value)
 

@@ -20,8 +20,9 @@ import pytest
 
 from supervisor.http import connection
 from supervisor.http.calls import ClientPool
-from supervisor.http.connection import HttpConnection, Phase
+from supervisor.http.connection import HttpConnection
 from supervisor.http.parser import HttpRequest
+from supervisor.http.phases import Phase
 from supervisor.http.responses import Writer, response
 from supervisor.http.routes import Api
 

@@ -208,3 +208,56 @@ def test_another_method_is_answered_405_with_the_methods_allowed(
     assert document["error"] == {
         "code": "bad_request", "message": f"{method} is not served here (allowed: {allow})",
     }  # fmt: skip
+
+
+def _head_only(key: str, body: bytes, expect: str) -> bytes:
+    return (
+        f"POST /v1/sessions/s/requests HTTP/1.1\r\nHost: x\r\nIdempotency-Key: {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        f"Expect: {expect}\r\nConnection: close\r\n\r\n"
+    ).encode()
+
+
+def test_a_body_sent_after_100_continue_is_served_and_another_expectation_refused_417(
+    served: Served,
+) -> None:
+    body = json.dumps({"text": "waits"}).encode()
+    with socket.create_connection(("127.0.0.1", served.api.port), timeout=ANSWER_WAIT) as sock:
+        # curl's way with a larger body: the head, then the body only once told to go on
+        # (curl gives up waiting after 1 s; a client may wait longer).
+        sock.sendall(_head_only("waits", body, "100-continue"))
+        interim = sock.recv(len(b"HTTP/1.1 100 Continue\r\n\r\n"), socket.MSG_WAITALL)
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body)
+        answers = _answers(_until_closed(sock))
+    assert [a[0] for a in answers] == [200], answers
+    with socket.create_connection(("127.0.0.1", served.api.port), timeout=ANSWER_WAIT) as sock:
+        sock.sendall(_head_only("refused", body, "something-else") + body)
+        answers = _answers(_until_closed(sock))
+    assert [a[0] for a in answers] == [417], answers
+    assert "something-else" in json.loads(answers[0][2])["error"]["message"]
+    with socket.create_connection(("127.0.0.1", served.api.port), timeout=ANSWER_WAIT) as sock:
+        # The body already sent with the head: no interim answer, the request's alone.
+        sock.sendall(_head_only("at-once", body, "100-Continue") + body)
+        data = _until_closed(sock)
+    assert data.startswith(b"HTTP/1.1 200 OK\r\n"), data[:80]
+    assert log_user_keys(served.home, "s") == ["waits", "at-once"]
+
+
+def test_empty_lines_before_a_request_line_are_ignored(served: Served) -> None:
+    with socket.create_connection(("127.0.0.1", served.api.port), timeout=ANSWER_WAIT) as sock:
+        # RFC 9112 2.2 (an old client's CRLF after a body): the first request's CR and LF
+        # come apart, the second's two empty lines come with it.
+        sock.sendall(b"\r")
+        sock.sendall(b"\n" + _send("e1") + b"\r\n\r\n" + _send("e2", close=True))
+        answers = _answers(_until_closed(sock))
+    assert [a[0] for a in answers] == [200, 200], answers
+    assert log_user_keys(served.home, "s") == ["e1", "e2"]
+
+
+def test_a_query_number_longer_than_a_count_holds_is_refused_not_cut(served: Served) -> None:
+    status, document = served.api.ask("GET", "/v1/sessions/s/records?since=" + "1" * 19)
+    assert status == 400, document
+    assert document["error"]["message"] == "query 'since' must be one number of at most 18 digits"
+    status, document = served.api.ask("GET", "/v1/sessions/s/records?since=" + "0" * 17 + "1")
+    assert status == 200, document
