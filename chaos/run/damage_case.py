@@ -23,9 +23,9 @@ from chaos.oracle.oracle import ClientLog, file_digests
 from chaos.run.worker_run import fork_child
 from chaos.scenarios.scenarios import SESSION, Scenario
 from worker.offline.repair import repair_torn_tail
+from worker.store.epochs.sealed_logs import read_sealed
 from worker.store.errors import LogError, SessionError
 from worker.store.inspection import inspect_session
-from worker.store.request_records import sealed_records
 
 INVARIANT = "damage-refused"
 
@@ -60,8 +60,8 @@ def run_damage_case(case: Case, scenario: Scenario, workdir: str, boundary: str)
     _check_refused(result, places, "the history reading (verify)",
                    lambda: inspect_session(home, SESSION, history=True))  # fmt: skip
     _check_refused(result, places, "the sealed epoch's reader",
-                   lambda: sealed_records(os.path.dirname(str(damaged["path"])),
-                                          int(damaged["epoch"])))  # fmt: skip
+                   lambda: read_sealed(os.path.dirname(str(damaged["path"])),
+                                       int(damaged["epoch"])))  # fmt: skip
     try:
         repair_torn_tail(home, SESSION)
     except SessionError:

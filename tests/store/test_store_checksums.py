@@ -168,9 +168,10 @@ def test_open_reads_the_older_sealed_epochs_only_through_verify_and_the_sealed_r
     assert inspected.returncode == 1
     assert inspected.stderr.startswith(f"{log}:{line}: ")
     # The reader of a sealed epoch's records (a duplicate's answer, a page) refuses it.
-    with pytest.raises(ChecksumMismatch, match=f"^{log}:{line}: "):
-        sealed_records(str(directory), 0)
-    assert len(sealed_records(str(directory), 1)) == 42
+    with Session.open(home, "s1") as session:
+        with pytest.raises(ChecksumMismatch, match=f"^{log}:{line}: "):
+            sealed_records(session, 0)
+        assert len(sealed_records(session, 1)) == 42
 
 
 def test_a_sealed_log_with_a_line_added_after_its_end_is_refused(home: Path) -> None:

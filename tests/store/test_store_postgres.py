@@ -25,8 +25,10 @@ from worker import (
     ToolResult,
     User,
 )
+from worker.loop.record_feed import records_page
 from worker.store.loader import load_session
 from worker.store.postgres import DatabaseUnavailable, PostgresStore, SchemaTooNew
+from worker.store.request_records import request_records
 
 _FIXED_NS = 1_790_000_000_123_456_000
 
@@ -115,6 +117,30 @@ def test_find_key_finds_every_epochs_keys_after_commits_and_a_reopen(
             assert found is not None, n
             assert found.epoch == min(n // 3, 4)
         assert session.find_key("key-never-sent") is None
+
+
+def test_a_sealed_epochs_request_is_read_from_the_database_for_a_retry_and_a_page(
+    store: PostgresStore, baseline: Baseline
+) -> None:
+    # A retry whose key is in a sealed epoch is answered from that epoch's log, and a
+    # page of an older epoch is served: both read the log where the session keeps it
+    # (they once looked for a file named by the session's URI, and failed).
+    with Session.create(store, "sealed", baseline) as session:
+        _write_the_same(session, baseline)
+    with Session.open(store, "sealed") as session:
+        ref = session.find_key("key-1")
+        assert ref is not None
+        assert ref.epoch == 0
+        found = request_records(session, ref)
+        assert [type(r).__name__ for r in found] == ["User", "ToolResult"]
+        assert isinstance(found[0], User)
+        assert found[0].text == "request 1"
+        page = records_page(session, {"epoch": 2})
+        assert (page["epoch"], page["current"]) == (2, 4)
+        records = page["records"]
+        assert isinstance(records, list)
+        assert [r["type"] for r in records][:3] == ["SessionStart", "User", "ToolResult"]
+        assert records[1]["text"] == "request 6"
 
 
 def test_resume_after_a_sigkill_between_the_phases_uses_the_recorded_summary(

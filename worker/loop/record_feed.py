@@ -69,5 +69,5 @@ def _sealed(session: Session, epoch: int) -> list[Record]:
     key = (session.dir, epoch)
     if key not in _cache:
         _cache.clear()
-        _cache[key] = sealed_records(session.dir, epoch)
+        _cache[key] = sealed_records(session, epoch)
     return _cache[key]

@@ -18,13 +18,14 @@ from worker.store.session_state import KeyRef, log_path
 _ENDS_A_REQUEST = (User, SessionStart, EpochEnd, Owner, Handoff)
 
 
-def sealed_records(directory: str, epoch: int) -> list[Record]:
-    """The records of a sealed epoch's log, read from its file (TornLog, InvalidLog).
+def sealed_records(session: Session, epoch: int) -> list[Record]:
+    """The records of a sealed epoch of ``session``, read from its log where the session
+    keeps it (TornLog, InvalidLog).
 
     Its checksums, length and CRC-32 are checked first: a damaged sealed log is
     refused (ChecksumMismatch), never served.
     """
-    return read_sealed(directory, epoch).records
+    return read_sealed(session.dir, epoch, session.files()).records
 
 
 def request_records(session: Session, ref: KeyRef) -> list[Record]:
@@ -34,7 +35,7 @@ def request_records(session: Session, ref: KeyRef) -> list[Record]:
         path = session.log_path
     else:
         path = log_path(session.dir, ref.epoch)
-        records = sealed_records(session.dir, ref.epoch)
+        records = sealed_records(session, ref.epoch)
     if not 1 <= ref.line <= len(records) or not isinstance(records[ref.line - 1], User):
         raise InvalidLog(path, ref.line, "the request's line is not a User record")
     found = [records[ref.line - 1]]

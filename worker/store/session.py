@@ -198,7 +198,7 @@ class Session(SessionView):
             return ref
 
         def confirm(epoch: int, line: int) -> bool:
-            return key_applied_at(self._files(), log_path(state.directory, epoch), line, key)
+            return key_applied_at(self.files(), log_path(state.directory, epoch), line, key)
 
         found = state.key_index.find(key, confirm)
         if found is not None:
@@ -276,8 +276,9 @@ class Session(SessionView):
 
     # -- the durable steps: the file store's, overridden by another backend ------------
 
-    def _files(self) -> Directory:
-        """The session's files to read (the locked directory's fd); SessionBroken if closed."""
+    def files(self) -> Directory:
+        """The session's files to read (the locked directory's fd; another backend's own
+        files), a sealed log's too; SessionBroken if closed."""
         if self._lock_fd is None:
             raise SessionBroken(self._log_path, "session is closed")
         return self._lock_fd

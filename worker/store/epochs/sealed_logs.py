@@ -49,21 +49,25 @@ def check_sealed(path: str, data: bytes, epoch: int, following: SessionStart | N
     refuse_sealed(path, data, binding, epoch + 1)
 
 
-def read_sealed(directory: str, epoch: int) -> DecodedLog:
+def read_sealed(directory: str, epoch: int, files: Directory | None = None) -> DecodedLog:
     """Read and decode sealed log ``epoch``, checked against the next epoch's SessionStart.
 
     Its structure is checked too (a sealed epoch ends with its EpochEnd): a sealed log
     whose next SessionStart recorded no length (written before checksums) and that was
-    cut at a line boundary is refused at its last line.
+    cut at a line boundary is refused at its last line. ``files``: where an open
+    session's files are read (``Session.files``: a database's, not a directory's);
+    None opens ``directory``.
     """
     path = log_path(directory, epoch)
-    dir_fd = open_directory(directory)
+    dir_fd = open_directory(directory) if files is None else files
     try:
         data = read_file(dir_fd, os.path.basename(path), path)
         following = first_start(dir_fd, directory, epoch + 1)
         check_sealed(path, data, epoch, following)
     finally:
-        os.close(dir_fd)
+        if files is None:
+            assert isinstance(dir_fd, int)
+            os.close(dir_fd)
     decoded = decode_log(path, data)
     session_id = session_of_sealed(following, os.path.basename(directory))
     check_epoch(path, session_id, epoch, decoded.records, newest=False)

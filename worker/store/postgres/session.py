@@ -49,7 +49,7 @@ class PostgresSession(Session):
         """The owner token this session writes under."""
         return self.backend.token
 
-    def _files(self) -> Directory:
+    def files(self) -> Directory:
         return self.backend
 
     def _write_group(self, data: bytes) -> None:
