@@ -206,7 +206,10 @@ def restore(
             manifest = check_backup(source)
         except SessionError as exc:
             _fail("restore", exc)
-        restore_into_store(store, session_id or manifest.session, manifest.files, source)
+        if session_id is not None and session_id != manifest.session:
+            _fail("restore", f"{source} is a backup of session {manifest.session}, not "
+                  f"{session_id}: a session keeps its id (give {manifest.session})")  # fmt: skip
+        restore_into_store(store, manifest.session, manifest.files, source)
         return
     home = home_given("restore", home)
     if dropping and not force:

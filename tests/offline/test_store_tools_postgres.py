@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -77,3 +78,59 @@ def test_restore_into_the_store_refuses_a_session_already_there(
     done = loopd("restore", "--store", uri, str(tmp_path / "out" / "s1"))
     assert done.returncode == 1
     assert "s1" in done.stderr
+
+
+def _sessions(uri: str) -> list[str]:
+    with psycopg.connect(uri) as conn:
+        return [str(row[0]) for row in conn.execute("SELECT session FROM loopd_sessions")]
+
+
+def _tamper(backup: Path, name: str) -> None:
+    """Change one byte of ``name`` in ``backup`` and write its manifest's digest anew (the
+    manifest check passes; what the bytes load to does not)."""
+    data = bytearray((backup / name).read_bytes())
+    data[data.index(b'"text":"one"') + 9] ^= 1  # "one" -> "nne": its line's checksum fails
+    (backup / name).write_bytes(bytes(data))
+    manifest = json.loads((backup / "loopd-backup.json").read_text())
+    for entry in manifest["files"]:
+        if entry["name"] == name:
+            entry["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
+    (backup / "loopd-backup.json").write_text(json.dumps(manifest))
+
+
+def test_a_restore_into_the_store_that_would_not_load_writes_nothing(
+    tmp_path: Path, server: PostgresServer
+) -> None:
+    uri = server.new_database()
+    PostgresStore(uri).ensure_schema()
+    home = tmp_path / "home"
+    (home / "sessions").mkdir(parents=True)
+    with Session.create(str(home), "s1", Baseline(system="s", memory="", tools=[])) as session:
+        session.append(User(text="one", key="k1"))
+    assert loopd("backup", "--home", str(home), "s1", str(tmp_path / "out")).returncode == 0
+    backup = tmp_path / "out" / "s1"
+    # Under another id: refused, naming the backup's own.
+    done = loopd("restore", "--store", uri, str(backup), "other")
+    assert done.returncode == 1
+    assert "is a backup of session s1, not other" in done.stderr, done.stderr
+    _tamper(backup, "0.jsonl")
+    done = loopd("restore", "--store", uri, str(backup))
+    assert done.returncode == 1
+    assert "0.jsonl:2: checksum mismatch" in done.stderr, done.stderr
+    assert _sessions(uri) == []  # nothing went in: a good backup restores after it
+    (backup.parent / "s1").rename(tmp_path / "tampered")
+    assert loopd("backup", "--home", str(home), "s1", str(tmp_path / "out")).returncode == 0
+    done = loopd("restore", "--store", uri, str(backup))
+    assert done.returncode == 0, done.stderr
+    assert _sessions(uri) == ["s1"]
+
+
+@pytest.mark.parametrize("command", ["backup", "restore", "verify"])
+def test_a_malformed_store_uri_is_one_line_not_a_traceback(tmp_path: Path, command: str) -> None:
+    uri = "postgresql://x/y?bogus=1"
+    args = {"backup": ["s1", str(tmp_path / "d")], "restore": [str(tmp_path)], "verify": []}
+    (tmp_path / "loopd-backup.json").write_text("{}")
+    done = loopd(command, "--store", uri, *args[command])
+    assert done.returncode in (1, 2), done
+    assert "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

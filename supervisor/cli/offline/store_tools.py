@@ -17,7 +17,14 @@ from worker.offline.backup import BackupError, Point, write_backup
 from worker.store.errors import LogError, SessionError
 from worker.store.inspection import Inspection
 from worker.store.postgres import PostgresStore
-from worker.store.postgres.transfer import inspect_stored, put_session, read_session, session_files
+from worker.store.postgres.errors import OutcomeUnknown
+from worker.store.postgres.transfer import (
+    inspect_stored,
+    loaded_from,
+    put_session,
+    read_session,
+    session_files,
+)
 
 EXIT_REFUSED: Final = 1
 
@@ -44,8 +51,8 @@ def inspect_in_store(uri: str, session_id: str, history: bool) -> Inspection:
 
 def verify_store(uri: str) -> None:
     """``loopd verify --store``: every session, every epoch, canonical; a line each."""
-    store = PostgresStore(uri)
     try:
+        store = PostgresStore(uri)
         names = store.session_ids()
     except SessionError as exc:
         click.echo(f"loopd verify: {exc}", err=True)
@@ -66,10 +73,10 @@ def verify_store(uri: str) -> None:
 
 def backup_from_store(uri: str, session_id: str, dest: str) -> None:
     """Copy the session, as of one snapshot, into ``<dest>/<id>`` with its manifest."""
-    store = PostgresStore(uri)
     try:
+        store = PostgresStore(uri)
         files = session_files(store, session_id)
-        state = read_session(store, session_id)
+        state = loaded_from(store, session_id, files)  # the point of the very files copied
         point = Point(state.epoch, state.log_size, "database snapshot")
         result = write_backup(dest, session_id, point, files)
     except (SessionError, BackupError) as exc:
@@ -82,11 +89,16 @@ def backup_from_store(uri: str, session_id: str, dest: str) -> None:
 
 
 def restore_into_store(uri: str, session_id: str, files: dict[str, bytes], source: str) -> None:
-    """Create the session in the database from a checked backup's files, then verify it."""
-    store = PostgresStore(uri)
+    """Create the session in the database from a checked backup's files once they load
+    (nothing is written otherwise), then read it back from the database."""
     try:
+        store = PostgresStore(uri)
         put_session(store, session_id, files)
         state = read_session(store, session_id, history=True, canonical=True)
+    except OutcomeUnknown as exc:
+        click.echo(f"loopd restore: {exc}; `loopd verify --store URI` says whether "
+                   f"{session_id} is there (if not, restore it again)", err=True)  # fmt: skip
+        sys.exit(EXIT_REFUSED)
     except SessionError as exc:
         click.echo(f"loopd restore: {exc}", err=True)
         sys.exit(EXIT_REFUSED)

@@ -24,6 +24,16 @@ class DatabaseUnavailable(PathError):
         return f"{self.path}: database error: {self.why}"
 
 
+class OutcomeUnknown(DatabaseUnavailable):
+    """The connection was lost while a transaction committed: it may or may not have."""
+
+    def __str__(self) -> str:
+        return (
+            f"{self.path}: the connection was lost while the transaction committed ({self.why}):"
+            " it may or may not be in the database"
+        )
+
+
 class LostBeforeWrite(DatabaseUnavailable):
     """The connection was lost before a write was sent: nothing of it reached the database
     (the outcome is known, unlike a connection lost during a write)."""

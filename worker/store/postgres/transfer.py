@@ -9,14 +9,16 @@ session moves between a home and a database as the same bytes.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
-from worker.store.errors import SessionExists, SessionNotFound
+from worker.store.errors import SessionExists, SessionIOError, SessionNotFound
 from worker.store.inspection import Inspection, summarize, type_counts
 from worker.store.loader import load_session
 from worker.store.postgres.backend import _LOG_NAME, PostgresBackend
 from worker.store.postgres.connection import database_error, driver
+from worker.store.postgres.errors import OutcomeUnknown
 
 if TYPE_CHECKING:
     from worker.store.format.records import Record
@@ -48,6 +50,21 @@ def read_session(
             )  # fmt: skip
 
 
+class FilesInMemory:
+    """A session's files held in memory, read as a backend's (``StoredFiles``)."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.files = files
+
+    def names(self) -> list[str]:
+        return sorted(self.files)
+
+    def read(self, name: str, path: str) -> bytes:
+        if name not in self.files:
+            raise SessionIOError(path, errno.ENOENT, "read")
+        return self.files[name]
+
+
 def session_files(store: PostgresStore, session_id: str) -> dict[str, bytes]:
     """Every file of the session as a home would hold it, as of one snapshot."""
     directory = store.session_dir(session_id)
@@ -60,9 +77,23 @@ def session_files(store: PostgresStore, session_id: str) -> dict[str, bytes]:
             return {name: backend.read(name, f"{directory}/{name}") for name in names}
 
 
-def put_session(store: PostgresStore, session_id: str, files: dict[str, bytes]) -> None:
-    """Create the session from ``files`` in one transaction; SessionExists if it exists."""
+def loaded_from(
+    store: PostgresStore, session_id: str, files: dict[str, bytes], *, history: bool = False
+) -> SessionState:
+    """The session ``files`` (a session's files in memory) load to, as session
+    ``session_id`` of ``store`` (``history``: every epoch, canonically)."""
+    return load_session(store.session_dir(session_id), session_id, dir_fd=FilesInMemory(files),
+                        history=history, canonical=history)  # fmt: skip
+
+
+def put_session(store: PostgresStore, session_id: str, files: dict[str, bytes]) -> SessionState:
+    """Create the session from ``files`` in one transaction, once they load as session
+    ``session_id`` (every epoch, canonically: nothing is written otherwise); the state
+    they load to. SessionExists if it exists; OutcomeUnknown if the connection is lost
+    while the transaction commits."""
     directory = store.session_dir(session_id)
+    state = loaded_from(store, session_id, files, history=True)
+    committing = False
     with store.connection() as conn:
         try:
             with conn.transaction():
@@ -85,8 +116,12 @@ def put_session(store: PostgresStore, session_id: str, files: dict[str, bytes]) 
                             "INSERT INTO loopd_files (session, name, data) VALUES (%s, %s, %s)",
                             (session_id, name, data),
                         )
+                committing = True
         except driver().Error as exc:
+            if committing:
+                raise OutcomeUnknown(directory, f"{exc}".strip()) from exc
             raise database_error(directory, exc) from exc
+    return state
 
 
 def inspect_stored(store: PostgresStore, session_id: str, *, history: bool = False) -> Inspection:
