@@ -23,7 +23,10 @@ from supervisor.cli.offline.offline_commands import (
 from supervisor.cli.offline.store_tools import backup_from_store, restore_into_store, store_option
 from supervisor.cli.options import timeout_option
 from supervisor.client.control import RETRYABLE, call, daemon_answers
+from supervisor.daemon.worker_specs import UnknownApp
 from supervisor.errors import ControlError, ServeError
+from supervisor.hosting.apps import AppConfigError
+from supervisor.hosting.config import ConfigError, config_path, read_apps
 from supervisor.hosting.intent import IntentError, IntentFile
 from supervisor.moves.session_files import TENANTS_DIR, read_tenant
 from supervisor.sessions.tenants import OPERATOR, TenantBook, TenantError, tenant_problem
@@ -233,6 +236,8 @@ def restore(
                     _refuse_drop(wanted, drop)
                 call(home, "stop", timeout=timeout, session=wanted)
         owner = _restored_tenant(home, manifest, tenant)
+        if manifest.app is not None:
+            _check_app(home, wanted, manifest.app)
         result = restore_session(home, source, wanted, replace=force, dropping=dropping)
         app = {} if manifest.app is None else {"app": manifest.app}
         if live:
@@ -268,6 +273,17 @@ def restore(
             f"it is the operator's: the backup's tenant {manifest.tenant!r} was of another home "
             f"({manifest.home}); --tenant {manifest.tenant} gives it to that tenant here"
         )
+
+
+def _check_app(home: str, session_id: str, app: str) -> None:
+    """Exit 1, nothing restored, if the home's loopd.toml names no App ``app`` (serve
+    would refuse to start with a session of an App it does not know)."""
+    try:
+        known = read_apps(config_path(home))
+    except (ConfigError, AppConfigError) as exc:
+        _fail("restore", f"{exc}; nothing was restored")
+    if app not in known:
+        _fail("restore", f"{UnknownApp(session_id, app, sorted(known))}; nothing was restored")
 
 
 def _restored_tenant(home: str, manifest: Manifest, given: str | None) -> str | None:

@@ -178,3 +178,38 @@ def test_a_backup_listing_a_database_sessions_scan_summary_restores_without_it(
     done = loopd("restore", "--home", str(tmp_path / "third"), str(dest / "s"))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "does not match the manifest" in done.stderr
+
+
+def test_a_restore_of_a_session_whose_app_the_home_does_not_name_restores_nothing(
+    tmp_path: Path,
+) -> None:
+    """Restored anyway, it made every later serve of the home refuse to start (no daemon
+    running), or ran under the default App after a restart (a daemon running)."""
+    home, _work = home_with_apps(tmp_path)
+    dest = tmp_path / "backups"
+    with running_daemon(home):
+        _ok("create", "--home", str(home), "agent", "--app", "tagged")
+        _ok("send", "--home", str(home), "agent", "hello", "--key", "k1")
+        _ok("backup", "--home", str(home), "agent", str(dest))
+    other = tmp_path / "other"
+    (other / "sessions").mkdir(parents=True)
+    for daemon in (False, True):
+        if daemon:
+            with running_daemon(other):
+                done = loopd("restore", "--home", str(other), str(dest / "agent"))
+        else:
+            done = loopd("restore", "--home", str(other), str(dest / "agent"))
+        assert done.returncode == 1, done.stdout
+        assert "runs App 'tagged', which loopd.toml's [apps] does not name" in done.stderr
+        assert "nothing was restored" in done.stderr
+        assert list((other / "sessions").iterdir()) == []
+        assert (
+            not (other / "intent.json").exists()
+            or "agent" not in (other / "intent.json").read_text()
+        )
+    (other / "loopd.toml").write_text((home / "loopd.toml").read_text())
+    _ok("restore", "--home", str(other), str(dest / "agent"))
+    with running_daemon(other):  # the App named: served under it
+        _ok("start", "--home", str(other), "agent")
+        with Client(str(other)) as client:
+            assert client.send("agent", "again", key="k2")["tag"] == "blue"
