@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from supervisor.client.direct import Client
@@ -213,3 +215,30 @@ def test_a_restore_of_a_session_whose_app_the_home_does_not_name_restores_nothin
         _ok("start", "--home", str(other), "agent")
         with Client(str(other)) as client:
             assert client.send("agent", "again", key="k2")["tag"] == "blue"
+
+
+def test_two_restores_at_once_without_force_never_replace_one_another(tmp_path: Path) -> None:
+    home, dest = tmp_path / "home", tmp_path / "backups"
+    keyed_session(home, "s2", pairs=3)
+    _ok("backup", "--home", str(home), "s2", str(dest))
+    for round_ in range(6):
+        other = tmp_path / f"other{round_}"
+        (other / "sessions").mkdir(parents=True)
+        argv = [sys.executable, "-m", "supervisor", "restore", "--home", str(other),
+                str(dest / "s2")]  # fmt: skip
+        both = [
+            subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                stdin=subprocess.DEVNULL,
+            )
+            for _ in range(2)
+        ]
+        done = [(proc.wait(timeout=120), *proc.communicate()) for proc in both]
+        assert sorted(code for code, _out, _err in done) == [0, 1], done
+        said = "".join(out + err for _code, out, err in done)
+        assert "moved the session that was there" not in said, said
+        assert not list((other / "trash").glob("s2.*[0-9]")), said  # nothing replaced
+        assert "1 sessions, 0 refused" in _ok("verify", "--home", str(other))

@@ -181,14 +181,21 @@ def restore_session(
         if dropped.records and dropped.token != dropping:
             raise DropNotConfirmed(locked, dropped)
 
-    if os.path.lexists(directory):
+    if os.path.lexists(directory) and replace:
         try:  # refused while a worker holds it, or for work the operator did not confirm
             replaced = move_to_trash(home, wanted, confirmed)
         except SessionError:
             shutil.rmtree(staging)  # a copy of the backup, which is still whole at source
             raise
     make_dirs(os.path.join(home, SESSIONS_DIR))
-    durable.rename(staging, directory)
+    if not replace:
+        try:  # taken first, empty, so that a restore (or a create) meanwhile is refused
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            shutil.rmtree(staging)
+            raise BackupError(directory, "was made while this restore ran (another restore "
+                              "or a create?); nothing was replaced") from None  # fmt: skip
+    durable.rename(staging, directory)  # over the empty directory, at once
     durable.fsync_dir(os.path.dirname(staging))
     finish_restore(home, wanted)
     return RestoreResult(directory, manifest, replaced, dropped)
