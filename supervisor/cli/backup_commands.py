@@ -132,6 +132,8 @@ def backup(
     if len(args) != (1 if every else 2) or (store is not None and every):
         _fail("backup", "expected ID DEST, or --all DEST (a home's)")
     dest = os.path.abspath(args[-1])
+    if os.path.lexists(dest) and not os.path.isdir(dest):
+        _fail("backup", f"{dest}: not a directory (DEST is the folder the backup of ID goes in)")
     if store is not None:
         backup_from_store(store, args[0], dest)
         return

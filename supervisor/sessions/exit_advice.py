@@ -38,9 +38,15 @@ def honoured_exit(code: int, reported: object) -> int:
     return code
 
 
-def refused_next(kind: str | None, home: str, session: str) -> str:
-    """The operator's next step for a refused log of ``kind`` (worker.offline.refusal)."""
+def refused_next(kind: str | None, home: str, session: str, stored: bool = False) -> str:
+    """The operator's next step for a refused log of ``kind`` (worker.offline.refusal);
+    ``stored``: the session is in a database, which the home's repair tools do not reach."""
     start = f"then `loopd start {session}`"
+    if stored:  # the URI is not repeated: it may hold a password
+        return (
+            f"Next: `loopd inspect --store URI {session}` names the place and `loopd verify "
+            f"--store URI` checks every session of the database (URI: serve's --store)"
+        )
     inspect = f"`loopd inspect --home {home} {session}`"
     if kind == "torn_tail":
         return (
@@ -87,6 +93,7 @@ def fatal_reason(
     session: str,
     holder: int | None = None,
     kind: str | None = None,
+    stored: bool = False,
 ) -> str | None:
     """The ``last_error`` of a session whose worker exited with ``code``, if that code is
     one a restart will not fix (None: restart it, or it exited cleanly). A refused log's
@@ -94,7 +101,7 @@ def fatal_reason(
     if code == EXIT_REFUSED:
         return (
             f"{said or 'log refused'} -- the log is refused and will not be restarted: "
-            f"{refused_next(kind, home, session)}"
+            f"{refused_next(kind, home, session, stored)}"
         )
     if code == EXIT_CANNOT_OPEN:
         return (

@@ -263,7 +263,8 @@ class HostedSession(SessionRequests):
         acted = honoured_exit(code, self._reported)  # an App's os._exit(4) is a crash
         if acted == EXIT_LOCKED and self._wait_for_holder():
             return
-        fatal = fatal_reason(acted, said, self.spec.home, self.id, self._holder, self._kind)
+        fatal = fatal_reason(acted, said, self.spec.home, self.id, self._holder, self._kind,
+                             stored=bool(self.spec.store))  # fmt: skip
         if fatal is not None:
             if acted == EXIT_REFUSED:  # the counts of a log that is refused mean nothing now
                 self.epoch = self.records = None

@@ -242,3 +242,33 @@ def test_two_restores_at_once_without_force_never_replace_one_another(tmp_path: 
         assert "moved the session that was there" not in said, said
         assert not list((other / "trash").glob("s2.*[0-9]")), said  # nothing replaced
         assert "1 sessions, 0 refused" in _ok("verify", "--home", str(other))
+
+
+def test_a_backup_into_a_file_and_a_refused_staged_copy_are_named_as_they_are(
+    tmp_path: Path,
+) -> None:
+    home, dest = tmp_path / "home", tmp_path / "backups"
+    log = keyed_session(home, "s3", pairs=3) / "0.jsonl"
+    (tmp_path / "a-file").write_text("")
+    done = loopd("backup", "--home", str(home), "s3", str(tmp_path / "a-file"))
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"loopd backup: {tmp_path / 'a-file'}: not a directory (DEST is the folder the "
+        "backup of ID goes in)\n"
+    )
+    _ok("backup", "--home", str(home), "s3", str(dest))
+    copy = dest / "s3" / "0.jsonl"
+    flip_line(copy, 3)
+    manifest = json.loads((dest / "s3" / "loopd-backup.json").read_text())
+    for entry in manifest["files"]:
+        if entry["name"] == "0.jsonl":
+            entry["sha256"] = hashlib.sha256(copy.read_bytes()).hexdigest()
+    (dest / "s3" / "loopd-backup.json").write_text(json.dumps(manifest))
+    other = tmp_path / "other"
+    (other / "sessions").mkdir(parents=True)
+    done = loopd("restore", "--home", str(other), str(dest / "s3"))
+    assert done.returncode == 1
+    kept = next((other / "trash").glob("s3.*.refused"))
+    assert f"({kept / '0.jsonl'}:3: " in done.stderr, done.stderr
+    assert ".restoring" not in done.stderr
+    assert log.exists()

@@ -149,7 +149,10 @@ def _not_a_home(tmp_path: Path, kind: str) -> tuple[Path, str]:
         return path, "not a directory"
     path = tmp_path / "some-folder"
     (path / "other").mkdir(parents=True)
-    return path, "not a loopd home (no sessions/ folder in it)"
+    return path, (
+        f"not a loopd home (no sessions/ folder in it; `mkdir {path / 'sessions'}` makes an "
+        "empty one, as `loopd serve` does)"
+    )
 
 
 @pytest.mark.parametrize("kind", ["missing", "file", "no-sessions-folder"])

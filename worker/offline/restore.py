@@ -168,11 +168,11 @@ def restore_session(
     except SessionError as exc:
         kept = staging[: -len(".restoring")] + ".refused"
         durable.rename(staging, kept)
+        why = str(exc).replace(staging, kept)  # its place where the operator finds it now
         raise BackupError(
-            source,
-            f"does not open as a session ({exc}); nothing was replaced (the copy is kept in "
-            f"{kept})",
-        ) from exc
+            source, f"does not open as a session ({why}); nothing was replaced (the copy is "
+            f"kept in {kept})",
+        ) from exc  # fmt: skip
     replaced, dropped = None, NOTHING
 
     def confirmed(locked: str) -> None:

@@ -31,7 +31,11 @@ def home_problem(home: str) -> str | None:
     if not os.path.isdir(home):
         return "not a directory"
     if not os.path.isdir(os.path.join(home, SESSIONS_DIR)):
-        return f"not a loopd home (no {SESSIONS_DIR}/ folder in it)"
+        sessions = os.path.join(home, SESSIONS_DIR)
+        return (
+            f"not a loopd home (no {SESSIONS_DIR}/ folder in it; `mkdir {sessions}` makes an "
+            "empty one, as `loopd serve` does)"
+        )
     return None
 
 
