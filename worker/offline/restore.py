@@ -11,11 +11,14 @@ trash, never a half session.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Final
 
@@ -150,55 +153,70 @@ def restore_session(
             "SessionStart: a backup is restored under its own id)",
         )
     home = os.fspath(home)
-    directory = session_dir(home, wanted)
-    if os.path.lexists(directory) and not replace:
-        # A rerun after a restore cut short between its rename and the directory's fsync
-        # finds it there: its name is made durable before the refusal says it exists.
-        finish_restore(home, wanted)
-        raise BackupError(
-            directory, "already exists; --force moves it to the trash first, then restores"
-        )
-    staging = os.path.join(home, TRASH_DIR, f"{wanted}.{stamp()}.restoring")
-    make_dirs(staging)
-    for name, data in sorted(manifest.files.items()):
-        durable.write_file_atomic(os.path.join(staging, name), data, sync_dir=False)
-    durable.fsync_dir(staging)
-    try:  # checked where it is staged: a copy that does not open replaces nothing
-        load_session(staging, wanted, history=True)
-    except SessionError as exc:
-        kept = staging[: -len(".restoring")] + ".refused"
-        durable.rename(staging, kept)
-        why = str(exc).replace(staging, kept)  # its place where the operator finds it now
-        raise BackupError(
-            source, f"does not open as a session ({why}); nothing was replaced (the copy is "
-            f"kept in {kept})",
-        ) from exc  # fmt: skip
-    replaced, dropped = None, NOTHING
+    with _one_restore_at_a_time(home):
+        directory = session_dir(home, wanted)
+        if os.path.lexists(directory) and not replace:
+            # A rerun after a restore cut short between its rename and the directory's fsync
+            # finds it there: its name is made durable before the refusal says it exists.
+            finish_restore(home, wanted)
+            raise BackupError(
+                directory, "already exists; --force moves it to the trash first, then restores"
+            )
+        staging = os.path.join(home, TRASH_DIR, f"{wanted}.{stamp()}.restoring")
+        make_dirs(staging)
+        for name, data in sorted(manifest.files.items()):
+            durable.write_file_atomic(os.path.join(staging, name), data, sync_dir=False)
+        durable.fsync_dir(staging)
+        try:  # checked where it is staged: a copy that does not open replaces nothing
+            load_session(staging, wanted, history=True)
+        except SessionError as exc:
+            kept = staging[: -len(".restoring")] + ".refused"
+            durable.rename(staging, kept)
+            why = str(exc).replace(staging, kept)  # its place where the operator finds it now
+            raise BackupError(
+                source, f"does not open as a session ({why}); nothing was replaced (the copy is "
+                f"kept in {kept})",
+            ) from exc  # fmt: skip
+        replaced, dropped = None, NOTHING
 
-    def confirmed(locked: str) -> None:
-        nonlocal dropped
-        dropped = work_dropped(locked, manifest.files)
-        if dropped.records and dropped.token != dropping:
-            raise DropNotConfirmed(locked, dropped)
+        def confirmed(locked: str) -> None:
+            nonlocal dropped
+            dropped = work_dropped(locked, manifest.files)
+            if dropped.records and dropped.token != dropping:
+                raise DropNotConfirmed(locked, dropped)
 
-    if os.path.lexists(directory) and replace:
-        try:  # refused while a worker holds it, or for work the operator did not confirm
-            replaced = move_to_trash(home, wanted, confirmed)
-        except SessionError:
-            shutil.rmtree(staging)  # a copy of the backup, which is still whole at source
-            raise
-    make_dirs(os.path.join(home, SESSIONS_DIR))
-    if not replace:
-        try:  # taken first, empty, so that a restore (or a create) meanwhile is refused
-            os.mkdir(directory, 0o700)
-        except FileExistsError:
+        if os.path.lexists(directory) and not replace:  # a create meanwhile: never replaced
             shutil.rmtree(staging)
-            raise BackupError(directory, "was made while this restore ran (another restore "
-                              "or a create?); nothing was replaced") from None  # fmt: skip
-    durable.rename(staging, directory)  # over the empty directory, at once
-    durable.fsync_dir(os.path.dirname(staging))
-    finish_restore(home, wanted)
-    return RestoreResult(directory, manifest, replaced, dropped)
+            raise BackupError(directory, "was made while this restore ran; nothing was replaced")
+        if os.path.lexists(directory):
+            try:  # refused while a worker holds it, or for work the operator did not confirm
+                replaced = move_to_trash(home, wanted, confirmed)
+            except SessionError:
+                shutil.rmtree(staging)  # a copy of the backup, which is still whole at source
+                raise
+        make_dirs(os.path.join(home, SESSIONS_DIR))
+        durable.rename(staging, directory)
+        durable.fsync_dir(os.path.dirname(staging))
+        finish_restore(home, wanted)
+        return RestoreResult(directory, manifest, replaced, dropped)
+
+
+@contextmanager
+def _one_restore_at_a_time(home: str) -> Iterator[None]:
+    """An exclusive flock on ``<home>/sessions`` while a restore checks that its session is
+    not there and puts it there: a second restore of the same session at once waits, then
+    finds it (two restores without --force once both succeeded, the second replacing the
+    first's). Released with its descriptor, so a restore killed holds nothing; nothing
+    else locks that directory (serve locks the home, a worker its session's).
+    """
+    sessions = os.path.join(home, SESSIONS_DIR)
+    make_dirs(sessions)
+    fd = os.open(sessions, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def finish_restore(home: str | os.PathLike[str], session_id: str) -> None:
