@@ -44,7 +44,7 @@ from chaos.run.shared_descriptors import look_for_shared
 from supervisor.client import Client, call, call_with_retry
 from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
-from supervisor.templates.spare import SPARE_NAME
+from supervisor.templates.spare import SPARE_NAMES
 from worker.app import App, DefaultApp, load_app
 from worker.store.disk import durable
 from worker.store.disk.durable import Boundary
@@ -318,7 +318,7 @@ def _killer(
         # Not serve's spare worker (named so from its fork): killed before it is ready
         # three times in a row, serve makes no more, and the rest of a run with
         # --start-method fork would test no worker a spare became.
-        workers = [c for c in parent.children() if _name(c) != SPARE_NAME]
+        workers = [c for c in parent.children() if _name(c) not in SPARE_NAMES]
         if not workers:
             continue
         victim = rng.choice(workers)

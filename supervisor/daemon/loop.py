@@ -237,6 +237,7 @@ class Supervisor:
     def _on_signal(self) -> None:
         if not self._shutting_down:
             self._shutting_down = True
+            close_spares()  # none is needed now, nor made again while the workers stop
             self.hosting.stopping()
             self._listener.close()
             for hosted in self.sessions.values():

@@ -135,6 +135,7 @@ class HostedSession(SessionRequests):
             worker = WorkerProcess(self.spec)
         except OSError as exc:
             self.last_error = f"could not start the worker: {exc}"
+            self.started_at = None  # no run began: an old run's length resets no backoff
             self._crashed(time.monotonic(), started=False)
             return
         self.worker = worker
@@ -312,9 +313,9 @@ class HostedSession(SessionRequests):
             return
         self.restarts += 1
         self.machine.move(State.BACKOFF)
-        if delay == 0:
+        if delay == 0 and started:
             self.start()
-        else:
+        else:  # a start that failed to spawn is tried again from the loop, never nested
             self._timer = self.loop.call_at(now + delay, self.start)
 
     def _wait_for_holder(self) -> bool:

@@ -52,11 +52,17 @@ from worker.store.errors import SessionError
 from worker.warm_up import scratch_home, warm_up
 
 SPARE_NAME: Final = "loopd-spare"
+FORKING_NAME: Final = "loopd-forking"
+"""What serve's thread goes by while it forks a spare (the child is born with it, then
+names itself ``SPARE_NAME``): serve never answers to the spare's name."""
+SPARE_NAMES: Final = (SPARE_NAME, FORKING_NAME)
+"""The names a spare goes by, never a worker's."""
 REFILL_AFTER_DEATH: Final = 1.0
 """Seconds before a spare that died idle is replaced."""
 REFILL_AFTER_TAKE: Final = 0.0
-"""Seconds before the next spare is forked: its warm-up runs after the start that took
-the last one has opened its session, not on the same cores at the same time."""
+"""Seconds before the next spare is forked: at the loop's next turn, so that it is ready
+for the next start; its warm-up runs while the worker that took the last one opens its
+session (on the other core of two)."""
 WARM_UP_REQUESTS: Final = 4
 """Requests of the spare's own warm-up (worker/warm_up.py)."""
 READY: Final = b"r"
@@ -79,10 +85,14 @@ class Spare:
         self.scratch: str | None = None
         with contextlib.suppress(OSError):
             self.scratch = scratch_home()
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError:  # out of descriptors: nothing of it left behind
+            self._remove_scratch()
+            raise
         flush_std_streams()
         try:
-            pid = _fork_named(SPARE_NAME)
+            pid = _fork_named(FORKING_NAME)
         except BaseException:
             parent.close()
             child.close()
@@ -140,6 +150,7 @@ class Spares:
         self.report = report
         self.spare: Spare | None = None
         self.deaths = 0  # spares that died idle since the last one that became a worker
+        self.failures = 0  # forks of a spare that failed in a row
         self._refill: asyncio.Handle | None = None
         self.closed = loop is None
 
@@ -150,10 +161,16 @@ class Spares:
             return
         try:
             spare = Spare()
-        except OSError as exc:  # no fork (a process limit), no /proc: none from now on
-            self.closed = True
-            self.report(f"no spare worker ({exc}); workers are forked as they start")
+        except OSError as exc:  # out of descriptors or processes for now, or no /proc
+            self.failures += 1
+            if self.failures >= GIVE_UP:
+                self.closed = True
+                self.report(f"no spare worker ({exc}; {self.failures} tries in a row); "
+                            "workers are forked as they start")  # fmt: skip
+            else:
+                self._schedule(REFILL_AFTER_DEATH)
             return
+        self.failures = 0
         self.spare = spare
         self.loop.add_reader(spare.pidfd, self._died, spare)
         self.loop.add_reader(spare.sock, self._heard, spare)
@@ -170,6 +187,13 @@ class Spares:
         (fork plainly). Another spare is forked once this start is done."""
         spare = self.spare
         if spare is None or self.loop is None:
+            return None
+        if _stopped(spare.pid):
+            # SIGSTOPped (a debugger, a freezer cgroup): it would take the order and run
+            # nothing until the start timed out. Killed (SIGKILL ends a stopped process),
+            # replaced; this start forks plainly.
+            self._forget(spare)
+            self._schedule(REFILL_AFTER_DEATH)
             return None
         if not spare.ready:
             self._heard_now(spare)
@@ -272,6 +296,16 @@ def take_spare(order: ForkOrder, fds: list[int]) -> int | None:
     return _SPARES[0].take(order, fds) if _SPARES else None
 
 
+def _stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped or traced (its state in /proc: ``T`` or ``t``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            data = stat.read()
+    except OSError:
+        return False  # gone: its send fails, and its pidfd says it died
+    return data[data.rfind(b")") + 2 : data.rfind(b")") + 3] in (b"T", b"t")
+
+
 def _fork_named(name: str) -> int:
     """Fork a child that goes by ``name`` from its first instant (a child inherits the
     forking thread's name): never taken for a worker by one who lists serve's children
@@ -298,9 +332,9 @@ def _be_spare(order_fd: int, scratch: str | None) -> NoReturn:
 
 
 def _spare_life(order_fd: int, scratch: str | None) -> int:
+    name_process(SPARE_NAME)  # first: it was born with serve's forking name
     prepare_child()
     close_all_but(order_fd)
-    name_process(SPARE_NAME)
     _warm(order_fd, scratch)
     order, fds = _await_order(order_fd)
     if order is None:

@@ -35,7 +35,7 @@ import pytest
 from supervisor.client import call
 from supervisor.control_socket import socket_path
 from supervisor.errors import ControlError
-from supervisor.templates.spare import SPARE_NAME
+from supervisor.templates.spare import SPARE_NAMES
 from tests.harness.support import (
     REPO,
     TEMPLATE_NAME,
@@ -62,7 +62,7 @@ def _log_keys(home: Path, session: str) -> list[str]:
 
 
 def _workers(supervisor: psutil.Process) -> list[psutil.Process]:
-    return [c for c in supervisor.children() if c.name() not in (TEMPLATE_NAME, SPARE_NAME)]
+    return [c for c in supervisor.children() if c.name() not in (TEMPLATE_NAME, *SPARE_NAMES)]
 
 
 def _all_running(home: Path) -> bool:

@@ -21,7 +21,7 @@ from chaos.proc_states import all_stopped, thread_states
 from supervisor.client import call
 from supervisor.control_socket import SOCKET_NAME
 from supervisor.errors import ControlError
-from supervisor.templates.spare import SPARE_NAME
+from supervisor.templates.spare import SPARE_NAMES
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE_NAME = "loopd-template"
@@ -130,11 +130,11 @@ class Daemon:
         still there when looked at (a template's intermediate child lives a millisecond,
         and one gone between the listing and the look has no name to tell it by)."""
         return [p for p in self._descendants()
-                if _name(p) not in (TEMPLATE_NAME, SPARE_NAME) and p.is_running()]  # fmt: skip
+                if _name(p) not in (TEMPLATE_NAME, *SPARE_NAMES) and p.is_running()]  # fmt: skip
 
     def spares(self) -> list[psutil.Process]:
         """Its spare worker, forked before it is needed (supervisor/templates/spare.py)."""
-        return [p for p in self._descendants() if _name(p) == SPARE_NAME]
+        return [p for p in self._descendants() if _name(p) in SPARE_NAMES]
 
     def templates(self) -> list[psutil.Process]:
         """Its Apps' template processes (docs/templates.md)."""

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from supervisor.client import call, call_with_retry
-from supervisor.templates.spare import GIVE_UP
+from supervisor.templates.spare import GIVE_UP, SPARE_NAME
 from tests.harness.support import REPO, Daemon, poll_until, running_daemon, status
 
 
@@ -109,3 +109,49 @@ def test_no_spare_is_kept_where_workers_are_not_forked_from_serve(
     with running_daemon(home, "--start-method", method) as daemon:
         call(str(home), "create", session="s1")
         assert daemon.spares() == []
+
+
+def test_a_stopped_spare_is_not_handed_a_session_it_is_killed_and_replaced(
+    tmp_path: Path,
+) -> None:
+    """A spare SIGSTOPped (a debugger, a freezer cgroup) once took the order and ran
+    nothing: the session stayed STARTING until --start-timeout (60 s) killed it."""
+    home = tmp_path / "home"
+    with running_daemon(home) as daemon:
+        call(str(home), "create", session="s1")
+        spare = _spare(daemon)
+        poll_until(lambda: len(_sockets_and_pipes(spare.pid)) == 1, what="the spare ready")
+        os.kill(spare.pid, signal.SIGSTOP)
+        os.kill(int(status(home, "s1")["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+        started = time.monotonic()
+        reply = call_with_retry(str(home), "send", session="s1", text="after the kill",
+                                key="k1", deadline=time.monotonic() + 60)  # fmt: skip
+        assert isinstance(reply, dict)
+        assert time.monotonic() - started < 30  # not the start timeout's 60 s
+        assert status(home, "s1")["pid"] != spare.pid  # forked plainly
+        poll_until(lambda: not spare.is_running() or spare.status() == "zombie",
+                   what="the stopped spare killed")  # fmt: skip
+        poll_until(_replaced(daemon, spare.pid), what="a new spare")
+
+
+def test_serve_never_answers_to_the_spares_name(tmp_path: Path) -> None:
+    """serve's own thread once went by ``loopd-spare`` while it forked one: an operator's
+    ``pkill -x loopd-spare`` could stop serve."""
+    home = tmp_path / "home"
+    with running_daemon(home) as daemon:
+        call(str(home), "create", session="s1")
+        comm = os.open(f"/proc/{daemon.proc.pid}/comm", os.O_RDONLY)
+        seen: set[bytes] = set()
+        try:
+            for n in range(4):
+                old = _spare(daemon).pid
+                os.kill(int(status(home, "s1")["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+                deadline = time.monotonic() + 60
+                while not _replaced(daemon, old)() and time.monotonic() < deadline:
+                    for _ in range(300):  # serve's name, read as the next spare is forked
+                        seen.add(os.pread(comm, 64, 0).strip())
+                call_with_retry(str(home), "send", session="s1", text=f"n{n}", key=f"k{n}",
+                                deadline=time.monotonic() + 60)  # fmt: skip
+        finally:
+            os.close(comm)
+        assert SPARE_NAME.encode() not in seen, seen

@@ -1,0 +1,56 @@
+"""A worker that cannot be spawned (serve out of descriptors): tried again from the loop
+with a backoff, and served once descriptors are free again; real serve, real SIGKILL."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import time
+from datetime import datetime
+from pathlib import Path
+
+import psutil
+
+from supervisor.client import call, call_with_retry
+from tests.harness.support import poll_until, running_daemon, status
+
+HELD_FOR = 1.5
+"""Seconds, about, serve's descriptor limit stays below what it holds (two failed spawns,
+with the backoff's first delays between them)."""
+
+
+def test_a_worker_serve_cannot_spawn_is_started_again_once_it_can(tmp_path: Path) -> None:
+    """With a run older than --stable-after behind it, each failed spawn reset the backoff
+    to nothing and started again at once, nested: a failure lasting about 500 tries made
+    a RecursionError, which left the session in BACKOFF with no timer, never started
+    again. Now each is tried again after a backoff, from the loop."""
+    home = tmp_path / "home"
+    args = ("--stable-after", "0.2", "--start-retries", "100000", "--max-restarts", "100000")
+    with running_daemon(home, *args) as daemon:
+        call(str(home), "create", session="s1")
+        # The worker's run is older than --stable-after before it is killed.
+        poll_until(lambda: float(status(home, "s1")["uptime_s"] or 0) > 0.5, what="uptime")  # type: ignore[arg-type]
+        worker = int(status(home, "s1")["pid"])  # type: ignore[call-overload]
+        serve = psutil.Process(daemon.proc.pid)
+        soft, hard = serve.rlimit(psutil.RLIMIT_NOFILE)
+        serve.rlimit(psutil.RLIMIT_NOFILE, (serve.num_fds() - 8, hard))  # no new descriptor
+        try:
+            os.kill(worker, signal.SIGKILL)
+            # Spawns fail meanwhile (EMFILE): serve says so in its log, twice at least.
+            poll_until(lambda: daemon.log_path.read_text(errors="replace").count(
+                "could not start the worker") >= 2, timeout=HELD_FOR * 20,
+                what="two failed spawns")  # fmt: skip
+        finally:
+            serve.rlimit(psutil.RLIMIT_NOFILE, (soft, hard))
+        reply = call_with_retry(str(home), "send", session="s1", text="back", key="k1",
+                                deadline=time.monotonic() + 60)  # fmt: skip
+        assert isinstance(reply, dict)
+        poll_until(lambda: status(home, "s1")["state"] == "RUNNING", what="s1 running")
+        log = daemon.log_path.read_text(errors="replace")
+        assert "RecursionError" not in log, log[-2000:]
+        failed = [datetime.fromisoformat(line.split()[3].rstrip("Z")) for line in log.splitlines()
+                  if "BACKOFF (could not start the worker" in line]  # fmt: skip
+        gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(failed)]
+        assert gaps, log[-2000:]
+        assert min(gaps) >= 0.05, gaps  # each after a backoff, none at once within the last
