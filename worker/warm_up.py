@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from typing import Final
 
@@ -43,14 +45,57 @@ REQUESTS: Final = 16
 _SESSION: Final = "warm-up"
 _READ: Final = 1 << 16
 _PATIENCE: Final = 30.0
+_PREFIX: Final = "loopd-warm-up-"
+_SCRATCH_NAME: Final = re.compile(r"loopd-warm-up-([1-9][0-9]{0,9})-[a-z0-9_]+")
 _MEMORY: Final = "/dev/shm"  # noqa: S108 - mkdtemp makes a private directory in it
 """Where the scratch session goes if it can (memory: its fsyncs cost nothing)."""
 
 
+STALE_AFTER: Final = 60.0
+"""Seconds after which a scratch directory whose maker is gone is another's to remove
+(a warm-up lasts milliseconds)."""
+
+
+def _scratch_parent() -> str | None:
+    return _MEMORY if os.access(_MEMORY, os.W_OK | os.X_OK) else None
+
+
 def scratch_home() -> str:
-    """A new private directory for a warm-up's scratch session (in memory if it can be)."""
-    memory = _MEMORY if os.access(_MEMORY, os.W_OK | os.X_OK) else None
-    return tempfile.mkdtemp(prefix="loopd-warm-up-", dir=memory)
+    """A new private directory for a warm-up's scratch session (in memory if it can be),
+    named with the pid of the process that made it (``remove_stale_scratch``)."""
+    return tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=_scratch_parent())
+
+
+def remove_stale_scratch() -> int:
+    """Remove the scratch directories of this user whose maker is gone, older than
+    ``STALE_AFTER`` (left by a serve SIGKILLed with its spare, which removes its own
+    otherwise); how many. Nothing else is touched: another user's, a live maker's, a
+    young one (a maker in another pid namespace may share the directory)."""
+    parent = _scratch_parent() or tempfile.gettempdir()
+    removed = 0
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return 0
+    for name in names:
+        found = _SCRATCH_NAME.fullmatch(name)
+        if found is None:
+            continue
+        path = os.path.join(parent, name)
+        try:
+            info = os.lstat(path)
+            os.kill(int(found.group(1)), 0)
+        except ProcessLookupError:
+            pass  # its maker is gone
+        except OSError:
+            continue  # no such entry, or a maker alive (another user's: EPERM)
+        else:
+            continue
+        if info.st_uid != os.geteuid() or time.time() - info.st_mtime < STALE_AFTER:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    return removed
 
 
 def warm_up(requests: int = REQUESTS, home: str | None = None) -> None:

@@ -49,7 +49,7 @@ from supervisor.templates.worker_child import (
     run_worker,
 )
 from worker.store.errors import SessionError
-from worker.warm_up import scratch_home, warm_up
+from worker.warm_up import remove_stale_scratch, scratch_home, warm_up
 
 SPARE_NAME: Final = "loopd-spare"
 FORKING_NAME: Final = "loopd-forking"
@@ -277,6 +277,8 @@ _SPARES: list[Spares] = []
 def open_spares(loop: asyncio.AbstractEventLoop, report: Report) -> Spares:
     """Keep a spare worker from now on (serve's start, the fork start method)."""
     close_spares()
+    with contextlib.suppress(OSError):
+        remove_stale_scratch()  # of a serve SIGKILLed with its spare (docs/templates.md)
     spares = Spares(loop, report)
     _SPARES[:] = [spares]
     # Forked once the loop runs, after the rest of serve's start: what it sets up for

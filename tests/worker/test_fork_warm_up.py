@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from worker.store.disk import durable
 from worker.store.disk.durable import Boundary
 from worker.store.errors import SessionIOError
 from worker.store.stats import STATS
-from worker.warm_up import warm_up
+from worker.warm_up import STALE_AFTER, remove_stale_scratch, scratch_home, warm_up
 
 
 def _scratch_dirs(where: Path) -> set[str]:
@@ -91,3 +92,36 @@ def test_a_kept_reader_drops_what_came_after_a_reply_as_a_fresh_one_did() -> Non
         worker.recv(1 << 16)
         worker.sendall(encode({"id": 4, "ok": True, "result": "four"}))
         assert _round_trip(client, encode({"id": 4, "op": "status"}), reader)["id"] == 4
+
+
+def _dead_pid() -> int:
+    """A pid no process has (a child forked and reaped)."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
+
+
+def test_scratch_left_by_a_gone_maker_is_removed_and_nothing_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A serve SIGKILLed with its spare leaves the spare's scratch directory; the next
+    serve's spares remove it, never one a live process or another user may be using."""
+    monkeypatch.setattr(warm_up_module, "_MEMORY", str(tmp_path))
+    dead, alive, old = _dead_pid(), os.getpid(), time.time() - 2 * STALE_AFTER
+    cases = {
+        f"loopd-warm-up-{dead}-abc123": True,  # its maker gone, old: removed
+        f"loopd-warm-up-{alive}-abc123": False,  # its maker alive
+        f"loopd-warm-up-{dead}-young1": False,  # made a moment ago (another pid namespace?)
+        "loopd-warm-up-ab1c2d": False,  # no pid in its name: an older serve's
+        f"other-{dead}-abc123": False,
+    }
+    for name in cases:
+        (tmp_path / name / "sessions").mkdir(parents=True)
+        if "young" not in name:
+            os.utime(tmp_path / name, (old, old))
+    assert remove_stale_scratch() == 1
+    assert sorted(os.listdir(tmp_path)) == sorted(n for n, gone in cases.items() if not gone)
+    made = scratch_home()
+    assert os.path.basename(made).startswith(f"loopd-warm-up-{os.getpid()}-")
