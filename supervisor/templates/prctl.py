@@ -31,3 +31,8 @@ def become_subreaper(*, on: bool = True) -> None:
 def die_with_parent() -> None:
     """SIGKILL this process when the thread that forked it ends (the supervisor's)."""
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def live_on_parent_death() -> None:
+    """Undo ``die_with_parent``: a worker outlives its supervisor to finish its batch."""
+    _prctl(_PR_SET_PDEATHSIG, 0)

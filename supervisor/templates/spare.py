@@ -39,6 +39,7 @@ from supervisor.templates.order import (
     ForkOrder,
     OrderError,
 )
+from supervisor.templates.prctl import die_with_parent, live_on_parent_death
 from supervisor.templates.worker_child import (
     child_main,
     close_all_but,
@@ -91,6 +92,7 @@ class Spare:
             self._remove_scratch()
             raise
         flush_std_streams()
+        serve = os.getpid()
         try:
             pid = _fork_named(FORKING_NAME)
         except BaseException:
@@ -99,7 +101,7 @@ class Spare:
             self._remove_scratch()
             raise
         if pid == 0:
-            _be_spare(child.fileno(), self.scratch)
+            _be_spare(child.fileno(), self.scratch, serve)
         child.close()
         reaper.claim(pid)  # waited for here, never reaped as a stray
         try:
@@ -328,19 +330,25 @@ def _fork_named(name: str) -> int:
         os.close(comm)
 
 
-def _be_spare(order_fd: int, scratch: str | None) -> NoReturn:
+def _be_spare(order_fd: int, scratch: str | None, serve: int) -> NoReturn:
     """The spare's whole life: prepare, warm up, wait for an order, become its worker."""
-    child_main(functools.partial(_spare_life, order_fd, scratch))
+    child_main(functools.partial(_spare_life, order_fd, scratch, serve))
 
 
-def _spare_life(order_fd: int, scratch: str | None) -> int:
+def _spare_life(order_fd: int, scratch: str | None, serve: int) -> int:
     name_process(SPARE_NAME)  # first: it was born with serve's forking name
+    # SIGKILLed with serve, even stopped (SIGSTOP: it would never see its socket's end);
+    # a worker it becomes outlives serve, as any worker, to finish its batch.
+    die_with_parent()
+    if os.getppid() != serve:
+        return 0  # serve died before that was armed
     prepare_child()
     close_all_but(order_fd)
     _warm(order_fd, scratch)
     order, fds = _await_order(order_fd)
     if order is None:
         return 0  # the supervisor closed its end: it stopped, or died
+    live_on_parent_death()
     output = place_descriptors(fds)
     return run_worker(order, CHANNEL_FD, HEARTBEAT_FD, output, on_path=False)
 

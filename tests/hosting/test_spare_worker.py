@@ -101,6 +101,31 @@ def test_a_spare_ends_by_itself_when_serve_is_sigkilled(tmp_path: Path) -> None:
                    timeout=10, what="the spare to end at its order socket's end")  # fmt: skip
 
 
+def test_a_stopped_spare_ends_with_serve_and_a_worker_it_became_outlives_it(
+    tmp_path: Path,
+) -> None:
+    """A SIGSTOPped spare never saw its socket's end when serve was SIGKILLed: it stayed
+    for good. A worker it became must not die with serve (it finishes its batch)."""
+    home = tmp_path / "home"
+    with running_daemon(home) as daemon:
+        call(str(home), "create", session="s1")
+        first = _spare(daemon)
+        poll_until(lambda: len(_sockets_and_pipes(first.pid)) == 1, what="the spare ready")
+        os.kill(int(status(home, "s1")["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+        call_with_retry(str(home), "send", session="s1", text="x", key="k1",
+                        deadline=time.monotonic() + 60)  # fmt: skip
+        assert status(home, "s1")["pid"] == first.pid  # the spare became s1's worker
+        poll_until(_replaced(daemon, first.pid), what="a new spare")
+        second = _spare(daemon)
+        os.kill(second.pid, signal.SIGSTOP)
+        daemon.proc.kill()
+        daemon.proc.wait()
+        poll_until(lambda: not second.is_running() or second.status() == "zombie",
+                   timeout=10, what="the stopped spare to die with serve")  # fmt: skip
+        assert first.is_running()  # the worker the first spare became lives on
+        assert first.name() == "loopd:s1"
+
+
 @pytest.mark.parametrize("method", ["exec", "template"])
 def test_no_spare_is_kept_where_workers_are_not_forked_from_serve(
     tmp_path: Path, method: str
