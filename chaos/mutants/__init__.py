@@ -320,6 +320,16 @@ SEAM_MUTANTS: Final[dict[str, Mutant]] = {
             feature="the PostgreSQL seam",
             quick=("basic:fence:1", "basic:fence:5"),
         ),
+        Mutant(
+            name="sealed-log-read-from-directory",
+            bug="a retry of a sealed epoch's key reads its log from a directory named after "
+            "the session's URI",
+            patch=seam.sealed_log_read_from_directory,
+            caught_by="retry-answered-from-log",
+            faults=(),
+            feature="the PostgreSQL seam",
+            quick=("basic:kill-after-commit:3", "basic:lost-before-commit:6"),
+        ),
     )
 }
 

@@ -47,3 +47,15 @@ def fence_checked_apart() -> None:
 
     backend.PostgresBackend._fenced = fenced  # type: ignore[method-assign]
     backend.PostgresBackend.append_group = append_group  # type: ignore[method-assign]
+
+
+def sealed_log_read_from_directory() -> None:
+    """A retry of a sealed epoch's key reads that log from the session's directory, which a
+    database's session does not have (as the PostgreSQL store once did)."""
+    from worker.store import request_records  # noqa: PLC0415 - patched in the child only
+    from worker.store.epochs.sealed_logs import read_sealed  # noqa: PLC0415
+
+    def sealed_records(session: object, epoch: int) -> list[object]:
+        return list(read_sealed(session.dir, epoch).records)  # type: ignore[attr-defined]
+
+    request_records.sealed_records = sealed_records  # type: ignore[assignment]

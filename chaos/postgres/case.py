@@ -24,6 +24,7 @@ from chaos.oracle import summary_checks
 from chaos.oracle.oracle import ClientLog, check_after_fault, check_final_view
 from chaos.postgres import database
 from chaos.postgres.faults import SeamFault, SeamHook
+from chaos.postgres.retry_probe import retry_probe
 from chaos.scenarios.scenarios import RETRY_SUMMARY, SCENARIOS, SESSION, SLOT, Scenario, apply_op
 from chaos.scenarios.scenarios import baseline_for as _baseline_for
 from worker.store.errors import SessionError
@@ -105,6 +106,8 @@ def run_seam_case(uri: str, case: SeamCase) -> CaseResult:
             where = f"the {SUMMARY_NAME!r} row"
             stored = database.stored_summary(case_uri)
             summary_checks.final(result, stored, where, newest, final.raw[newest])
+        if not result.violations:  # as the next owner meets it: each key read back
+            retry_probe(result, case_uri, final, case.mutant)
     return result
 
 

@@ -1,0 +1,102 @@
+"""After a seam case: every applied key answered from the log where the database keeps it.
+
+A retry of a key is answered with the records its request wrote (``request_records``);
+for a key of a sealed epoch they are read from that epoch's log. Here the case's
+session is opened from the database as its next owner would and each key of the final
+view is looked up and read back: the request's records, its ``User`` first, as the view
+holds them (``retry-answered-from-log``, the file rig's probe of the same name). A
+PostgreSQL session once read a sealed log from a directory named after its URI, which
+does not exist: every such retry was answered with an error and no text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+
+from chaos import mutants
+from chaos.cases import CaseResult
+from chaos.lifeline import die_with_parent
+from chaos.oracle.oracle import LogsView
+from chaos.scenarios.scenarios import SESSION
+from worker.store.errors import SessionError
+from worker.store.postgres import PostgresStore
+from worker.store.request_records import request_records
+from worker.store.session import Session
+
+RETRY = "retry-answered-from-log"
+_ENDS_A_REQUEST = ("User", "SessionStart", "EpochEnd", "Owner", "Handoff")
+
+
+def _requests(view: LogsView) -> dict[str, tuple[int, list[dict[str, object]]]]:
+    """Each applied key's epoch and records in the view (its User, what followed it)."""
+    found: dict[str, tuple[int, list[dict[str, object]]]] = {}
+    for epoch in sorted(view.epochs):
+        records = view.epochs[epoch]
+        for index, record in enumerate(records):
+            key = record.get("key")
+            if record.get("type") != "User" or not isinstance(key, str):
+                continue
+            wrote = [record]
+            for after in records[index + 1 :]:
+                if after.get("type") in _ENDS_A_REQUEST:
+                    break
+                wrote.append(after)
+            found[key] = (epoch, wrote)
+    return found
+
+
+def retry_probe(result: CaseResult, uri: str, final: LogsView, mutant: str | None) -> None:
+    """Open the case's session from ``uri`` (the case is over) and read each key back, in
+    a forked child with the case's mutant applied (as every store of a case runs)."""
+    result.checked.append(RETRY)
+    read_r, read_w = os.pipe()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 1
+        try:
+            die_with_parent(parent)
+            os.close(read_r)
+            mutants.apply(mutant)
+            child = CaseResult(case=result.case, fault=result.fault, boundary=result.boundary)
+            _probe(child, uri, final)
+            os.write(read_w, json.dumps(child.violations).encode())
+            code = 0
+        except BaseException:
+            traceback.print_exc()  # the child's exception reaches no one else
+            raise
+        finally:
+            os._exit(code)
+    os.close(read_w)
+    with os.fdopen(read_r, "rb") as said:
+        data = said.read()
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        result.violate(RETRY, f"the probe's process failed (exit {status})")
+        return
+    for violation in json.loads(data):
+        result.violate(RETRY, str(violation).removeprefix(f"{RETRY}: "))
+
+
+def _probe(result: CaseResult, uri: str, final: LogsView) -> None:
+    expected = _requests(final)
+    try:
+        with Session.open(PostgresStore(uri), SESSION) as session:
+            for key, (epoch, wrote) in expected.items():
+                ref = session.find_key(key)
+                if ref is None or ref.epoch != epoch:
+                    result.violate(RETRY, f"{key!r}, applied in epoch {epoch}, is found at {ref}")
+                    return
+                read = request_records(session, ref)
+                types = [type(r).__name__ for r in read]
+                texts = [getattr(r, "text", None) for r in read]
+                if types != [w.get("type") for w in wrote] or texts != [
+                    w.get("text") for w in wrote
+                ]:
+                    result.violate(RETRY, f"{key!r} in epoch {epoch} is answered from "
+                                   f"{types} {texts}; the log holds {wrote}")  # fmt: skip
+                    return
+    except SessionError as exc:
+        result.violate(RETRY, f"a retry could not be answered from the log: {exc}")
