@@ -228,6 +228,11 @@ def restore(
         live = daemon_answers(home, timeout)
         if live:
             state = _hosted_state(home, wanted, timeout)
+            if state is None and not force and os.path.lexists(session_dir(home, wanted)):
+                _fail("restore", f"{session_dir(home, wanted)} already exists and serve does "
+                      "not list it (a restore cut short after its rename?): `loopd restore "
+                      "--force` replaces it with the backup; a restart of serve lists it as "
+                      "it is")  # fmt: skip
             if state in LIVE_STATES and not force:
                 _fail("restore", f"session {wanted} is {state}; --force stops it and replaces it")
             if state in LIVE_STATES:

@@ -272,3 +272,26 @@ def test_a_backup_into_a_file_and_a_refused_staged_copy_are_named_as_they_are(
     assert f"({kept / '0.jsonl'}:3: " in done.stderr, done.stderr
     assert ".restoring" not in done.stderr
     assert log.exists()
+
+
+def test_a_rerun_after_a_restore_cut_short_past_its_rename_says_serve_does_not_list_it(
+    tmp_path: Path,
+) -> None:
+    home, dest = tmp_path / "home", tmp_path / "backups"
+    keyed_session(home, "s4", pairs=2)
+    _ok("backup", "--home", str(home), "s4", str(dest))
+    other = tmp_path / "other"
+    (other / "sessions").mkdir(parents=True)
+    with running_daemon(other):
+        # What a restore killed right after its rename leaves: the session's files in
+        # place, which the running serve was never told of.
+        (other / "sessions" / "s4").mkdir()
+        for name in json.loads((dest / "s4" / "loopd-backup.json").read_text())["files"]:
+            data = (dest / "s4" / name["name"]).read_bytes()
+            (other / "sessions" / "s4" / name["name"]).write_bytes(data)
+        done = loopd("restore", "--home", str(other), str(dest / "s4"))
+        assert done.returncode == 1
+        assert "serve does not list it (a restore cut short after its rename?)" in done.stderr
+        assert "`loopd restore --force` replaces it" in done.stderr
+        _ok("restore", "--home", str(other), "--force", str(dest / "s4"))
+        _ok("start", "--home", str(other), "s4")
