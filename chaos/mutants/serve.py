@@ -90,4 +90,4 @@ def identity_by_wall_clock() -> None:
         except psutil.Error:
             return None
 
-    spawn.start_ticks = start_ticks  # type: ignore[assignment]
+    spawn.start_ticks = start_ticks  # type: ignore[assignment,attr-defined]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Final
 
 import psutil
 
+from supervisor.sessions.proc_stat import start_ticks, stat_fields
 from supervisor.templates import reaper
 from supervisor.templates.order import CHANNEL_FD, HEARTBEAT_FD, AppIdentity, ForkOrder
 from supervisor.templates.pool import templates
@@ -33,7 +34,6 @@ _GONE: Final = frozenset({errno.ESRCH})
 _PF_EXITING: Final = 0x4
 """The kernel's flag of a process that has begun to exit (include/linux/sched.h), in the
 flags word of /proc/PID/stat (proc(5))."""
-_NO_STAT: Final = frozenset({errno.ENOENT, errno.ESRCH, errno.EACCES})
 
 
 class StartMethod(enum.Enum):
@@ -139,21 +139,17 @@ class WorkerProcess:
     def __init__(self, spec: WorkerSpec) -> None:
         """Start the worker without a shell, in its own process group."""
         self.heartbeat, beat_fd = HeartbeatCell.create()
-        try:
-            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        except BaseException:
-            os.close(beat_fd)
-            self.heartbeat.close()
-            raise
         self._popen: subprocess.Popen[bytes] | None = None
         # The output pipe's read end is the supervisor's (``output``); the write end is
         # the worker's stdout and stderr, and is closed here once the worker holds it.
         self.output: int | None = None
         output_w: int | None = None
-        if spec.capture_output:
-            self.output, output_w = os.pipe2(os.O_CLOEXEC)
+        parent = child = None
         method = spec.start_method.for_app(spec.app)
-        try:
+        try:  # every descriptor made here is closed on every way out (out of them: EMFILE)
+            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            if spec.capture_output:
+                self.output, output_w = os.pipe2(os.O_CLOEXEC)
             if method is StartMethod.EXEC:
                 self._popen = subprocess.Popen(
                     spec.argv(child.fileno(), beat_fd),
@@ -175,23 +171,39 @@ class WorkerProcess:
                     _fork_worker(spec, child.fileno(), beat_fd, output_w)
                 )
         except BaseException:
-            parent.close()
-            self.heartbeat.close()
-            if self.output is not None:
-                os.close(self.output)
+            self._close_own(parent)
             raise
         finally:
-            child.close()
+            if child is not None:
+                child.close()
             os.close(beat_fd)  # the mapping stays; the worker has its own descriptor
             if output_w is not None:
                 os.close(output_w)
         reaper.claim(self.pid)  # waited for here, never reaped as a stray (a subreaper's)
-        self.pidfd = os.pidfd_open(self.pid)
+        try:
+            self.pidfd = os.pidfd_open(self.pid)
+        except OSError:  # out of descriptors once it runs: it is ended, nothing kept
+            for kill in (os.killpg, os.kill):  # its group, once it has made one
+                with contextlib.suppress(OSError):
+                    kill(self.pid, signal.SIGKILL)
+            if self._popen is not None:
+                self._popen.wait()  # our child: reaped here
+            reaper.release(self.pid)  # a forked one is reaped as a stray from now on
+            self._close_own(parent)
+            raise
         # None: already gone (the pidfd reports its exit)
         self.started_ticks: int | None = start_ticks(self.pid)
         parent.setblocking(False)
         self.sock = parent
         self.returncode: int | None = None
+
+    def _close_own(self, parent: socket.socket | None) -> None:
+        """Close what the supervisor keeps of a worker that did not start."""
+        if parent is not None:
+            parent.close()
+        self.heartbeat.close()
+        if self.output is not None:
+            os.close(self.output)
 
     def is_same_process(self) -> bool:
         """True if ``pid`` still names the process we started (its start since boot)."""
@@ -245,7 +257,7 @@ class WorkerProcess:
         """
         if self.returncode is not None:
             return True
-        fields = _stat_fields(self.pid)
+        fields = stat_fields(self.pid)
         if fields is None:
             return False  # no /proc to ask: hand over as before
         # From the third field: state, ppid, pgrp, session, tty_nr, tpgid, flags.
@@ -283,40 +295,6 @@ class WorkerProcess:
         loop's transport)."""
         os.close(self.pidfd)
         self.heartbeat.close()
-
-
-def start_ticks(pid: int) -> int | None:
-    """When ``pid`` started, in clock ticks since boot (``/proc/PID/stat``'s starttime);
-    None if it is gone (reaped) or cannot be read.
-
-    The identity of a process across time, as psutil's own is on Linux: not its
-    ``create_time()``, which adds the boot time in wall-clock seconds read anew at each
-    call, so that a step of the system clock (NTP at boot, a VM resumed, ``date -s``)
-    made every running worker look like another process: serve then neither signalled
-    nor killed any of them (a stopped worker was never killed as hung).
-    """
-    try:
-        fields = _stat_fields(pid)
-    except OSError:
-        return None
-    # From the third field, the state; starttime is the 22nd.
-    return int(fields[19]) if fields is not None and len(fields) > 19 else None
-
-
-def _stat_fields(pid: int) -> list[bytes] | None:
-    """The fields of ``/proc/PID/stat`` after the process's name (which may hold spaces
-    and parentheses), from the third; None if there is no such file to read."""
-    try:
-        stat = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno in _NO_STAT:
-            return None
-        raise
-    try:
-        data = os.read(stat, 1024)
-    finally:
-        os.close(stat)
-    return data[data.rfind(b")") + 2 :].split()
 
 
 def prepare_forks(method: StartMethod) -> str | None:

@@ -3,6 +3,7 @@ with a backoff, and served once descriptors are free again; real serve, real SIG
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import signal
@@ -11,8 +12,10 @@ from datetime import datetime
 from pathlib import Path
 
 import psutil
+import pytest
 
 from supervisor.client import call, call_with_retry
+from supervisor.sessions.spawn import StartMethod, WorkerProcess, WorkerSpec
 from tests.harness.support import poll_until, running_daemon, status
 
 HELD_FOR = 1.5
@@ -54,3 +57,43 @@ def test_a_worker_serve_cannot_spawn_is_started_again_once_it_can(tmp_path: Path
         gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(failed)]
         assert gaps, log[-2000:]
         assert min(gaps) >= 0.05, gaps  # each after a backoff, none at once within the last
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("method", [StartMethod.EXEC, StartMethod.FORK])
+def test_a_spawn_out_of_descriptors_at_its_output_pipe_leaves_none_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: StartMethod
+) -> None:
+    """The heartbeat cell's memfd and the channel stayed open when the output pipe failed:
+    a descriptor lost for good at each such failure, until serve could start no worker."""
+
+    def out_of_descriptors(flags: int) -> tuple[int, int]:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    spec = WorkerSpec(home=str(tmp_path), session="s1", capture_output=True, start_method=method)
+    before = _open_fds()
+    monkeypatch.setattr(os, "pipe2", out_of_descriptors)
+    with pytest.raises(OSError, match="Too many open files"):
+        WorkerProcess(spec)
+    assert _open_fds() == before
+
+
+def test_a_spawn_out_of_descriptors_at_its_pidfd_ends_the_worker_and_keeps_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def out_of_descriptors(pid: int, flags: int = 0) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    spec = WorkerSpec(home=str(tmp_path), session="s1", capture_output=True,
+                      start_method=StartMethod.EXEC)  # fmt: skip
+    before = _open_fds()
+    children = {p.pid for p in psutil.Process().children()}
+    monkeypatch.setattr(os, "pidfd_open", out_of_descriptors)
+    with pytest.raises(OSError, match="Too many open files"):
+        WorkerProcess(spec)
+    assert _open_fds() == before
+    # The exec'd worker was killed and reaped: no child of ours is left.
+    assert {p.pid for p in psutil.Process().children()} <= children
