@@ -41,7 +41,10 @@ def parse_at(text: str, now: datetime.datetime | None = None) -> str:
             ) from None
         if at.tzinfo is None:
             raise ValueError(f"{text!r} has no time zone: add Z for UTC or an offset (+01:00)")
-    return at.astimezone(datetime.UTC).isoformat()
+    try:
+        return at.astimezone(datetime.UTC).isoformat()
+    except OverflowError:
+        raise ValueError(f"{text!r} is not a time from 0001 to 9999 in UTC") from None
 
 
 @click.command()

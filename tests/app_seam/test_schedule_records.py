@@ -6,8 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.cli.schedule_command import parse_at
 from tests.harness.postgres_server import PostgresServer
 from worker import Baseline, Session, User
+from worker.ipc.wire import Message
+from worker.loop.schedule_book import ScheduleBook, ScheduleRefused, normalize_at
+from worker.loop.schedule_requests import ScheduledChunk
 from worker.store.errors import TornLog
 from worker.store.format.records import Record, Schedule, Unschedule, decode_record, encode_record
 from worker.store.loader import load_session
@@ -114,3 +118,54 @@ def test_a_torn_carried_schedule_line_is_refused_with_its_line(
     log.write_bytes(log.read_bytes()[:-1])
     with pytest.raises(TornLog, match=r"1\.jsonl:2: "):
         Session.open(home, "s")
+
+
+@pytest.mark.parametrize("at", ["9999-12-31T23:59:59-01:00", "0001-01-01T00:30:00+01:00"])
+def test_a_time_the_records_cannot_hold_is_refused_not_written(at: str) -> None:
+    """A year-10000 time was written as such: no record time, it sorted first as the next
+    due (the daemon armed no timer) and counted as due at once."""
+    with pytest.raises(ValueError, match="is not a time from 0001 to 9999 in UTC"):
+        normalize_at(at)
+    with pytest.raises(ValueError, match="is not a time from 0001 to 9999 in UTC"):
+        parse_at(at)
+    assert normalize_at("9999-12-31T22:59:59-01:00") == "9999-12-31T23:59:59.000000Z"
+
+
+def _chunk(book: ScheduleBook, *payloads: Message) -> list[object]:
+    scheduled: ScheduledChunk[None] = ScheduledChunk(book, [(None, p) for p in payloads])
+    return [scheduled.decided.get(i) for i in range(len(payloads))]
+
+
+def test_a_schedule_of_a_key_a_request_of_its_batch_has_is_refused(tmp_path: Path) -> None:
+    """Written while the batch was built, before the request, the schedule was taken as
+    delivered by it: acknowledged, never delivered."""
+    with Session.create(str(tmp_path), "s1", Baseline(system="s", memory="", tools=[])) as s:
+        book = ScheduleBook(s)
+        later = {"at": "2030-01-01T00:00:00Z", "text": "later"}
+        plain, scheduled = _chunk(book, {"key": "K1", "text": "plain"},
+                                  {"key": "K1", "schedule": later})  # fmt: skip
+        assert plain is None  # the request is the App's
+        assert isinstance(scheduled, ScheduleRefused)
+        assert "a request of this batch has this key" in str(scheduled)
+        assert book.pending() == {}
+        book.chunk_keys = frozenset({"K2"})  # the App's turn.schedule() in such a batch
+        with pytest.raises(ValueError, match="is a request's of this batch"):
+            book.stage("2030-01-01T00:00:00Z", "later", "K2", False)
+
+
+def test_a_retried_schedule_delivered_since_is_answered_as_a_duplicate(tmp_path: Path) -> None:
+    """Its answer lost, then delivered: the retry was refused, telling to pick a new key
+    (an operator who did would have it done twice)."""
+    with Session.create(str(tmp_path), "s1", Baseline(system="s", memory="", tools=[])) as s:
+        book = ScheduleBook(s)
+        past: Message = {"key": "P1", "schedule": {"at": "2020-01-01T00:00:00Z", "text": "due"}}
+        [first] = _chunk(book, past)
+        assert first == {"duplicate": False, "key": "P1", "at": "2020-01-01T00:00:00.000000Z"}
+        book.pending()
+        s.append(User(text="due", key="P1"))  # its delivery
+        [again] = _chunk(book, past)
+        assert again == {"duplicate": True, "key": "P1", "at": "2020-01-01T00:00:00.000000Z",
+                         "delivered": True}  # fmt: skip
+        s.append(User(text="plain", key="P2"))
+        [refused] = _chunk(book, {**past, "key": "P2"})
+        assert isinstance(refused, ScheduleRefused)  # a request's key, not a delivery's

@@ -58,7 +58,13 @@ def normalize_at(at: object) -> str:
         raise TypeError(f"at must be a datetime or a string, got {type(at).__name__}")
     if at.tzinfo is None:
         raise ValueError(f"at {at.isoformat()} has no time zone: give one (UTC: +00:00)")
-    return format_time(at.timestamp())
+    try:
+        written = format_time(at.timestamp())
+    except (OverflowError, ValueError, OSError):
+        written = ""
+    if parse_time(written) is None:  # a year past 9999 in UTC (or before 1): no record time
+        raise ValueError(f"at {at.isoformat()} is not a time from 0001 to 9999 in UTC")
+    return written
 
 
 def check_key(key: object) -> str:
@@ -76,18 +82,29 @@ class ScheduleBook:
         self._seen = 0
         self._pending: dict[str, Schedule] = {}
         self._applied: set[str] = set()
+        self._delivered: dict[str, str] = {}  # key -> its time: pending, then applied
         self.staged: list[Schedule] = []
+        self.chunk_keys: frozenset[object] = frozenset()  # the requests' keys of this chunk
 
     def pending(self) -> dict[str, Schedule]:
         """The pending schedules now (the records appended since the last look followed)."""
         records = self.session.records
         if self.session.epoch != self._epoch or len(records) < self._seen:
             self._epoch, self._seen = self.session.epoch, 0
-            self._pending, self._applied = {}, set()
+            self._pending, self._applied, self._delivered = {}, set(), {}
         if len(records) > self._seen:
+            before = dict(self._pending)
             follow_from(self._pending, self._applied, records, self._seen)
             self._seen = len(records)
+            for key in before.keys() - self._pending.keys():
+                if key in self._applied:  # its request applied: delivered (not cancelled)
+                    self._delivered[key] = before[key].at
         return self._pending
+
+    def delivered_at(self, key: str) -> str | None:
+        """The time of the schedule of ``key`` that was delivered in this epoch, if one was."""
+        self.pending()
+        return self._delivered.get(key)
 
     def summary(self) -> list[object]:
         """``[count, next due]`` (the records' time format, None when nothing is pending)."""
@@ -121,6 +138,8 @@ class ScheduleBook:
         chosen = check_key(f"schedule-{uuid.uuid4().hex}" if key is None else key)
         if chosen in self.pending() or any(s.key == chosen for s in self.staged):
             raise ValueError(f"schedule(): key {chosen!r} is already scheduled")
+        if chosen in self.chunk_keys:
+            raise ValueError(f"schedule(): key {chosen!r} is a request's of this batch")
         if self.session.find_key(chosen) is not None:
             raise ValueError(f"schedule(): key {chosen!r} was already used by a request")
         self.staged.append(Schedule(key=chosen, at=when, text=text, untrusted=untrusted))

@@ -44,6 +44,11 @@ class ScheduledChunk(Generic[T]):
         self.decided: dict[int, Result] = {}  # item index -> its result, found here
         self._chunk = chunk
         self._spans: list[tuple[int, int]] = []  # per entry: its first item and how many
+        # The keys of the chunk's own requests: a schedule is written as the chunk is
+        # built, before them, and a request of its key would take it as delivered.
+        self._requested = {
+            p.get("key") for _t, p in chunk if "schedule" not in p and "unschedule" not in p
+        }
         for target, payload in chunk:
             if payload.get("deliver_due") is True:
                 start = len(self.items)
@@ -108,6 +113,11 @@ class ScheduledChunk(Generic[T]):
         pending = self.book.pending().get(key)
         if pending is not None:
             return {"duplicate": True, "key": key, "at": pending.at}
+        delivered = self.book.delivered_at(key)
+        if delivered is not None:  # a retry whose answer was lost: written, then delivered
+            return {"duplicate": True, "key": key, "at": delivered, "delivered": True}
+        if key in self._requested:
+            raise ScheduleRefused(key, "a request of this batch has this key; pick a new key")
         if self.book.session.find_key(key) is not None:
             raise ScheduleRefused(
                 key, "a request with this key was already applied; pick a new key"

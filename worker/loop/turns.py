@@ -173,6 +173,8 @@ class TurnRunner:
             else:
                 todo.append(index)
         self._targets = {id(chunk[i][1]): chunk[i][0] for i in todo}
+        # A key the App schedules may not be one of these: its request would take it.
+        self.book.chunk_keys = frozenset(chunk[i][1].get("key") for i in todo)
         try:
             if self._many is not None and todo:
                 payloads = [chunk[i][1] for i in todo]
