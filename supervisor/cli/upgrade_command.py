@@ -34,12 +34,19 @@ MAX_AT_ONCE: Final = 100_000
     help="only the sessions of this App: a name of loopd.toml's [apps], or serve's --app "
     "as module:attribute (default: every App).",
 )
-def upgrade(home: str, timeout: float, rolling: int, app: str | None) -> None:
+@click.option(
+    "--keep-going",
+    is_flag=True,
+    help="go on after a session fails to upgrade (default: begin no more sessions).",
+)
+def upgrade(home: str, timeout: float, rolling: int, app: str | None, keep_going: bool) -> None:
     """Move each session whose epoch names an older App version onto the version a worker
     would load now: restart its worker, then compact, so its new epoch names that version.
 
     Requests sent meanwhile are queued and served by the new worker. One line per
-    session; exit 1 with one line per failure on stderr. --timeout bounds each step.
+    session; exit 1 with one line per failure on stderr. After a failure no more sessions
+    are begun (those left keep their version) unless --keep-going. --timeout bounds
+    each step.
     """
     try:
         plan = plan_upgrade(home, app, timeout=timeout)
@@ -60,18 +67,24 @@ def upgrade(home: str, timeout: float, rolling: int, app: str | None) -> None:
     if plan.upgrade:
         try:
             done = upgrade_sessions(
-                home, plan.upgrade, at_once=rolling, timeout=timeout, on_done=_show
-            )
+                home, plan.upgrade, at_once=rolling, timeout=timeout, on_done=_show,
+                keep_going=keep_going,
+            )  # fmt: skip
         except ControlError as exc:
             _fail("upgrade", exc)
     failed = [(d.session, d.failure) for d in done if d.failure is not None]
+    left = [str(row.get("session")) for row in plan.upgrade][len(done) :]
+    if left:
+        click.echo(f"stopped after a failure: {len(left)} session(s) not begun, still on their "
+                   f"version ({', '.join(left[:10])}{', ...' if len(left) > 10 else ''}); "
+                   "fix the App and run upgrade again, or give --keep-going")  # fmt: skip
     click.echo(
         f"upgraded {len(done) - len(failed)} session(s); failed {len(failed)}; "
         f"skipped {len(plan.skipped)}; unchecked {len(plan.unchecked)}"
     )
     for session, why in [*failed, *plan.unchecked]:
         click.echo(f"loopd upgrade: {session}: {why}", err=True)
-    if failed or plan.unchecked:
+    if failed or plan.unchecked or left:
         sys.exit(EXIT_ERROR)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Final
 
@@ -82,13 +82,27 @@ def upgrade_sessions(
     at_once: int,
     timeout: float,
     on_done: Callable[[Upgraded], None],
+    keep_going: bool = False,
 ) -> list[Upgraded]:
-    """Upgrade each of ``rows`` (``plan_upgrade``'s), ``at_once`` at a time; each result."""
+    """Upgrade each of ``rows`` (``plan_upgrade``'s), ``at_once`` at a time; each result.
+
+    After a failure no further session is begun (those already begun end), unless
+    ``keep_going``: a version whose workers cannot start is met on one batch, not on
+    every session of the home."""
+    waiting = list(rows)
+    done: list[Upgraded] = []
     with ThreadPoolExecutor(max_workers=at_once) as pool:
-        done = []
-        for result in pool.map(lambda row: _upgrade_one(home, row, timeout), rows):
-            on_done(result)
-            done.append(result)
+        running: set[Future[Upgraded]] = set()
+        while waiting or running:
+            failed = any(d.failure is not None for d in done)
+            while waiting and len(running) < at_once and (keep_going or not failed):
+                running.add(pool.submit(_upgrade_one, home, waiting.pop(0), timeout))
+            if not running:
+                break  # a failure: the rest are not begun
+            finished, running = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                on_done(future.result())
+                done.append(future.result())
     return done
 
 

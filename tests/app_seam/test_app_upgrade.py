@@ -164,3 +164,25 @@ def test_upgrade_to_an_app_that_no_longer_imports_fails_in_one_line_per_session(
             f"loopd upgrade: --app nope: no session of {home} runs it (a name of loopd.toml's "
             "[apps], or serve's --app as module:attribute)"
         ]
+
+
+@pytest.mark.timeout(240)
+def test_a_rolling_upgrade_stops_at_a_session_that_fails_and_leaves_the_rest_serving(
+    tmp_path: Path,
+) -> None:
+    """A version that imports but whose workers cannot start (its factory fails without a
+    setting) once took every session down, one after the other."""
+    home, source = _home(tmp_path, "1")
+    sessions = ("s1", "s2", "s3")
+    with running_daemon(home, "--start-retries", "1"):
+        for session in sessions:
+            assert loopd("create", "--home", str(home), session, "--app", "ver").returncode == 0
+        broken = APP + "    def __init__(self):\n        raise RuntimeError('DB_URL is not set')\n"
+        _deploy(source, "4", broken)
+        upgraded = loopd("upgrade", "--home", str(home), "--app", "ver", "--rolling", "1")
+        assert upgraded.returncode == 1
+        assert "FAILED    s1" in upgraded.stdout, upgraded.stdout
+        assert "stopped after a failure: 2 session(s) not begun" in upgraded.stdout
+        for session in sessions[1:]:
+            row = status(home, session)
+            assert (row["state"], row["app_version"]) == ("RUNNING", "1"), row
