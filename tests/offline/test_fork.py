@@ -22,8 +22,9 @@ from worker.app import DefaultApp
 from worker.offline.fork import ForkError, fork_session
 from worker.store.disk import durable
 from worker.store.errors import InvalidLog
-from worker.store.format.records import SessionStart
+from worker.store.format.records import Schedule, SessionStart
 from worker.store.loader import load_session
+from worker.store.schedules import pending_schedules
 
 APP = DefaultApp()
 
@@ -191,3 +192,23 @@ def test_fork_of_a_live_session_serves_old_keys_from_its_log_while_the_origin_ke
         wait_state(home, "b", "RUNNING")
     verified = loopd("verify", "--home", str(home))
     assert verified.returncode == 0, verified.stdout
+
+
+def test_a_fork_carries_the_schedules_pending_at_its_epoch_as_a_resume_does(
+    tmp_path: Path,
+) -> None:
+    """NEW's first epoch held only its SessionStart: the parent's acknowledged schedules
+    were never delivered in the fork (nothing said so; verify passed)."""
+    home = tmp_path / "home"
+    with Session.create(home, "p1", APP.initial_baseline("p1")) as s:
+        s.append_many([User(text="t", key="k0"), Assistant(text="a")])
+        s.append_many([
+            Schedule(key="L1", at="2030-01-01T00:00:00.000000Z", text="later"),
+            Schedule(key="L2", at="2030-01-02T00:00:00.000000Z", text="soon"),
+        ])  # fmt: skip
+        s.commit_epoch(APP.summarize(s), APP.next_baseline(s, APP.summarize(s)))
+        parent = [r for r in s.records if isinstance(r, Schedule)]
+    result = fork_session(home, "p1", "pf", None, APP.next_baseline)  # type: ignore[arg-type]
+    forked = load_session(result.directory, "pf", history=True)
+    assert [r for r in forked.records if isinstance(r, Schedule)] == parent
+    assert sorted(pending_schedules(forked.records)) == ["L1", "L2"]

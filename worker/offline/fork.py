@@ -35,6 +35,7 @@ from worker.store.errors import PathError, SessionError, SessionIOError
 from worker.store.format.records import EpochEnd, decode_line, encode_lines
 from worker.store.key_index import remove_stale, write_segments
 from worker.store.loader import baseline_path, list_epochs, load_session, log_path
+from worker.store.schedules import carried_schedules
 from worker.store.session_id import validate_session_id
 from worker.store.session_state import SessionState
 from worker.store.session_view import SessionView
@@ -223,7 +224,11 @@ def finish_fork(
         plan.start(state, baseline.hash()), session=staged.new, forked_from=staged.source,
         app=app, app_version=version,
     )  # fmt: skip
-    line, _crc = encode_lines((start,), 0)
+    line, crc = encode_lines((start,), 0)
+    carried = carried_schedules(state.records)  # pending at E's end: a resume carries them
+    if carried:
+        more, _crc = encode_lines(carried, crc)
+        line += more
     following = staged.epoch + 1
     write_segments(staged.staging, plan.new_segments)
     durable.write_file_atomic(baseline_path(staged.staging, following), baseline.to_json())
