@@ -72,8 +72,9 @@ class RestartPolicy:
     restarts within ``window`` seconds is FATAL (OTP's intensity/period), and so is more
     than ``start_retries`` starts in a row that never reached ready, however slow each
     start is (supervisord's ``startretries``). A worker that exits because its database
-    is unreachable is neither: it is started again after ``database_delay`` for as long
-    as the outage lasts (docs/scaling.md).
+    is unreachable is neither, nor a start serve could not spawn for want of descriptors
+    or processes: it is started again after ``outage_delay`` for as long as the outage
+    or the shortage lasts (docs/scaling.md).
     """
 
     max_restarts: int = 5
@@ -86,12 +87,12 @@ class RestartPolicy:
     start_timeout: float = 60.0
     """Seconds a start may take before the worker says ready; then it is killed (a failed
     start: an App factory that never returns holds nobody's request for ever)."""
-    database_cap: float = 1.0
+    outage_cap: float = 1.0
     """Longest wait before starting again a worker that could not reach its database."""
     _recent: deque[float] = field(default_factory=deque)
     _streak: int = 0
     _failed_starts: int = 0
-    _database_streak: int = 0
+    _outage_streak: int = 0
 
     @property
     def failed_starts(self) -> int:
@@ -101,7 +102,7 @@ class RestartPolicy:
     def on_ready(self) -> None:
         """The worker reached ready: a start that works ends the run of failed starts."""
         self._failed_starts = 0
-        self._database_streak = 0
+        self._outage_streak = 0
 
     def start_failed(self) -> bool:
         """Record a start that never reached ready; True once that is one too many."""
@@ -126,12 +127,12 @@ class RestartPolicy:
         delay: float = min(self.cap, self.base * 2.0 ** (streak - 1))
         return delay + delay * self.jitter * rng.random()
 
-    def database_delay(self, rng: random.Random) -> float:
+    def outage_delay(self, rng: random.Random) -> float:
         """The delay before starting again a worker that lost its database (a store's
         outage, not the session's fault: never FATAL, and not counted with the crashes):
-        from ``base``, doubling, to ``database_cap``, with jitter."""
-        delay: float = min(self.database_cap, self.base * 2.0**self._database_streak)
-        self._database_streak += 1
+        from ``base``, doubling, to ``outage_cap``, with jitter."""
+        delay: float = min(self.outage_cap, self.base * 2.0**self._outage_streak)
+        self._outage_streak += 1
         return delay + delay * self.jitter * rng.random()
 
     def reset(self) -> None:
@@ -139,4 +140,4 @@ class RestartPolicy:
         self._recent.clear()
         self._streak = 0
         self._failed_starts = 0
-        self._database_streak = 0
+        self._outage_streak = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import random
 import signal
 import time
@@ -27,6 +28,7 @@ from worker.ipc.wire import Message
 from worker.process import EXIT_CLEAN, EXIT_DATABASE, EXIT_LOCKED, EXIT_REFUSED, bounded
 
 STOP_DEADLINE: Final = 5.0
+_SHORTAGE: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
 MAX_LAST_ERROR: Final = 4000
 """Characters of ``last_error``: the worker's words (at most 2,000) and our next step."""
 
@@ -136,7 +138,7 @@ class HostedSession(SessionRequests):
         except OSError as exc:
             self.last_error = f"could not start the worker: {exc}"
             self.started_at = None  # no run began: an old run's length resets no backoff
-            self._crashed(time.monotonic(), started=False)
+            self._crashed(time.monotonic(), started=False, shortage=exc.errno in _SHORTAGE)
             return
         self.worker = worker
         self.started_at = time.monotonic()
@@ -197,7 +199,7 @@ class HostedSession(SessionRequests):
                 self._cancel_timer()  # the start deadline
                 self.policy.on_ready()
                 self.machine.move(State.RUNNING)
-                self.spec = _without_create(self.spec)
+                self.spec = self.spec.opened()
                 for waiter in self.ready_waiters:
                     waiter.client.reply(
                         {"id": waiter.request_id, "ok": True, "result": self.status()}
@@ -281,7 +283,7 @@ class HostedSession(SessionRequests):
             self.last_error = f"{said} -- waiting for the database: started again until it answers"
             self.restarts += 1
             self.machine.move(State.BACKOFF)
-            self._timer = self.loop.call_at(now + self.policy.database_delay(self.rng), self.start)
+            self._timer = self.loop.call_at(now + self.policy.outage_delay(self.rng), self.start)
         else:
             # Only this worker's words: the previous exits' are not chained on, or the
             # text would grow with every restart.
@@ -292,7 +294,12 @@ class HostedSession(SessionRequests):
                 self.last_error = f"{self.last_error}{charged}"
             self._crashed(now, started=started)
 
-    def _crashed(self, now: float, *, started: bool) -> None:
+    def _crashed(self, now: float, *, started: bool, shortage: bool = False) -> None:
+        if shortage:  # serve's own descriptors or processes: not the session's failed start
+            self.last_error = f"{self.last_error} -- serve is short of it: started again"
+            self.machine.move(State.BACKOFF)
+            self._timer = self.loop.call_at(now + self.policy.outage_delay(self.rng), self.start)
+            return
         if not started and self.policy.start_failed():
             # However long each start took: a restart window counts nothing of a start
             # that takes longer than the window allows for (an App's slow import).
@@ -391,10 +398,3 @@ class HostedSession(SessionRequests):
 
     def status(self) -> Message:
         return session_status(self)
-
-
-def _without_create(spec: WorkerSpec) -> WorkerSpec:
-    """Once created, a session is only ever opened: a vanished directory must not reappear."""
-    if not spec.create:
-        return spec
-    return dataclasses.replace(spec, create=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import errno
 import os
@@ -96,6 +97,11 @@ class WorkerSpec:
     store: str | None = None
     """The libpq URI of the database holding the session (None: its home). It reaches the
     worker in its environment (STORE_ENV), never its arguments; the worker connects."""
+
+    def opened(self) -> WorkerSpec:
+        """Once created, a session is only ever opened: a vanished directory must not
+        reappear."""
+        return dataclasses.replace(self, create=False) if self.create else self
 
     def environment(self) -> dict[str, str]:
         """What the worker's environment gets beyond the supervisor's: the App's, the store."""
