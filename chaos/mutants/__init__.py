@@ -308,30 +308,17 @@ _ALL: Final = (
 MUTANTS: Final[dict[str, Mutant]] = {m.name: m for m in _ALL}
 # The PostgreSQL backend's mutants: their cases need a database, so they are scored by the
 # seam's rig (chaos.postgres; ``quick`` holds its case ids), not by ``loopd chaos mutants``.
-SEAM_MUTANTS: Final[dict[str, Mutant]] = {
-    m.name: m
-    for m in (
-        Mutant(
-            name="fence-checked-apart",
-            bug="the owner's token is checked in a transaction of its own, before the write's",
-            patch=seam.fence_checked_apart,
-            caught_by="deposed-writes-invisible",
-            faults=(),
-            feature="the PostgreSQL seam",
-            quick=("basic:fence:1", "basic:fence:5"),
-        ),
-        Mutant(
-            name="sealed-log-read-from-directory",
-            bug="a retry of a sealed epoch's key reads its log from a directory named after "
-            "the session's URI",
-            patch=seam.sealed_log_read_from_directory,
-            caught_by="retry-answered-from-log",
-            faults=(),
-            feature="the PostgreSQL seam",
-            quick=("basic:kill-after-commit:3", "basic:lost-before-commit:6"),
-        ),
-    )
-}
+SEAM_MUTANTS: Final[dict[str, Mutant]] = {m.name: m for m in (
+    Mutant(name="fence-checked-apart",
+           bug="the owner's token is checked in a transaction of its own, before the write's",
+           patch=seam.fence_checked_apart, caught_by="deposed-writes-invisible", faults=(),
+           feature="the PostgreSQL seam", quick=("basic:fence:1", "basic:fence:5")),
+    Mutant(name="sealed-log-read-from-directory",
+           bug="a retry of a sealed epoch's key reads its log from a directory named after "
+           "the session's URI", patch=seam.sealed_log_read_from_directory,
+           caught_by="retry-answered-from-log", faults=(), feature="the PostgreSQL seam",
+           quick=("basic:kill-after-commit:3", "basic:lost-before-commit:6")),
+)}  # fmt: skip
 
 
 # The supervisor's mutants: patched into a real ``loopd serve`` (chaos/run/mutant_serve.py),
