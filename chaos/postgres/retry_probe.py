@@ -11,14 +11,9 @@ does not exist: every such retry was answered with an error and no text.
 
 from __future__ import annotations
 
-import json
-import os
-import traceback
-
-from chaos import mutants
 from chaos.cases import CaseResult
-from chaos.lifeline import die_with_parent
 from chaos.oracle.oracle import LogsView
+from chaos.run.child import in_child
 from chaos.scenarios.scenarios import SESSION
 from worker.store.errors import SessionError
 from worker.store.postgres import PostgresStore
@@ -51,32 +46,17 @@ def retry_probe(result: CaseResult, uri: str, final: LogsView, mutant: str | Non
     """Open the case's session from ``uri`` (the case is over) and read each key back, in
     a forked child with the case's mutant applied (as every store of a case runs)."""
     result.checked.append(RETRY)
-    read_r, read_w = os.pipe()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        code = 1
-        try:
-            die_with_parent(parent)
-            os.close(read_r)
-            mutants.apply(mutant)
-            child = CaseResult(case=result.case, fault=result.fault, boundary=result.boundary)
-            _probe(child, uri, final)
-            os.write(read_w, json.dumps(child.violations).encode())
-            code = 0
-        except BaseException:
-            traceback.print_exc()  # the child's exception reaches no one else
-            raise
-        finally:
-            os._exit(code)
-    os.close(read_w)
-    with os.fdopen(read_r, "rb") as said:
-        data = said.read()
-    _, status = os.waitpid(pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        result.violate(RETRY, f"the probe's process failed (exit {status})")
+
+    def probe() -> list[str]:
+        found = CaseResult(case=result.case, fault=result.fault, boundary=result.boundary)
+        _probe(found, uri, final)
+        return found.violations
+
+    violations = in_child(probe, mutant)
+    if not isinstance(violations, list):
+        result.violate(RETRY, "the probe's process failed")
         return
-    for violation in json.loads(data):
+    for violation in violations:
         result.violate(RETRY, str(violation).removeprefix(f"{RETRY}: "))
 
 

@@ -1,4 +1,5 @@
-"""What runs inside a case's child process: the store-level client loop or the real worker.
+"""What runs inside a case's child process: the store-level client loop or the real worker;
+and a probe run in a child of its own with the case's mutant (``in_child``).
 
 The child is a real process forked from the warm rig; the rig kills it with SIGKILL at
 the chosen boundary. It reports to the rig over the event pipe: each boundary (through
@@ -7,10 +8,15 @@ the hook), each operation started and acknowledged, and a refusal to open.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import traceback
+from collections.abc import Callable
 
+from chaos import mutants
 from chaos.faults.hook import EventPipe
+from chaos.lifeline import die_with_parent
 from chaos.run.cluster_node import node_argv
 from chaos.scenarios.scenarios import RETRY_SUMMARY, SESSION, SLOT, Scenario, apply_op, baseline_for
 from worker.store.disk import durable
@@ -152,3 +158,37 @@ def worker_child(
     if "cluster" in scenario.probes:
         argv += node_argv(home) if node is None else node
     return main(argv)
+
+
+def in_child(work: Callable[[], object], mutant: str | None, output: str = os.devnull) -> object:
+    """What ``work`` returned in a forked child with ``mutant`` applied (decoded from JSON);
+    None if the child failed (its traceback, if any, is in ``output``)."""
+    read_end, write_end = os.pipe()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 2
+        try:
+            die_with_parent(parent)
+            os.close(read_end)
+            sink = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.dup2(sink, 1)
+            os.dup2(sink, 2)
+            mutants.apply(mutant)
+            found = work()
+            with os.fdopen(write_end, "w", encoding="utf-8") as report:
+                json.dump(found, report)
+            code = 0
+        except BaseException:
+            traceback.print_exc()  # into ``output``: nobody else hears the child
+            raise
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, encoding="utf-8") as report:
+        text = report.read()
+    _pid, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0 or not text:
+        return None
+    said: object = json.loads(text)
+    return said

@@ -17,16 +17,15 @@ ledger is the daemon's, so its mutants apply there too).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 from typing import Final
 
-from chaos import mutants
 from chaos.cases import CaseResult
 from chaos.lifeline import die_with_parent
 from chaos.oracle.oracle import snapshot_logs
+from chaos.run.child import in_child
 from chaos.scenarios.scenarios import SESSION, Scenario
 from supervisor.sessions.poison import PoisonLedger
 from worker.ipc.heartbeat import HeartbeatCell, key_digest
@@ -48,33 +47,16 @@ def poison_probe(result: CaseResult, scenario: Scenario, home: str, mutant: str 
     workers' output goes to ``poison-probe.out`` beside the home."""
     result.checked += [OVERDUE, POISON]
     output = os.path.join(os.path.dirname(os.path.abspath(home)), "poison-probe.out")
-    read_end, write_end = os.pipe()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:  # the probe: never returns
-        code = 2
-        try:
-            die_with_parent(parent)
-            os.close(read_end)
-            sink = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            os.dup2(sink, 1)
-            os.dup2(sink, 2)
-            mutants.apply(mutant)
-            durable.set_hook(None)
-            found = _play_daemon(os.path.abspath(home), scenario.app or "")
-            with os.fdopen(write_end, "w", encoding="utf-8") as report:
-                json.dump(found, report)
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    with os.fdopen(read_end, encoding="utf-8") as report:
-        text = report.read()
-    _pid, status = os.waitpid(pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0 or not text:
-        result.violate(POISON, f"the probe itself failed ({os.waitstatus_to_exitcode(status)})")
+
+    def probe() -> list[tuple[str, str]]:
+        durable.set_hook(None)
+        return _play_daemon(os.path.abspath(home), scenario.app or "")
+
+    found = in_child(probe, mutant, output)
+    if not isinstance(found, list):
+        result.violate(POISON, f"the probe itself failed (its output: {output})")
         return
-    for invariant, detail in json.loads(text):
+    for invariant, detail in found:
         result.violate(invariant, detail)
 
 
