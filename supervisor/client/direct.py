@@ -140,7 +140,7 @@ class Client:
         used is refused. Returns ``{"key", "at", "duplicate"}`` (docs/operations.md).
         """
         spec: Message = {"at": at, "text": text, "untrusted": untrusted}
-        payload: Message = {"key": key or _made_up_key(), "schedule": spec}
+        payload: Message = {"key": _made_up_key() if key is None else key, "schedule": spec}
         self._link(session, time.monotonic() + self.retry_for)
         return _result_or_raise(self._send_payloads(session, [payload])[0])
 

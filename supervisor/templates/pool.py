@@ -17,6 +17,7 @@ from typing import Final
 from supervisor.templates import reaper
 from supervisor.templates.order import AppIdentity, ForkOrder, SaidKind
 from supervisor.templates.prctl import become_subreaper
+from supervisor.templates.spare import stopped
 from supervisor.templates.template import Template, TemplateGone, TemplateStale, TemplateState
 
 Report = Callable[[str], None]
@@ -56,6 +57,14 @@ class Templates:
             self.open(identity)
             return None
         if template.state is not TemplateState.READY:
+            return None
+        if stopped(template.pid):
+            # SIGSTOPped: asked, it would hold serve's loop for its reply timeout and the
+            # start would fail. Ended and replaced; this start forks plainly.
+            self.report(f"template of App {identity.label()}: stopped (SIGSTOP?); killed, "
+                        "a new template imports the App")  # fmt: skip
+            self._ended(template)
+            self.open(identity)
             return None
         try:
             return template.fork_worker(order, fds)

@@ -190,7 +190,7 @@ class Spares:
         spare = self.spare
         if spare is None or self.loop is None:
             return None
-        if _stopped(spare.pid):
+        if stopped(spare.pid):
             # SIGSTOPped (a debugger, a freezer cgroup): it would take the order and run
             # nothing until the start timed out. Killed (SIGKILL ends a stopped process),
             # replaced; this start forks plainly.
@@ -300,7 +300,7 @@ def take_spare(order: ForkOrder, fds: list[int]) -> int | None:
     return _SPARES[0].take(order, fds) if _SPARES else None
 
 
-def _stopped(pid: int) -> bool:
+def stopped(pid: int) -> bool:
     """Whether ``pid`` is stopped or traced (its state in /proc: ``T`` or ``t``)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:

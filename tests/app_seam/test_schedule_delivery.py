@@ -165,8 +165,11 @@ def test_a_request_with_a_pending_key_before_its_time_is_refused_and_applies_not
         (["--at", "tomorrow", "--key", "b1"], "--at"),
         (["--at", "2026-12-03T14:00:00", "--key", "b1"], "has no time zone"),
         (["--at", "+1h", "--key", "used"], "already applied; pick a new key"),
+        # An empty key was replaced by a made-up one: each retry a new schedule.
+        (["--at", "+1h", "--key", ""], "a schedule's key is 1-256 characters, got ''"),
+        (["--at", "9999-12-31T23:59:59-01:00"], "is not a time from 0001 to 9999 in UTC"),
     ],
-    ids=["unparsable", "no-zone", "key-used"],
+    ids=["unparsable", "no-zone", "key-used", "key-empty", "year-10000"],
 )
 def test_loopd_schedule_refuses_bad_input_with_one_line(
     tmp_path: Path, args: list[str], message: str

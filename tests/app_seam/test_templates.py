@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import time
 from pathlib import Path
 
 import psutil
@@ -141,6 +143,27 @@ def test_a_killed_template_is_replaced_at_the_next_start_and_its_workers_run_on(
         assert daemon.stop() == 0
     _gone, alive = psutil.wait_procs(everything, timeout=20)
     assert alive == []
+
+
+def test_a_stopped_template_is_not_asked_it_is_killed_and_its_start_forks_plainly(
+    tmp_path: Path,
+) -> None:
+    """A SIGSTOPped template (a debugger, a freezer cgroup) held serve's loop for its
+    reply timeout (5 s) at each start, and the start failed (BACKOFF, a restart charged)."""
+    home = tmp_path / "home"
+    with running_daemon(home, *TEMPLATE, "--app", HEAVY) as daemon:
+        [first] = ready_templates(daemon)
+        os.kill(first, signal.SIGSTOP)
+        started = time.monotonic()
+        [s1] = _create_and_answer(home, "s1")
+        assert time.monotonic() - started < 4.0  # never the template's 5 s reply timeout
+        row = status(home, "s1")
+        assert (row["state"], row["restarts"]) == ("RUNNING", 0), row
+        gone = lambda: not psutil.pid_exists(first) or psutil.Process(first).status() == "zombie"  # noqa: E731
+        poll_until(gone, what="the stopped template killed")
+        assert "stopped (SIGSTOP?); killed" in daemon.log_path.read_text(errors="replace")
+        assert ready_templates(daemon, 2)[1] != first  # a new one imported the App
+        assert s1 != first
 
 
 def test_an_app_that_no_longer_imports_is_fatal_after_its_retries_and_serve_lives(
