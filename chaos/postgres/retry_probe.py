@@ -14,32 +14,12 @@ from __future__ import annotations
 from chaos.cases import CaseResult
 from chaos.oracle.oracle import LogsView
 from chaos.run.child import in_child
+from chaos.run.probes import RETRY, requests_by_key
 from chaos.scenarios.scenarios import SESSION
 from worker.store.errors import SessionError
 from worker.store.postgres import PostgresStore
 from worker.store.request_records import request_records
 from worker.store.session import Session
-
-RETRY = "retry-answered-from-log"
-_ENDS_A_REQUEST = ("User", "SessionStart", "EpochEnd", "Owner", "Handoff")
-
-
-def _requests(view: LogsView) -> dict[str, tuple[int, list[dict[str, object]]]]:
-    """Each applied key's epoch and records in the view (its User, what followed it)."""
-    found: dict[str, tuple[int, list[dict[str, object]]]] = {}
-    for epoch in sorted(view.epochs):
-        records = view.epochs[epoch]
-        for index, record in enumerate(records):
-            key = record.get("key")
-            if record.get("type") != "User" or not isinstance(key, str):
-                continue
-            wrote = [record]
-            for after in records[index + 1 :]:
-                if after.get("type") in _ENDS_A_REQUEST:
-                    break
-                wrote.append(after)
-            found[key] = (epoch, wrote)
-    return found
 
 
 def retry_probe(result: CaseResult, uri: str, final: LogsView, mutant: str | None) -> None:
@@ -61,7 +41,7 @@ def retry_probe(result: CaseResult, uri: str, final: LogsView, mutant: str | Non
 
 
 def _probe(result: CaseResult, uri: str, final: LogsView) -> None:
-    expected = _requests(final)
+    expected = requests_by_key(final)
     try:
         with Session.open(PostgresStore(uri), SESSION) as session:
             for key, (epoch, wrote) in expected.items():

@@ -51,24 +51,39 @@ def run_probes(
         poison_probe(result, scenario, home, mutant)
 
 
-def _answers(view: LogsView) -> dict[str, dict[str, object]]:
-    """Each applied key's answer as the log holds it: its tool call and its text."""
-    found: dict[str, dict[str, object]] = {}
+_ENDS_A_REQUEST: Final = ("User", "SessionStart", "EpochEnd", "Owner", "Handoff")
+"""What ends a request's records (the store's rule: worker.store.request_records)."""
+
+
+def requests_by_key(view: LogsView) -> dict[str, tuple[int, list[dict[str, object]]]]:
+    """Each applied key's epoch and the records its request wrote (its User first)."""
+    found: dict[str, tuple[int, list[dict[str, object]]]] = {}
     for epoch in sorted(view.epochs):
         records = view.epochs[epoch]
         for index, record in enumerate(records):
             key = record.get("key")
             if record.get("type") != "User" or not isinstance(key, str):
                 continue
-            answer: dict[str, object] = {}
+            wrote = [record]
             for after in records[index + 1 :]:
-                if after.get("type") in ("User", "EpochEnd"):
+                if after.get("type") in _ENDS_A_REQUEST:
                     break
-                if after.get("type") == "ToolResult":
-                    answer.setdefault("call", after.get("call"))
-                elif after.get("type") == "Assistant":
-                    answer["text"] = after.get("text")
-            found[key] = answer
+                wrote.append(after)
+            found[key] = (epoch, wrote)
+    return found
+
+
+def _answers(view: LogsView) -> dict[str, dict[str, object]]:
+    """Each applied key's answer as the log holds it: its tool call and its text."""
+    found: dict[str, dict[str, object]] = {}
+    for key, (_epoch, wrote) in requests_by_key(view).items():
+        answer: dict[str, object] = {}
+        for after in wrote[1:]:
+            if after.get("type") == "ToolResult":
+                answer.setdefault("call", after.get("call"))
+            elif after.get("type") == "Assistant":
+                answer["text"] = after.get("text")
+        found[key] = answer
     return found
 
 

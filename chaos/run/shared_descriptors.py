@@ -18,7 +18,7 @@ from typing import Final
 
 import psutil
 
-from supervisor.sessions.proc_stat import start_ticks
+from supervisor.proc_stat import start_ticks
 
 WORKER_PREFIX: Final = "loopd:"  # a worker's process name (supervisor/templates/worker_child.py)
 _SHARABLE: Final = ("socket:[", "pipe:[")  # what two processes may hold the same of

@@ -31,7 +31,7 @@ from supervisor.hosting.intent import IntentError, IntentFile
 from supervisor.moves.session_files import TENANTS_DIR, read_tenant
 from supervisor.sessions.tenants import OPERATOR, TenantBook, TenantError, tenant_problem
 from worker.offline.backup import MANIFEST, BackupError, Point, PointMoved, backup_session
-from worker.offline.restore import Manifest, check_backup, restore_session
+from worker.offline.restore import Manifest, check_backup, restore_session, restored_id
 from worker.offline.restore_drops import Drop, DropNotConfirmed, work_dropped
 from worker.store.disk.layout import SESSIONS_DIR, session_dir
 from worker.store.errors import SessionError
@@ -209,12 +209,10 @@ def restore(
         try:
             source = _source(src, session_id)
             manifest = check_backup(source)
+            wanted = restored_id(manifest, session_id, source)
         except SessionError as exc:
             _fail("restore", exc)
-        if session_id is not None and session_id != manifest.session:
-            _fail("restore", f"{source} is a backup of session {manifest.session}, not "
-                  f"{session_id}: a session keeps its id (give {manifest.session})")  # fmt: skip
-        restore_into_store(store, manifest.session, manifest.files, source)
+        restore_into_store(store, wanted, manifest.files, source)
         return
     home = home_given("restore", home)
     if dropping and not force:

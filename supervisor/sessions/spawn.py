@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Final
 
 import psutil
 
-from supervisor.sessions.proc_stat import start_ticks, stat_fields
+from supervisor.proc_stat import start_ticks, stat_fields
 from supervisor.templates import reaper
 from supervisor.templates.order import CHANNEL_FD, HEARTBEAT_FD, AppIdentity, ForkOrder
 from supervisor.templates.pool import templates

@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Final
 
+from supervisor.proc_stat import stopped
 from supervisor.templates import reaper
 from supervisor.templates.order import AppIdentity, ForkOrder, SaidKind
 from supervisor.templates.prctl import become_subreaper
-from supervisor.templates.spare import stopped
 from supervisor.templates.template import Template, TemplateGone, TemplateStale, TemplateState
 
 Report = Callable[[str], None]

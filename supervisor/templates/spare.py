@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Final, NoReturn
 
+from supervisor.proc_stat import stopped
 from supervisor.templates import reaper
 from supervisor.templates.order import (
     CHANNEL_FD,
@@ -298,16 +299,6 @@ def close_spares() -> None:
 def take_spare(order: ForkOrder, fds: list[int]) -> int | None:
     """The pid of a spare now running ``order``'s worker; None if serve keeps none."""
     return _SPARES[0].take(order, fds) if _SPARES else None
-
-
-def stopped(pid: int) -> bool:
-    """Whether ``pid`` is stopped or traced (its state in /proc: ``T`` or ``t``)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            data = stat.read()
-    except OSError:
-        return False  # gone: its send fails, and its pidfd says it died
-    return data[data.rfind(b")") + 2 : data.rfind(b")") + 3] in (b"T", b"t")
 
 
 def _fork_named(name: str) -> int:

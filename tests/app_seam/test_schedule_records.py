@@ -148,9 +148,9 @@ def test_a_schedule_of_a_key_a_request_of_its_batch_has_is_refused(tmp_path: Pat
         assert isinstance(scheduled, ScheduleRefused)
         assert "a request of this batch has this key" in str(scheduled)
         assert book.pending() == {}
-        book.chunk_keys = frozenset({"K2"})  # the App's turn.schedule() in such a batch
+        # The App's turn.schedule() in such a batch.
         with pytest.raises(ValueError, match="is a request's of this batch"):
-            book.stage("2030-01-01T00:00:00Z", "later", "K2", False)
+            book.stage("2030-01-01T00:00:00Z", "later", "K2", False, {"K2"})
 
 
 def test_a_retried_schedule_delivered_since_is_answered_as_a_duplicate(tmp_path: Path) -> None:

@@ -112,7 +112,7 @@ def test_a_restore_into_the_store_that_would_not_load_writes_nothing(
     # Under another id: refused, naming the backup's own.
     done = loopd("restore", "--store", uri, str(backup), "other")
     assert done.returncode == 1
-    assert "is a backup of session s1, not other" in done.stderr, done.stderr
+    assert "is a backup of session 's1', not 'other'" in done.stderr, done.stderr
     _tamper(backup, "0.jsonl")
     done = loopd("restore", "--store", uri, str(backup))
     assert done.returncode == 1

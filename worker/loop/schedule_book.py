@@ -12,13 +12,13 @@ from __future__ import annotations
 import datetime
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from typing import Final
 
 from worker.ipc.wire import Message
 from worker.store.errors import SessionError
 from worker.store.format.records import Record, Schedule
-from worker.store.schedules import follow_from, format_time, parse_time
+from worker.store.schedules import follow_from, format_time, parse_time, schedule_records
 from worker.store.session import Session
 
 MAX_KEY_CHARS: Final = 256
@@ -82,29 +82,31 @@ class ScheduleBook:
         self._seen = 0
         self._pending: dict[str, Schedule] = {}
         self._applied: set[str] = set()
-        self._delivered: dict[str, str] = {}  # key -> its time: pending, then applied
         self.staged: list[Schedule] = []
-        self.chunk_keys: frozenset[object] = frozenset()  # the requests' keys of this chunk
 
     def pending(self) -> dict[str, Schedule]:
         """The pending schedules now (the records appended since the last look followed)."""
         records = self.session.records
         if self.session.epoch != self._epoch or len(records) < self._seen:
             self._epoch, self._seen = self.session.epoch, 0
-            self._pending, self._applied, self._delivered = {}, set(), {}
+            self._pending, self._applied = {}, set()
         if len(records) > self._seen:
-            before = dict(self._pending)
             follow_from(self._pending, self._applied, records, self._seen)
             self._seen = len(records)
-            for key in before.keys() - self._pending.keys():
-                if key in self._applied:  # its request applied: delivered (not cancelled)
-                    self._delivered[key] = before[key].at
         return self._pending
 
     def delivered_at(self, key: str) -> str | None:
-        """The time of the schedule of ``key`` that was delivered in this epoch, if one was."""
-        self.pending()
-        return self._delivered.get(key)
+        """The time of ``key``'s schedule if it was delivered in this epoch: a request of
+        the key was applied, it is not pending, and the last schedule record of the key in
+        the epoch is its ``Schedule`` (not an ``Unschedule``). Only a retry asks: the
+        epoch's schedule records are read then, never on a request's path."""
+        if key in self.pending() or key not in self._applied:
+            return None
+        last = None
+        for record in schedule_records(self.session.records):
+            if record.key == key:
+                last = record
+        return last.at if isinstance(last, Schedule) else None
 
     def summary(self) -> list[object]:
         """``[count, next due]`` (the records' time format, None when nothing is pending)."""
@@ -128,8 +130,11 @@ class ScheduleBook:
 
     # -- what an App schedules (worker.app.turn.schedule) --------------------------------
 
-    def stage(self, at: object, text: object, key: object, untrusted: object) -> str:
-        """Stage a Schedule for the session's next group commit; its key."""
+    def stage(
+        self, at: object, text: object, key: object, untrusted: object, batch: Set[object]
+    ) -> str:
+        """Stage a Schedule for the session's next group commit; its key. ``batch``: the
+        keys of the requests of this chunk, which the schedule may not take."""
         when = normalize_at(at)
         if type(text) is not str:
             raise TypeError(f"schedule() takes a string text, got {type(text).__name__}")
@@ -138,7 +143,7 @@ class ScheduleBook:
         chosen = check_key(f"schedule-{uuid.uuid4().hex}" if key is None else key)
         if chosen in self.pending() or any(s.key == chosen for s in self.staged):
             raise ValueError(f"schedule(): key {chosen!r} is already scheduled")
-        if chosen in self.chunk_keys:
+        if chosen in batch:
             raise ValueError(f"schedule(): key {chosen!r} is a request's of this batch")
         if self.session.find_key(chosen) is not None:
             raise ValueError(f"schedule(): key {chosen!r} was already used by a request")

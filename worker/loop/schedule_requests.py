@@ -44,11 +44,6 @@ class ScheduledChunk(Generic[T]):
         self.decided: dict[int, Result] = {}  # item index -> its result, found here
         self._chunk = chunk
         self._spans: list[tuple[int, int]] = []  # per entry: its first item and how many
-        # The keys of the chunk's own requests: a schedule is written as the chunk is
-        # built, before them, and a request of its key would take it as delivered.
-        self._requested = {
-            p.get("key") for _t, p in chunk if "schedule" not in p and "unschedule" not in p
-        }
         for target, payload in chunk:
             if payload.get("deliver_due") is True:
                 start = len(self.items)
@@ -116,7 +111,8 @@ class ScheduledChunk(Generic[T]):
         delivered = self.book.delivered_at(key)
         if delivered is not None:  # a retry whose answer was lost: written, then delivered
             return {"duplicate": True, "key": key, "at": delivered, "delivered": True}
-        if key in self._requested:
+        # Written as the chunk is built, before its requests: one of its key would take it.
+        if any(p.get("key") == key and "schedule" not in p for _t, p in self._chunk):
             raise ScheduleRefused(key, "a request of this batch has this key; pick a new key")
         if self.book.session.find_key(key) is not None:
             raise ScheduleRefused(

@@ -143,6 +143,8 @@ class TurnRunner:
         )
         self._thread = threading.get_ident()
         self._targets: dict[int, Target] = {}
+        self._chunk: list[tuple[Target, Message]] = []
+        self._todo: list[int] = []  # indexes of the chunk's requests the App is handed
         self._current: Target | None = None
         self._alarm = 0.0  # the deadline progress() re-arms, 0: none running
         self.book = book_of(session)
@@ -173,8 +175,7 @@ class TurnRunner:
             else:
                 todo.append(index)
         self._targets = {id(chunk[i][1]): chunk[i][0] for i in todo}
-        # A key the App schedules may not be one of these: its request would take it.
-        self.book.chunk_keys = frozenset(chunk[i][1].get("key") for i in todo)
+        self._chunk, self._todo = chunk, todo  # read only by schedule(): nothing built here
         try:
             if self._many is not None and todo:
                 payloads = [chunk[i][1] for i in todo]
@@ -270,7 +271,9 @@ class TurnRunner:
         self._check_thread("schedule")
         if not self._targets:
             raise RuntimeError("schedule() is called while handle() runs a request")
-        return self.book.stage(at, text, key, untrusted)
+        # A key of a request of this chunk would be taken by that request as delivered.
+        batch = {self._chunk[i][1].get("key") for i in self._todo}
+        return self.book.stage(at, text, key, untrusted, batch)
 
     def stream(self, text: str, request: Message | None) -> None:
         self._check_thread("stream")

@@ -130,6 +130,19 @@ def _entry(where: str, entry: object) -> tuple[str, int, str]:
     raise BackupError(where, f"a file entry is not {{name, bytes, sha256}}: {entry!r:.120}")
 
 
+def restored_id(manifest: Manifest, session_id: str | None, source: str) -> str:
+    """The id the backup at ``source`` is restored under: its own (``session_id``, if
+    given, must be it); BackupError otherwise."""
+    wanted = manifest.session if session_id is None else session_id
+    if wanted != manifest.session:
+        raise BackupError(
+            source,
+            f"is a backup of session {manifest.session!r}, not {wanted!r} (its id is in every "
+            "SessionStart: a backup is restored under its own id)",
+        )
+    return wanted
+
+
 def restore_session(
     home: str | os.PathLike[str],
     source: str,
@@ -145,13 +158,7 @@ def restore_session(
     ``dropping`` (DropNotConfirmed otherwise, and nothing is replaced).
     """
     manifest = check_backup(source)
-    wanted = manifest.session if session_id is None else session_id
-    if wanted != manifest.session:
-        raise BackupError(
-            source,
-            f"is a backup of session {manifest.session!r}, not {wanted!r} (its id is in every "
-            "SessionStart: a backup is restored under its own id)",
-        )
+    wanted = restored_id(manifest, session_id, source)
     home = os.fspath(home)
     with _one_restore_at_a_time(home):
         directory = session_dir(home, wanted)

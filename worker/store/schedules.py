@@ -89,6 +89,14 @@ def follow_from(
                 pending.pop(key, None)
 
 
+def schedule_records(records: Sequence[Record]) -> list[Schedule | Unschedule]:
+    """The ``Schedule`` and ``Unschedule`` records of an epoch, in order (an epoch's
+    records decode only those lines)."""
+    epoch = typed(records)
+    found = records if epoch is None else [r for _n, r in epoch.of_type(Schedule, Unschedule)]
+    return [r for r in found if isinstance(r, Schedule | Unschedule)]
+
+
 def pending_schedules(records: Sequence[Record]) -> dict[str, Schedule]:
     """The schedules pending after an epoch's ``records`` (its log, in order), by key."""
     pending: dict[str, Schedule] = {}

@@ -1,5 +1,5 @@
 """A process's line of ``/proc/PID/stat``: when it started (its identity across time),
-and its fields after its name."""
+whether it is stopped, and its fields after its name."""
 
 from __future__ import annotations
 
@@ -42,3 +42,12 @@ def stat_fields(pid: int) -> list[bytes] | None:
     finally:
         os.close(stat)
     return data[data.rfind(b")") + 2 :].split()
+
+
+def stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped or traced (its state: ``T`` or ``t``); False if gone."""
+    try:
+        fields = stat_fields(pid)
+    except OSError:
+        return False
+    return fields is not None and bool(fields) and fields[0] in (b"T", b"t")
