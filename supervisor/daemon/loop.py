@@ -344,6 +344,8 @@ class Supervisor:
             forget_local(self, waiter, session_id)  # its intent entry too
         else:
             self.cluster.forget(waiter, session_id, self.hosting.intent)  # its entry too
+        if session_id not in self.sessions:
+            self.hosting.timers.forget(session_id)  # its schedules file too
 
     def forget_pending_start(self, hosted: HostedSession) -> None:
         """An operator acted on a session not yet started at launch: their word wins."""

@@ -155,6 +155,20 @@ class ScheduleTimers:
             self._draining = None
         self._due.clear()
 
+    def forget(self, session_id: str) -> None:
+        """The session left the daemon's list (deleted, forgotten, moved away): its timer,
+        what the daemon knew and its file go (a session created again under the id has
+        schedules of its own, and a restart wakes nothing for this one)."""
+        timer = self._timers.pop(session_id, None)
+        if timer is not None:
+            timer.cancel()
+        self._due.pop(session_id, None)
+        self._pause.pop(session_id, None)
+        if self.known.pop(session_id, None) is not None or session_id in derived_sessions(
+            self.home
+        ):
+            self._store(session_id, Derived(live=False, pending=0, next=None))
+
     def summary(self, session_id: str) -> list[object]:
         """``[pending, next due]`` as the daemon knows them (status)."""
         known = self.known.get(session_id)

@@ -28,9 +28,17 @@ def become_subreaper(*, on: bool = True) -> None:
     _prctl(_PR_SET_CHILD_SUBREAPER, 1 if on else 0)
 
 
-def die_with_parent() -> None:
-    """SIGKILL this process when the thread that forked it ends (the supervisor's)."""
+def die_with_parent(parent: int | None = None) -> None:
+    """SIGKILL this process when the thread that forked it ends (the supervisor's).
+
+    ``parent``: the pid the parent had before the fork, for a child that sets this first
+    thing after it: a parent already gone by then (the child adopted) is checked for
+    after the signal is armed, and the child ends at once, so no window is left in which
+    it could outlive its parent.
+    """
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)  # nobody waits for this process any more
 
 
 def live_on_parent_death() -> None:

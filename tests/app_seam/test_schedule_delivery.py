@@ -212,3 +212,29 @@ def test_status_shows_what_is_scheduled_also_after_a_restart_from_the_daemons_fi
         wait_state(home, "s", "IDLE", scheduled=2, next_due=first)  # not woken for it
     finally:
         daemon.stop()
+
+
+def test_a_deleted_sessions_schedules_leave_with_it_and_its_id_starts_with_none(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    derived = home / "schedules" / "s.json"
+    daemon = Daemon(home)
+    try:
+        with Client(str(home)) as client:
+            client.call("create", session="s")
+            client.schedule("s", "2099-01-01T00:00:00Z", "later", key="n1")
+        poll_until(derived.exists, timeout=DEADLINE, what="the daemon's schedules file")
+        done = loopd("delete", "--home", str(home), "s")
+        assert done.returncode == 0, done.stderr
+        assert not derived.exists()  # gone with the session, not left for its id
+        with Client(str(home)) as client:
+            client.call("create", session="s")  # the same id again: a new session
+        wait_state(home, "s", "RUNNING", scheduled=0, next_due=None)
+        assert daemon.stop() == 0
+        daemon = Daemon(home)
+        wait_state(home, "s", "RUNNING", scheduled=0, next_due=None)
+        # While a worker runs its file says so (live) and holds nothing of the old one's.
+        assert json.loads(derived.read_text()) == {"live": True, "next": None, "pending": 0}
+    finally:
+        daemon.stop()

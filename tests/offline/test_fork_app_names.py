@@ -5,13 +5,18 @@ the epochs it shares stay ID's bytes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from supervisor.client import call
-from tests.harness.support import loopd, running_daemon, status, wait_state
+from tests.harness.support import loopd, poll_until, running_daemon, status, wait_state
 from worker import Assistant, Session, User
 from worker.app import DEFAULT_APP, DefaultApp
 from worker.app.version import app_version
@@ -105,3 +110,58 @@ def test_a_fork_of_a_session_begun_before_versions_names_its_builder_and_shares_
         row = wait_state(home, "b", "RUNNING")
         assert (row["app"], row["app_version"]) == (DEFAULT_APP, app_version(DEFAULT_APP))
         assert status(home, "a")["app"] is None  # a's epoch 2 was begun before versions
+
+
+HANGING_APP = '''
+import os
+import time
+
+from worker.app import DefaultApp
+
+
+class HangingApp(DefaultApp):
+    """The echo App, whose next baseline never comes once {flag!r} exists."""
+
+    def next_baseline(self, session, summary):
+        while os.path.exists({flag!r}):
+            time.sleep(0.05)
+        return super().next_baseline(session, summary)
+'''
+
+
+@pytest.mark.timeout(180)
+def test_a_sigkill_of_a_fork_in_its_apps_call_leaves_no_interpreter_behind(
+    tmp_path: Path,
+) -> None:
+    source, home, flag = tmp_path / "src", tmp_path / "home", tmp_path / "hang"
+    source.mkdir()
+    home.mkdir()
+    (source / "happ.py").write_text(HANGING_APP.format(flag=str(flag)))
+    (home / "loopd.toml").write_text(
+        f'[apps.hang]\napp = "happ:HangingApp"\npath = [{str(source)!r}]\nbudget = 30\n'
+    )
+    with running_daemon(home):
+        assert loopd("create", "--home", str(home), "a", "--app", "hang").returncode == 0
+        for n in range(2):  # each request commits: epoch 0 and 1 sealed
+            call(str(home), "send", session="a", text="x" * 80, key=f"k{n}")
+    flag.touch()  # from now on the App's next_baseline hangs
+    fork = subprocess.Popen(
+        [sys.executable, "-m", "supervisor", "fork", "a", "b", "--epoch", "1", "--home",
+         str(home)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    children: list[psutil.Process] = []
+    try:
+        children = poll_until(
+            lambda: psutil.Process(fork.pid).children(), what="the fork's App child"
+        )
+        fork.send_signal(signal.SIGKILL)
+        assert fork.wait(timeout=30) == -signal.SIGKILL
+        _gone, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, [p.cmdline() for p in alive]  # killed with the command
+    finally:
+        fork.kill()
+        fork.wait()
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()

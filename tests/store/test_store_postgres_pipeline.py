@@ -19,7 +19,7 @@ from tests.harness.postgres_server import PostgresServer
 from tests.harness.support import poll_until
 from worker import Baseline, NotOwnerNow, Session, SessionBroken, User
 from worker.store.errors import SessionNotFound
-from worker.store.postgres import DatabaseUnavailable, PostgresStore
+from worker.store.postgres import DatabaseUnavailable, PostgresStore, pipeline
 from worker.store.postgres.store import _claim
 
 psycopg = pytest.importorskip("psycopg")
@@ -248,3 +248,12 @@ def test_an_open_racing_the_create_of_its_session_finds_it_absent_or_claims_it(
         assert _claim(conn, store.session_dir("e"), "e", 5) == 5
     monkeypatch.setattr(psycopg.Connection, "execute", real)
     creator.close()
+
+
+def test_the_pipelines_status_numbers_are_the_drivers() -> None:
+    """The pipeline compares libpq's status numbers as plain ints on every write."""
+    pq = psycopg.pq
+    assert pipeline._COMMAND_OK == pq.ExecStatus.COMMAND_OK
+    assert pipeline._FATAL_ERROR == pq.ExecStatus.FATAL_ERROR
+    assert pipeline._PIPELINE_SYNC == pq.ExecStatus.PIPELINE_SYNC
+    assert pipeline._CONNECTION_BAD == pq.ConnStatus.BAD

@@ -10,14 +10,17 @@ the budget it is configured with), never in this process.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from functools import partial
 from typing import Final
 
 from supervisor.errors import SupervisorError
 from supervisor.hosting.apps import IMPORT_TIMEOUT, AppConfig, AppConfigError, app_import_path
 from supervisor.hosting.config import ConfigError, config_path, read_apps
 from supervisor.hosting.intent import IntentError, IntentFile
+from supervisor.templates.prctl import die_with_parent
 from worker.app import DEFAULT_APP, DEFAULT_BUDGET, load_app
 from worker.store.baseline import Baseline
 
@@ -110,6 +113,9 @@ def run_as_its_workers(app: AppConfig, script: str, args: list[str], call: str) 
             capture_output=True,
             timeout=IMPORT_TIMEOUT,
             check=False,
+            # Ended with the command, however it ends (a SIGKILL of `loopd fork` in a
+            # hanging App's call leaves no interpreter behind); one thread: fork-safe.
+            preexec_fn=partial(die_with_parent, os.getpid()),
         )
     except subprocess.TimeoutExpired as exc:
         raise AppUnusable(where, f"its {call} took over {IMPORT_TIMEOUT:g} s") from exc

@@ -24,10 +24,17 @@ _INSTALL: Final = "the postgres extra is not installed: pip install 'loopd[postg
 
 def driver() -> ModuleType:
     """The psycopg module, imported now; PostgresNotInstalled if it is missing."""
+    if _imported:  # once imported, asked on every write: no trip through importlib
+        return _imported[0]
     try:
-        return importlib.import_module("psycopg")
+        module = importlib.import_module("psycopg")
     except ImportError as exc:
         raise PostgresNotInstalled("postgresql", _INSTALL) from exc
+    _imported.append(module)
+    return module
+
+
+_imported: list[ModuleType] = []
 
 
 def place_of(uri: str) -> str:

@@ -30,6 +30,13 @@ if TYPE_CHECKING:
 TEXT: Final = 0
 BINARY: Final = 1
 
+# libpq's ExecStatusType and ConnStatusType values (libpq-fe.h; psycopg's pq.ExecStatus
+# and pq.ConnStatus name the same numbers), compared as plain ints on every write.
+_COMMAND_OK: Final = 1
+_FATAL_ERROR: Final = 7
+_PIPELINE_SYNC: Final = 10
+_CONNECTION_BAD: Final = 1
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Prepared:
@@ -88,8 +95,7 @@ def flush(pgconn: PGconn) -> None:
 
 def pipeline_results(pgconn: PGconn, psycopg: ModuleType) -> list[PGresult]:
     """Every result up to the pipeline's next Sync, in order."""
-    sync = psycopg.pq.ExecStatus.PIPELINE_SYNC
-    bad = psycopg.pq.ConnStatus.BAD
+    sync, bad = _PIPELINE_SYNC, _CONNECTION_BAD
     results: list[PGresult] = []
     readable: select.poll | None = None  # one poller for every wait (a log comes in many)
     while True:
@@ -112,12 +118,12 @@ def pipeline_results(pgconn: PGconn, psycopg: ModuleType) -> list[PGresult]:
 
 def _checked(results: list[PGresult], psycopg: ModuleType, conn: Connection) -> int:
     """The statement's row count; the first error's driver exception if any step failed."""
-    pq = psycopg.pq
     for result in results:
-        if result.status == pq.ExecStatus.FATAL_ERROR:
+        status = result.status
+        if status == _FATAL_ERROR:
             # As psycopg raises it: the SQLSTATE's class, the server's message and fields.
             raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
-        if result.status != pq.ExecStatus.COMMAND_OK:
+        if status != _COMMAND_OK:
             status = psycopg.pq.ExecStatus(result.status).name
             raise psycopg.OperationalError(f"a pipelined step ended {status}")
     commit = results[-1].command_status
