@@ -3,11 +3,12 @@
 Exit codes are part of the contract (docs/operations.md):
 0 clean stop; 3 lock held by another process; 4 log refused (torn, invalid, baseline;
 ``path:line: why`` printed on stderr first); 5 session not found; 6 cannot open: the
-store failed while opening or resuming (a directory where a file must be, EACCES,
-ENOSPC while finishing an interrupted epoch change), which a restart will not fix;
-7 not the owner: a session in PostgreSQL whose write the database refused (another
-owner claimed it); 8 the database was unreachable or a write's outcome is unknown (a
-restart reopens what it holds); anything else is a crash (1 for an unexpected
+store failed while opening or resuming (a directory where a file must be, EACCES),
+which a restart will not fix; 7 not the owner: a session in PostgreSQL whose write the
+database refused (another owner claimed it); 8 the database was unreachable or a
+write's outcome is unknown (a restart reopens what it holds); 9 the home's filesystem
+is full (ENOSPC or EDQUOT opening the session, or a write that ended it): started again
+until space is freed; anything else is a crash (1 for an unexpected
 exception, 2 for bad arguments, -N for a signal). The reason goes to stderr and, in an
 ``exiting`` report, to the supervisor, both cut at MAX_REPORT characters so the report
 always fits a frame.
@@ -62,6 +63,7 @@ EXIT_NOT_FOUND: Final = 5
 EXIT_CANNOT_OPEN: Final = 6
 EXIT_NOT_OWNER: Final = 7
 EXIT_DATABASE: Final = 8
+EXIT_DISK_FULL: Final = 9
 STORE_ENV: Final = "LOOPD_STORE"
 """The environment variable naming the worker's store (a libpq URI; absent: its home).
 Not an argument: a URI may hold a password, and a process's arguments are world-readable."""
@@ -73,6 +75,7 @@ MAX_REPORT: Final = 2000
 _TRANSIENT_OPEN: Final = frozenset(
     {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EAGAIN, errno.EINTR}
 )
+DISK_FULL: Final = frozenset({errno.ENOSPC, errno.EDQUOT})  # EXIT_DISK_FULL, never FATAL
 
 
 class StopRequested(Exception):
@@ -109,7 +112,7 @@ def _opened(args: argparse.Namespace, app: App) -> Session:
             raise  # the database holds a newer owner's token: EXIT_NOT_OWNER
         raise CannotOpen(exc) from exc
     except SessionIOError as exc:
-        if exc.errno in _TRANSIENT_OPEN:
+        if exc.errno in _TRANSIENT_OPEN or exc.errno in DISK_FULL:
             raise
         raise CannotOpen(exc) from exc
     except SessionError as exc:
@@ -316,7 +319,13 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_NOT_OWNER
         if isinstance(cause, DatabaseUnavailable):
             return _database_exit(channel, cause)
-        return _crash(channel, exc)
+        return _store_crash(channel, exc)
+    except SessionIOError as exc:  # the disk's (full at open or at a commit), not the App's
+        if exc.errno in DISK_FULL:
+            print(bounded(str(exc)), file=sys.stderr, flush=True)
+            _report(channel, "disk_full", str(exc))
+            return EXIT_DISK_FULL
+        return _store_crash(channel, exc)
     except BaseException as exc:  # noqa: BLE001 - main() turns anything into an exit code
         return _crash(channel, exc)
     else:
@@ -332,6 +341,14 @@ def _crash(channel: Channel, exc: BaseException) -> int:
     # the exception's text quotes a huge value.
     parts = traceback.format_exception(exc)
     print("".join(bounded(part) for part in parts), end="", file=sys.stderr, flush=True)
+    _report(channel, "crash", f"{type(exc).__name__}: {exc}")
+    return EXIT_CRASH
+
+
+def _store_crash(channel: Channel, exc: SessionError) -> int:
+    """The disk failed the store (its message names the file and the cause): one line, no
+    traceback of loopd's own frames; EXIT_CRASH. Any other error keeps its traceback."""
+    print(f"{type(exc).__name__}: {bounded(str(exc))}", file=sys.stderr, flush=True)
     _report(channel, "crash", f"{type(exc).__name__}: {exc}")
     return EXIT_CRASH
 

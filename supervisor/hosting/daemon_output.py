@@ -82,6 +82,9 @@ class DaemonOutput:
     def line(self, text: str) -> None:
         """Write one line (a newline is added), or queue it, or drop and count it."""
         data = (text.replace("\n", " ") + "\n").encode("utf-8", "replace")
+        if not self._selectable and self._fd >= 0:
+            self._append(data)
+            return
         if self._queue:
             self._enqueue(data)
             return
@@ -122,6 +125,27 @@ class DaemonOutput:
             raise
         self.written += sent
         return data[sent:]
+
+    def _append(self, data: bytes) -> None:
+        """A regular file never waits for a reader, but its filesystem can be full: then the
+        line is dropped and counted (never raised into the loop's callback that said it:
+        a session's start once stopped half done there), and the count goes first once
+        there is room again."""
+        if self.dropped:
+            data = self._notice() + data
+        try:
+            while data:
+                sent = self._write(data)
+                self.written += sent
+                data = data[sent:]
+        except OSError as exc:
+            if exc.errno in _GONE:
+                self._close_descriptor()
+                return
+            self.dropped += 1  # ENOSPC, EDQUOT, EFBIG, EIO: this line is lost, counted
+            return
+        self.total_dropped += self.dropped
+        self.dropped = 0
 
     def _flush(self) -> None:
         """The descriptor is writable: write the queue, then the count of dropped lines."""

@@ -50,6 +50,8 @@ from worker.store.schedules import parse_time
 
 DELIVERIES_PER_TURN: Final = 8
 """Deliveries begun in one loop turn at most (each may wake a session: a fork)."""
+REWRITE_EVERY: Final = 5.0
+"""Seconds between attempts at a session's schedules file whose write failed (ENOSPC)."""
 
 
 class Hosted(Protocol):
@@ -122,6 +124,8 @@ class ScheduleTimers:
         self._pause: dict[str, float] = {}  # the next retry's pause, after a failure
         self._due: dict[str, None] = {}  # timers that fired, their deliveries not yet begun
         self._draining: asyncio.Handle | None = None  # the next turn's _deliver_some
+        self._unwritten: dict[str, Derived] = {}  # files a write failed for: written again
+        self._rewrite: asyncio.TimerHandle | None = None
         self.delivered = 0  # requests delivered (applied or found applied)
 
     def begin(self) -> None:
@@ -147,6 +151,9 @@ class ScheduleTimers:
             self._fire(session_id)
 
     def close(self) -> None:
+        if self._rewrite is not None:
+            self._rewrite.cancel()
+            self._rewrite = None
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
@@ -212,13 +219,28 @@ class ScheduleTimers:
         try:
             write_derived(self.home, session_id, derived)
         except SessionError as exc:
-            # The timer still runs from memory; a restart before the next write finds
-            # the old file (a live one wakes the session, which reports the truth).
-            self.report(f"session {session_id}: schedules file not written: {exc}")
+            # The timer still runs from memory, and the file is written again every
+            # REWRITE_EVERY s until it is (a full disk freed): a restart after that finds
+            # it. Only a restart before then finds the old file or none.
+            if session_id not in self._unwritten:
+                self.report(f"session {session_id}: schedules file not written: {exc}; "
+                            f"written again every {REWRITE_EVERY:g} s until it is")  # fmt: skip
+            self._unwritten[session_id] = derived
+            if self._rewrite is None:
+                self._rewrite = self.loop.call_later(REWRITE_EVERY, self._write_again)
+        else:
+            if self._unwritten.pop(session_id, None) is not None:
+                self.report(f"session {session_id}: schedules file written")
         if derived.pending or derived.live:
             self.known[session_id] = derived
         else:
             self.known.pop(session_id, None)
+
+    def _write_again(self) -> None:
+        """The files a write failed for, each with what the daemon knows of it now."""
+        self._rewrite = None
+        for session_id, derived in list(self._unwritten.items()):
+            self._store(session_id, derived)
 
     def _arm(self, session_id: str, delay: float | None = None) -> None:
         timer = self._timers.pop(session_id, None)

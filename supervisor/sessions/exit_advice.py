@@ -8,6 +8,7 @@ from worker.process import (
     EXIT_CANNOT_OPEN,
     EXIT_CRASH,
     EXIT_DATABASE,
+    EXIT_DISK_FULL,
     EXIT_LOCKED,
     EXIT_NOT_FOUND,
     EXIT_NOT_OWNER,
@@ -22,6 +23,7 @@ _SAID_FOR: Final = {
     EXIT_CANNOT_OPEN: "cannot_open",
     EXIT_NOT_OWNER: "not_owner",
     EXIT_DATABASE: "database",
+    EXIT_DISK_FULL: "disk_full",
 }
 
 
@@ -84,6 +86,21 @@ def refused_next(kind: str | None, home: str, session: str, stored: bool = False
     if kind == "unsafe":
         return f"a file of the session is not a regular file. Next: move it aside, {start}"
     return f"Next: {inspect} names the place (docs/operations.md, each kind's drill), {start}"
+
+
+def outage_wait(code: int, home: str) -> str | None:
+    """What a session whose worker exited with ``code`` waits for, when that is an outage
+    of what every session needs (the database, the home's disk): started again until it
+    is over, never FATAL, not counted with the crashes (docs/operations.md). None for any
+    other code."""
+    if code == EXIT_DATABASE:
+        return "waiting for the database: started again until it answers"
+    if code == EXIT_DISK_FULL:
+        return (
+            f"the filesystem of {home} is full: started again until space is freed (nothing "
+            "acknowledged was lost; a request refused for it was not applied: send it again)"
+        )
+    return None
 
 
 def fatal_reason(

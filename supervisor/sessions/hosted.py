@@ -15,7 +15,7 @@ import psutil
 from supervisor.hosting.epoch_apps import app_reported, take_stored
 from supervisor.scheduling.files import reported_summary
 from supervisor.sessions.endpoints import Waiter, WorkerChannel
-from supervisor.sessions.exit_advice import fatal_reason, honoured_exit
+from supervisor.sessions.exit_advice import fatal_reason, honoured_exit, outage_wait
 from supervisor.sessions.hang import HangWatch
 from supervisor.sessions.hosted_requests import SessionRequests
 from supervisor.sessions.hosted_status import int_or_none, session_status, tokens_reported
@@ -25,7 +25,7 @@ from supervisor.sessions.relay import Relay
 from supervisor.sessions.spawn import WorkerProcess, WorkerSpec, describe_exit
 from supervisor.states import RestartPolicy, State, StateMachine
 from worker.ipc.wire import Message
-from worker.process import EXIT_CLEAN, EXIT_DATABASE, EXIT_LOCKED, EXIT_REFUSED, bounded
+from worker.process import EXIT_CLEAN, EXIT_LOCKED, EXIT_REFUSED, bounded
 
 STOP_DEADLINE: Final = 5.0
 _SHORTAGE: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
@@ -275,12 +275,12 @@ class HostedSession(SessionRequests):
         elif acted == EXIT_CLEAN:
             self.machine.move(State.EXITED)
             self._fail_waiting("exited", f"the worker of session {self.id} exited")
-        elif acted == EXIT_DATABASE:
-            # The store is out (a primary lost before its standby is promoted): every
-            # session of the node meets it, and none is at fault. Started again until
-            # the database answers, never FATAL for it (docs/scaling.md).
+        elif (waiting := outage_wait(acted, self.spec.home)) is not None:
+            # The store is out (a primary lost before its standby is promoted, a full
+            # disk): every session of the node meets it, and none is at fault. Started
+            # again until it is over, never FATAL for it (docs/scaling.md, operations.md).
             said = f"worker {how}" + (f": {said}" if said else "")
-            self.last_error = f"{said} -- waiting for the database: started again until it answers"
+            self.last_error = f"{said} -- {waiting}"
             self.restarts += 1
             self.machine.move(State.BACKOFF)
             self._timer = self.loop.call_at(now + self.policy.outage_delay(self.rng), self.start)

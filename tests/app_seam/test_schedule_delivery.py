@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import psutil
@@ -236,5 +237,36 @@ def test_a_deleted_sessions_schedules_leave_with_it_and_its_id_starts_with_none(
         wait_state(home, "s", "RUNNING", scheduled=0, next_due=None)
         # While a worker runs its file says so (live) and holds nothing of the old one's.
         assert json.loads(derived.read_text()) == {"live": True, "next": None, "pending": 0}
+    finally:
+        daemon.stop()
+
+
+def test_a_schedules_file_that_could_not_be_written_is_written_again_and_a_restart_delivers(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    derived = home / "schedules" / "s.json"
+    blocker = home / "schedules" / "s.json.tmp"  # a directory where the write's temp goes
+    daemon = Daemon(home, "--idle-stop", "0.3")
+    try:
+        with Client(str(home)) as client:
+            client.call("create", session="s")
+            wait_state(home, "s", "IDLE")
+            blocker.mkdir(parents=True)  # every write of the file fails from now on
+        at = _schedule(home, "s", "w1", "+25s")
+        wait_state(home, "s", "IDLE", scheduled=1)  # acknowledged, hibernated again
+        assert not derived.exists()
+        blocker.rmdir()  # the disk is writable again: the daemon writes the file by itself
+
+        def written() -> dict[str, object] | None:
+            found = json.loads(derived.read_text()) if derived.exists() else None
+            return found if found is not None and found["pending"] == 1 else None
+
+        # Before its time: the delivery's own wake would write the file (a live one).
+        before_due = (parse_time(at) or 0.0) - time.time() - 2.0
+        assert poll_until(written, timeout=before_due, what="the file")["next"] == at
+        assert daemon.stop() == 0
+        daemon = Daemon(home, "--idle-stop", "0.3")  # only the file knows of the schedule
+        _wait_delivered(home, "s", "w1", at)
     finally:
         daemon.stop()

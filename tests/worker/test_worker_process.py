@@ -24,6 +24,7 @@ from worker.process import (
     EXIT_CANNOT_OPEN,
     EXIT_CLEAN,
     EXIT_CRASH,
+    EXIT_DISK_FULL,
     EXIT_LOCKED,
     EXIT_REFUSED,
     MAX_REPORT,
@@ -325,24 +326,31 @@ def _unopenable(home: Path, damage: str) -> tuple[Path, str, tuple[str, ...]]:
     return directory, "EIO", ("--app", "tests.apps:eio_syncing_the_session_directory_app")
 
 
-@pytest.mark.parametrize("damage", ["eio-syncing-at-open", "enospc-while-resuming"])
-def test_a_worker_that_cannot_open_its_session_exits_6_and_says_where_and_why(
-    tmp_path: Path, damage: str
+@pytest.mark.parametrize(
+    ("damage", "code", "said_code", "prefix"),
+    [
+        ("eio-syncing-at-open", EXIT_CANNOT_OPEN, "cannot_open", "cannot open: "),
+        # A full disk is an outage, not the session's fault: exit 9, started again.
+        ("enospc-while-resuming", EXIT_DISK_FULL, "disk_full", ""),
+    ],
+)
+def test_a_worker_that_cannot_open_its_session_exits_and_says_where_and_why(
+    tmp_path: Path, damage: str, code: int, said_code: str, prefix: str
 ) -> None:
     home = tmp_path / "home"
     path, errno_name, args = _unopenable(home, damage)
     with worker(home, "s1", *args) as w:
         said = w.channel.recv()
-        assert w.proc.wait(timeout=20) == EXIT_CANNOT_OPEN
+        assert w.proc.wait(timeout=20) == code
         assert w.proc.stderr is not None
         printed = w.proc.stderr.read().decode()
     assert said is not None
-    assert (said["op"], said["code"]) == ("exiting", "cannot_open")
+    assert (said["op"], said["code"]) == ("exiting", said_code)
     message = said["message"]
     assert isinstance(message, str)
     assert message.startswith(f"{path}")
     assert f"[{errno_name}]" in message
-    assert printed == f"cannot open: {message}\n"
+    assert printed == f"{prefix}{message}\n"
 
 
 def test_a_worker_whose_session_breaks_while_serving_still_exits_as_a_crash(

@@ -1,0 +1,90 @@
+"""A full disk is an outage, not a session's fault: started again until space is freed.
+
+A real full filesystem (a tmpfs of 4 MiB, filled by a file): a session whose epoch
+change was interrupted must write its next epoch's files to open. While the disk is
+full its worker exits 9 (``disk_full``) and is started again, past ``--start-retries``,
+never FATAL, ``last_error`` saying what it waits for; once the file is removed it opens
+by itself, with every request acknowledged before. Mounting needs root (CI is root).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+from supervisor.client import Client
+from tests.harness.support import loopd, poll_until, running_daemon, status, wait_state
+from worker import EpochEnd, Session, User
+from worker.app import DefaultApp
+from worker.store.format.records import encode_appended
+
+MOUNT: Final = shutil.which("mount") or "/usr/bin/mount"
+UMOUNT: Final = shutil.which("umount") or "/usr/bin/umount"
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root"),
+]
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of 4 MiB mounted for the test, unmounted after it."""
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    subprocess.run([MOUNT, "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run([UMOUNT, "-l", str(mount)], check=False)
+
+
+def _fill(path: Path) -> None:
+    """Write ``path`` until the filesystem has no room left."""
+    with path.open("wb", buffering=0) as filler:
+        for size in (65536, 512):  # then the last pages, a smaller write at a time
+            failure = None
+            while failure is None:
+                try:
+                    filler.write(b"\0" * size)
+                except OSError as exc:
+                    failure = exc.errno
+            assert failure == errno.ENOSPC, os.strerror(failure)
+
+
+def test_a_full_disk_restarts_the_session_until_space_is_freed_never_fatal(
+    small_fs: Path,
+) -> None:
+    home = small_fs / "home"
+    with Session.create(home, "s", DefaultApp().initial_baseline("s")) as session:
+        session.append_many([User(text=f"r{n}", untrusted=False, key=f"k{n}") for n in range(3)])
+        log = Path(session.dir) / "0.jsonl"
+    # An epoch change interrupted after its EpochEnd: opening completes it (epoch 1).
+    with log.open("ab") as f:
+        f.write(encode_appended(log.read_bytes(), EpochEnd(next=1, summary="s")))
+    filler = small_fs / "filler"
+    _fill(filler)
+    with running_daemon(home, "--start-retries", "2", "--max-restarts", "2"):
+
+        def waiting() -> dict[str, object] | None:
+            row = status(home, "s")
+            assert row["state"] != "FATAL", row["last_error"]
+            full = "is full: started again until space is freed" in str(row["last_error"])
+            return row if full and int(str(row["restarts"])) > 4 else None
+
+        row = poll_until(waiting, timeout=60, what="restarts past --start-retries, not FATAL")
+        assert "[ENOSPC]" in str(row["last_error"])
+        filler.unlink()
+        wait_state(home, "s", "RUNNING", epoch=1)
+        with Client(str(home)) as client:
+            again = client.send("s", "r0", key="k0")
+            assert (again["duplicate"], again["epoch"]) == (True, 0)  # acknowledged before
+            assert client.send("s", "new", key="k9")["duplicate"] is False
+    verified = loopd("verify", "--home", str(home))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
