@@ -42,9 +42,25 @@ def _call(home: str, op: str, timeout: float, **fields: object) -> object:
         _fail(op, exc)
 
 
-def _fail(op: str, exc: ControlError) -> NoReturn:
-    click.echo(f"loopd {op}: {exc.message} [{exc.code}]", err=True)
+def _fail(op: str, exc: ControlError, *, key: str | None = None) -> NoReturn:
+    more = _send_again(exc.code, key) if op == "send" else ""
+    click.echo(f"loopd {op}: {exc.message} [{exc.code}]{more}", err=True)
     sys.exit(EXIT_ERROR)
+
+
+_UNACKNOWLEDGED: Final = frozenset(
+    {"DatabaseUnavailable", "LostBeforeWrite", "OutcomeUnknown", "SessionIOError", "timeout"}
+)
+"""Codes of a send that was not acknowledged, whose store (or worker) may serve it again."""
+
+
+def _send_again(code: str, key: str | None) -> str:
+    """What an operator does after a send failed for the store: send it again by key."""
+    if code not in _UNACKNOWLEDGED:
+        return ""
+    if key is None:
+        return " -- not acknowledged; sent again with a --key, a request is applied once"
+    return f" -- not acknowledged: send it again with --key {key} (applied once, whatever came)"
 
 
 def _home_or_cluster(home: str | None, cluster: str | None) -> str | None:
@@ -115,7 +131,7 @@ def send(
             else:
                 result = client.send(session_id, text, key=key, untrusted=untrusted)
     except ControlError as exc:
-        _fail("send", exc)
+        _fail("send", exc, key=key)
     click.echo(json.dumps(result, sort_keys=True))
 
 

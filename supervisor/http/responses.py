@@ -23,6 +23,9 @@ STATUS_OF_CODE: Final = {
     "worker_died": 503,
     "not_ours": 503,
     "not_owner": 503,
+    "DatabaseUnavailable": 503,  # the store's database is away: sent again by key, applied once
+    "LostBeforeWrite": 503,
+    "OutcomeUnknown": 503,
     "timeout": 504,
 }
 """The HTTP status of each wire protocol error code; any other code is a 500."""

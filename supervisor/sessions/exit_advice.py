@@ -88,11 +88,17 @@ def refused_next(kind: str | None, home: str, session: str, stored: bool = False
     return f"Next: {inspect} names the place (docs/operations.md, each kind's drill), {start}"
 
 
-def outage_wait(code: int, home: str) -> str | None:
+def outage_wait(code: int, home: str, said: str | None = None) -> str | None:
     """What a session whose worker exited with ``code`` waits for, when that is an outage
     of what every session needs (the database, the home's disk): started again until it
     is over, never FATAL, not counted with the crashes (docs/operations.md). None for any
     other code."""
+    if code == EXIT_DATABASE and said is not None and "too many clients" in said:
+        return (
+            "waiting for a connection: started again until the database takes one (its "
+            "max_connections is taken: raise it, cap this node's workers with --max-live, or "
+            "put PgBouncer in front: docs/scaling.md, 0.2)"
+        )
     if code == EXIT_DATABASE:
         return "waiting for the database: started again until it answers"
     if code == EXIT_DISK_FULL:

@@ -275,7 +275,7 @@ class HostedSession(SessionRequests):
         elif acted == EXIT_CLEAN:
             self.machine.move(State.EXITED)
             self._fail_waiting("exited", f"the worker of session {self.id} exited")
-        elif (waiting := outage_wait(acted, self.spec.home)) is not None:
+        elif (waiting := outage_wait(acted, self.spec.home, said)) is not None:
             # The store is out (a primary lost before its standby is promoted, a full
             # disk): every session of the node meets it, and none is at fault. Started
             # again until it is over, never FATAL for it (docs/scaling.md, operations.md).

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 from pathlib import Path
 
 import psycopg
@@ -243,3 +244,52 @@ def test_a_database_out_for_longer_than_the_restart_window_is_waited_for_not_fat
         assert _keys(uri, "s1").count("before") == 1
     finally:
         own.stop()
+
+
+def test_an_idle_session_rides_through_its_connection_ended_by_the_database(
+    tmp_path: Path, uri: str
+) -> None:
+    """Every connection ended by the server (a restart of the database, an operator's
+    pg_terminate_backend) while the session was idle: its next send and its next read of
+    an older epoch are served on a new connection, by the same worker, without an error."""
+    home = tmp_path / "home"
+    with running_daemon(home, "--store", uri):
+        call(str(home), "create", session="s1")
+        call(str(home), "send", session="s1", text="before", key="before")
+        call(str(home), "compact", session="s1")  # "before" now in a sealed epoch
+        pid = wait_state(home, "s1", "RUNNING")["pid"]
+        with psycopg.connect(uri, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        poll_until(lambda: _connections(uri) == 0, what="every connection ended")
+        again = call(str(home), "send", session="s1", text="before", key="before")
+        assert isinstance(again, dict)
+        assert (again["duplicate"], again["epoch"]) == (True, 0)  # read on a new connection
+        with psycopg.connect(uri, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        poll_until(lambda: _connections(uri) == 0, what="every connection ended")
+        call(str(home), "send", session="s1", text="after", key="after")
+        assert status(home, "s1")["pid"] == pid  # the same worker: no restart
+    assert _keys(uri, "s1") == ["before", "after"]
+
+
+def test_a_database_that_accepts_and_never_answers_is_refused_at_start_in_time(
+    tmp_path: Path,
+) -> None:
+    """A stopped or black-holed server accepts a connection and says nothing: serve gives
+    up within the connect timeout (10 s), in one line, instead of waiting for ever."""
+    hole = socket.create_server(("127.0.0.1", 0))
+    try:
+        port = hole.getsockname()[1]
+        uri = f"postgresql://postgres@127.0.0.1:{port}/nowhere?sslmode=disable"
+        done = loopd("serve", "--home", str(tmp_path / "h"), "--store", uri)
+    finally:
+        hole.close()
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1
+    assert "timeout" in done.stderr

@@ -80,6 +80,9 @@ def test_a_full_disk_restarts_the_session_until_space_is_freed_never_fatal(
 
         row = poll_until(waiting, timeout=60, what="restarts past --start-retries, not FATAL")
         assert "[ENOSPC]" in str(row["last_error"])
+        refused = loopd("send", "--home", str(home), "--timeout", "1", "s", "x", "--key", "k5")
+        assert refused.returncode != 0
+        assert "not acknowledged: send it again with --key k5" in refused.stderr
         filler.unlink()
         wait_state(home, "s", "RUNNING", epoch=1)
         with Client(str(home)) as client:

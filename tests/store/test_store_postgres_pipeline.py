@@ -257,3 +257,53 @@ def test_the_pipelines_status_numbers_are_the_drivers() -> None:
     assert pipeline._FATAL_ERROR == pq.ExecStatus.FATAL_ERROR
     assert pipeline._PIPELINE_SYNC == pq.ExecStatus.PIPELINE_SYNC
     assert pipeline._CONNECTION_BAD == pq.ConnStatus.BAD
+
+
+def _terminate(uri: str, pid: int) -> None:
+    """End one server process's connection, as a restart of the database ends them all."""
+    with psycopg.connect(uri, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    poll_until(lambda: not _alive(uri, pid), what=f"the server process {pid} to end", timeout=30)
+
+
+def _alive(uri: str, pid: int) -> bool:
+    with psycopg.connect(uri, autocommit=True) as admin:
+        found = admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,))
+        return found.fetchone() is not None
+
+
+def test_a_connection_the_server_ended_while_idle_is_made_again_for_the_next_write_and_read(
+    store: PostgresStore, session: Session, baseline: Baseline
+) -> None:
+    session.append(_user(0))
+    session.commit_epoch("s", baseline)  # k0 now in a sealed epoch, read from the database
+    uri = store.uri
+    _terminate(uri, session.backend.conn.pgconn.backend_pid)  # type: ignore[attr-defined]
+    assert session.find_key("k0") is not None  # a read of epoch 0 on a new connection
+    _terminate(uri, session.backend.conn.pgconn.backend_pid)  # type: ignore[attr-defined]
+    session.append(_user(1))  # the write goes on a new connection, fenced as ever
+    assert session.broken is None
+    session.close()
+    with Session.open(store, "piped") as again:
+        assert [r.text for r in again.records if isinstance(r, User)] == ["request 1"]
+        assert again.find_key("k0") is not None
+
+
+def test_a_connection_that_cannot_be_made_again_refuses_the_write_with_nothing_sent(
+    store: PostgresStore, session: Session
+) -> None:
+    session.append(_user(0))
+    uri = store.uri
+    name = uri.rsplit("/", 1)[1]
+    with psycopg.connect(uri.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
+        admin.execute(f"ALTER DATABASE {name} WITH ALLOW_CONNECTIONS false")
+        try:
+            _terminate(uri.rsplit("/", 1)[0] + "/postgres", session.backend.conn.pgconn.backend_pid)  # type: ignore[attr-defined]
+            with pytest.raises(DatabaseUnavailable, match="nothing of this was sent"):
+                session.append(_user(1))
+            assert session.broken is not None  # the worker exits, and is started again
+        finally:
+            admin.execute(f"ALTER DATABASE {name} WITH ALLOW_CONNECTIONS true")
+    session.close()
+    with Session.open(store, "piped") as again:
+        assert [r.text for r in again.records if isinstance(r, User)] == ["request 0"]

@@ -24,8 +24,8 @@ from worker.store.disk.scan_file import MAX_BYTES
 from worker.store.errors import InvalidLog, NotOwnerNow, SessionIOError
 from worker.store.format.scan_summary import ScanSummary, decode
 from worker.store.postgres.boundaries import Point, reach
-from worker.store.postgres.connection import database_error, driver
-from worker.store.postgres.errors import LostBeforeWrite
+from worker.store.postgres.connection import database_error, driver, lost_while_idle
+from worker.store.postgres.errors import DatabaseUnavailable, LostBeforeWrite
 from worker.store.postgres.opening import NAMES
 from worker.store.postgres.pipeline import BINARY, TEXT, Prepared, write_pipelined
 
@@ -83,9 +83,19 @@ class NotPreloaded(Exception):
 class PostgresBackend:
     """One session's rows, held by the writer whose token is ``token`` (worker.store.backend)."""
 
-    def __init__(self, conn: Connection, directory: str, session_id: str, token: int) -> None:
-        """Wrap an open connection; ``directory`` names the session in messages."""
+    def __init__(
+        self,
+        conn: Connection,
+        directory: str,
+        session_id: str,
+        token: int,
+        *,
+        reconnect: Callable[[], Connection] | None = None,
+    ) -> None:
+        """Wrap an open connection; ``directory`` names the session in messages;
+        ``reconnect`` makes a new one when the server ended this one between statements."""
         self.conn: Connection | None = conn
+        self._reconnect = reconnect
         self.directory = directory
         self.session_id = session_id
         self.token = token
@@ -101,9 +111,23 @@ class PostgresBackend:
         self._preloaded: Opening | None = None
 
     def _conn(self) -> Connection:
-        if self.conn is None:
+        """The connection for the next statement: a new one if the server ended the last
+        between statements (a database restarted while the session was idle: nothing of
+        ours was in flight, and every write is fenced by the token). Never inside an
+        open's snapshot or preloaded reads, which a new connection would not see."""
+        conn = self.conn
+        if conn is None:
             raise SessionIOError(self.directory, errno.EBADF, "use of a closed store connection")
-        return self.conn
+        between = not self._in_snapshot and self._preloaded is None
+        if self._reconnect is not None and between and lost_while_idle(conn):
+            conn.close()
+            try:
+                conn = self.conn = self._reconnect()
+            except DatabaseUnavailable as exc:  # still away: nothing of this was sent
+                why = f"the connection to the database was lost, a new one failed ({exc.why})"
+                raise LostBeforeWrite(self.directory, f"{why}: nothing of this was sent") from exc
+            self._prepared = False
+        return conn
 
     def _writable(self) -> Connection:
         """The connection for a write; LostBeforeWrite if it is known lost already (a

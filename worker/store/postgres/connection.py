@@ -8,6 +8,7 @@ first connection, and says in one line how to install it when it is missing.
 from __future__ import annotations
 
 import importlib
+import select
 from typing import TYPE_CHECKING, Final
 
 from worker.store.postgres.errors import DatabaseUnavailable, PostgresNotInstalled
@@ -52,13 +53,44 @@ def place_of(uri: str) -> str:
 
 
 def connect(uri: str, place: str) -> Connection:
-    """A new autocommit connection to ``uri``; DatabaseUnavailable if it cannot be made."""
+    """A new autocommit connection to ``uri``; DatabaseUnavailable if it cannot be made.
+
+    Within CONNECT_TIMEOUT seconds unless the URI says otherwise (libpq waits for ever,
+    psycopg 130 s): a database that accepts a connection and never answers (stopped,
+    black-holed) is unavailable, as a refused one is, not a hang of whoever connects (a
+    worker's start, killed past its deadline and counted as a failed start; serve's own
+    start, deaf to SIGTERM meanwhile)."""
     psycopg = driver()
+    timeout = {} if "connect_timeout" in uri else {"connect_timeout": CONNECT_TIMEOUT}
     try:
-        conn: Connection = psycopg.connect(uri, autocommit=True)
+        conn: Connection = psycopg.connect(uri, autocommit=True, **timeout)
     except psycopg.Error as exc:
         raise DatabaseUnavailable(place, _one_line(exc)) from exc
     return conn
+
+
+CONNECT_TIMEOUT: Final = 10
+
+
+def lost_while_idle(conn: Connection) -> bool:
+    """Whether the server ended ``conn`` since its last statement (a restart of the
+    database, ``pg_terminate_backend``): it sent its last words (a FATAL) and closed, and
+    nothing of ours is in flight. A poll of the socket, with no wait: what it holds is read
+    (libpq reads the server's last words first, and meets the end of the stream on the
+    next read, which the socket is still ready for); a notice leaves it alive."""
+    if conn.closed:
+        return True
+    pgconn = conn.pgconn
+    ready = select.poll()
+    ready.register(pgconn.socket, select.POLLIN)
+    for _read in range(2):
+        if not ready.poll(0):
+            return False
+        try:
+            pgconn.consume_input()
+        except driver().OperationalError:
+            return True
+    return bool(conn.closed)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -116,6 +116,11 @@ class PostgresStore:
         finally:
             conn.close()
 
+    def _reconnect(self) -> Connection:
+        """A session's new connection, once the server ended its last one between
+        statements (``PostgresBackend._conn``); DatabaseUnavailable if none can be made."""
+        return connect(self.uri, self.place)
+
     def _connect(self) -> Connection:
         conn = connect(self.uri, self.place)
         try:
@@ -171,7 +176,8 @@ class PostgresStore:
             log_crc=crc,
             kept_scan=KeptScan(0, None, bytearray(line)),
         )
-        session = PostgresSession(state, PostgresBackend(conn, directory, session_id, 1))
+        backend = PostgresBackend(conn, directory, session_id, 1, reconnect=self._reconnect)
+        session = PostgresSession(state, backend)
         session.keep_summary()  # its first line, when even that is worth one
         return session
 
@@ -192,9 +198,13 @@ class PostgresStore:
             if opening.token is None:
                 ensure_schema(conn, self.place)
                 claimed = _claim(conn, directory, session_id, token)
-                backend = PostgresBackend(conn, directory, session_id, claimed)
+                backend = PostgresBackend(
+                    conn, directory, session_id, claimed, reconnect=self._reconnect
+                )
             else:
-                backend = PostgresBackend(conn, directory, session_id, opening.token)
+                backend = PostgresBackend(
+                    conn, directory, session_id, opening.token, reconnect=self._reconnect
+                )
                 stored = opening.files.pop(SUMMARY_NAME, None)
                 known = None if stored is None else summary_of_row(stored)
                 with backend.preloaded(opening):
