@@ -124,7 +124,8 @@ def timed_out(home: str, timeout: float) -> ControlError:
     return ControlError(
         "timeout",
         f"the supervisor of {home} did not answer within {timeout:g} s; it may be stopped "
-        "or overloaded (check its process), or retry with a longer --timeout",
+        "or overloaded (check its process), or the session waits (`loopd status`: a session "
+        "in BACKOFF says what for), or retry with a longer --timeout",
     )
 
 
