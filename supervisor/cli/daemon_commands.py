@@ -59,7 +59,7 @@ def _send_again(code: str, key: str | None) -> str:
     if code not in _UNACKNOWLEDGED:
         return ""
     if key is None:
-        return " -- not acknowledged; sent again with a --key, a request is applied once"
+        return " -- not acknowledged (with --key, a request sent again is applied once)"
     return f" -- not acknowledged: send it again with --key {key} (applied once, whatever came)"
 
 
