@@ -75,7 +75,6 @@ MAX_REPORT: Final = 2000
 _TRANSIENT_OPEN: Final = frozenset(
     {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EAGAIN, errno.EINTR}
 )
-DISK_FULL: Final = frozenset({errno.ENOSPC, errno.EDQUOT})  # EXIT_DISK_FULL, never FATAL
 
 
 class StopRequested(Exception):
@@ -112,7 +111,7 @@ def _opened(args: argparse.Namespace, app: App) -> Session:
             raise  # the database holds a newer owner's token: EXIT_NOT_OWNER
         raise CannotOpen(exc) from exc
     except SessionIOError as exc:
-        if exc.errno in _TRANSIENT_OPEN or exc.errno in DISK_FULL:
+        if exc.errno in _TRANSIENT_OPEN or exc.fills(args.home):  # EXIT_DISK_FULL
             raise
         raise CannotOpen(exc) from exc
     except SessionError as exc:
@@ -321,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             return _database_exit(channel, cause)
         return _store_crash(channel, exc)
     except SessionIOError as exc:  # the disk's (full at open or at a commit), not the App's
-        if exc.errno in DISK_FULL:
+        if exc.fills(args.home):  # never FATAL: started again until space is freed
             print(bounded(str(exc)), file=sys.stderr, flush=True)
             _report(channel, "disk_full", str(exc))
             return EXIT_DISK_FULL

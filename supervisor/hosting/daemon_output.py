@@ -32,6 +32,7 @@ MAX_QUEUED: Final = 256 << 10
 _FULL: Final = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR})
 _GONE: Final = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.EBADF, errno.EIO})
 _REOPEN_REFUSED: Final = frozenset({errno.ENXIO, errno.ENOENT, errno.EACCES, errno.EPERM})
+_UNWRITTEN: Final = "this output could not be written (a full disk?)"
 
 
 class DaemonOutput:
@@ -49,6 +50,7 @@ class DaemonOutput:
         self._selectable = False
         self._write: Callable[[bytes], int] = self._discard
         self._sock: socket.socket | None = None
+        self._cut = False  # the last line written to a file was cut short by an error
         self._open(fd)
 
     def _open(self, fd: int) -> None:
@@ -108,9 +110,8 @@ class DaemonOutput:
         self._queue.append(data)
         self._queued += len(data)
 
-    def _notice(self) -> bytes:
-        return (f"loopd serve: {self.dropped} lines dropped: this output was not read for a "
-                "while\n").encode()  # fmt: skip
+    def _notice(self, why: str = "this output was not read for a while") -> bytes:
+        return f"loopd serve: {self.dropped} lines dropped: {why}\n".encode()
 
     def _write_some(self, data: bytes) -> bytes:
         """Write what the descriptor takes now; return the rest."""
@@ -122,7 +123,10 @@ class DaemonOutput:
             if exc.errno in _GONE:
                 self._close_descriptor()  # the reader is gone for good: nothing more to say
                 return b""
-            raise
+            # Anything else (ENOSPC from /dev/full, EIO): this line is lost and counted,
+            # never raised into the loop's callback that said it.
+            self.dropped += 1
+            return b""
         self.written += sent
         return data[sent:]
 
@@ -132,11 +136,13 @@ class DaemonOutput:
         a session's start once stopped half done there), and the count goes first once
         there is room again."""
         if self.dropped:
-            data = self._notice() + data
+            # After a line cut short its newline first, so the count starts a line.
+            data = (b"\n" if self._cut else b"") + self._notice(_UNWRITTEN) + data
         try:
             while data:
                 sent = self._write(data)
                 self.written += sent
+                self._cut = 0 < sent < len(data)
                 data = data[sent:]
         except OSError as exc:
             if exc.errno in _GONE:

@@ -20,9 +20,11 @@ from typing import Final
 import pytest
 
 from supervisor.client import Client
+from supervisor.hosting.daemon_output import DaemonOutput
 from tests.harness.support import loopd, poll_until, running_daemon, status, wait_state
 from worker import EpochEnd, Session, User
 from worker.app import DefaultApp
+from worker.store.errors import SessionIOError
 from worker.store.format.records import encode_appended
 
 MOUNT: Final = shutil.which("mount") or "/usr/bin/mount"
@@ -91,3 +93,47 @@ def test_a_full_disk_restarts_the_session_until_space_is_freed_never_fatal(
             assert client.send("s", "new", key="k9")["duplicate"] is False
     verified = loopd("verify", "--home", str(home))
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_serves_output_never_raises_on_a_full_device_and_counts_what_it_dropped() -> None:
+    fd = os.open("/dev/full", os.O_WRONLY)
+    try:
+        output = DaemonOutput(None, fd)
+        output.line("one")
+        output.line("two")  # ENOSPC each time: dropped and counted, never raised
+        assert output.dropped == 2
+        output.close()
+    finally:
+        os.close(fd)
+
+
+def test_serves_output_to_a_full_file_drops_whole_lines_and_says_how_many_later(
+    small_fs: Path,
+) -> None:
+    log = small_fs / "serve.log"
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        output = DaemonOutput(None, fd)
+        output.line("before")
+        _fill(small_fs / "filler")
+        for n in range(3):
+            output.line(f"lost {n} " + "x" * 5000)  # past the last page: cut, then refused
+        (small_fs / "filler").unlink()
+        output.line("after")
+        output.close()
+    finally:
+        os.close(fd)
+    lines = log.read_text().splitlines()
+    assert lines[0] == "before"
+    assert lines[-1] == "after"
+    assert lines[-2].startswith("loopd serve: "), lines[-2][:80]  # the count, on its own line
+    assert "lines dropped: this output could not be written" in lines[-2]
+
+
+def test_an_enospc_outside_the_home_is_not_the_homes_full_disk(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    assert SessionIOError(str(home / "sessions" / "s" / "1.jsonl"), errno.ENOSPC, "write").fills(
+        str(home)
+    )
+    assert not SessionIOError("/app/scratch", errno.ENOSPC, "write").fills(str(home))
+    assert not SessionIOError(str(home / "x"), errno.EIO, "write").fills(str(home))

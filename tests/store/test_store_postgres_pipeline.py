@@ -307,3 +307,26 @@ def test_a_connection_that_cannot_be_made_again_refuses_the_write_with_nothing_s
     session.close()
     with Session.open(store, "piped") as again:
         assert [r.text for r in again.records if isinstance(r, User)] == ["request 0"]
+
+
+def test_a_new_connection_to_a_database_holding_less_than_was_written_writes_nothing(
+    store: PostgresStore, session: Session
+) -> None:
+    """A failover to a server without the newest acknowledged group (simulated: its row
+    deleted while the connection is ended): a write at this writer's offset would leave a
+    gap, so none is made, and the session breaks (the worker reopens what is there)."""
+    session.append(_user(0))
+    session.append(_user(1))
+    uri = store.uri
+    with psycopg.connect(uri, autocommit=True) as admin:
+        admin.execute(
+            "DELETE FROM loopd_log_chunks WHERE session = 'piped' AND start = "
+            "(SELECT max(start) FROM loopd_log_chunks WHERE session = 'piped')"
+        )
+    _terminate(uri, session.backend.conn.pgconn.backend_pid)  # type: ignore[attr-defined]
+    with pytest.raises(DatabaseUnavailable, match=r"holds .* where this writer wrote"):
+        session.append(_user(2))
+    assert session.broken is not None
+    session.close()
+    with Session.open(store, "piped") as again:  # no gap: what the database held, whole
+        assert [r.text for r in again.records if isinstance(r, User)] == ["request 0"]

@@ -16,16 +16,18 @@ import pytest
 
 from tests.harness.postgres_server import PostgresServer
 from tests.harness.summary_sessions import SESSION, big_session, log_of, request, scan_fields
+from tests.harness.support import poll_until
 from worker.app import DefaultApp
 from worker.store import session as session_module
 from worker.store.disk.scan_file import MAX_BYTES, read_summary, scan_path
 from worker.store.epochs import epoch_log
-from worker.store.errors import SessionIOError
+from worker.store.errors import SessionError, SessionIOError
 from worker.store.format import scan_summary
 from worker.store.format.line_scan import LineScan, scan_lines
 from worker.store.format.scan_summary import ScanSummary, encode
 from worker.store.postgres import PostgresStore
 from worker.store.postgres.backend import summary_of_row
+from worker.store.postgres.boundaries import Point, set_hook
 from worker.store.session import Session
 
 
@@ -321,3 +323,50 @@ def test_a_database_row_is_a_summary_only_deflated_whole_and_within_its_bound(
     assert summary_of_row(zlib.compress(b"\0" * (MAX_BYTES + 1), 1)) is None  # a bomb
     assert summary_of_row(zlib.compress(blob)[:-2]) is None  # cut short
     assert summary_of_row(zlib.compress(blob) + b"more") is None  # more after it
+
+
+def test_a_summary_due_after_a_commit_whose_database_went_away_leaves_it_acknowledged(
+    postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """COMMIT returned, then the connection ended and no new one can be made, as the
+    group's summary is written: the summary is let go and the append returns (its
+    requests acknowledged: never "nothing was sent" for what committed); the next append,
+    with nothing sent, is the one refused."""
+    psycopg = pytest.importorskip("psycopg")
+    monkeypatch.setattr(scan_summary, "SUMMARY_AFTER", 0)  # a summary after every group
+    uri = postgres_server.new_database()
+    name = uri.rsplit("/", 1)[1]
+    admin = psycopg.connect(uri.rsplit("/", 1)[0] + "/postgres", autocommit=True)
+    session = PostgresStore(uri).create_session(SESSION, DefaultApp().initial_baseline(SESSION))
+
+    def gone_after_commit(point: Point, backend_pid: int) -> None:
+        if point is Point.AFTER_COMMIT:
+            admin.execute(f"ALTER DATABASE {name} WITH ALLOW_CONNECTIONS false")
+            admin.execute("SELECT pg_terminate_backend(%s)", (backend_pid,))
+            poll_until(
+                lambda: (
+                    admin.execute(
+                        "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend_pid,)
+                    ).fetchone()
+                    is None
+                ),
+                what="the server process to end",
+            )
+
+    try:
+        session.append_many(request(session, 0))
+        previous = set_hook(gone_after_commit)
+        try:
+            session.append_many(request(session, 1))  # acknowledged, whatever its summary
+        finally:
+            set_hook(previous)
+        assert session.broken is None
+        with pytest.raises(SessionError, match="nothing of this was sent"):
+            session.append_many(request(session, 2))
+    finally:
+        admin.execute(f"ALTER DATABASE {name} WITH ALLOW_CONNECTIONS true")
+        admin.close()
+        session.close()
+    with Session.open(PostgresStore(uri), SESSION) as again:
+        assert again.find_key("k1") is not None
+        assert again.find_key("k2") is None

@@ -93,6 +93,14 @@ class SessionIOError(SessionError):
         name = errno_codes.errorcode.get(self.errno, str(self.errno))
         return f"{self.path}: {self.operation} failed: [{name}] {os.strerror(self.errno)}"
 
+    def fills(self, directory: str) -> bool:
+        """ENOSPC or EDQUOT on a file under ``directory`` (a home's full disk; not an App's
+        own file elsewhere, whose error stays its own)."""
+        if self.errno not in (errno_codes.ENOSPC, errno_codes.EDQUOT):
+            return False
+        top = os.path.abspath(directory)
+        return os.path.commonpath([os.path.abspath(self.path), top]) == top
+
 
 class PathError(SessionError):
     """An error about one path; ``str()`` is ``<path>: <why>``."""

@@ -21,10 +21,15 @@ from itertools import accumulate
 from typing import TYPE_CHECKING, Final
 
 from worker.store.disk.scan_file import MAX_BYTES
-from worker.store.errors import InvalidLog, NotOwnerNow, SessionIOError
+from worker.store.errors import InvalidLog, NotOwnerNow, SessionError, SessionIOError
 from worker.store.format.scan_summary import ScanSummary, decode
 from worker.store.postgres.boundaries import Point, reach
-from worker.store.postgres.connection import database_error, driver, lost_while_idle
+from worker.store.postgres.connection import (
+    check_held,
+    database_error,
+    driver,
+    lost_while_idle,
+)
 from worker.store.postgres.errors import DatabaseUnavailable, LostBeforeWrite
 from worker.store.postgres.opening import NAMES
 from worker.store.postgres.pipeline import BINARY, TEXT, Prepared, write_pipelined
@@ -96,6 +101,9 @@ class PostgresBackend:
         ``reconnect`` makes a new one when the server ended this one between statements."""
         self.conn: Connection | None = conn
         self._reconnect = reconnect
+        # This writer's log (its epoch, its end), which a new connection must find there.
+        self.holds: Callable[[], tuple[int, int]] | None = None
+        self.diverged: LostBeforeWrite | None = None
         self.directory = directory
         self.session_id = session_id
         self.token = token
@@ -112,9 +120,8 @@ class PostgresBackend:
 
     def _conn(self) -> Connection:
         """The connection for the next statement: a new one if the server ended the last
-        between statements (a database restarted while the session was idle: nothing of
-        ours was in flight, and every write is fenced by the token). Never inside an
-        open's snapshot or preloaded reads, which a new connection would not see."""
+        between statements (a restart: nothing of ours in flight, every write fenced by
+        the token), never inside an open's snapshot or preloaded reads."""
         conn = self.conn
         if conn is None:
             raise SessionIOError(self.directory, errno.EBADF, "use of a closed store connection")
@@ -127,6 +134,10 @@ class PostgresBackend:
                 why = f"the connection to the database was lost, a new one failed ({exc.why})"
                 raise LostBeforeWrite(self.directory, f"{why}: nothing of this was sent") from exc
             self._prepared = False
+            if self.holds is not None:  # as this writer wrote it, or nothing goes on it
+                self.diverged = check_held(conn, self.directory, self.session_id, *self.holds())
+                if self.diverged is not None:
+                    raise self.diverged
         return conn
 
     def _writable(self) -> Connection:
@@ -266,16 +277,15 @@ class PostgresBackend:
         return summary_of_row(_bytes(rows[0][0])) if rows else None
 
     def put_summary(self, blob: bytes) -> None:
-        """Keep the newest log's scan summary in the database, where any node's open reads
-        it; a cache: a write refused (a deposed writer) or failed is let go, and the
-        session's next write meets what broke it."""
+        """Keep the newest log's scan summary where any node's open reads it; a cache: a
+        write refused, failed or with no connection is let go (the next write meets why)."""
         try:
             conn = self._conn()
             stored = zlib.compress(blob, _DEFLATE_LEVEL)
             with conn.pipeline(), conn.transaction():
                 conn.execute(_SUMMARY_LIMITS, (SUMMARY_LOCK_WAIT, SUMMARY_STATEMENT_TIME))
                 conn.execute(_PUT_SUMMARY, (SUMMARY_NAME, stored, self.session_id, self.token))
-        except (driver().Error, SessionIOError):
+        except (driver().Error, SessionError):  # a new connection refused too: let go
             self._prepared = None  # a rollback may have deallocated _APPEND: asked again
 
     def check_fence(self) -> None:

@@ -11,7 +11,7 @@ import importlib
 import select
 from typing import TYPE_CHECKING, Final
 
-from worker.store.postgres.errors import DatabaseUnavailable, PostgresNotInstalled
+from worker.store.postgres.errors import DatabaseUnavailable, LostBeforeWrite, PostgresNotInstalled
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -100,3 +100,35 @@ def _one_line(exc: BaseException) -> str:
 def database_error(place: str, exc: BaseException) -> DatabaseUnavailable:
     """The store's error for a driver error ``exc`` (raise it ``from exc``)."""
     return DatabaseUnavailable(place, _one_line(exc))
+
+
+_END_OF_LOG: Final = (
+    "SELECT coalesce(max(start + octet_length(data)), 0) FROM loopd_log_chunks "
+    "WHERE session = %s AND epoch = %s"
+)
+
+
+def check_held(
+    conn: Connection, place: str, session_id: str, epoch: int, size: int
+) -> LostBeforeWrite | None:
+    """On a new connection: None if the database holds epoch ``epoch``'s log to ``size``
+    bytes, as this writer wrote it. A failover to a standby that lacked acknowledged
+    writes holds less: a write at this writer's offset would leave a gap, so ``conn`` is
+    closed and the refusal returned (the session breaks, and is opened again from what
+    the database holds)."""
+    try:
+        row = conn.execute(_END_OF_LOG, (session_id, epoch)).fetchone()
+    except driver().Error as exc:
+        conn.close()
+        why = f"the connection to the database was lost, a new one failed ({_one_line(exc)})"
+        raise LostBeforeWrite(place, f"{why}: nothing of this was sent") from exc
+    held = int(str(row[0])) if row is not None else 0
+    if held == size:
+        return None
+    conn.close()
+    return LostBeforeWrite(place, (
+            f"after a new connection the database holds {held} bytes of epoch {epoch}'s log "
+            f"where this writer wrote {size} (a failover to a server without the newest "
+            "writes?): nothing of this was sent, and the session is opened again from what "
+            "the database holds"
+        ))  # fmt: skip

@@ -34,8 +34,19 @@ class PostgresSession(Session):
         """Wrap a loaded session and the backend that holds it; use ``PostgresStore``."""
         super().__init__(state, _NO_FD, _NO_FD)
         self._backend: PostgresBackend | None = backend
+        backend.holds = lambda: (self._state.epoch, self._size)  # checked on a new connection
         # What broke the session, for the worker's exit code (refused, or outcome unknown).
         self.broken_by: SessionError | None = None
+
+    @property
+    def broken(self) -> str | None:
+        """Why appends are refused; also once a new connection found the database holding
+        less than this writer wrote (``connection.check_held``): the worker then exits 8
+        after its replies, and the session is opened again from what the database holds."""
+        diverged = None if self._backend is None else self._backend.diverged
+        if self._broken is None and diverged is not None:
+            self._broken, self.broken_by = _why_broken(diverged), diverged
+        return self._broken
 
     @property
     def backend(self) -> PostgresBackend:
@@ -74,7 +85,13 @@ class PostgresSession(Session):
         return start, line, crc
 
     def _remove_stale(self, index: KeyIndex) -> None:
-        self.backend.remove(stale_names(self.backend.names(), index))
+        """After an epoch change committed: segments the new index no longer names. One
+        not removed (the database away meanwhile) is harmless, as one a crash leaves, and
+        removed at a later change: let go, never an error of the change that committed."""
+        try:
+            self.backend.remove(stale_names(self.backend.names(), index))
+        except SessionError:
+            return
 
     def _put_summary(self, blob: bytes) -> None:
         """In the database, beside the log (``PostgresBackend.put_summary``), where any
