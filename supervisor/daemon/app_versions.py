@@ -99,7 +99,10 @@ def answer_app_versions(
         for session_id, key in keys.items():
             version, why = checked[key]
             app, epoch_version = epochs[session_id]["app"], epochs[session_id]["app_version"]
-            older = None if version is None else (app, epoch_version) != (key[0], version)
+            # Unknown (no version loads, or no SessionStart read: a create a full disk cut
+            # short) is not older: `loopd upgrade` would be the wrong advice.
+            known = version is not None and app is not None
+            older = (app, epoch_version) != (key[0], version) if known else None
             rows.append({
                 "session": session_id, "named": names[session_id], "app": app,
                 "app_version": epoch_version, "loads": key[0], "current": version,

@@ -16,7 +16,14 @@ import pytest
 from supervisor.client import call
 from supervisor.client.control import call_with_retry
 from supervisor.errors import ControlError
-from tests.harness.support import log_user_keys, loopd, poll_until, running_daemon, status
+from tests.harness.support import (
+    log_user_keys,
+    loopd,
+    poll_until,
+    running_daemon,
+    status,
+    wait_state,
+)
 
 APP = '''
 from worker.app import DefaultApp
@@ -186,3 +193,17 @@ def test_a_rolling_upgrade_stops_at_a_session_that_fails_and_leaves_the_rest_ser
         for session in sessions[1:]:
             row = status(home, session)
             assert (row["state"], row["app_version"]) == ("RUNNING", "1"), row
+
+
+def test_a_session_whose_log_names_no_app_is_not_counted_as_older(tmp_path: Path) -> None:
+    """A session directory whose log holds no SessionStart (a create a full disk cut
+    short): its App is unknown, not older, and status does not advise `loopd upgrade`."""
+    home, _source = _home(tmp_path, "1")
+    (home / "sessions" / "cut").mkdir(parents=True)
+    (home / "sessions" / "cut" / "0.jsonl").write_bytes(b"")
+    with running_daemon(home):
+        wait_state(home, "cut", "FATAL")  # its log is refused
+        found = _versions(home)
+        assert found["older"] == 0, found
+        shown = loopd("status", "--home", str(home))
+        assert "run an older App version" not in shown.stdout
