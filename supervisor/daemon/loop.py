@@ -369,7 +369,13 @@ class Supervisor:
         try:
             self.hosting.intent.mark(session_id, stopped=stopped)
         except IntentError as exc:
-            return f"{exc}; nothing was done"
+            hosted = self.sessions.get(session_id)
+            if not stopped or hosted is None:
+                return f"{exc}; nothing was done"
+            # A stop is done even when it cannot be kept (a full disk, which the session
+            # may be filling): only a restart of serve would start the session again.
+            hosted.last_error = f"stopped, but not kept across a restart of serve: {exc}"
+            self.report(f"session {session_id}: {hosted.last_error}")
         return None
 
     def follow_events(self, client: Client) -> bool:

@@ -137,3 +137,20 @@ def test_an_enospc_outside_the_home_is_not_the_homes_full_disk(tmp_path: Path) -
     )
     assert not SessionIOError("/app/scratch", errno.ENOSPC, "write").fills(str(home))
     assert not SessionIOError(str(home / "x"), errno.EIO, "write").fills(str(home))
+
+
+def test_a_stop_is_done_when_it_cannot_be_kept_and_status_says_so(tmp_path: Path) -> None:
+    """intent.json cannot be written (a full disk; here a directory where its temporary
+    file goes): a stop is still done, for the session may be what fills the disk, and
+    status says a restart of serve would start it again (as a start does: the intent still
+    says it runs, so nothing needs writing)."""
+    home = tmp_path / "home"
+    with running_daemon(home):
+        assert loopd("create", "--home", str(home), "s").returncode == 0
+        (home / "intent.json.tmp").mkdir()  # every write of intent.json fails from now on
+        done = loopd("stop", "--home", str(home), "s")
+        assert done.returncode == 0, done.stderr
+        row = wait_state(home, "s", "STOPPED")
+        assert "stopped, but not kept across a restart of serve" in str(row["last_error"])
+        assert loopd("start", "--home", str(home), "s").returncode == 0
+        assert wait_state(home, "s", "RUNNING")["last_error"] is None
