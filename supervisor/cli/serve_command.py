@@ -166,6 +166,14 @@ MAX_LEASE_TTL: Final = 3600
     "(pip install 'loopd[postgres]'; docs/scaling.md, section 0).",
 )
 @click.option(
+    "--store-wait",
+    type=seconds(0.0),
+    default=0.0,
+    show_default=True,
+    help="with --store: seconds to wait at start for a database that does not answer yet "
+    "(a boot that starts loopd first), instead of refusing it at once.",
+)
+@click.option(
     "--require-sync-replication",
     is_flag=True,
     help="with --store: refuse to start unless the server replicates synchronously "
@@ -223,6 +231,7 @@ def serve(ctx: click.Context, /, home: str, print_config: bool, **params: object
         listen=cast("str | None", get("listen")), tls=tls.tls_files(*map(get, tls.TLS_PARAMS)),
         store=cast("str | None", get("store")),
         require_sync_replication=cast(bool, get("require_sync_replication")),
+        store_wait=cast(float, get("store_wait")),
     )  # fmt: skip
     http = None
     try:

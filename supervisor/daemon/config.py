@@ -44,6 +44,7 @@ class ServeConfig:
     tls: TlsFiles | None = None
     store: str | None = None  # libpq URI: the sessions live in this database (docs/scaling.md)
     require_sync_replication: bool = False  # with store: refuse a server without it
+    store_wait: float = 0.0  # with store: seconds to wait at start for one not answering yet
     hosting: HostingSettings = field(default_factory=HostingSettings)
     apps: dict[str, AppConfig] = field(default_factory=dict)
     """The named Apps of loopd.toml's ``[apps]`` (``loopd create ID --app NAME``)."""

@@ -13,13 +13,25 @@ connects on its own, after its fork. psycopg is imported here only with a store.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
 
 from supervisor.daemon.config import ServeConfig
 from supervisor.daemon.home import existing_sessions
 from supervisor.errors import ServeError
 from supervisor.hosting.epoch_apps import remember_stored
 from worker.store.errors import PathError
+
+if TYPE_CHECKING:
+    from worker.store.postgres import PostgresStore
+
+NOT_YET: Final = frozenset({None, "57P03", "53300"})
+"""SQLSTATEs of a database that may answer soon: none (refused, unreachable, timed out),
+starting up or shutting down (57P03), no connection free (53300). Anything else (a
+password refused, no such database) is refused at once, --store-wait or not."""
+_WAIT_PAUSE: Final = 1.0
+_SAY_EVERY: Final = 10.0
 
 
 def hosted_sessions(config: ServeConfig, home: str, report: Callable[[str], None]) -> list[str]:
@@ -32,7 +44,7 @@ def hosted_sessions(config: ServeConfig, home: str, report: Callable[[str], None
 
     try:
         store = PostgresStore(config.store)
-        version = store.ensure_schema()
+        version = _schema(store, config.store_wait, report)
         durability = store.durability()
         sessions = store.session_ids()
         if config.cluster is None:  # a node's sessions are etcd's, and may move in later
@@ -48,3 +60,24 @@ def hosted_sessions(config: ServeConfig, home: str, report: Callable[[str], None
             "set both on the primary (docs/scaling.md), or start without the flag"
         )
     return sessions  # a cluster node serves those etcd places on it (supervisor.node.stored)
+
+
+def _schema(store: PostgresStore, wait: float, report: Callable[[str], None]) -> int:
+    """``store.ensure_schema()``; with ``wait``, tried again for that many seconds while
+    the database does not answer yet (``NOT_YET``), saying so every ``_SAY_EVERY`` s."""
+    from worker.store.postgres import DatabaseUnavailable  # noqa: PLC0415 - with a store
+
+    deadline = time.monotonic() + wait
+    said = 0.0
+    while True:
+        try:
+            return store.ensure_schema()
+        except DatabaseUnavailable as exc:
+            state = getattr(exc.__cause__, "sqlstate", None)
+            if state not in NOT_YET or time.monotonic() >= deadline:
+                raise
+            if time.monotonic() >= said:
+                left = deadline - time.monotonic()
+                report(f"--store: {exc}: waiting for it ({left:.0f} s more, --store-wait)")
+                said = time.monotonic() + _SAY_EVERY
+            time.sleep(min(_WAIT_PAUSE, max(0.0, deadline - time.monotonic())))

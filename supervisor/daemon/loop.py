@@ -131,11 +131,13 @@ class Supervisor:
             self.loop.close()
             raise
         try:
-            # Handlers first: a SIGTERM sent as soon as the socket appears must find them
-            # (it is handled once the loop runs, after everything below is set up).
+            # The database first: while serve waits for one (--store-wait), a SIGTERM or a
+            # ^C ends it at once (nothing started yet). Then the handlers, before the
+            # socket: a SIGTERM sent as soon as it appears must find them (it is handled
+            # once the loop runs, after everything below is set up).
+            sessions = hosted_sessions(self.config, self.home, self.report)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self.loop.add_signal_handler(sig, self._on_signal)
-            sessions = hosted_sessions(self.config, self.home, self.report)
             if self.config.cluster is not None:
                 sessions = self._join_cluster(self.config.cluster)
             elif self.config.listen is not None:

@@ -9,6 +9,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import psycopg
@@ -293,3 +295,49 @@ def test_a_database_that_accepts_and_never_answers_is_refused_at_start_in_time(
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1
     assert "timeout" in done.stderr
+
+
+@pytest.mark.timeout(180)
+def test_serve_with_store_wait_waits_for_a_database_that_starts_after_it(tmp_path: Path) -> None:
+    """A boot that starts loopd before its database: with --store-wait serve says it waits,
+    then serves once the server answers."""
+    own = PostgresServer()  # its port chosen, the server not started yet
+    home = tmp_path / "home"
+    log = tmp_path / "serve.log"
+    try:
+        with log.open("wb") as out:
+            serve = subprocess.Popen(
+                [sys.executable, "-m", "supervisor", "serve", "--home", str(home), "--store",
+                 own.uri(), "--store-wait", "120"],
+                stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        try:
+            poll_until(lambda: "waiting for it" in log.read_text(), what="serve to wait")
+            own.start()
+            poll_until((home / "loopd.sock").exists, timeout=60, what="the socket")
+            call(str(home), "create", session="s1", timeout=60)
+            call(str(home), "send", session="s1", text="hello", key="k1", timeout=60)
+        finally:
+            serve.send_signal(signal.SIGTERM)
+            serve.wait(timeout=60)
+        assert _keys(own.uri(), "s1") == ["k1"]
+    finally:
+        own.stop()
+
+
+def test_serve_waiting_for_its_database_ends_at_once_on_sigterm(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    uri = f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere"
+    with log.open("wb") as out:
+        waiting = subprocess.Popen(
+            [sys.executable, "-m", "supervisor", "serve", "--home", str(tmp_path / "h"),
+             "--store", uri, "--store-wait", "120"],
+            stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    try:
+        poll_until(lambda: "waiting for it" in log.read_text(), what="serve to wait")
+        waiting.send_signal(signal.SIGTERM)
+        assert waiting.wait(timeout=20) == -signal.SIGTERM  # nothing started: nothing to stop
+    finally:
+        waiting.kill()
+        waiting.wait()
