@@ -27,6 +27,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from time import perf_counter, process_time
 
 import psutil
@@ -115,8 +116,7 @@ def hot_part(count: int) -> dict[str, float]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _median_us(step: object, count: int) -> float:
-    assert callable(step)
+def _median_us(step: Callable[[int], object], count: int) -> float:
     times = []
     for n in range(count):
         start = perf_counter()

@@ -66,6 +66,7 @@ def _schema(store: PostgresStore, wait: float, report: Callable[[str], None]) ->
     """``store.ensure_schema()``; with ``wait``, tried again for that many seconds while
     the database does not answer yet (``NOT_YET``), saying so every ``_SAY_EVERY`` s."""
     from worker.store.postgres import DatabaseUnavailable  # noqa: PLC0415 - with a store
+    from worker.store.postgres.connection import driver  # noqa: PLC0415 - with a store
 
     deadline = time.monotonic() + wait
     said = 0.0
@@ -73,8 +74,11 @@ def _schema(store: PostgresStore, wait: float, report: Callable[[str], None]) ->
         try:
             return store.ensure_schema()
         except DatabaseUnavailable as exc:
-            state = getattr(exc.__cause__, "sqlstate", None)
-            if state not in NOT_YET or time.monotonic() >= deadline:
+            cause = exc.__cause__  # the server's or the network's; not a URI psycopg refused
+            answers_later = isinstance(cause, driver().OperationalError)
+            if not answers_later or getattr(cause, "sqlstate", None) not in NOT_YET:
+                raise
+            if time.monotonic() >= deadline:
                 raise
             if time.monotonic() >= said:
                 left = deadline - time.monotonic()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from supervisor.scheduling.delivery import (
 from supervisor.scheduling.files import (
     Derived,
     derived_of,
+    derived_path,
     derived_sessions,
     read_derived,
     write_derived,
@@ -171,9 +173,8 @@ class ScheduleTimers:
             timer.cancel()
         self._due.pop(session_id, None)
         self._pause.pop(session_id, None)
-        if self.known.pop(session_id, None) is not None or session_id in derived_sessions(
-            self.home
-        ):
+        known = self.known.pop(session_id, None) is not None
+        if known or os.path.lexists(derived_path(self.home, session_id)):
             self._store(session_id, Derived(live=False, pending=0, next=None))
 
     def summary(self, session_id: str) -> list[object]:
